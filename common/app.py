@@ -1,0 +1,115 @@
+"""The contract between an application and the engine.
+
+An app says *what* the work is; the engine (``common.runner``) decides where and when it runs.
+Subclass :class:`App`, override what you need, and start it with
+``raise SystemExit(common.runner.main(MyApp))`` from the app's ``__main__``.
+
+Where each method runs:
+  every rank     ``add_arguments`` (class method), ``validate``, ``fingerprint``
+  rank 0         ``prepare``, ``items``, ``complete``, ``finish``
+  worker process ``setup_worker`` once, then ``run_item`` per item (never MPI here)
+The instance is pickled into the spawned workers, so keep big data out of ``__init__``;
+load it in ``setup_worker``.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from .devices import Device
+from .items import Item
+
+
+@dataclass
+class Record:
+    """One finished item as the journal keeps it."""
+
+    key: str
+    result: Any
+    seconds: float = 0.0
+    rank: int = 0
+    host: str = ""
+    device: str = ""
+    worker: str = ""
+    start: float = 0.0
+    end: float = 0.0
+    attempt: int = 1
+
+
+@dataclass
+class RunInfo:
+    """What rank 0 knows at the end, handed to ``App.finish``."""
+
+    results_dir: Path
+    items: List[Item]
+    records: Dict[str, Record]  # key -> record, for every finished item (this run and resumed)
+    failed_items: List[Dict[str, Any]] = field(default_factory=list)  # {"key", "error"}
+
+    def results(self) -> Dict[str, Any]:
+        """key -> result, in item order."""
+        return {item.key: self.records[item.key].result for item in self.items if item.key in self.records}
+
+
+class App:
+    """Base class of an application. Override what you need."""
+
+    #: program name; the default results folder is ``results/<name>``
+    name: str = "app"
+    #: one line for ``--help``
+    description: str = ""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+
+    # ----- command line (every rank) -----
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add the app's own arguments; the engine's (--gpu, --seed, ...) are already there."""
+
+    def validate(self) -> None:
+        """Raise ``common.errors.UsageError`` on bad input, before anything is written."""
+
+    def fingerprint(self) -> Dict[str, Any]:
+        """The arguments that change results; ``--resume`` refuses a journal made with others."""
+        return {}
+
+    # ----- rank 0 -----
+    def prepare(self) -> None:
+        """Rank 0, once, before any work starts (e.g. download data). May raise UsageError."""
+
+    def items(self) -> List[Item]:
+        """Every item of the run, later waves included (they name what they wait for in ``after``)."""
+        raise NotImplementedError
+
+    def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
+        """Rank 0: fill in a dependent item from the results of the items it waited for.
+
+        ``results`` maps each finished key of ``item.after`` to its result (a permanently
+        failed dependency is absent). Raise to fail the item.
+        """
+        return item
+
+    def finish(self, run: RunInfo) -> Dict[str, Any]:
+        """Rank 0, after all items: write the app's outputs; return extra fields for summary.json."""
+        return {}
+
+    def summary_markdown(self, summary: Mapping[str, Any]) -> str:
+        """The app's part of summary.md (the engine adds run facts and failures)."""
+        return ""
+
+    def pools(self) -> Dict[str, Any]:
+        """Named resource pools workers may acquire: ``{name: (capacity, "node"|"global")}``."""
+        return {}
+
+    # ----- worker process -----
+    def setup_worker(self, device: Device) -> Any:
+        """Once per worker process: load data onto the device; the return value is ``state``."""
+        return None
+
+    def run_item(self, state: Any, item: Item, seed: np.random.SeedSequence) -> Any:
+        """Do one item and return a JSON-able result (numbers, strings, lists, dicts)."""
+        raise NotImplementedError

@@ -1,0 +1,102 @@
+"""Which devices a rank's workers run on: parsing ``--gpu`` and finding GPUs without CUDA.
+
+The parent never initialises CUDA: GPUs are counted from ``CUDA_VISIBLE_DEVICES``, NVML
+(``nvidia-ml-py``) or ``nvidia-smi``, and each worker is pinned by setting
+``CUDA_VISIBLE_DEVICES`` to exactly its GPU before it starts.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where one worker runs. ``physical`` is the value given to ``CUDA_VISIBLE_DEVICES``."""
+
+    kind: str  # "cuda" or "cpu"
+    index: int  # GPU index as the user numbers them on this node, or CPU worker number
+    physical: Optional[str] = None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def torch_device(self) -> str:
+        """Inside the worker its one GPU is always ``cuda:0``."""
+        return "cuda:0" if self.is_gpu else "cpu"
+
+    def __str__(self) -> str:
+        return f"gpu{self.index}" if self.is_gpu else f"cpu{self.index}"
+
+
+def visible_gpus() -> List[str]:
+    """Physical ids of the GPUs this process may use, found without initialising CUDA."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [part.strip() for part in env.split(",") if part.strip()]
+        # "-1" or "" (as Slurm and users write it) means: no GPU.
+        return [] if not ids or ids[0] in ("-1", "none", "NoDevFiles") else ids
+    try:
+        import pynvml  # provided by nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+            return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU ")]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return []
+
+
+def parse_gpu_spec(spec: Optional[str]) -> Optional[List[int]]:
+    """Syntax check of ``--gpu``: ``None`` for cpu, ``[]`` for all, else the indexes."""
+    if spec is None:
+        return [0]
+    text = spec.strip().lower()
+    if text == "cpu":
+        return None
+    if text == "all":
+        return []
+    try:
+        indexes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--gpu {spec!r}: expected 'cpu', 'all' or GPU numbers such as 0,1,2") from None
+    if any(i < 0 for i in indexes) or len(set(indexes)) != len(indexes):
+        raise UsageError(f"--gpu {spec!r}: GPU numbers must be distinct and not negative")
+    return indexes
+
+
+def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]] = None) -> tuple:
+    """The devices of this rank's workers, and a notice for the user (or ``None``).
+
+    ``spec`` None is the default: GPU 0 where there is one, else CPU with a notice.
+    """
+    indexes = parse_gpu_spec(spec)
+    gpus = visible_gpus() if gpus is None else gpus
+    notice = None
+    if indexes == [0] and spec is None and not gpus:
+        indexes, notice = None, "no GPU found: running on CPU (use --gpu cpu to silence this)"
+    if indexes is None:
+        return [Device("cpu", i) for i in range(workers)], notice
+    if not gpus:
+        raise UsageError(f"--gpu {spec}: this node ({os.uname().nodename}) has no GPU; use --gpu cpu")
+    if indexes == []:
+        indexes = list(range(len(gpus)))
+    missing = [i for i in indexes if i >= len(gpus)]
+    if missing:
+        raise UsageError(f"--gpu {spec}: no GPU {missing[0]} on {os.uname().nodename}, which has {len(gpus)} (0-{len(gpus) - 1})")
+    return [Device("cuda", i, gpus[i]) for i in indexes], notice

@@ -1,0 +1,38 @@
+"""Work items and their seeds: the unit the engine distributes, journals and retries."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Item:
+    """One unit of work.
+
+    key:    unique, stable name of the item ("C=3,gamma=1,fold=0"). Journal, resume and
+            seeds are keyed by it, so it must not depend on rank, worker or order.
+    params: plain, picklable arguments of the app's per-item function.
+    cost:   expected relative cost; the most expensive items are handed out first.
+    after:  keys this item waits for (a later wave). Rank 0 fills in its params from their
+            results with ``App.complete`` just before it is handed out.
+    """
+
+    key: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    cost: float = 1.0
+    after: tuple = ()
+
+
+def item_seed(seed: int, key: str) -> np.random.SeedSequence:
+    """The item's own random stream: a function of ``--seed`` and the item key only."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    words = tuple(int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4))
+    return np.random.SeedSequence(entropy=int(seed), spawn_key=words)
+
+
+def torch_seed(seed_sequence: np.random.SeedSequence) -> int:
+    """A 63-bit integer for ``torch.manual_seed`` drawn from the item's seed sequence."""
+    return int(seed_sequence.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))

@@ -1,0 +1,282 @@
+"""The image data sets every app uses: MNIST, Fashion-MNIST (IDX files) and scikit-learn's digits.
+
+All three come back in one shape, :class:`Dataset`: uint8 images on 0-255 and int64 labels 0-9,
+so an app never cares where the pixels came from. IDX files are read whole (one
+``np.frombuffer`` per file, not one image at a time) and checked, so a corrupt or truncated
+download fails with one clear line instead of a reshape error deep inside a worker.
+
+torchvision is imported only in :func:`ensure_available`, and only when a file is missing: it
+cannot even be imported with a CPU build of torch, and nothing else here needs it.
+"""
+from __future__ import annotations
+
+import gzip
+import socket
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+from urllib.parse import urlparse
+
+import numpy as np
+
+from .errors import UsageError
+
+DATASETS = ("mnist", "fashion-mnist", "digits")
+
+#: the four IDX files of MNIST and of Fashion-MNIST (plain or ``.gz``)
+IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+#: where Debian's ``dataset-fashion-mnist`` package puts the files
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+#: torchvision's class and the folder it downloads into, under the root it is given
+_TORCHVISION = {"mnist": ("MNIST", "MNIST/raw"), "fashion-mnist": ("FashionMNIST", "FashionMNIST/raw")}
+
+#: IDX type codes -> big-endian numpy dtypes
+_IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+#: digits: held-out share and the fixed split (the test set must never depend on --seed)
+DIGITS_TEST_SIZE = 0.25
+DIGITS_SPLIT_STATE = 0
+
+
+@dataclass
+class Dataset:
+    """Images as uint8 (n, h, w) on 0-255 and int64 labels 0-9, already split."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    @property
+    def n_classes(self) -> int:
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+
+def default_data_dir() -> Path:
+    """``data/`` in the current folder, as the reference used."""
+    return Path("data")
+
+
+# ----- finding files -----
+def _check_name(name: str) -> None:
+    if name not in DATASETS:
+        raise UsageError(f"unknown dataset {name!r}: choose one of {', '.join(DATASETS)}")
+
+
+def _candidate_dirs(name: str, data_dir: Optional[Path]) -> List[Path]:
+    """Folders that may hold the IDX files, most specific first.
+
+    The root of the default ``data/`` is searched only for MNIST, so MNIST files lying there are
+    never taken for Fashion-MNIST; an explicit ``--data-dir`` root is searched for either.
+    """
+    explicit = data_dir is not None
+    root = Path(data_dir) if explicit else default_data_dir()
+    if name == "mnist":
+        return [root, root / "mnist", root / _TORCHVISION["mnist"][1]]
+    dirs = [root / "fashion-mnist", root / _TORCHVISION["fashion-mnist"][1]]
+    if explicit:
+        dirs.insert(0, root)
+    return dirs + [DEBIAN_FASHION_MNIST]
+
+
+def _find_in(folder: Path, stem: str) -> Optional[Path]:
+    for candidate in (folder / stem, folder / (stem + ".gz")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def find_idx_files(name: str, data_dir: Optional[Path] = None) -> Optional[Dict[str, Path]]:
+    """The four IDX files of ``name`` from the first folder holding all four, or ``None``."""
+    _check_name(name)
+    for folder in _candidate_dirs(name, data_dir):
+        found = {part: _find_in(folder, stem) for part, stem in IDX_FILES.items()}
+        if all(found.values()):
+            return found  # type: ignore[return-value]
+    return None
+
+
+def _missing_message(name: str, data_dir: Optional[Path], why: str) -> str:
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    files = ", ".join(IDX_FILES.values())
+    return (f"{name}: the IDX files {files} (plain or .gz) are not in {root}/ and cannot be downloaded "
+            f"({why}); put them there, or use --dataset digits")
+
+
+def _torchvision_problem() -> Optional[str]:
+    """Why torchvision cannot download here, or ``None`` if it can be imported."""
+    try:
+        import torchvision  # noqa: F401  (lazy: it fails to import with a CPU torch)
+    except Exception as error:  # ImportError, or RuntimeError from a CUDA-only build
+        return f"torchvision cannot be imported: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+    return None
+
+
+def _offline_problem(name: str, timeout: float = 3.0) -> Optional[str]:
+    """Why the download mirror cannot be reached, or ``None`` if a connection opens."""
+    import torchvision.datasets as tvd
+
+    mirrors = getattr(getattr(tvd, _TORCHVISION[name][0]), "mirrors", None) or []
+    for url in mirrors:
+        parsed = urlparse(url)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            with socket.create_connection((parsed.hostname, port), timeout=timeout):
+                return None
+        except OSError:
+            continue
+    return "offline: no download mirror can be reached"
+
+
+def check_available(name: str, data_dir: Optional[Path] = None) -> None:
+    """Cheap check on every rank: the files are there, or there is a way to download them."""
+    _check_name(name)
+    if name == "digits" or find_idx_files(name, data_dir) is not None:
+        return
+    problem = _torchvision_problem() or _offline_problem(name)
+    if problem:
+        raise UsageError(_missing_message(name, data_dir, problem))
+
+
+def ensure_available(name: str, data_dir: Optional[Path] = None) -> None:
+    """Rank 0, before any work: download the IDX files once through torchvision if missing."""
+    _check_name(name)
+    if name == "digits" or find_idx_files(name, data_dir) is not None:
+        return
+    problem = _torchvision_problem()
+    if problem:
+        raise UsageError(_missing_message(name, data_dir, problem))
+    import torchvision.datasets as tvd
+
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        dataset_class = getattr(tvd, _TORCHVISION[name][0])
+        dataset_class(root=str(root), train=True, download=True)
+        dataset_class(root=str(root), train=False, download=True)
+    except Exception as error:
+        raise UsageError(_missing_message(name, data_dir, f"download failed: {type(error).__name__}: "
+                                          f"{str(error).splitlines()[0] if str(error) else ''}")) from None
+    if find_idx_files(name, data_dir) is None:
+        raise UsageError(_missing_message(name, data_dir, "the download left no IDX files"))
+
+
+# ----- reading -----
+def read_idx(path: Path) -> np.ndarray:
+    """The whole array of an IDX file (plain or gzip), checked against its header.
+
+    Raises UsageError (one line naming the file) for a bad magic number, an unknown type, or
+    a payload whose size does not match the dimensions (truncated or padded).
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read: {error.strerror or error}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as error:
+            raise UsageError(f"{path}: corrupt gzip data ({error})") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES or not 1 <= raw[3] <= 4:
+        raise UsageError(f"{path}: not an IDX file (bad magic number {raw[:4].hex() or 'empty'})")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise UsageError(f"{path}: truncated IDX header")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    dtype = np.dtype(_IDX_DTYPES[raw[2]])
+    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    if len(raw) - header != expected:
+        state = "truncated" if len(raw) - header < expected else "longer than its header says"
+        raise UsageError(f"{path}: {state}: {len(raw) - header} data bytes for dimensions "
+                         f"{'x'.join(map(str, dims))} ({expected} expected)")
+    array = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    return array.astype(dtype.newbyteorder("="))  # native order, and a writable copy
+
+
+def _read_idx_dataset(name: str, files: Dict[str, Path]) -> Dataset:
+    parts = {part: read_idx(path) for part, path in files.items()}
+    for split in ("train", "test"):
+        images, labels = parts[f"x_{split}"], parts[f"y_{split}"]
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise UsageError(f"{files[f'x_{split}']}: images {images.shape} do not match labels "
+                             f"{labels.shape} in {files[f'y_{split}']}")
+        if images.dtype != np.uint8 or labels.size and not 0 <= labels.min() <= labels.max() <= 9:
+            raise UsageError(f"{files[f'x_{split}']}: expected uint8 images and labels 0-9")
+    return Dataset(name, parts["x_train"], parts["y_train"].astype(np.int64),
+                   parts["x_test"], parts["y_test"].astype(np.int64))
+
+
+def _load_digits() -> Dataset:
+    """scikit-learn's 1,797 8x8 digits rescaled from 0-16 to 0-255, split 75/25 stratified."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    labels = digits.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, labels, test_size=DIGITS_TEST_SIZE, stratify=labels, random_state=DIGITS_SPLIT_STATE)
+    return Dataset("digits", x_train, y_train, x_test, y_test)
+
+
+def stratified_subsample(labels: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
+    """Sorted indexes of ``n`` items keeping the class proportions, chosen by ``seed``."""
+    from sklearn.model_selection import train_test_split
+
+    total = len(labels)
+    n_classes = len(np.unique(labels))
+    if not n_classes <= n <= total:
+        raise UsageError(f"--subsample {n}: must be between {n_classes} (one per class) and {total}")
+    if n == total:
+        return np.arange(total)
+    chosen, _ = train_test_split(np.arange(total), train_size=n, stratify=labels, random_state=seed)
+    return np.sort(chosen)
+
+
+def load_dataset(name: str, data_dir: Optional[Path] = None, *, subsample: Optional[int] = None,
+                 seed: int = 0) -> Dataset:
+    """Load a data set; ``subsample`` keeps N training images (stratified, by ``seed``).
+
+    The test set is never subsampled, so test errors stay comparable between runs.
+    """
+    _check_name(name)
+    if name == "digits":
+        dataset = _load_digits()
+    else:
+        files = find_idx_files(name, data_dir)
+        if files is None:
+            raise UsageError(_missing_message(name, data_dir, "not downloaded yet"))
+        dataset = _read_idx_dataset(name, files)
+    if subsample is not None:
+        keep = stratified_subsample(dataset.y_train, subsample, seed)
+        dataset.x_train, dataset.y_train = dataset.x_train[keep], dataset.y_train[keep]
+    return dataset
+
+
+def resize_images(images: np.ndarray, size: int = 28) -> np.ndarray:
+    """Bilinear resize of (n, h, w) images to (n, size, size), e.g. digits 8x8 -> MNIST's 28x28.
+
+    uint8 in -> uint8 out (rounded, on 0-255); any other dtype -> float32. Deterministic (CPU).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    images = np.asarray(images)
+    if images.ndim != 3:
+        raise ValueError(f"expected (n, h, w) images, got shape {images.shape}")
+    tensor = torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32)).unsqueeze(1)
+    resized = F.interpolate(tensor, size=(size, size), mode="bilinear", align_corners=False).squeeze(1).numpy()
+    if images.dtype == np.uint8:
+        return np.clip(np.rint(resized), 0, 255).astype(np.uint8)
+    return resized.astype(np.float32, copy=False)

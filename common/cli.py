@@ -1,0 +1,81 @@
+"""The engine's command-line flags, shared by every app, and one-line errors for bad input."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is a :class:`UsageError` (one line, exit 2) and only
+    rank 0 prints help."""
+
+    def __init__(self, *args: Any, quiet: bool = False, **kwargs: Any):
+        self.quiet = quiet
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see --help)")
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if not self.quiet:
+            super()._print_message(message, file)
+
+
+def at_least(minimum: float, kind: Callable = int) -> Callable[[str], Any]:
+    """An argparse type: a number no smaller than ``minimum``."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, got {text!r}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def build_parser(app_class: Any, quiet: bool = False) -> Parser:
+    parser = Parser(prog=f"python -m {app_class.name}", description=app_class.description, quiet=quiet,
+                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    app_class.add_arguments(parser)
+    engine = parser.add_argument_group("engine (distribution over ranks, GPUs and workers)")
+    engine.add_argument("--gpu", default=None, metavar="GPU",
+                        help="GPUs each rank uses: numbers such as 0,1,2, 'all', or 'cpu' "
+                             "(default: GPU 0 where there is one, else CPU)")
+    engine.add_argument("--workers", type=at_least(1), default=1,
+                        help="worker processes per rank when running on CPU")
+    engine.add_argument("--threads", type=at_least(1), default=None,
+                        help="torch/BLAS threads per worker (default: the rank's cores / its workers)")
+    engine.add_argument("--batch", type=at_least(1), default=None,
+                        help="replace a worker by a fresh process after this many items (frees leaked GPU memory)")
+    engine.add_argument("--seed", type=at_least(0), default=0, help="seed of every item's randomness")
+    engine.add_argument("--resume", nargs="?", const=True, default=False, metavar="TARGET",
+                        help="continue the run in --results, skipping every item its journal holds")
+    engine.add_argument("--retries", type=at_least(0), default=1, help="extra attempts for an item that fails")
+    engine.add_argument("--grace", type=at_least(0, float), default=60.0,
+                        help="seconds to let running items finish after SIGTERM/SIGUSR1")
+    engine.add_argument("--results", type=Path, default=Path("results") / app_class.name,
+                        help="results folder")
+    engine.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def module_command(argv: list) -> str:
+    """How this program was started, for the resume hint: ``python -m mnist_svm ...``."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    program = f"-m {spec.name.rsplit('.__main__', 1)[0]}" if spec is not None else (sys.argv[0] if sys.argv else "")
+    return " ".join(["python", program] + [_quote(a) for a in argv])
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)

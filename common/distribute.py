@@ -1,0 +1,317 @@
+"""Handing items out across ranks: rank 0 leads (and works), every other rank follows.
+
+Protocol (pickled tuples over MPI, one tag):
+  follower -> leader  ("request", need, prefetch)   need: idle workers without a queued item
+                      ("result", Record) / ("failed", key, error, traceback, worker, attempt, start, end)
+                      ("pool", verb, requester, pool, count)   global resource pools
+                      ("dropped", [keys])   handed out but not started when a stop came
+                      ("stop_request", why) / ("broken", why)
+  leader -> follower  ("items", [(item, attempt, avoid)], plenty)   plenty: prefetch is welcome
+                      ("pool_reply", requester, message)
+                      ("stop",) stop starting items;  ("halt",) stop now;  ("done",) all work is done
+A follower asks again whenever one of its workers is idle with nothing queued, so fast nodes
+simply get more items; the leader defers a request it cannot serve until something is ready.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+from .app import Record
+from .journal import Journal
+from .progress import Progress
+from .resources import ResourceBroker
+from .scheduler import Scheduler
+from .worker_pool import Event, WorkerPool
+
+log = logging.getLogger("multinode_gpu")
+
+
+class _Backoff:
+    """Poll timeout: short while things happen, longer when the rank is idle."""
+
+    def __init__(self, low: float, high: float):
+        self.low, self.high, self.value = low, high, low
+
+    def next(self, active: bool) -> float:
+        self.value = self.low if active else min(self.high, self.value * 2)
+        return self.value
+
+
+class Leader:
+    """Rank 0: the scheduler, the journal, the global pools, and its own workers."""
+
+    def __init__(self, comm: Any, pool: WorkerPool, scheduler: Scheduler, journal: Journal, progress: Progress,
+                 global_pools: Dict[str, int], total_capacity: int, grace: float, stop_signal: Callable[[], Optional[str]]):
+        self.comm, self.pool, self.scheduler, self.journal = comm, pool, scheduler, journal
+        self.progress, self.grace, self.stop_signal = progress, grace, stop_signal
+        self.global_resources = ResourceBroker(global_pools)
+        self.total_capacity = total_capacity
+        self.requests: Dict[int, Tuple[int, int]] = {}  # follower rank -> (need, prefetch)
+        self.broken: Dict[int, str] = {}
+        self.records: Dict[str, Record] = {}
+        self.bars: List[dict] = []  # for the timeline
+        self.stopping: Optional[str] = None
+        self.deadline = 0.0
+
+    def run(self) -> str:
+        """Until every item is resolved ("complete") or a stop is finished ("stopped")."""
+        backoff = _Backoff(0.0002 if self.comm.size > 1 else 0.05, 0.05)
+        timeout = backoff.low
+        self.report_failures()
+        while True:
+            active = self._drain_messages()
+            for event in self.pool.poll(timeout):
+                active = True
+                self._local_event(event)
+            why = self.stop_signal()
+            if why and not self.stopping:
+                self._begin_stop(why)
+            if not self.stopping:
+                active |= self._dispatch()
+                self._check_workers_left()
+            self.journal.maybe_sync()
+            if not self.stopping and self.scheduler.all_resolved():
+                self._broadcast(("done",))
+                return "complete"
+            if self.stopping and (not self.scheduler.in_flight or time.monotonic() > self.deadline):
+                self._broadcast(("halt",))
+                return "stopped"
+            timeout = backoff.next(active)
+
+    # ----- stopping -----
+    def _begin_stop(self, why: str) -> None:
+        self.stopping = why
+        self.deadline = time.monotonic() + self.grace
+        running = len(self.scheduler.in_flight)
+        self.progress.write(f"[rank 0] {why}: handing out no more items; waiting up to {self.grace:g} s "
+                            f"for {running} running item(s)")
+        self.journal.add_event("stop", why=why, time=time.time())
+        self._broadcast(("stop",))
+
+    def _broadcast(self, message: tuple) -> None:
+        for rank in range(1, self.comm.size):
+            self.comm.send(message, rank)
+
+    # ----- results -----
+    def _finished(self, record: Record) -> None:
+        self.bars.append({"worker": record.worker, "start": record.start, "end": record.end, "ok": True})
+        if self.scheduler.done(record.key, record.result):
+            self.records[record.key] = record
+            self.journal.add_result(record)
+            self.progress.advance()
+            self.report_failures()  # a dependent that could not be built from this result
+
+    def _attempt_failed(self, key: str, error: str, text: str, worker: str, attempt: int, start: float, end: float) -> None:
+        self.bars.append({"worker": worker, "start": start, "end": end, "ok": False})
+        if self.stopping:  # killed by the stop itself: it will simply run again on --resume
+            self.scheduler.in_flight.pop(key, None)
+            return
+        self.journal.add_event("attempt_failed", key=key, error=error, traceback=text, worker=worker,
+                               attempt=attempt, start=start, end=end)
+        retried = self.scheduler.attempt_failed(key, error, worker)
+        if retried:
+            last_line = error.splitlines()[-1] if error else "failed"
+            self.progress.write(f"[rank 0] item {key} failed on {worker} (attempt {attempt}): {last_line}; retrying")
+        self.report_failures()
+
+    def report_failures(self) -> None:
+        """Journal and show each item that failed for good, once."""
+        for key in self.scheduler.pop_new_failures():
+            error = self.scheduler.failed[key]
+            self.journal.add_event("failed", key=key, error=error)
+            self.progress.write(f"[rank 0] item {key} failed for good: {error.splitlines()[-1] if error else ''}")
+            self.progress.advance(failed=True)
+
+    def _local_event(self, event: Event) -> None:
+        if event.kind == "done":
+            self._finished(event.record)
+        elif event.kind == "failed":
+            self._attempt_failed(event.key, event.error, event.traceback, event.worker, event.attempt, event.start, event.end)
+        elif event.kind == "pool":
+            self._pool(*event.message)
+
+    def _drain_messages(self) -> bool:
+        active = False
+        while True:
+            incoming = self.comm.poll()
+            if incoming is None:
+                return active
+            active = True
+            source, message = incoming
+            verb = message[0]
+            if verb == "request":
+                self.requests[source] = (message[1], message[2])
+            elif verb == "result":
+                self._finished(message[1])
+            elif verb == "failed":
+                self._attempt_failed(*message[1:])
+            elif verb == "pool":
+                self._pool(*message[1:])
+            elif verb == "dropped":
+                for key in message[1]:
+                    self.scheduler.give_back(key)
+            elif verb == "stop_request" and not self.stopping:
+                self._begin_stop(message[1])
+            elif verb == "broken":
+                self.broken[source] = message[1]
+
+    # ----- handing out -----
+    def _dispatch(self) -> bool:
+        handed = False
+        while self.scheduler.ready_count:
+            worker = self.pool.pick_worker()
+            if worker is None:
+                break
+            item, attempt, avoid = self.scheduler.take()
+            if avoid and worker.name in avoid:
+                better = self.pool.pick_worker(avoid)
+                worker = better or worker
+            self.scheduler.handed(item.key, 0)
+            self.pool.assign(worker, item, attempt)
+            handed = True
+        for rank, (need, prefetch) in list(self.requests.items()):
+            plenty = self.scheduler.ready_count > need + self.total_capacity
+            count = need + (prefetch if plenty else 0)
+            batch = []
+            while len(batch) < count and self.scheduler.ready_count:
+                item, attempt, avoid = self.scheduler.take()
+                self.scheduler.handed(item.key, rank)
+                batch.append((item, attempt, avoid))
+            if batch or need == 0:
+                self.comm.send(("items", batch, plenty), rank)
+                del self.requests[rank]
+                handed = True
+        return handed
+
+    def _check_workers_left(self) -> None:
+        """If no rank can run anything any more, fail what is left instead of waiting forever."""
+        local_dead = self.pool.capacity == 0 and bool(self.pool.given_up)
+        if local_dead and len(self.broken) == self.comm.size - 1 and not self.scheduler.all_resolved():
+            reasons = "; ".join(sorted(set(self.pool.given_up.values()) | set(self.broken.values())))
+            self.scheduler.fail_remaining(f"no worker could start: {reasons}")
+            self.report_failures()
+
+    # ----- global resource pools -----
+    def _pool(self, verb: str, requester: tuple, name: str, count: int) -> None:
+        broker = self.global_resources
+        if verb == "gone":
+            for pool_name, who in broker.release_all(requester[:3]):
+                self._pool_reply(who, ("granted", who[3]))
+            return
+        if name not in broker:
+            self._pool_reply(requester, ("refused", requester[3], f"unknown resource pool {name!r}"))
+            return
+        if verb == "acquire":
+            try:
+                granted = broker.request(name, requester, count)
+            except ValueError as error:
+                self._pool_reply(requester, ("refused", requester[3], str(error)))
+                return
+        elif verb == "cancel":
+            self._pool_reply(requester, ("cancelled" if broker.cancel(name, requester) else "granted", requester[3]))
+            granted = []
+        else:
+            granted = broker.release(name, requester)
+        for who in granted:
+            self._pool_reply(who, ("granted", who[3]))
+
+    def _pool_reply(self, requester: tuple, message: tuple) -> None:
+        if requester[0] == 0:
+            self.pool.deliver(requester, message)
+        else:
+            self.comm.send(("pool_reply", requester, message), requester[0])
+
+
+class Follower:
+    """Every rank but 0: runs what the leader hands it and streams results back."""
+
+    def __init__(self, comm: Any, pool: WorkerPool, stop_signal: Callable[[], Optional[str]]):
+        self.comm, self.pool, self.stop_signal = comm, pool, stop_signal
+        self.buffer: Deque[Tuple[Any, int, tuple]] = deque()
+        self.asked = False
+        self.plenty = True
+        self.stopping = False
+        self.told_stop = False
+        self.told_broken = False
+
+    def run(self) -> str:
+        backoff = _Backoff(0.0002, 0.05)
+        timeout = backoff.low
+        while True:
+            active, ending = self._drain_messages()
+            if ending:
+                return ending
+            for event in self.pool.poll(timeout):
+                active = True
+                self._send_event(event)
+            why = self.stop_signal()
+            if why and not self.told_stop:
+                self.told_stop = True
+                self.comm.send(("stop_request", why), 0)
+            if not self.stopping:
+                active |= self._start_buffered()
+                self._ask()
+            if self.pool.capacity == 0 and self.pool.given_up and not self.told_broken:
+                self.told_broken = True
+                self.comm.send(("broken", "; ".join(sorted(set(self.pool.given_up.values())))), 0)
+                self._drop_buffer()
+            timeout = backoff.next(active)
+
+    def _drain_messages(self) -> Tuple[bool, Optional[str]]:
+        active = False
+        while True:
+            incoming = self.comm.poll()
+            if incoming is None:
+                return active, None
+            active = True
+            message = incoming[1]
+            verb = message[0]
+            if verb == "items":
+                self.buffer.extend(message[1])
+                self.plenty = message[2]
+                self.asked = False
+            elif verb == "pool_reply":
+                self.pool.deliver(message[1], message[2])
+            elif verb == "stop":
+                self.stopping = True
+                self._drop_buffer()
+            elif verb in ("halt", "done"):
+                return True, verb
+
+    def _drop_buffer(self) -> None:
+        if self.buffer:
+            self.comm.send(("dropped", [entry[0].key for entry in self.buffer]), 0)
+            self.buffer.clear()
+
+    def _send_event(self, event: Event) -> None:
+        if event.kind == "done":
+            self.comm.send(("result", event.record), 0)
+        elif event.kind == "failed":
+            self.comm.send(("failed", event.key, event.error, event.traceback, event.worker, event.attempt,
+                            event.start, event.end), 0)
+        elif event.kind == "pool":
+            self.comm.send(("pool",) + tuple(event.message), 0)
+
+    def _start_buffered(self) -> bool:
+        started = False
+        while self.buffer:
+            item, attempt, avoid = self.buffer[0]
+            worker = self.pool.pick_worker(avoid)
+            if worker is None:
+                break
+            self.buffer.popleft()
+            self.pool.assign(worker, item, attempt)
+            started = True
+        return started
+
+    def _ask(self) -> None:
+        if self.asked or self.pool.capacity == 0:
+            return
+        need = max(0, len(self.pool.idle) - len(self.buffer))
+        prefetch = max(0, self.pool.capacity - len(self.buffer) - need)
+        if need > 0 or (self.plenty and prefetch > 0):
+            self.comm.send(("request", need, prefetch), 0)
+            self.asked = True

@@ -1,0 +1,107 @@
+"""The journal: one JSON line per finished item, appended at rank 0 as results stream in.
+
+It is what makes a killed run lose nothing: ``--resume`` reads it back and skips every item it
+holds. Lines are flushed at once and fsync'd in groups (at most every ``sync_every`` seconds and
+on close), so a crash of the process loses nothing and a crash of the node loses at most the
+last fraction of a second. A torn last line (the writer died mid-line) is ignored on reading.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .app import Record
+from .errors import UsageError
+from .outputs import to_jsonable
+
+JOURNAL_NAME = "journal.jsonl"
+FORMAT_VERSION = 1
+
+
+def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record], List[dict]]:
+    """(header, finished records by key, other events) from a journal; tolerates a torn tail."""
+    header, records, events = None, {}, []
+    with open(path, "rb") as handle:
+        lines = handle.read().split(b"\n")
+    for number, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            entry = json.loads(raw)
+        except json.JSONDecodeError:
+            if number >= len(lines) - 2:  # the last line, torn by a crash
+                continue
+            raise UsageError(f"{path}: line {number + 1} is not valid JSON; the journal is damaged") from None
+        kind = entry.pop("type", None)
+        if kind == "header":
+            header = entry
+        elif kind == "result":
+            records[entry["key"]] = Record(**entry)
+        else:
+            events.append(dict(entry, type=kind))
+    return header, records, events
+
+
+def describe_difference(old: dict, new: dict) -> str:
+    """'seed 1 (journal) vs 2 (now)' for the first argument that differs."""
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            return f"{name} {old.get(name)!r} (journal) vs {new.get(name)!r} (now)"
+    return "nothing"
+
+
+class Journal:
+    """Append-only writer used by rank 0."""
+
+    def __init__(self, path: Path, header: dict, *, sync_every: float = 0.05):
+        self.path = Path(path)
+        self.sync_every = sync_every
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        self._handle = open(self.path, "ab")
+        self._last_sync = 0.0
+        self._dirty = False
+        if existed:
+            self._drop_torn_tail()
+        else:
+            self._write({"type": "header", **header, "format": FORMAT_VERSION})
+            self.sync()
+
+    def _drop_torn_tail(self) -> None:
+        """A crash may have left half a line: end it so the next record starts cleanly."""
+        with open(self.path, "rb") as handle:
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                self._handle.write(b"\n")
+
+    def _write(self, entry: dict) -> None:
+        self._handle.write(json.dumps(to_jsonable(entry), separators=(",", ":")).encode() + b"\n")
+        self._handle.flush()
+        self._dirty = True
+
+    def add_result(self, record: Record) -> None:
+        self._write({"type": "result", **asdict(record)})
+        self.maybe_sync()
+
+    def add_event(self, kind: str, **fields: Any) -> None:
+        """Failed attempts, permanent failures, stops: kept for the summary and the timeline."""
+        self._write({"type": kind, **fields})
+        self.maybe_sync()
+
+    def maybe_sync(self) -> None:
+        if self._dirty and time.monotonic() - self._last_sync >= self.sync_every:
+            self.sync()
+
+    def sync(self) -> None:
+        if self._dirty or self._last_sync == 0.0:
+            os.fsync(self._handle.fileno())
+            self._dirty = False
+        self._last_sync = time.monotonic()
+
+    def close(self) -> None:
+        if not self._handle.closed:
+            self.sync()
+            self._handle.close()

@@ -1,0 +1,97 @@
+"""The rank's view of MPI, imported only on the rank's main path and never by worker code.
+
+Without mpi4py, or with ``MULTINODE_GPU_NO_MPI=1``, the job is a single rank and needs no launcher.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from typing import Any, List, Optional, Tuple
+
+
+class SingleRank:
+    """A world of one: what a run without a launcher (or without mpi4py) sees."""
+
+    rank, size = 0, 1
+
+    def allgather(self, value: Any) -> List[Any]:
+        return [value]
+
+    def gather(self, value: Any) -> Optional[List[Any]]:
+        return [value]
+
+    def bcast(self, value: Any) -> Any:
+        return value
+
+    def send(self, value: Any, dest: int) -> None:
+        raise RuntimeError("a single rank has no one to send to")
+
+    def poll(self) -> Optional[Tuple[int, Any]]:
+        return None
+
+    def flush(self) -> None:
+        pass
+
+    def abort(self, code: int) -> None:
+        os._exit(code)
+
+
+class MpiWorld:
+    """COMM_WORLD with non-blocking, pickled point-to-point messages (one tag)."""
+
+    TAG = 17
+
+    def __init__(self, mpi: Any):
+        self.MPI = mpi
+        self.comm = mpi.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self._sends: List[Any] = []
+        self._status = mpi.Status()
+
+    def allgather(self, value: Any) -> List[Any]:
+        return self.comm.allgather(value)
+
+    def gather(self, value: Any) -> Optional[List[Any]]:
+        return self.comm.gather(value, root=0)
+
+    def bcast(self, value: Any) -> Any:
+        return self.comm.bcast(value, root=0)
+
+    def send(self, value: Any, dest: int) -> None:
+        """Non-blocking: two ranks sending to each other at once can never deadlock."""
+        self._sends.append(self.comm.isend(value, dest=dest, tag=self.TAG))
+        if len(self._sends) > 64:
+            self._sends = [r for r in self._sends if not r.Test()]
+
+    def poll(self) -> Optional[Tuple[int, Any]]:
+        """The next message for this rank as (source, message), or None."""
+        if not self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.TAG, status=self._status):
+            return None
+        source = self._status.Get_source()
+        return source, self.comm.recv(source=source, tag=self.TAG)
+
+    def flush(self) -> None:
+        """Wait until every message sent has left (before the final collectives)."""
+        self.MPI.Request.Waitall(self._sends)
+        self._sends = []
+
+    def abort(self, code: int) -> None:
+        self.comm.Abort(code)
+
+
+def world() -> Any:
+    """This process's MPI world; a single rank when there is no MPI to join."""
+    if os.environ.get("MULTINODE_GPU_NO_MPI"):
+        return SingleRank()
+    try:
+        import mpi4py
+    except ImportError:
+        return SingleRank()
+    if multiprocessing.current_process().name != "MainProcess":
+        # A spawned child must never join its parent's MPI job (see README, "workers and MPI").
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        return SingleRank()
+    from mpi4py import MPI
+
+    return MpiWorld(MPI)

@@ -1,0 +1,241 @@
+"""Walking one pipeline: which step runs next, retries, fallbacks, pools, deadline, status files.
+
+The rules (also in docs/pipelines.md):
+- Steps run in file order. After a step succeeds the walk goes to its ``next``, else the step
+  after it. After it fails (``max_retries`` retries in place used up) the walk goes to its
+  ``on_fail``; with no ``on_fail`` the pipeline has failed and the walk goes on in file order.
+- ``condition: prev.ok`` / ``prev.error`` looks at the last step that ran (skipped steps do not
+  count). A step without a condition runs when it was reached through ``next``/``on_fail``, or
+  when the pipeline has not failed and the last step that ran succeeded. Others are skipped.
+- A step with ``max_retries: N`` runs at most 1 + N times in one run of the pipeline; coming back
+  to it once more through a loop ends the pipeline as failed (see loops.py).
+- ``deadline_seconds``: when passed, the running step is ended (status timeout) and the rest skipped.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Dict, List, Optional
+
+from ..outputs import atomic_write_json
+from .container import find_apptainer
+from .definition import Pipeline, Step
+from .steps import Attempt, run_attempt, step_argv, step_environment
+
+#: acquire(pool, count, timeout) -> context manager; raises on waiting longer than timeout.
+Acquire = Callable[[str, int, Optional[float]], ContextManager[Any]]
+
+
+class QueueTimeout(Exception):
+    """Waited longer than the queue timeout (or the deadline) for a pool."""
+
+
+def no_pools(pool: str, count: int = 1, timeout: Optional[float] = None) -> ContextManager[None]:
+    """For running a pipeline outside the engine: every pool is always free."""
+    return contextlib.nullcontext()
+
+
+@dataclass
+class RunLayout:
+    """Where a run's files live: RESULTS/RUN_ID/shared and RESULTS/RUN_ID/STEP_ID."""
+
+    results: Path
+    run_id: str
+
+    @property
+    def run_dir(self) -> Path:
+        return self.results / self.run_id
+
+    @property
+    def shared(self) -> Path:
+        return self.run_dir / "shared"
+
+    def step_dir(self, step_id: str) -> Path:
+        return self.run_dir / step_id
+
+    def status_path(self, step_id: str) -> Path:
+        return self.step_dir(step_id) / "status.json"
+
+
+def read_status(layout: RunLayout, step_id: str) -> Optional[Dict[str, Any]]:
+    try:
+        return json.loads(layout.status_path(step_id).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class _Walk:
+    """What the walk has seen so far."""
+
+    prev_ok: Optional[bool] = None  # outcome of the last step that ran; None before any
+    failed: bool = False  # an unhandled failure happened
+    reason: str = ""
+    runs: Dict[str, int] = field(default_factory=dict)
+    statuses: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    order: List[str] = field(default_factory=list)
+
+    def fail(self, reason: str) -> None:
+        if not self.failed:
+            self.failed, self.reason = True, reason
+
+
+def _should_run(step: Step, walk: _Walk, via_edge: bool) -> Optional[str]:
+    """None if the step runs, else why it is skipped."""
+    if step.condition == "prev.ok":
+        return None if walk.prev_ok is not False else "condition prev.ok: the previous step failed"
+    if step.condition == "prev.error":
+        return None if walk.prev_ok is False else "condition prev.error: the previous step did not fail"
+    if via_edge:
+        return None
+    if walk.failed:
+        return "an earlier step failed"
+    if walk.prev_ok is False:
+        return "the previous step failed"
+    return None
+
+
+class PipelineRunner:
+    """Runs one pipeline in the calling process (an engine worker, or a test)."""
+
+    def __init__(self, pipeline: Pipeline, layout: RunLayout, *, acquire: Acquire = no_pools,
+                 queue_timeout: Optional[float] = None, gpu: Optional[str] = None, seed: int = 0,
+                 base_env: Optional[Dict[str, str]] = None):
+        self.pipeline, self.layout, self.acquire = pipeline, layout, acquire
+        self.queue_timeout, self.gpu, self.seed = queue_timeout, gpu, seed
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.deadline: Optional[float] = None  # time.monotonic() instant
+
+    # ----- one step -----
+    def _pipeline_vars(self, step: Step, attempt: int) -> Dict[str, str]:
+        return {"PIPELINE_NAME": self.pipeline.name, "PIPELINE_RUN_ID": self.layout.run_id,
+                "PIPELINE_RUN_DIR": str(self.layout.run_dir.resolve()),
+                "PIPELINE_SHARED": str(self.layout.shared.resolve()), "PIPELINE_STEP_ID": step.id,
+                "PIPELINE_STEP_DIR": str(self.layout.step_dir(step.id).resolve()),
+                "PIPELINE_ATTEMPT": str(attempt), "PIPELINE_SEED": str(self.seed)}
+
+    def _hold_pools(self, stack: contextlib.ExitStack, step: Step) -> float:
+        """Acquire the step's pools (sorted by name, so no two steps deadlock); seconds waited."""
+        began = time.monotonic()
+        for pool, count in sorted(step.pools.items()):
+            limits = []
+            if self.queue_timeout is not None:
+                limits.append((began + self.queue_timeout - time.monotonic(), f"queue timeout {self.queue_timeout:g} s"))
+            if self.deadline is not None:
+                limits.append((self.deadline - time.monotonic(), "pipeline deadline passed"))
+            wait, why = min(limits) if limits else (None, "")
+            if wait is not None and wait <= 0:
+                raise QueueTimeout(f"{why} while waiting for pool {pool!r}")
+            try:
+                stack.enter_context(self.acquire(pool, count, wait))
+            except Exception as error:
+                if type(error).__name__ in ("PoolTimeout", "QueueTimeout"):
+                    raise QueueTimeout(f"{why} while waiting for pool {pool!r}") from None
+                raise
+        return time.monotonic() - began
+
+    def _attempt(self, step: Step, attempt: int) -> tuple:
+        """One run of the step with its pools held; (Attempt, seconds queued)."""
+        queued_since = time.time()
+        with contextlib.ExitStack() as stack:
+            try:
+                queued = self._hold_pools(stack, step)
+            except QueueTimeout as error:
+                now = time.time()
+                return Attempt("failed", None, now, now, str(error)), now - queued_since
+            gpu = self.gpu if step.gpu else None
+            env = step_environment(self.base_env, self._pipeline_vars(step, attempt), step, gpu)
+            apptainer = find_apptainer() if step.container else None
+            if step.container and apptainer is None:
+                now = time.time()
+                return Attempt("failed", None, now, now, "apptainer (or singularity) not found on PATH"), queued
+            result = run_attempt(step_argv(step, str(self.layout.run_dir.resolve()), apptainer), env=env,
+                                 step_dir=self.layout.step_dir(step.id), attempt=attempt, timeout=step.timeout,
+                                 memory=step.memory, stop_at=self.deadline)
+            return result, queued
+
+    def _write_status(self, step: Step, status: Dict[str, Any]) -> None:
+        self.layout.step_dir(step.id).mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.layout.status_path(step.id), status)
+
+    def _skip(self, walk: _Walk, step: Step, reason: str) -> None:
+        status = {"step": step.id, "run": self.layout.run_id, "status": "skipped", "reason": reason,
+                  "exit_code": None, "attempts": walk.runs.get(step.id, 0), "started": None, "ended": None,
+                  "seconds": 0.0, "gpu": None}
+        if step.id not in walk.statuses:  # a step that ran earlier in a loop keeps its record
+            walk.statuses[step.id] = status
+            self._write_status(step, status)
+
+    def _run_step(self, walk: _Walk, step: Step) -> Dict[str, Any]:
+        """Run the step, retrying in place while its max_retries allow; write and return its status."""
+        history: List[Dict[str, Any]] = []
+        limit = None if step.max_retries is None else 1 + step.max_retries
+        while True:
+            walk.runs[step.id] = walk.runs.get(step.id, 0) + 1
+            attempt, queued = self._attempt(step, walk.runs[step.id])
+            history.append(dict(attempt.as_dict(), queued_seconds=round(queued, 3)))
+            deadline_passed = self.deadline is not None and time.monotonic() >= self.deadline
+            if attempt.status == "ok" or limit is None or walk.runs[step.id] >= limit or deadline_passed:
+                break
+        last = history[-1]
+        status = {"step": step.id, "run": self.layout.run_id, "status": last["status"], "reason": last["reason"],
+                  "exit_code": last["exit_code"], "attempts": walk.runs[step.id], "started": history[0]["started"],
+                  "ended": last["ended"], "seconds": round(sum(h["ended"] - h["started"] for h in history), 3),
+                  "queued_seconds": round(sum(h["queued_seconds"] for h in history), 3),
+                  "gpu": self.gpu if step.gpu else None, "memory_limit": step.memory_text,
+                  "max_rss_bytes": max(h["max_rss_bytes"] for h in history), "history": history}
+        self._write_status(step, status)
+        return status
+
+    # ----- the walk -----
+    def run(self, start: Optional[str] = None) -> Dict[str, Any]:
+        """Run the pipeline (from step ``start`` on a resume); return its summary."""
+        began, clock = time.time(), time.monotonic()
+        if self.pipeline.deadline_seconds is not None:
+            self.deadline = clock + self.pipeline.deadline_seconds
+        self.layout.shared.mkdir(parents=True, exist_ok=True)
+        steps, walk = self.pipeline.steps, _Walk()
+        position = 0 if start is None else self.pipeline.index(start)
+        earlier = {}
+        for step in steps[:position]:  # a resume: earlier steps are kept as they were
+            earlier[step.id] = dict(read_status(self.layout, step.id) or {"status": "missing"}, previous_run=True)
+        via_edge = start is not None
+        while position < len(steps):
+            step = steps[position]
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                walk.fail(f"deadline of {self.pipeline.deadline_seconds:g} s passed")
+                break
+            skip = _should_run(step, walk, via_edge)
+            if skip is not None:
+                self._skip(walk, step, skip)
+                position, via_edge = position + 1, False
+                continue
+            limit = None if step.max_retries is None else 1 + step.max_retries
+            if limit is not None and walk.runs.get(step.id, 0) >= limit:
+                walk.fail(f"step {step.id!r} reached again after its {limit} runs (max_retries {step.max_retries})")
+                break
+            status = self._run_step(walk, step)
+            walk.statuses[step.id], walk.prev_ok = status, status["status"] == "ok"
+            walk.order.append(step.id)
+            if status["status"] == "ok":
+                position, via_edge = (self.pipeline.index(step.next), True) if step.next else (position + 1, False)
+            elif self.deadline is not None and time.monotonic() >= self.deadline:
+                walk.fail(f"deadline of {self.pipeline.deadline_seconds:g} s passed during step {step.id!r}")
+                break
+            elif step.on_fail:
+                position, via_edge = self.pipeline.index(step.on_fail), True
+            else:
+                walk.fail(f"step {step.id!r} failed: {status['reason']}")
+                position, via_edge = position + 1, False
+        for step in steps:  # what a jump, a deadline or an exhausted loop left unvisited
+            if step.id not in walk.statuses and step.id not in earlier:
+                self._skip(walk, step, walk.reason if walk.failed else "not reached")
+        statuses = {**earlier, **walk.statuses}
+        return {"run_id": self.layout.run_id, "pipeline": self.pipeline.name,
+                "status": "failed" if walk.failed else "ok", "reason": walk.reason, "resumed_from": start,
+                "started": began, "ended": time.time(), "seconds": round(time.monotonic() - clock, 3),
+                "order": walk.order, "steps": {s.id: statuses[s.id] for s in steps if s.id in statuses}}

@@ -1,0 +1,55 @@
+"""Which loops in a pipeline can run forever.
+
+The walk can move from step i to: its ``next`` (or i+1) after success, its ``on_fail`` after a
+failure, and i+1 after an unhandled failure or a skip. A step that sets ``max_retries: N`` runs at
+most 1 + N times in one run of the pipeline (retries in place and returns through a loop both
+count); coming back to it once more ends the pipeline as failed. So a loop is bounded exactly when
+it passes through a step with ``max_retries``; a definition with any other loop is refused.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .definition import Pipeline
+
+
+def moves(pipeline: "Pipeline") -> Dict[str, List[str]]:
+    """Every step the walk may go to from each step (a superset of what really happens)."""
+    ids = pipeline.step_ids
+    graph = {}
+    for position, step in enumerate(pipeline.steps):
+        following = ids[position + 1] if position + 1 < len(ids) else None
+        targets = [step.next, step.on_fail, following]
+        graph[step.id] = sorted({target for target in targets if target is not None})
+    return graph
+
+
+def unbounded_cycle(pipeline: "Pipeline") -> List[str]:
+    """The steps of one loop without a ``max_retries`` step on it, or [] if there is none."""
+    bounded = {step.id for step in pipeline.steps if step.max_retries is not None}
+    graph = {node: [t for t in targets if t not in bounded]
+             for node, targets in moves(pipeline).items() if node not in bounded}
+    state: Dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: List[str] = []
+
+    def visit(node: str) -> List[str]:
+        state[node] = 1
+        path.append(node)
+        for target in graph[node]:
+            if state.get(target) == 1:
+                return path[path.index(target):]
+            if target not in state:
+                found = visit(target)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in graph:
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return list(cycle)
+    return []

@@ -1,0 +1,34 @@
+"""Memory sizes as users write them ("16g", "512m", "1.5GiB", 1073741824) in bytes."""
+from __future__ import annotations
+
+import re
+from typing import Union
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_FACTORS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
+
+
+def parse_memory(value: Union[str, int]) -> int:
+    """Bytes in ``value``; units are powers of 1024 (k, m, g, t, with optional 'b' or 'ib')."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory must be a size such as '16g' or '512m', got {value!r}")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    elif isinstance(value, str) and _SIZE.match(value):
+        match = _SIZE.match(value)
+        number, unit = float(match.group(1)), match.group(2).lower()
+    else:
+        raise ValueError(f"memory must be a size such as '16g' or '512m', got {value!r}")
+    size = int(number * _FACTORS[unit])
+    if size <= 0:
+        raise ValueError(f"memory must be more than 0 bytes, got {value!r}")
+    return size
+
+
+def format_bytes(size: float) -> str:
+    """'1.5 GiB' for reports."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"

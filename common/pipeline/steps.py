@@ -1,0 +1,144 @@
+"""Running one attempt of a step: a subprocess in its own session, watched for time and memory.
+
+Time (``timeout``) counts from the moment the process starts, which is after the step's pools
+are held, so waiting in a queue never eats into it. Memory is the resident size of all the
+step's processes together, read from /proc a few times a second. Either limit, or the
+pipeline's deadline, ends every process of the step (SIGTERM, then SIGKILL).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from . import proctree
+from .container import container_command
+from .definition import Step
+from .sizes import format_bytes
+
+POLL_SECONDS = 0.05
+MEMORY_POLL_SECONDS = 0.2
+#: Seconds between SIGTERM and SIGKILL when a step is ended (time to flush a checkpoint).
+KILL_GRACE_SECONDS = float(os.environ.get("PIPELINE_KILL_GRACE", "5"))
+#: Variables of the MPI launcher a step must not inherit (a step may start its own MPI job).
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "OMPI_", "PRTE_")
+
+
+@dataclass
+class Attempt:
+    """How one run of a step ended. Times are seconds since the epoch."""
+
+    status: str  # "ok", "failed" or "timeout"
+    exit_code: Optional[int]
+    started: float
+    ended: float
+    reason: str = ""
+    max_rss_bytes: int = 0
+
+    def as_dict(self) -> Dict[str, object]:
+        return asdict(self)
+
+
+def inner_command(step: Step, in_container: bool = False) -> List[str]:
+    """The program and arguments of the step itself (before any container wrapping)."""
+    if step.command is not None:
+        return ["/bin/sh", "-c", step.command]
+    python = "python3" if in_container else sys.executable
+    return [python, "-m", "common.pipeline.call", step.python]
+
+
+def step_argv(step: Step, run_dir: str, apptainer: Optional[str]) -> List[str]:
+    if step.container is None:
+        return inner_command(step)
+    return container_command(step, inner_command(step, in_container=True), run_dir, apptainer or "apptainer")
+
+
+def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], step: Step,
+                     gpu: Optional[str]) -> Dict[str, str]:
+    """The worker's environment without launcher variables, the PIPELINE_* variables, the GPU
+    (or none), then the step's own ``env`` ($PIPELINE_* in its values expanded)."""
+    env = {k: v for k, v in base.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    env.update(pipeline_vars)
+    env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
+    for name, value in step.env.items():
+        for var, replacement in pipeline_vars.items():
+            value = value.replace("${" + var + "}", replacement).replace("$" + var, replacement)
+        env[name] = value
+    return env
+
+
+def _die_with_worker() -> None:
+    """In the child: SIGTERM it if the worker that started it dies (it is in its own session)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _open_log(path: Path, attempt: int):
+    handle = open(path, "ab" if attempt > 1 else "wb")
+    if attempt > 1:
+        handle.write(f"\n----- attempt {attempt} -----\n".encode())
+        handle.flush()
+    return handle
+
+
+def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, attempt: int = 1,
+                timeout: Optional[float] = None, memory: Optional[int] = None,
+                stop_at: Optional[float] = None, stop_reason: str = "pipeline deadline passed",
+                cwd: Optional[str] = None) -> Attempt:
+    """Run ``argv`` once, with stdout/stderr to the step's logs; end it on a limit.
+
+    ``stop_at`` is a ``time.monotonic()`` instant (the pipeline's deadline).
+    """
+    step_dir.mkdir(parents=True, exist_ok=True)
+    with _open_log(step_dir / "stdout.log", attempt) as out, _open_log(step_dir / "stderr.log", attempt) as err:
+        started, clock = time.time(), time.monotonic()
+        try:
+            process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=dict(env),
+                                       cwd=cwd, start_new_session=True, preexec_fn=_die_with_worker)
+        except OSError as error:
+            err.write(f"cannot start {argv[0]}: {error}\n".encode())
+            return Attempt("failed", None, started, time.time(), f"cannot start: {error}")
+        status, reason, peak, next_memory_check = None, "", 0, clock
+        try:
+            while process.poll() is None:
+                now = time.monotonic()
+                if timeout is not None and now - clock > timeout:
+                    status, reason = "timeout", f"timeout after {timeout:g} s"
+                elif stop_at is not None and now > stop_at:
+                    status, reason = "timeout", stop_reason
+                elif memory is not None and now >= next_memory_check:
+                    next_memory_check = now + MEMORY_POLL_SECONDS
+                    resident = proctree.resident_bytes(process.pid)
+                    peak = max(peak, resident)
+                    if resident > memory:
+                        status = "failed"
+                        reason = f"memory limit {format_bytes(memory)} exceeded ({format_bytes(resident)} resident)"
+                if status is not None:
+                    proctree.end_tree(process.pid, KILL_GRACE_SECONDS)
+                    break
+                time.sleep(POLL_SECONDS)
+            code = process.wait()
+        finally:
+            # Also on the way out of an interrupted worker (SIGTERM): leave nothing running.
+            if process.poll() is None:
+                proctree.end_tree(process.pid, KILL_GRACE_SECONDS)
+                process.wait()
+        ended = time.time()
+        # Whatever the step left running in the background goes with it.
+        proctree.end_tree(process.pid, 1.0)
+    if status is None:
+        if code == 0:
+            status = "ok"
+        else:
+            status = "failed"
+            reason = (f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
+                      else f"exit code {code}")
+    return Attempt(status, code, started, ended, reason, peak)

@@ -1,0 +1,75 @@
+"""Named resource pools (counting semaphores) that workers acquire through their rank.
+
+A pool of scope "node" is held by each rank for its own workers (a GPU belongs to a node);
+a "global" pool is held by rank 0 for the whole job. Waiters are served first come, first served.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, Hashable, List, Tuple
+
+NODE, GLOBAL = "node", "global"
+
+
+@dataclass
+class Pool:
+    capacity: int
+    held: Dict[Hashable, int] = field(default_factory=dict)
+    waiting: Deque[Tuple[Hashable, int]] = field(default_factory=deque)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - sum(self.held.values())
+
+
+class ResourceBroker:
+    """Grants pool slots to requesters; a requester is any hashable id (rank, worker, request)."""
+
+    def __init__(self, capacities: Dict[str, int]):
+        self.pools = {name: Pool(int(capacity)) for name, capacity in capacities.items()}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.pools
+
+    def request(self, name: str, requester: Hashable, count: int) -> List[Hashable]:
+        """Queue a request; returns the requesters granted now (possibly this one)."""
+        pool = self.pools[name]
+        if count > pool.capacity:
+            raise ValueError(f"pool {name!r} has capacity {pool.capacity}, {count} asked")
+        pool.waiting.append((requester, count))
+        return self._grant(name)
+
+    def cancel(self, name: str, requester: Hashable) -> bool:
+        """Withdraw a waiting request; False if it was already granted (then release it)."""
+        pool = self.pools[name]
+        for entry in list(pool.waiting):
+            if entry[0] == requester:
+                pool.waiting.remove(entry)
+                return True
+        return False
+
+    def release(self, name: str, requester: Hashable) -> List[Hashable]:
+        pool = self.pools[name]
+        pool.held.pop(requester, None)
+        return self._grant(name)
+
+    def release_all(self, owner_prefix: Tuple) -> List[Tuple[str, Hashable]]:
+        """Free everything held or awaited by requesters whose id starts with ``owner_prefix``
+        (a worker that died); returns the (pool, requester) pairs granted as a result."""
+        granted = []
+        width = len(owner_prefix)
+        for name, pool in self.pools.items():
+            pool.waiting = deque(e for e in pool.waiting if tuple(e[0][:width]) != owner_prefix)
+            for requester in [r for r in pool.held if tuple(r[:width]) == owner_prefix]:
+                del pool.held[requester]
+            granted += [(name, r) for r in self._grant(name)]
+        return granted
+
+    def _grant(self, name: str) -> List[Hashable]:
+        pool, granted = self.pools[name], []
+        while pool.waiting and pool.waiting[0][1] <= pool.free:
+            requester, count = pool.waiting.popleft()
+            pool.held[requester] = count
+            granted.append(requester)
+        return granted

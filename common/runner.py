@@ -1,0 +1,266 @@
+"""``main(AppClass)``: everything between the command line and the results folder.
+
+Order of events on every rank: parse and validate (all ranks agree before anything is written),
+rank 0 checks the results folder and journal and prepares data, each rank spawns its workers,
+rank 0 leads the distribution while the others follow, then rank 0 writes the outputs.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .app import App, RunInfo
+from .cli import build_parser, module_command
+from .devices import resolve_devices
+from .distribute import Follower, Leader
+from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from .gpu_monitor import GpuMonitor
+from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
+from .logs import add_file_log, setup_logging
+from .mpi import world
+from .outputs import atomic_write_json, atomic_write_text
+from .progress import Progress
+from .scheduler import Scheduler
+from .timeline import plot_timeline
+from .worker_pool import WorkerPool
+
+log = logging.getLogger("multinode_gpu")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGUSR1/SIGINT; the distribution loop looks at it between events."""
+
+    def __init__(self) -> None:
+        self.why: Optional[str] = None
+
+    def install(self) -> None:
+        for number in _STOP_SIGNALS:
+            signal.signal(number, self._handle)
+
+    def _handle(self, number: int, frame: Any) -> None:
+        self.why = self.why or f"received {signal.Signals(number).name}"
+
+    def __call__(self) -> Optional[str]:
+        return self.why
+
+
+def _agree(comm: Any, error: Optional[str]) -> Optional[str]:
+    """Every rank's error (or None) -> the first one, on every rank."""
+    errors = [e for e in comm.allgather(error) if e]
+    return errors[0] if errors else None
+
+
+def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
+    """Parse and check arguments and devices on every rank; returns (app, devices, notice) or an error."""
+    try:
+        args = build_parser(app_class, quiet=comm.rank != 0).parse_args(argv)
+        app = app_class(args)
+        devices, notice = resolve_devices(args.gpu, args.workers)
+        app.validate()
+        return (app, devices, notice), None
+    except UsageError as error:
+        return None, str(error)
+    except SystemExit as exit_:  # --help
+        return None, f"exit:{exit_.code or 0}"
+
+
+def _check_results_folder(app: App) -> Dict[str, Any]:
+    """Rank 0: refuse to overwrite a journal or to resume another run; then make the folder."""
+    args = app.args
+    folder: Path = args.results
+    journal_path = folder / JOURNAL_NAME
+    fingerprint = {"app": app.name, **app.fingerprint()}
+    if journal_path.exists():
+        if not args.resume:
+            raise UsageError(f"{folder} already holds the journal of an earlier run; pass --resume to continue it "
+                             f"or choose another --results")
+        header, _, _ = read_journal(journal_path)
+        old = (header or {}).get("fingerprint", {})
+        if old != fingerprint:
+            raise UsageError(f"cannot resume {folder}: it was made with other arguments "
+                             f"({describe_difference(old, fingerprint)}); use the same arguments or another --results")
+    elif folder.exists() and not folder.is_dir():
+        raise UsageError(f"--results {folder}: exists and is not a folder")
+    app.prepare()
+    try:
+        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise UsageError(f"--results {folder}: cannot write there ({error.strerror or error})") from None
+    return fingerprint
+
+
+def main(app_class: type, argv: Optional[List[str]] = None) -> int:
+    """Run an app from the command line on this rank; returns the exit code (same on every rank)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    comm = world()
+    setup_logging(comm.rank)
+    valid, error = _validate_everywhere(comm, app_class, argv)
+    error = _agree(comm, error)
+    if error:
+        if error.startswith("exit:"):
+            return int(error[5:])
+        if comm.rank == 0:
+            print(f"{app_class.name}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    app, devices, notice = valid
+    args = app.args
+    fingerprint = None
+    error = None
+    if comm.rank == 0:
+        try:
+            fingerprint = _check_results_folder(app)
+        except UsageError as problem:
+            error = str(problem)
+    error = comm.bcast(error)
+    if error:
+        if comm.rank == 0:
+            print(f"{app_class.name}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return _run(comm, app, devices, notice, fingerprint, argv)
+
+
+def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint: Optional[dict], argv: List[str]) -> int:
+    args = app.args
+    host = socket.gethostname().split(".")[0]
+    results: Path = args.results
+    if notice and comm.rank == 0:
+        log.info(notice)
+    (results / "logs").mkdir(parents=True, exist_ok=True)  # on every node: results need not be shared
+    add_file_log(str(results / "logs" / f"rank{comm.rank}.log"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = args.threads or max(1, cores // len(devices))
+    pool_specs = app.pools()
+    node_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope == "node"}
+    global_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope != "node"}
+    layout = comm.allgather({"rank": comm.rank, "host": host, "pid": os.getpid(), "devices": [str(d) for d in devices], "threads": threads})
+    total_capacity = sum(len(entry["devices"]) for entry in layout)
+    stop = _StopFlag()
+    stop.install()
+    started_at = time.time()
+
+    leader = None
+    if comm.rank == 0:
+        journal_path = results / JOURNAL_NAME
+        resumed = read_journal(journal_path)[1] if journal_path.exists() else {}
+        items = app.items()
+        keys = [item.key for item in items]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"{app.name}: item keys are not unique")
+        resumed = {key: record for key, record in resumed.items() if key in set(keys)}
+        scheduler = Scheduler(items, {k: r.result for k, r in resumed.items()}, args.retries, app.complete)
+        journal = Journal(journal_path, {"fingerprint": fingerprint, "command": module_command(argv)})
+        journal.add_event("start", time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
+        log.info("%s: %d items (%d already in the journal) on %d rank(s), %d worker(s): %s", app.name, len(items),
+                 len(resumed), comm.size, total_capacity,
+                 ", ".join(f"{e['host']}[{','.join(e['devices'])}]" for e in layout))
+        progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
+
+    pool = WorkerPool(app, devices, rank=comm.rank, host=host, logs_dir=results / "logs", seed=args.seed,
+                      threads=threads, batch=args.batch, node_pools=node_pools, global_pools=list(global_pools))
+    monitor = GpuMonitor(devices)
+    monitor.start()
+    pool.start()
+    try:
+        if comm.rank == 0:
+            leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace, stop)
+            outcome = leader.run()
+        else:
+            outcome = Follower(comm, pool, stop).run()
+    finally:
+        pool.shutdown(kill_after=2.0 if stop() else 10.0)
+    gpu_usage = monitor.stop()
+    comm.flush()
+    reports = comm.gather({"rank": comm.rank, "host": host, "gpu": gpu_usage})
+    code = None
+    if comm.rank == 0:
+        progress.close()
+        code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports, started_at)
+        journal.close()
+    return comm.bcast(code)
+
+
+def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: Leader, journal: Journal, resumed: dict,
+            items: list, layout: list, reports: list, started_at: float) -> int:
+    """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code."""
+    args = app.args
+    results: Path = args.results
+    scheduler = leader.scheduler
+    records = {**resumed, **leader.records}
+    failed = [{"key": key, "error": error} for key, error in scheduler.failed.items()]
+    final_items = [scheduler.items[item.key] for item in items]
+    ended_at = time.time()
+    gpu = {f"rank{r['rank']}-{name}": stats for r in reports for name, stats in r["gpu"].items()}
+    this_run = list(leader.records.values())
+    summary: Dict[str, Any] = {
+        "app": app.name,
+        "status": {"complete": "complete" if not failed else "failed", "stopped": "stopped"}[outcome],
+        "command": module_command(argv),
+        "fingerprint": fingerprint,
+        "items_total": len(items),
+        "items_done": len(records),
+        "items_resumed": len(resumed),
+        "items_this_run": len(this_run),
+        "failed_items": failed,
+        "ranks": len(layout),
+        "workers": layout,
+        "started": datetime.datetime.fromtimestamp(started_at).isoformat(timespec="seconds"),
+        "wall_seconds": round(ended_at - started_at, 3),
+        "item_seconds_total": round(sum(r.seconds for r in this_run), 3),
+        "item_seconds_mean": round(sum(r.seconds for r in this_run) / len(this_run), 4) if this_run else None,
+        "gpu_usage": gpu,
+    }
+    if leader.bars:
+        plot_timeline(leader.bars, results / "timeline")
+    if outcome == "stopped":
+        resume = module_command([a for a in argv if a != "--resume"] + ["--resume"])
+        summary["resume_command"] = resume
+        atomic_write_json(results / "summary.json", summary)
+        atomic_write_text(results / "summary.md", _summary_markdown(app, summary))
+        print(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
+              f"finish with the same launcher and: {resume}", file=sys.stderr)
+        return EXIT_STOPPED
+    run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
+    summary.update(app.finish(run) or {})
+    atomic_write_json(results / "summary.json", summary)
+    atomic_write_text(results / "summary.md", _summary_markdown(app, summary))
+    print(f"{app.name}: {summary['status']}: {len(records)} of {len(items)} items in {summary['wall_seconds']:.1f} s; "
+          f"results in {results}/ (summary.md)", file=sys.stderr)
+    return EXIT_FAILED_ITEMS if failed else EXIT_OK
+
+
+def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
+    lines = [f"# {app.name}: {summary['status']}", "",
+             f"- command: `{summary['command']}`",
+             f"- items: {summary['items_done']} of {summary['items_total']} done "
+             f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",
+             f"- ranks: {summary['ranks']}; workers: "
+             + ", ".join(f"{w['host']} [{', '.join(w['devices'])}]" for w in summary["workers"]),
+             f"- wall time: {summary['wall_seconds']:.1f} s; item time: {summary['item_seconds_total']:.1f} s",
+             ""]
+    if summary.get("resume_command"):
+        lines += ["Stopped before the end. Finish with:", "", f"    {summary['resume_command']}", ""]
+    if summary["gpu_usage"]:
+        lines += ["| GPU | utilisation mean % | peak % | memory mean MiB | peak MiB |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {s['util_mean_percent']:.0f} | {s['util_peak_percent']:.0f} | "
+                  f"{s['memory_mean_mib']:.0f} | {s['memory_peak_mib']:.0f} |" for name, s in summary["gpu_usage"].items()]
+        lines.append("")
+    if summary["failed_items"]:
+        lines += ["## Failed items", "", "| item | error |", "|---|---|"]
+        lines += [f"| {f['key']} | {f['error'].splitlines()[-1] if f['error'] else ''} |" for f in summary["failed_items"]]
+        lines += ["", "Tracebacks are in `logs/` and `journal.jsonl`.", ""]
+    lines += ["![timeline](timeline.png)", ""]
+    app_part = app.summary_markdown(summary) if summary["status"] != "stopped" else ""
+    if app_part:
+        lines += [app_part.rstrip(), ""]
+    return "\n".join(lines)

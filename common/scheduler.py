@@ -1,0 +1,134 @@
+"""Rank 0's bookkeeping of every item: what is ready, running, done, retried or failed.
+
+Ready items leave most expensive first. An item that names others in ``after`` waits until each
+of them is done or has failed for good; then ``App.complete`` fills it in from their results.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+
+from .items import Item
+
+
+class Scheduler:
+    def __init__(self, items: List[Item], finished: Mapping[str, Any], retries: int,
+                 complete: Callable[[Item, Dict[str, Any]], Item]):
+        self.items = {item.key: item for item in items}
+        self.order = {item.key: index for index, item in enumerate(items)}
+        self.retries = retries
+        self.complete = complete
+        self.results: Dict[str, Any] = dict(finished)  # key -> result
+        self.failed: Dict[str, str] = {}  # key -> last error
+        self.attempts: Dict[str, int] = {}
+        self.avoid: Dict[str, Tuple[str, ...]] = {}
+        self.in_flight: Dict[str, int] = {}  # key -> rank running it
+        self._new_failures: List[str] = []
+        self._ready: List[Tuple[float, int, str]] = []
+        self._waiting: Dict[str, Set[str]] = {}
+        self._dependents: Dict[str, List[str]] = {}
+        for item in items:
+            if item.key in self.results:
+                continue
+            missing = {dep for dep in item.after if dep not in self.results}
+            unknown = missing - set(self.items)
+            if unknown:
+                raise ValueError(f"item {item.key} waits for unknown items {sorted(unknown)}")
+            if missing:
+                self._waiting[item.key] = missing
+                for dep in missing:
+                    self._dependents.setdefault(dep, []).append(item.key)
+            else:
+                self._make_ready(item.key)
+
+    # ----- state -----
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    @property
+    def unresolved(self) -> int:
+        """Items neither done nor failed for good."""
+        return len(self.items) - len(self.results) - len(self.failed)
+
+    def all_resolved(self) -> bool:
+        return self.unresolved == 0
+
+    # ----- transitions -----
+    def _make_ready(self, key: str) -> None:
+        item = self.items[key]
+        if item.after:
+            try:
+                item = self.complete(item, {d: self.results[d] for d in item.after if d in self.results})
+            except Exception as error:
+                self._fail(key, f"could not build the item from its dependencies: {type(error).__name__}: {error}")
+                return
+            self.items[key] = item
+        heapq.heappush(self._ready, (-float(item.cost), self.order[key], key))
+
+    def take(self) -> Optional[Tuple[Item, int, Tuple[str, ...]]]:
+        """The next item to run as (item, attempt number, workers to avoid), or None."""
+        if not self._ready:
+            return None
+        key = heapq.heappop(self._ready)[2]
+        self.attempts[key] = self.attempts.get(key, 0) + 1
+        return self.items[key], self.attempts[key], self.avoid.get(key, ())
+
+    def handed(self, key: str, rank: int) -> None:
+        self.in_flight[key] = rank
+
+    def give_back(self, key: str) -> None:
+        """An item handed out but never started (a stop): ready again, the attempt not counted."""
+        self.in_flight.pop(key, None)
+        self.attempts[key] -= 1
+        heapq.heappush(self._ready, (-float(self.items[key].cost), self.order[key], key))
+
+    def done(self, key: str, result: Any) -> bool:
+        """Record a result; False if the item was already resolved (a duplicate)."""
+        self.in_flight.pop(key, None)
+        if key in self.results or key in self.failed:
+            return False
+        self.results[key] = result
+        self._release_dependents(key)
+        return True
+
+    def attempt_failed(self, key: str, error: str, worker: str) -> bool:
+        """One attempt failed; True if the item will be tried again, False if it failed for good."""
+        self.in_flight.pop(key, None)
+        if key in self.results or key in self.failed:
+            return False
+        if self.attempts.get(key, 0) <= self.retries:
+            self.avoid[key] = self.avoid.get(key, ()) + (worker,)
+            heapq.heappush(self._ready, (-float(self.items[key].cost), self.order[key], key))
+            return True
+        self._fail(key, error)
+        return False
+
+    def fail_remaining(self, error: str) -> List[str]:
+        """Give up on everything not yet resolved (no worker anywhere can run items)."""
+        keys = [key for key in self.items if key not in self.results and key not in self.failed]
+        self._ready.clear()
+        for key in keys:
+            self._fail(key, error)
+        return keys
+
+    def pop_new_failures(self) -> List[str]:
+        """Keys that failed for good since the last call (to journal and report them once)."""
+        keys, self._new_failures = self._new_failures, []
+        return keys
+
+    def _fail(self, key: str, error: str) -> None:
+        self.failed[key] = error
+        self._new_failures.append(key)
+        self._waiting.pop(key, None)
+        self._release_dependents(key)
+
+    def _release_dependents(self, key: str) -> None:
+        for dependent in self._dependents.pop(key, []):
+            missing = self._waiting.get(dependent)
+            if missing is None:
+                continue
+            missing.discard(key)
+            if not missing:
+                del self._waiting[dependent]
+                self._make_ready(dependent)

@@ -1,0 +1,168 @@
+"""What a batch job asks for, checked before any script is written.
+
+A :class:`JobSpec` holds the resources (nodes, GPUs, walltime) and the program to run; every
+bad combination is a :class:`~common.errors.UsageError` with one line that says what to fix.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import List, Optional, Tuple
+
+from ..errors import UsageError
+
+MPI_PLUGINS = ("pmi2", "pmix")
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d\d):(\d\d)$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_SAFE_WORD = re.compile(r"^[\w.,:@%+=/-]+$")
+
+
+def parse_walltime(text: str) -> int:
+    """Seconds in a Slurm walltime written ``HH:MM:SS`` or ``D-HH:MM:SS``."""
+    match = _TIME.match(text.strip())
+    if not match:
+        raise UsageError(f"--time {text!r}: expected HH:MM:SS or D-HH:MM:SS, e.g. 24:00:00")
+    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    if minutes > 59 or seconds > 59 or (days and hours > 23):
+        raise UsageError(f"--time {text!r}: minutes and seconds must be below 60 (and hours below 24 after a day count)")
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total <= 0:
+        raise UsageError(f"--time {text!r}: the walltime must be longer than zero")
+    return total
+
+
+def program_of(command: List[str]) -> Tuple[List[str], str]:
+    """The python invocation for ``command[0]`` and the job's default name.
+
+    ``mnist_svm`` or ``common.pipeline`` run as modules (``python -m``); a path ending in
+    ``.py`` runs as a script.
+    """
+    target = command[0]
+    if target.endswith(".py"):
+        return ["python", target], PurePosixPath(target).stem
+    if not _MODULE.match(target):
+        raise UsageError(f"command {target!r}: expected a module (mnist_svm, mnist_nn, common.pipeline) or a .py file")
+    return ["python", "-m", target], target.rsplit(".", 1)[-1]
+
+
+@dataclass
+class JobSpec:
+    """One batch job: resources, how to launch, and the program with its arguments."""
+
+    command: List[str]
+    nodes: int = 1
+    gpus_per_node: int = 0
+    time: str = "01:00:00"
+    cpu: bool = False
+    ntasks_per_node: int = 1
+    cpus_per_task: Optional[int] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    container: Optional[str] = None
+    binds: List[str] = field(default_factory=list)
+    mpi: str = "pmi2"
+    warning: int = 300
+    grace: Optional[int] = None
+    job_name: Optional[str] = None
+    modules: List[str] = field(default_factory=list)
+    venv: Optional[str] = ".venv"
+    max_requeues: int = 20
+
+    def check(self) -> "JobSpec":
+        """Raise UsageError for any combination Slurm or the engine would reject later."""
+        if not self.command:
+            raise UsageError("no command: put the program after '--', e.g. -- mnist_svm 24 --batch 50")
+        program_of(self.command)
+        if self.nodes < 1:
+            raise UsageError(f"--nodes {self.nodes}: a job needs at least one node")
+        if self.ntasks_per_node < 1:
+            raise UsageError(f"--ntasks-per-node {self.ntasks_per_node}: needs at least one task per node")
+        if self.cpu and self.gpus_per_node:
+            raise UsageError("--cpu with --gpus-per-node: a CPU job asks for no GPUs (drop one of them)")
+        if not self.cpu and self.gpus_per_node < 1:
+            raise UsageError(f"--gpus-per-node {self.gpus_per_node}: a GPU job needs at least one GPU per node (or use --cpu)")
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            raise UsageError(f"--cpus-per-task {self.cpus_per_task}: needs at least one CPU")
+        if self.mpi not in MPI_PLUGINS:
+            raise UsageError(f"--mpi {self.mpi!r}: expected one of {', '.join(MPI_PLUGINS)} (none would give every rank a world of size 1)")
+        seconds = parse_walltime(self.time)
+        if not 60 <= self.warning <= 65535:
+            raise UsageError(f"--warning {self.warning}: the walltime warning must be 60 to 65535 seconds before the end")
+        if self.warning >= seconds:
+            raise UsageError(f"--time {self.time} is not longer than the {self.warning} s walltime warning: ask for more time or a smaller --warning")
+        if self.grace is not None and not 0 <= self.grace < self.warning:
+            raise UsageError(f"--grace {self.grace}: must be at least 0 and below the {self.warning} s walltime warning")
+        if self.max_requeues < 0:
+            raise UsageError(f"--max-requeues {self.max_requeues}: must be 0 or more")
+        for name, value in (("--partition", self.partition), ("--account", self.account),
+                            ("--container", self.container), ("--job-name", self.job_name),
+                            ("--venv", self.venv)):
+            if value is not None and not _SAFE_WORD.match(value):
+                raise UsageError(f"{name} {value!r}: only letters, digits and . , : @ % + = / - _ are allowed")
+        for value in self.binds + self.modules:
+            if not _SAFE_WORD.match(value):
+                raise UsageError(f"{value!r}: only letters, digits and . , : @ % + = / - _ are allowed in --bind and --module")
+        if self.binds and not self.container:
+            raise UsageError("--bind without --container: binds only apply inside a container")
+        return self
+
+    # ----- derived values -----
+    @property
+    def name(self) -> str:
+        return self.job_name or program_of(self.command)[1]
+
+    @property
+    def python(self) -> List[str]:
+        return program_of(self.command)[0]
+
+    @property
+    def app_args(self) -> List[str]:
+        return list(self.command[1:])
+
+    @property
+    def default_grace(self) -> int:
+        """Seconds the run may spend finishing items: the warning less a minute to flush and requeue."""
+        if self.grace is not None:
+            return self.grace
+        return max(self.warning - 60, self.warning // 2)
+
+    @property
+    def default_cpus_per_task(self) -> int:
+        """CPUs per rank: what was asked, else 1 per CPU worker or 4 per GPU."""
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task
+        return 1 if self.cpu else 4 * self.gpus_per_node
+
+    def argv(self) -> List[str]:
+        """The generator's command line that makes this spec (written into the script)."""
+        words = ["--nodes", str(self.nodes)]
+        words += ["--cpu"] if self.cpu else ["--gpus-per-node", str(self.gpus_per_node)]
+        if self.ntasks_per_node != 1:
+            words += ["--ntasks-per-node", str(self.ntasks_per_node)]
+        if self.cpus_per_task is not None:
+            words += ["--cpus-per-task", str(self.cpus_per_task)]
+        words += ["--time", self.time]
+        for flag, value in (("--partition", self.partition), ("--account", self.account),
+                            ("--container", self.container), ("--job-name", self.job_name)):
+            if value is not None:
+                words += [flag, value]
+        for bind in self.binds:
+            words += ["--bind", bind]
+        for module in self.modules:
+            words += ["--module", module]
+        if self.venv != ".venv":
+            words += ["--venv", self.venv or "none"]
+        if self.mpi != "pmi2":
+            words += ["--mpi", self.mpi]
+        if self.warning != 300:
+            words += ["--warning", str(self.warning)]
+        if self.grace is not None:
+            words += ["--grace", str(self.grace)]
+        if self.max_requeues != 20:
+            words += ["--max-requeues", str(self.max_requeues)]
+        return words + ["--"] + list(self.command)
+
+    def command_line(self) -> str:
+        return "python -m common.slurm " + shlex.join(self.argv())

@@ -1,0 +1,163 @@
+"""The one template every batch script comes from: ``#SBATCH`` header plus a walltime-safe body.
+
+The body runs the program under ``srun`` in the background, forwards Slurm's walltime warning
+(USR1, sent to the batch shell) to it, and when the engine reports "stopped, resume me" (exit
+75) requeues the job, whose next start continues with ``--resume``.
+"""
+from __future__ import annotations
+
+import shlex
+from typing import List
+
+from ..errors import EXIT_STOPPED
+from .spec import JobSpec
+
+BODY = r"""
+set -uo pipefail
+
+log() { printf '[%s] slurm job %s: %s\n' "$(date '+%F %T')" "${SLURM_JOB_ID:-?}" "$*"; }
+
+cd "${SLURM_SUBMIT_DIR:-.}" || exit 1
+{{setup}}# The program and its arguments; arguments given to sbatch after the script replace the defaults:
+#   sbatch THIS_SCRIPT 24 --batch 50 --results /scratch/me/run1
+PROGRAM=({{program}})
+APP_ARGS=({{app_args}})
+if [ "$#" -gt 0 ]; then APP_ARGS=("$@"); fi
+
+# Engine flags this job needs, added unless the arguments already set them.
+add_default() {
+    local arg
+    for arg in "${APP_ARGS[@]}"; do
+        if [[ $arg == "$1" || $arg == "$1="* ]]; then return 0; fi
+    done
+    APP_ARGS+=("$@")
+}
+{{defaults}}
+add_default --resume  # last; on a results folder without a journal it simply starts fresh
+
+# Walltime: Slurm sends USR1 to this shell {{warning}} s before the end (--signal=B:USR1@{{warning}}).
+# Forward it to the run, which stops handing out work, finishes running items for up to
+# --grace seconds, flushes its journal and exits {{exit_stopped}}; then requeue this job.
+step=""
+stop_signal=""
+forward() {
+    stop_signal=$1
+    log "got SIG$1: asking the run to stop and save its journal"
+    if [ -n "$step" ]; then kill -s "$1" "$step" 2>/dev/null; fi
+}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+
+restarts=${SLURM_RESTART_COUNT:-0}
+log "start $((restarts + 1)) on ${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST:-}"
+LAUNCH=({{launch}})
+log "${LAUNCH[*]} ${PROGRAM[*]} ${APP_ARGS[*]}"
+"${LAUNCH[@]}" "${PROGRAM[@]}" "${APP_ARGS[@]}" &
+step=$!
+# A trapped signal interrupts 'wait'; keep waiting until the step has really ended.
+while kill -0 "$step" 2>/dev/null; do wait "$step"; done
+wait "$step"
+rc=$?
+
+if [ "$rc" -eq {{exit_stopped}} ]; then
+    if [ "$stop_signal" = TERM ]; then
+        log "stopped by SIGTERM (cancelled?): not requeueing; submit again to continue with --resume"
+    elif [ "$restarts" -ge {{max_requeues}} ]; then
+        log "stopped, but this job was already requeued $restarts times: submit again to continue"
+    else
+        log "stopped before the walltime: requeueing; the next start continues with --resume"
+        scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue failed: submit again to continue"
+    fi
+elif [ "$rc" -eq 0 ]; then
+    log "finished"
+else
+    log "the run exited with code $rc"
+fi
+exit "$rc"
+"""
+
+
+def _words(words: List[str]) -> str:
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def header(spec: JobSpec) -> List[str]:
+    """The ``#SBATCH`` lines."""
+    options = [f"--job-name={spec.name}", f"--nodes={spec.nodes}",
+               f"--ntasks-per-node={spec.ntasks_per_node}"]
+    if not spec.cpu:
+        options.append(f"--gpus-per-node={spec.gpus_per_node}")
+    options.append(f"--cpus-per-task={spec.default_cpus_per_task}")
+    options.append(f"--time={spec.time}")
+    if spec.partition:
+        options.append(f"--partition={spec.partition}")
+    if spec.account:
+        options.append(f"--account={spec.account}")
+    options += ["--output=%x-%j.out", "--open-mode=append",
+                f"--signal=B:USR1@{spec.warning}", "--requeue"]
+    return [f"#SBATCH {option}" for option in options]
+
+
+def _setup(spec: JobSpec) -> str:
+    lines = [f"module load {module}" for module in spec.modules]
+    if spec.venv and not spec.container:
+        venv = shlex.quote(spec.venv)
+        lines.append(f'if [ -f {venv}/bin/activate ]; then source {venv}/bin/activate; fi')
+    return "".join(line + "\n" for line in lines)
+
+
+def _defaults(spec: JobSpec) -> str:
+    if spec.cpu:
+        lines = ["add_default --gpu cpu", 'add_default --workers "${SLURM_CPUS_PER_TASK:-1}"']
+    else:
+        lines = ["add_default --gpu all"]
+    lines.append(f"add_default --grace {spec.default_grace}")
+    return "\n".join(lines)
+
+
+def _srun_options(spec: JobSpec) -> str:
+    options = [f"--mpi={spec.mpi}", '--nodes="$SLURM_JOB_NUM_NODES"',
+               f"--ntasks-per-node={spec.ntasks_per_node}", '--cpus-per-task="$SLURM_CPUS_PER_TASK"']
+    if not spec.cpu:
+        options.append(f"--gpus-per-node={spec.gpus_per_node}")
+    # Ranks stop at slightly different times after a signal; never let Slurm kill rank 0 mid-flush.
+    options.append("--kill-on-bad-exit=0")
+    return " ".join(options)
+
+
+def _launch(spec: JobSpec) -> str:
+    """srun, and the container wrapper (hybrid model: srun outside, the program and its MPI inside)."""
+    launch = "srun " + _srun_options(spec)
+    if not spec.container:
+        return launch
+    words = ["apptainer", "exec"] + ([] if spec.cpu else ["--nv"])
+    for bind in spec.binds:
+        words += ["--bind", bind]
+    return launch + " " + _words(words + [spec.container])
+
+
+def render(spec: JobSpec) -> str:
+    """The complete batch script for ``spec`` (checked first)."""
+    spec.check()
+    intro = [
+        "#!/bin/bash",
+        *header(spec),
+        "#",
+        "# Generated by:",
+        f"#   {spec.command_line()}",
+        "# Do not edit: change the command above and run it again.",
+    ]
+    slots = {
+        "setup": _setup(spec),
+        "program": _words(spec.python),
+        "app_args": _words(spec.app_args),
+        "defaults": _defaults(spec),
+        "warning": str(spec.warning),
+        "exit_stopped": str(EXIT_STOPPED),
+        "max_requeues": str(spec.max_requeues),
+        "launch": _launch(spec),
+    }
+    body = BODY
+    for name, value in slots.items():
+        body = body.replace("{{" + name + "}}", value)
+    return "\n".join(intro) + "\n" + body

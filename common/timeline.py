@@ -1,0 +1,38 @@
+"""timeline.png/svg: one row per worker of every rank, one bar per item, failures marked."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Mapping
+
+from .outputs import save_figure
+
+
+def plot_timeline(bars: List[Mapping], path_without_suffix: Path, title: str = "") -> list:
+    """``bars``: dicts with worker, start, end (epoch seconds) and ok (bool)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def row_order(name: str) -> tuple:
+        rank, _, device = name.partition("-")
+        digits = "".join(ch for ch in device if ch.isdigit()) or "0"
+        return (int(rank[4:] or 0) if rank[4:].isdigit() else 0, device.rstrip("0123456789"), int(digits))
+
+    workers = sorted({bar["worker"] for bar in bars}, key=row_order)
+    rows = {name: index for index, name in enumerate(workers)}
+    origin = min((bar["start"] for bar in bars), default=0.0)
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.35 * max(1, len(workers))))
+    for ok, colour in ((True, "tab:blue"), (False, "tab:red")):
+        chosen = [bar for bar in bars if bool(bar["ok"]) == ok]
+        for bar in chosen:
+            ax.barh(rows[bar["worker"]], max(bar["end"] - bar["start"], 1e-3), left=bar["start"] - origin,
+                    height=0.7, color=colour, edgecolor="white", linewidth=0.3)
+    ax.set_yticks(range(len(workers)), workers)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first item started")
+    failures = sum(1 for bar in bars if not bar["ok"])
+    ax.set_title(title or f"{len(bars)} item runs on {len(workers)} workers"
+                 + (f", {failures} failed (red)" if failures else ""))
+    ax.grid(axis="x", alpha=0.3)
+    return save_figure(fig, path_without_suffix)

@@ -1,0 +1,128 @@
+"""The worker process: one per GPU (or per CPU slot), spawned by its rank, never touching MPI.
+
+It loads the app's data once (``App.setup_worker``), then asks its rank for items one at a time
+over a pipe and answers with each result or traceback. Code running inside an item may call
+:func:`acquire` to hold a slot of a named resource pool.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, Iterator, Optional
+
+from .items import item_seed
+
+log = logging.getLogger("multinode_gpu.worker")
+
+
+class PoolTimeout(Exception):
+    """Waited longer than the timeout for a resource pool."""
+
+
+class _Terminated(BaseException):
+    """Raised inside the worker on SIGTERM so that ``finally`` blocks (child processes) run."""
+
+
+_connection: Optional[Connection] = None
+_request_counter = 0
+
+
+@contextlib.contextmanager
+def acquire(pool: str, count: int = 1, timeout: Optional[float] = None) -> Iterator[None]:
+    """Hold ``count`` slots of ``pool`` for the duration of the ``with`` block.
+
+    Blocks until the rank (node pools) or rank 0 (global pools) grants them; raises
+    :class:`PoolTimeout` after ``timeout`` seconds of waiting.
+    """
+    global _request_counter
+    if _connection is None:
+        raise RuntimeError("acquire() works only inside an item run by the engine")
+    _request_counter += 1
+    request = _request_counter
+    _connection.send(("acquire", pool, count, request))
+    if not _connection.poll(timeout):
+        _connection.send(("cancel", pool, request))
+        reply = _connection.recv()  # "cancelled", or a "granted" that crossed our cancel
+        if reply[0] == "granted":
+            _connection.send(("release", pool, request))
+        raise PoolTimeout(f"waited more than {timeout:g} s for pool {pool!r}")
+    reply = _connection.recv()
+    if reply[0] == "refused":
+        raise ValueError(reply[2])
+    try:
+        yield
+    finally:
+        _connection.send(("release", pool, request))
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send us SIGTERM when the rank dies, so no worker outlives its job."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def _set_threads(threads: int) -> None:
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int) -> None:
+    """Entry point of the spawned process."""
+    global _connection
+    _connection = conn
+    _die_with_parent()
+    # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [{name}] %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    log.info("started: pid %d, device %s, CUDA_VISIBLE_DEVICES=%s, threads %d",
+             os.getpid(), device, os.environ.get("CUDA_VISIBLE_DEVICES", ""), threads)
+    try:
+        try:
+            state = app.setup_worker(device)
+            _set_threads(threads)
+        except Exception as error:
+            log.error("setup failed:\n%s", traceback.format_exc())
+            conn.send(("setup_failed", f"{type(error).__name__}: {error}", traceback.format_exc()))
+            return
+        conn.send(("ready",))
+        while True:
+            message = conn.recv()
+            if message[0] == "stop":
+                break
+            item, attempt = message[1], message[2]
+            started = time.time()
+            log.info("item %s (attempt %d) started", item.key, attempt)
+            try:
+                result = app.run_item(state, item, item_seed(seed, item.key))
+            except Exception as error:
+                text = traceback.format_exc()
+                log.error("item %s failed:\n%s", item.key, text)
+                conn.send(("error", item.key, f"{type(error).__name__}: {error}", text, started, time.time()))
+            else:
+                ended = time.time()
+                log.info("item %s done in %.3f s", item.key, ended - started)
+                conn.send(("done", item.key, result, started, ended))
+    except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):
+        log.info("stopping")
+    finally:
+        logging.shutdown()

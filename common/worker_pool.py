@@ -1,0 +1,293 @@
+"""The workers of one rank: spawned processes, one per device, watched and replaced.
+
+The pool starts each worker with 'spawn' and an environment made for it: pinned to exactly its
+GPU by ``CUDA_VISIBLE_DEVICES``, thread counts set, and every MPI/PMI variable removed so the child
+can never re-initialise MPI. It notices a dead worker within one poll (its process sentinel),
+reports the item it was running as failed and starts a fresh one.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from .app import Record
+from .devices import Device
+from .items import Item
+from .resources import ResourceBroker
+from .worker import worker_main
+
+log = logging.getLogger("multinode_gpu")
+
+# Variables through which a child would find (and re-join) the rank's MPI job.
+_MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "MPI_LOCAL", "OMPI_", "PRTE_", "I_MPI_",
+                     "SLURM_PMI", "SLURM_PMIX", "SLURM_MPI_TYPE")
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+MAX_SETUP_FAILURES = 3
+
+
+@contextmanager
+def _child_environment(device: Device, threads: int) -> Iterator[None]:
+    """os.environ as the child must see it, for the instant its process is started."""
+    saved = dict(os.environ)
+    try:
+        for name in list(os.environ):
+            if name.startswith(_MPI_ENV_PREFIXES):
+                del os.environ[name]
+        os.environ["CUDA_VISIBLE_DEVICES"] = device.physical if device.is_gpu else ""
+        for name in _THREAD_VARIABLES:
+            os.environ[name] = str(threads)
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"worker died from signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"worker died from signal {-code}"
+    return f"worker exited with code {code}"
+
+
+@dataclass
+class WorkerHandle:
+    name: str
+    device: Device
+    process: Any
+    conn: Any
+    ready: bool = False
+    current: Optional[Tuple[Item, int, float]] = None  # item, attempt, time handed over
+    items_done: int = 0
+    retiring: bool = False
+
+
+@dataclass
+class Event:
+    """What a poll of the pool saw: an item done or failed, or a global-pool message."""
+
+    kind: str  # "done", "failed", "pool"
+    key: str = ""
+    record: Optional[Record] = None
+    error: str = ""
+    traceback: str = ""
+    worker: str = ""
+    attempt: int = 0
+    start: float = 0.0
+    end: float = 0.0
+    message: Optional[tuple] = None  # for kind "pool": (verb, requester, pool, count)
+
+
+class WorkerPool:
+    """Spawned workers of one rank. Single-threaded: the rank's loop calls ``poll``."""
+
+    def __init__(self, app: Any, devices: List[Device], *, rank: int, host: str, logs_dir: Path, seed: int,
+                 threads: int, batch: Optional[int], node_pools: Dict[str, int], global_pools: List[str]):
+        self.app, self.devices, self.rank, self.host = app, devices, rank, host
+        self.logs_dir, self.seed, self.threads, self.batch = Path(logs_dir), seed, threads, batch
+        self.node_resources = ResourceBroker(node_pools)
+        self.global_pools = set(global_pools)
+        self.context = multiprocessing.get_context("spawn")
+        self.workers: Dict[str, WorkerHandle] = {}
+        self.setup_failures: Dict[str, int] = {}
+        self.given_up: Dict[str, str] = {}  # worker name -> why its device was given up
+        self.closing = False
+
+    # ----- life cycle -----
+    def start(self) -> None:
+        for device in self.devices:
+            self._spawn(device)
+
+    def _spawn(self, device: Device) -> None:
+        name = f"rank{self.rank}-{device}"
+        parent_end, child_end = self.context.Pipe()
+        log_path = self.logs_dir / f"{name}.log"
+        process = self.context.Process(
+            target=worker_main, name=name, daemon=True,
+            args=(child_end, self.app, device, name, str(log_path), self.seed, self.threads))
+        with _child_environment(device, self.threads):
+            process.start()
+        child_end.close()
+        self.workers[name] = WorkerHandle(name, device, process, parent_end)
+
+    @property
+    def idle(self) -> List[WorkerHandle]:
+        return [w for w in self.workers.values() if w.ready and w.current is None and not w.retiring]
+
+    @property
+    def busy(self) -> int:
+        return sum(1 for w in self.workers.values() if w.current is not None)
+
+    @property
+    def capacity(self) -> int:
+        """Workers alive or being started: what this rank can run at once."""
+        return len(self.workers)
+
+    def assign(self, worker: WorkerHandle, item: Item, attempt: int) -> None:
+        worker.current = (item, attempt, time.time())
+        worker.conn.send(("item", item, attempt))
+
+    def pick_worker(self, avoid: Tuple[str, ...] = ()) -> Optional[WorkerHandle]:
+        """An idle worker, preferring one that has not already failed this item."""
+        idle = self.idle
+        preferred = [w for w in idle if w.name not in avoid]
+        return (preferred or idle or [None])[0]
+
+    def shutdown(self, kill_after: float = 5.0) -> None:
+        """Stop every worker: politely if idle, SIGTERM if busy, SIGKILL after ``kill_after`` s."""
+        self.closing = True
+        for worker in self.workers.values():
+            try:
+                if worker.current is None and worker.ready:
+                    worker.conn.send(("stop",))
+                elif worker.process.is_alive():
+                    worker.process.terminate()
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + kill_after
+        for worker in self.workers.values():
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(2)
+            worker.conn.close()
+        self.workers.clear()
+
+    # ----- events -----
+    def poll(self, timeout: float) -> List[Event]:
+        """Wait up to ``timeout`` s for messages or deaths; return what happened."""
+        if not self.workers:
+            time.sleep(timeout)
+            return []
+        waitables = {}
+        for worker in self.workers.values():
+            waitables[worker.conn] = worker
+            waitables[worker.process.sentinel] = worker
+        events: List[Event] = []
+        for ready in wait(list(waitables), timeout):
+            worker = waitables[ready]
+            if worker.name not in self.workers:
+                continue
+            if ready is worker.conn:
+                self._drain(worker, events)
+            elif not worker.conn.poll():  # dead, and nothing left to read from it
+                self._on_exit(worker, events)
+        return events
+
+    def _drain(self, worker: WorkerHandle, events: List[Event]) -> None:
+        while worker.name in self.workers:
+            try:
+                if not worker.conn.poll():
+                    return
+                message = worker.conn.recv()
+            except (EOFError, OSError):
+                self._on_exit(worker, events)
+                return
+            self._handle(worker, message, events)
+
+    def _handle(self, worker: WorkerHandle, message: tuple, events: List[Event]) -> None:
+        verb = message[0]
+        if verb == "ready":
+            worker.ready = True
+            self.setup_failures.pop(worker.name, None)
+        elif verb == "setup_failed":
+            self._setup_failed(worker, message[1])
+        elif verb in ("done", "error"):
+            item, attempt, _ = worker.current
+            worker.current = None
+            worker.items_done += 1
+            if verb == "done":
+                _, key, result, start, end = message
+                record = Record(key=key, result=result, seconds=end - start, rank=self.rank, host=self.host,
+                                device=str(worker.device), worker=worker.name, start=start, end=end, attempt=attempt)
+                events.append(Event("done", key, record=record, worker=worker.name, attempt=attempt, start=start, end=end))
+            else:
+                _, key, error, text, start, end = message
+                events.append(Event("failed", key, error=error, traceback=text, worker=worker.name,
+                                    attempt=attempt, start=start, end=end))
+            if self.batch and worker.items_done >= self.batch and not self.closing:
+                worker.retiring = True  # a fresh process gives back memory the old one never did
+                worker.conn.send(("stop",))
+        elif verb in ("acquire", "cancel", "release"):
+            self._pool_message(worker, message, events)
+
+    # ----- resource pools -----
+    def _requester(self, worker: WorkerHandle, request: int) -> tuple:
+        return (self.rank, worker.name, worker.process.pid, request)
+
+    def _pool_message(self, worker: WorkerHandle, message: tuple, events: List[Event]) -> None:
+        verb, pool = message[0], message[1]
+        request = message[3] if verb == "acquire" else message[2]
+        requester = self._requester(worker, request)
+        if pool in self.global_pools:
+            count = message[2] if verb == "acquire" else 0
+            events.append(Event("pool", message=(verb, requester, pool, count)))
+            return
+        if pool not in self.node_resources:
+            worker.conn.send(("refused", request, f"unknown resource pool {pool!r}"))
+            return
+        if verb == "acquire":
+            try:
+                granted = self.node_resources.request(pool, requester, message[2])
+            except ValueError as error:
+                worker.conn.send(("refused", request, str(error)))
+                return
+        elif verb == "cancel":
+            if self.node_resources.cancel(pool, requester):
+                worker.conn.send(("cancelled", request))
+                granted = []
+            else:
+                worker.conn.send(("granted", request))  # it crossed the cancel; the worker releases it
+                granted = []
+        else:
+            granted = self.node_resources.release(pool, requester)
+        for who in granted:
+            self.deliver(who, ("granted", who[3]))
+
+    def deliver(self, requester: tuple, message: tuple) -> None:
+        """Send a pool answer to the worker that asked, if it is still the same process."""
+        worker = self.workers.get(requester[1])
+        if worker is not None and worker.process.pid == requester[2]:
+            try:
+                worker.conn.send(message)
+            except (OSError, ValueError):
+                pass
+
+    # ----- failures -----
+    def _setup_failed(self, worker: WorkerHandle, error: str) -> None:
+        count = self.setup_failures.get(worker.name, 0) + 1
+        self.setup_failures[worker.name] = count
+        if count >= MAX_SETUP_FAILURES:
+            self.given_up[worker.name] = error
+            log.error("%s: giving up on %s after %d failed starts: %s", worker.name, worker.device, count, error)
+        else:
+            log.warning("%s: worker could not start (%s); starting it again", worker.name, error)
+
+    def _on_exit(self, worker: WorkerHandle, events: List[Event]) -> None:
+        worker.process.join(1)
+        del self.workers[worker.name]
+        worker.conn.close()
+        for pair in self.node_resources.release_all((self.rank, worker.name, worker.process.pid)):
+            self.deliver(pair[1], ("granted", pair[1][3]))
+        if self.global_pools:
+            events.append(Event("pool", message=("gone", (self.rank, worker.name, worker.process.pid), "", 0)))
+        why = _describe_exit(worker.process.exitcode)
+        if worker.current is not None:
+            item, attempt, handed = worker.current
+            log.warning("%s: %s while running %s", worker.name, why, item.key)
+            events.append(Event("failed", item.key, error=why, worker=worker.name, attempt=attempt,
+                                start=handed, end=time.time()))
+        elif not worker.ready and not worker.retiring and worker.name not in self.setup_failures:
+            self._setup_failed(worker, why)
+        if self.closing or worker.name in self.given_up:
+            return
+        self._spawn(worker.device)

@@ -1,0 +1,101 @@
+"""A small engine app for the engine's own tests and benchmarks.
+
+python tests/toy_app.py N [--sleep S] [--fail-key K] [--kill-key K] [--lognormal SIGMA] [--wave]
+Each item returns numbers drawn from its own seed, so results show whether seeding is right.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.app import App, RunInfo  # noqa: E402
+from common.items import Item  # noqa: E402
+from common.outputs import atomic_write_json  # noqa: E402
+
+
+class ToyApp(App):
+    name = "toy"
+    description = "Toy items for the engine's tests"
+
+    @classmethod
+    def add_arguments(cls, parser):
+        parser.add_argument("n_items", type=int)
+        parser.add_argument("--sleep", type=float, default=0.0, help="seconds per item (mean if --lognormal)")
+        parser.add_argument("--lognormal", type=float, default=0.0, help="sigma of lognormal item durations")
+        parser.add_argument("--fail-key", default=None, help="this item always raises")
+        parser.add_argument("--kill-key", default=None, help="this item SIGKILLs its worker on the first attempt")
+        parser.add_argument("--marker-dir", type=Path, default=None, help="each run of an item touches a file here")
+        parser.add_argument("--wave", action="store_true", help="add a second wave: one sum per 4 items")
+
+    def validate(self):
+        from common.errors import UsageError
+
+        if self.args.n_items < 1:
+            raise UsageError(f"n_items must be at least 1, got {self.args.n_items}")
+
+    def fingerprint(self):
+        return {"n_items": self.args.n_items, "seed": self.args.seed, "wave": self.args.wave,
+                "lognormal": self.args.lognormal}
+
+    def durations(self):
+        rng = np.random.default_rng(12345)
+        if self.args.lognormal:
+            raw = rng.lognormal(0.0, self.args.lognormal, self.args.n_items)
+            return raw / raw.mean() * self.args.sleep
+        return np.full(self.args.n_items, self.args.sleep)
+
+    def items(self):
+        durations = self.durations()
+        items = [Item(f"item-{i:04d}", {"i": i, "sleep": float(durations[i])}, cost=float(durations[i]))
+                 for i in range(self.args.n_items)]
+        if self.args.wave:
+            for g in range(0, self.args.n_items, 4):
+                deps = tuple(f"item-{i:04d}" for i in range(g, min(g + 4, self.args.n_items)))
+                items.append(Item(f"sum-{g // 4:03d}", {}, after=deps))
+        return items
+
+    def complete(self, item, results):
+        return Item(item.key, {"sum": sum(r["value"] for r in results.values()), "sleep": 0.0}, item.cost, item.after)
+
+    def setup_worker(self, device):
+        return {"pid": os.getpid()}
+
+    def run_item(self, state, item, seed):
+        if self.args.marker_dir is not None:
+            marker = self.args.marker_dir / item.key
+            with open(marker, "a") as handle:
+                handle.write(f"{os.getpid()}\n")
+        if item.key == self.args.kill_key and not (self.args.marker_dir and _runs(self.args.marker_dir / item.key) > 1):
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if item.key == self.args.fail_key:
+            raise RuntimeError(f"item {item.key} always fails")
+        if item.params.get("sleep"):
+            time.sleep(item.params["sleep"])
+        value = float(np.random.default_rng(seed).random()) + item.params.get("sum", 0.0)
+        return {"value": value, "pid": state["pid"]}
+
+    def finish(self, run: RunInfo):
+        values = {key: result["value"] for key, result in run.results().items()}
+        atomic_write_json(run.results_dir / "values.json", values)
+        return {"n_values": len(values)}
+
+
+def _runs(path):
+    try:
+        return len(path.read_text().splitlines())
+    except OSError:
+        return 0
+
+
+if __name__ == "__main__":
+    from common.runner import main
+
+    raise SystemExit(main(ToyApp))

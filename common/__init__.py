@@ -1,0 +1,25 @@
+"""multinode-gpu's engine: MPI ranks x spawned per-GPU workers, dynamic distribution, journal, resume.
+
+Layout (one concept a module):
+  app.py          the contract an application implements (App, RunInfo, Record)
+  items.py        work items and their seeds
+  runner.py       main(AppClass): command line -> validation -> distribution -> outputs
+  cli.py          the engine's flags; bad input as one line, exit code 2
+  devices.py      --gpu parsing and GPU discovery without initialising CUDA
+  mpi.py          the rank's MPI world (imported on the rank's main path only)
+  distribute.py   rank 0 leads, other ranks follow: the request/result protocol
+  scheduler.py    rank 0's bookkeeping: ready, running, retried, failed; waves
+  worker_pool.py  a rank's spawned workers: pinning, death detection, replacement
+  worker.py       the worker process itself, and acquire() for resource pools
+  resources.py    named resource pools (counting semaphores)
+  journal.py      the append-only journal that makes --resume possible
+  progress.py, timeline.py, gpu_monitor.py, outputs.py, logs.py   what users see
+  data.py         MNIST / Fashion-MNIST / digits loading shared by the apps
+  pipeline/       train -> evaluate -> report pipelines on the engine
+  slurm/          sbatch script generator
+"""
+from .app import App, Record, RunInfo
+from .errors import UsageError
+from .items import Item, item_seed, torch_seed
+
+__all__ = ["App", "Item", "Record", "RunInfo", "UsageError", "item_seed", "torch_seed"]

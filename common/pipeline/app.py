@@ -1,0 +1,215 @@
+"""The pipeline runner as an engine app: one work item per pipeline, its steps run in the worker.
+
+The engine spreads the pipelines of a file over every worker of every rank (one per GPU, pinned
+to it) and journals each pipeline that finishes, so a plain ``--resume`` skips them. A resume
+from a step (``--resume RUN_ID/STEP_ID``) becomes an item of its own, ``RUN_ID@from=STEP_ID``,
+that the engine runs although the pipeline itself may be journaled.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..app import App, RunInfo
+from ..devices import Device, visible_gpus
+from ..errors import UsageError
+from ..items import Item, torch_seed
+from .container import find_apptainer
+from .definition import POOL_PATTERN, Pipeline, check_pools, load_definition
+from .flow import PipelineRunner, RunLayout
+from .report import statuses_on_disk, summary_markdown
+
+RESOURCE_ENV_PREFIX = "PIPELINE_RESOURCE_"
+QUEUE_TIMEOUT_ENV = "PIPELINE_QUEUE_TIMEOUT"
+GPU_POOL = "gpu"
+
+
+class PipelineFailed(Exception):
+    """A pipeline ended as failed; its steps' status.json files say why."""
+
+
+def _capacity(text: str, where: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{where}: capacity must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise UsageError(f"{where}: capacity must be at least 1, got {value}")
+    return value
+
+
+def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> Dict[str, int]:
+    """Pool capacities from ``PIPELINE_RESOURCE_<NAME>=N``, then ``--resource NAME=N`` (which wins)."""
+    pools = {}
+    for name, value in sorted(environ.items()):
+        if name.startswith(RESOURCE_ENV_PREFIX) and len(name) > len(RESOURCE_ENV_PREFIX):
+            pool = name[len(RESOURCE_ENV_PREFIX):].lower()
+            if not POOL_PATTERN.match(pool):
+                raise UsageError(f"{name}: pool name is malformed: a letter, then letters, digits, '_'")
+            pools[pool] = _capacity(value, name)
+    for flag in resource_flags:
+        pool, _, value = flag.partition("=")
+        if not _ or not POOL_PATTERN.match(pool):
+            raise UsageError(f"--resource {flag!r}: expected NAME=N, such as gpu=2 or licence=1")
+        pools[pool.lower()] = _capacity(value, f"--resource {flag}")
+    return pools
+
+
+def queue_timeout(flag: Optional[float], environ: Mapping[str, str]) -> Optional[float]:
+    """Seconds a step may wait for its pools: ``--queue-timeout``, else ``PIPELINE_QUEUE_TIMEOUT``."""
+    where = "--queue-timeout"
+    if flag is None and environ.get(QUEUE_TIMEOUT_ENV):
+        where, text = QUEUE_TIMEOUT_ENV, environ[QUEUE_TIMEOUT_ENV]
+        try:
+            flag = float(text)
+        except ValueError:
+            raise UsageError(f"{QUEUE_TIMEOUT_ENV}={text!r}: expected a number of seconds") from None
+    if flag is not None and not (flag > 0 and flag != float("inf")):
+        raise UsageError(f"{where}: must be a positive number of seconds, got {flag:g}")
+    return flag
+
+
+def parse_resume_target(value: Any, pipelines: List[Pipeline]) -> Optional[Tuple[str, str]]:
+    """``RUN_ID/STEP_ID`` of ``--resume`` as (pipeline, step); None for a plain ``--resume``."""
+    if not isinstance(value, str):
+        return None
+    run_id, _, step_id = value.partition("/")
+    by_name = {p.name: p for p in pipelines}
+    if not _ or not run_id or not step_id:
+        raise UsageError(f"--resume {value!r}: expected RUN_ID/STEP_ID (such as train-cnn/evaluate), "
+                         "or --resume alone to skip the pipelines that finished")
+    if run_id not in by_name:
+        raise UsageError(f"--resume {value}: no pipeline {run_id!r} in the definition "
+                         f"(it has: {', '.join(sorted(by_name))})")
+    if step_id not in by_name[run_id].step_ids:
+        raise UsageError(f"--resume {value}: pipeline {run_id!r} has no step {step_id!r} "
+                         f"(it has: {', '.join(by_name[run_id].step_ids)})")
+    return run_id, step_id
+
+
+@dataclass
+class WorkerState:
+    gpu: Optional[str]  # the physical GPU of this worker, or None on a CPU worker
+    acquire: Callable[..., Any]
+    host: str
+
+
+class PipelineApp(App):
+    name = "pipeline"
+    description = ("Run pipelines of steps (train -> evaluate -> report) with GPU and other resource pools, "
+                   "fallbacks, retries and resume; the pipelines of a file spread over every GPU of every node.")
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("definition", type=Path, help="pipeline definition (JSON, or YAML with PyYAML)")
+        parser.add_argument("--resource", action="append", default=[], metavar="NAME=N",
+                            help="capacity of a resource pool (repeatable); also PIPELINE_RESOURCE_<NAME>=N. "
+                                 "The gpu pool is per node and defaults to its GPUs (its workers without GPU)")
+        parser.add_argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
+                            help="fail a step that waits longer for its pools (also PIPELINE_QUEUE_TIMEOUT); "
+                                 "default: wait as long as it takes")
+
+    # ----- every rank -----
+    def validate(self) -> None:
+        self.pipelines = load_definition(self.args.definition)
+        self.by_name = {p.name: p for p in self.pipelines}
+        self.capacities = configured_pools(self.args.resource, os.environ)
+        self.queue_timeout = queue_timeout(self.args.queue_timeout, os.environ)
+        known: Dict[str, Optional[int]] = dict(self.capacities)
+        known.setdefault(GPU_POOL, None)  # per node, known on each node
+        check_pools(self.pipelines, known, str(self.args.definition))
+        if any(s.container for p in self.pipelines for s in p.steps) and find_apptainer() is None:
+            raise UsageError(f"{self.args.definition}: a step runs in a container, but neither apptainer nor "
+                             "singularity is on PATH (or set PIPELINE_APPTAINER)")
+        self.resume_target = parse_resume_target(self.args.resume, self.pipelines)
+        self.results = Path(self.args.results).absolute()
+
+    def fingerprint(self) -> Dict[str, Any]:
+        # Definitions are meant to be edited between a failure and a resume (fix a step, resume
+        # from it), so only the set of pipelines must match.
+        return {"pipelines": sorted(self.by_name)}
+
+    def pools(self) -> Dict[str, Any]:
+        gpu = self.capacities.get(GPU_POOL) or len(visible_gpus()) or self.args.workers
+        pools = {name: (capacity, "global") for name, capacity in self.capacities.items() if name != GPU_POOL}
+        pools[GPU_POOL] = (gpu, "node")
+        return pools
+
+    # ----- rank 0 -----
+    def prepare(self) -> None:
+        if self.resume_target:
+            run_id, step_id = self.resume_target
+            shared = RunLayout(self.results, run_id).shared
+            if not shared.is_dir():
+                raise UsageError(f"--resume {run_id}/{step_id}: {shared} does not exist; nothing to resume "
+                                 "(run the pipeline first, with the same --results)")
+
+    def _journaled_keys(self) -> List[str]:
+        from ..journal import JOURNAL_NAME, read_journal
+
+        path = self.results / JOURNAL_NAME
+        return list(read_journal(path)[1]) if path.exists() else []
+
+    def items(self) -> List[Item]:
+        done = self._journaled_keys()
+        if self.resume_target:
+            run_id, step_id = self.resume_target
+            key = f"{run_id}@from={step_id}"
+            earlier = [k for k in done if k == key or k.startswith(key + "#")]
+            if earlier:  # resumed from this step before: a fresh key, so it runs again
+                key = f"{key}#{len(earlier) + 1}"
+            return [Item(key=key, params={"run_id": run_id, "start": step_id})]
+        items = []
+        for pipeline in self.pipelines:
+            # A pipeline finished by a resume from a step counts as finished.
+            resumed = [k for k in done if re.match(re.escape(pipeline.name) + r"@from=", k)]
+            key = pipeline.name if pipeline.name in done or not resumed else resumed[-1]
+            items.append(Item(key=key, params={"run_id": pipeline.name, "start": None},
+                              cost=float(1 + sum(s.gpu for s in pipeline.steps))))
+        return items
+
+    def finish(self, run: RunInfo) -> Dict[str, Any]:
+        errors = {f["key"]: f.get("error") or "" for f in run.failed_items}
+        pipelines = {}
+        for item in run.items:
+            run_id = item.params["run_id"]
+            record = run.records.get(item.key)
+            if record is not None:
+                summary = dict(record.result)
+            else:  # failed: its result never reached the journal; read its steps from disk
+                layout = RunLayout(self.results, run_id)
+                error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
+                error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]
+                summary = {"run_id": run_id, "status": "failed", "reason": error,
+                           "steps": statuses_on_disk(layout, self.by_name[run_id])}
+            summary["steps"] = {step: {k: v for k, v in status.items() if k != "history"}
+                                for step, status in summary.get("steps", {}).items()}
+            pipelines[run_id] = summary
+        return {"pipelines": pipelines}
+
+    def summary_markdown(self, summary: Mapping[str, Any]) -> str:
+        return summary_markdown(summary.get("pipelines", {}))
+
+    # ----- worker -----
+    def setup_worker(self, device: Device) -> WorkerState:
+        from ..worker import acquire
+
+        return WorkerState(gpu=device.physical if device.is_gpu else None, acquire=acquire,
+                           host=socket.gethostname().split(".")[0])
+
+    def run_item(self, state: WorkerState, item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
+        run_id, start = item.params["run_id"], item.params["start"]
+        runner = PipelineRunner(self.by_name[run_id], RunLayout(self.results, run_id), acquire=state.acquire,
+                                queue_timeout=self.queue_timeout, gpu=state.gpu, seed=torch_seed(seed))
+        result = runner.run(start)
+        result["host"] = state.host
+        if result["status"] != "ok":
+            raise PipelineFailed(f"pipeline {run_id}: {result['reason']}")
+        return result

@@ -1,0 +1,201 @@
+"""mnist_svm: the reference's RBF-SVM grid search as an engine app.
+
+Items are single (C, gamma, fold) fits, so a 24x24 grid with 5 folds is 2,880 items that keep
+every GPU of every node busy; one last item refits the best pair on the whole training set and
+scores it on the test set. Rank 0 turns the results into the reference's outputs.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import io
+from pathlib import Path
+from typing import Any, Dict, Mapping
+
+import numpy as np
+
+from common.app import App, RunInfo
+from common.data import DATASETS, Dataset, check_available, ensure_available, load_dataset
+from common.devices import Device, parse_gpu_spec
+from common.errors import UsageError
+from common.items import Item
+from common.outputs import atomic_write_bytes, atomic_write_text
+
+from .backends import have_cuml, make_backend
+from .grid import REFIT_KEY, Grid, best_point, error_table, grid_items
+from .plots import plot_boxplots, plot_heatmap
+
+
+@dataclasses.dataclass
+class WorkerState:
+    """What a worker keeps between items: the backend holding the data, and the fold rows."""
+
+    backend: Any
+    folds: list  # [(train_rows, validation_rows)] per fold
+    n_classes: int
+
+
+class MnistSvm(App):
+    name = "mnist_svm"
+    description = "Cross-validated grid search of an RBF SVM (C x gamma x folds), one fit per work item"
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("n_tuning", type=int,
+                            help="grid points per axis: log10 C in linspace(-3, 6, n), log10 gamma in linspace(-6, -2, n)")
+        parser.add_argument("--dataset", choices=DATASETS, default="mnist", help="data set to search on")
+        parser.add_argument("--data-dir", type=Path, default=None,
+                            help="folder of the IDX files (default: data/; Fashion-MNIST is also found in "
+                                 "/usr/share/datasets/fashion-mnist)")
+        parser.add_argument("--folds", type=int, default=5, help="cross-validation folds (stratified, shuffled by --seed)")
+        parser.add_argument("--subsample", type=int, default=None, metavar="N",
+                            help="use N training images (stratified) for quick runs")
+
+    @property
+    def grid(self) -> Grid:
+        return Grid(self.args.n_tuning, self.args.folds)
+
+    # ----- every rank -----
+    def validate(self) -> None:
+        args = self.args
+        if args.n_tuning < 1:
+            raise UsageError(f"n_tuning must be at least 1, got {args.n_tuning}")
+        if args.folds < 2:
+            raise UsageError(f"--folds must be at least 2, got {args.folds}")
+        if args.subsample is not None and args.subsample < 2 * args.folds:
+            raise UsageError(f"--subsample {args.subsample}: too few images for {args.folds} folds")
+        if args.gpu is not None and parse_gpu_spec(args.gpu) is not None and not have_cuml():
+            raise UsageError(f"--gpu {args.gpu}: cuML is not installed (install RAPIDS cuML) ; use --gpu cpu "
+                             f"to fit with scikit-learn")
+        check_available(args.dataset, args.data_dir)
+
+    def fingerprint(self) -> Dict[str, Any]:
+        args = self.args
+        return {"n_tuning": args.n_tuning, "dataset": args.dataset, "folds": args.folds,
+                "subsample": args.subsample, "seed": args.seed}
+
+    # ----- rank 0 -----
+    def prepare(self) -> None:
+        """Download if needed, then read the data once here so a bad file stops the run before any work."""
+        args = self.args
+        ensure_available(args.dataset, args.data_dir)
+        data = self._load()
+        smallest_class = int(np.bincount(data.y_train).min())
+        if smallest_class < args.folds:
+            raise UsageError(f"--folds {args.folds}: the smallest class of the training images has only "
+                             f"{smallest_class}; use fewer folds or a larger --subsample")
+
+    def items(self) -> list:
+        return grid_items(self.grid)
+
+    def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
+        """The refit item gets the best (C, gamma) by mean validation error."""
+        best = best_point(self.grid, error_table(self.grid, results))
+        return dataclasses.replace(item, params={**item.params, **best})
+
+    def finish(self, run: RunInfo) -> Dict[str, Any]:
+        grid, folder = self.grid, run.results_dir
+        results = run.results()
+        table = error_table(grid, results)
+        buffer = io.BytesIO()
+        np.save(buffer, table)
+        atomic_write_bytes(folder / "validation_error.npy", buffer.getvalue())
+        atomic_write_text(folder / "fits.csv", self._fits_csv(run))
+        summary: Dict[str, Any] = {"dataset": self.args.dataset, "n_tuning": grid.n_tuning, "folds": grid.folds,
+                                   "subsample": self.args.subsample,
+                                   "fits_done": int(np.sum(~np.isnan(table))), "fits_total": int(table.size)}
+        try:
+            best = best_point(grid, table)
+        except RuntimeError:
+            return {**summary, "best_C": None, "best_gamma": None, "cv_error": None, "test_error": None,
+                    "confusion_matrix": None}
+        plot_heatmap(grid, table, best["i_C"], best["i_gamma"], folder / "validation_heatmap")
+        plot_boxplots(grid, table, folder / "validation_boxplots")
+        refit = results.get(REFIT_KEY) or {}
+        summary.update({"best_C": best["C"], "best_gamma": best["gamma"], "cv_error": best["cv_error"],
+                        "cv_error_std": float(np.nanstd(table[:, best["i_gamma"], best["i_C"]])),
+                        "test_error": refit.get("test_error"), "confusion_matrix": refit.get("confusion_matrix"),
+                        "n_support": refit.get("n_support"), "n_train": refit.get("n_train"),
+                        "n_test": refit.get("n_test"), "backend": refit.get("backend")})
+        if refit and (refit.get("C"), refit.get("gamma")) != (best["C"], best["gamma"]):
+            summary["refit_note"] = "the refit used the best pair known when it started"
+        return summary
+
+    @staticmethod
+    def _fits_csv(run: RunInfo) -> str:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["C", "gamma", "fold", "i_C", "i_gamma", "error", "n_support", "seconds", "rank", "host",
+                         "device", "worker"])
+        for item in run.items:
+            record = run.records.get(item.key)
+            if item.params.get("kind") != "fit" or record is None:
+                continue
+            params, result = item.params, record.result or {}
+            writer.writerow([f"{params['C']:.6g}", f"{params['gamma']:.6g}", params["fold"], params["i_C"],
+                             params["i_gamma"], f"{result.get('error', float('nan')):.6f}", result.get("n_support", ""),
+                             f"{record.seconds:.3f}", record.rank, record.host, record.device, record.worker])
+        return out.getvalue()
+
+    def summary_markdown(self, summary: Mapping[str, Any]) -> str:
+        if summary.get("best_C") is None:
+            return "## Grid search\n\nNo fit finished, so there is no best (C, gamma).\n"
+        pct = lambda value: "n/a" if value is None else f"{100 * value:.2f} %"  # noqa: E731
+        lines = ["## Grid search", "",
+                 "| | |", "|---|---|",
+                 f"| data set | {summary['dataset']}"
+                 + (f" ({summary['subsample']} training images)" if summary.get("subsample") else "") + " |",
+                 f"| grid | {summary['n_tuning']} C x {summary['n_tuning']} gamma x {summary['folds']} folds "
+                 f"({summary['fits_done']} of {summary['fits_total']} fits done) |",
+                 f"| best C | {summary['best_C']:.4g} |",
+                 f"| best gamma | {summary['best_gamma']:.4g} |",
+                 f"| cross-validation error | {pct(summary['cv_error'])} (std over folds {pct(summary.get('cv_error_std'))}) |",
+                 f"| test error (refit on all training images) | {pct(summary.get('test_error'))} |", ""]
+        matrix = summary.get("confusion_matrix")
+        if matrix:
+            n = len(matrix)
+            lines += ["Confusion matrix on the test set (rows: true class, columns: predicted):", "",
+                      "| true \\ predicted | " + " | ".join(str(j) for j in range(n)) + " |",
+                      "|---" * (n + 1) + "|"]
+            lines += [f"| **{i}** | " + " | ".join(str(v) for v in row) + " |" for i, row in enumerate(matrix)]
+            lines.append("")
+        lines += ["Files: `validation_error.npy` (folds x gamma x C), `fits.csv`, "
+                  "`validation_heatmap.png`/`.svg`, `validation_boxplots.png`/`.svg`.", ""]
+        return "\n".join(lines)
+
+    # ----- worker process -----
+    def _load(self) -> Dataset:
+        args = self.args
+        return load_dataset(args.dataset, args.data_dir, subsample=args.subsample, seed=args.seed)
+
+    def setup_worker(self, device: Device) -> WorkerState:
+        """Read the data once, put it on the device once, and fix the folds (same on every worker)."""
+        from sklearn.model_selection import StratifiedKFold
+
+        data = self._load()
+        splitter = StratifiedKFold(n_splits=self.args.folds, shuffle=True, random_state=self.args.seed)
+        folds = list(splitter.split(np.zeros(len(data.y_train)), data.y_train))
+        backend = make_backend(data, device.is_gpu, gpu_explicit=self.args.gpu is not None)
+        return WorkerState(backend, folds, data.n_classes)
+
+    def run_item(self, state: WorkerState, item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
+        """One fit. libsvm and cuML's SVC without probabilities use no randomness, so ``seed`` is unused."""
+        from sklearn.metrics import confusion_matrix
+
+        params, backend = item.params, state.backend
+        if params["kind"] == "refit":
+            rows = np.arange(len(backend.truth["train"]))
+            model = backend.fit(params["C"], params["gamma"], rows)
+            predicted = backend.predict(model, "test")
+            truth = backend.truth["test"]
+            matrix = confusion_matrix(truth, predicted, labels=np.arange(state.n_classes))
+            return {"C": params["C"], "gamma": params["gamma"], "test_error": float(np.mean(predicted != truth)),
+                    "confusion_matrix": matrix.tolist(), "n_support": backend.n_support(model),
+                    "n_train": int(len(rows)), "n_test": int(len(truth)), "backend": backend.name}
+        train, validation = state.folds[params["fold"]]
+        model = backend.fit(params["C"], params["gamma"], train)
+        predicted = backend.predict(model, "train", validation)
+        truth = backend.truth["train"][validation]
+        return {"error": float(np.mean(predicted != truth)), "n_support": backend.n_support(model),
+                "backend": backend.name}

@@ -1,0 +1,99 @@
+"""Fitting an RBF SVC on one worker: scikit-learn on a CPU, cuML on a GPU.
+
+Both hold the standardised training and test pixels once per worker (on the GPU: copied to
+the device once, then rows are gathered there per fit), so an item only says which rows.
+cuML and CuPy are imported here, inside a GPU worker, and nowhere else.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+import numpy as np
+
+from common.data import Dataset
+
+#: the reference's standardisation of 0-255 pixels
+PIXEL_CENTRE = 127.5
+PIXEL_SCALE = 73.61
+#: kernel cache per fit (MB); libsvm's default of 200 MB thrashes on MNIST-sized folds
+CACHE_MB = 1024
+
+
+def standardise(images: np.ndarray) -> np.ndarray:
+    """uint8 (n, h, w) -> float32 (n, h*w) centred and scaled as the reference."""
+    flat = images.reshape(len(images), -1).astype(np.float32)
+    flat -= np.float32(PIXEL_CENTRE)
+    flat /= np.float32(PIXEL_SCALE)
+    return flat
+
+
+def have_cuml() -> bool:
+    """Whether cuML is installed, without importing it (that would touch CUDA)."""
+    return importlib.util.find_spec("cuml") is not None
+
+
+class SklearnBackend:
+    """scikit-learn's libsvm on the worker's CPU core."""
+
+    name = "sklearn"
+
+    def __init__(self, data: Dataset):
+        self.x = {"train": standardise(data.x_train), "test": standardise(data.x_test)}
+        self.y = {"train": data.y_train, "test": data.y_test}
+        self.truth = self.y  # labels on the host, to score predictions
+
+    def fit(self, c: float, gamma: float, rows: np.ndarray) -> Any:
+        from sklearn.svm import SVC
+
+        # libsvm works in float64: convert the fold once here, not again inside fit
+        x = np.ascontiguousarray(self.x["train"][rows], dtype=np.float64)
+        return SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB).fit(x, self.y["train"][rows])
+
+    def predict(self, model: Any, split: str, rows: Any = slice(None)) -> np.ndarray:
+        return model.predict(np.ascontiguousarray(self.x[split][rows], dtype=np.float64))
+
+    def n_support(self, model: Any) -> int:
+        return int(np.sum(model.n_support_))
+
+
+class CumlBackend:
+    """cuML's SVC on the worker's one GPU; the data lives on the device for the worker's life."""
+
+    name = "cuml"
+
+    def __init__(self, data: Dataset):
+        import cupy as cp
+
+        self.cp = cp
+        self.x = {"train": cp.asarray(standardise(data.x_train)), "test": cp.asarray(standardise(data.x_test))}
+        self.y = {"train": cp.asarray(data.y_train.astype(np.float32)), "test": cp.asarray(data.y_test.astype(np.float32))}
+        self.truth = {"train": data.y_train, "test": data.y_test}  # labels on the host, to score predictions
+
+    def fit(self, c: float, gamma: float, rows: np.ndarray) -> Any:
+        from cuml.svm import SVC
+
+        index = self.cp.asarray(rows)
+        return SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB).fit(self.x["train"][index],
+                                                                            self.y["train"][index])
+
+    def predict(self, model: Any, split: str, rows: Any = slice(None)) -> np.ndarray:
+        index = rows if isinstance(rows, slice) else self.cp.asarray(rows)
+        predicted = model.predict(self.x[split][index])
+        return np.rint(self.cp.asnumpy(self.cp.asarray(predicted))).astype(np.int64)
+
+    def n_support(self, model: Any) -> int:
+        return int(np.asarray(getattr(model, "n_support_", [0])).sum())
+
+
+def make_backend(data: Dataset, on_gpu: bool, gpu_explicit: bool) -> Any:
+    """cuML on a GPU worker; scikit-learn on a CPU worker, or on a GPU without cuML by default."""
+    if on_gpu:
+        if have_cuml():
+            return CumlBackend(data)
+        if gpu_explicit:  # validate() already refuses this; a worker elsewhere may still lack cuML
+            raise RuntimeError("cuML is not installed on this node: install RAPIDS cuML or use --gpu cpu")
+        print("mnist_svm: cuML is not installed: fitting with scikit-learn on the CPU", file=sys.stderr)
+    return SklearnBackend(data)
+

@@ -1,0 +1,88 @@
+"""The figures of a grid search: a heatmap of mean validation error, and the reference's box plots."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import List
+
+import numpy as np
+from matplotlib.colors import LogNorm
+from matplotlib.ticker import FuncFormatter
+
+from common.outputs import save_figure
+
+from .grid import Grid
+
+
+def _figure(width: float, height: float, rows: int = 1, columns: int = 1):
+    """A figure outside pyplot's global state, so no display or GUI backend is needed."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots(rows, columns, squeeze=False)
+
+
+def plot_heatmap(grid: Grid, table: np.ndarray, best_i_c: int, best_i_gamma: int, path: Path) -> List[Path]:
+    """Mean validation error over log10 C (x) by log10 gamma (y), the best pair starred."""
+    with np.errstate(all="ignore"):
+        mean = np.nanmean(table, axis=0) if np.any(~np.isnan(table)) else table[0]
+    log_c, log_gamma = np.log10(grid.c_values), np.log10(grid.gamma_values)
+    percent = mean * 100
+    finite = percent[np.isfinite(percent)]
+    # a log colour scale keeps the good corner readable next to the 90 % failures
+    norm = LogNorm(vmin=max(float(finite.min()), 0.01), vmax=max(float(finite.max()), 0.02)) if finite.size else None
+    fig, axes = _figure(6.4, 5.0)
+    ax = axes[0][0]
+    image = ax.imshow(np.clip(percent, 0.01, None), origin="lower", aspect="auto", cmap="viridis_r", norm=norm,
+                      extent=_extent(log_c) + _extent(log_gamma))
+    bar = fig.colorbar(image, ax=ax, label="mean validation error (%)")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    bar.ax.yaxis.set_major_formatter(plain)
+    bar.ax.yaxis.set_minor_formatter(plain)
+    if grid.n_tuning <= 8:
+        step = (_extent(log_gamma)[1] - _extent(log_gamma)[0]) / grid.n_tuning
+        for i_gamma in range(grid.n_tuning):
+            for i_c in range(grid.n_tuning):
+                value = percent[i_gamma, i_c]
+                dark = norm is not None and np.isfinite(value) and norm(max(value, 0.01)) > 0.5
+                shift = -0.3 * step if (i_c, i_gamma) == (best_i_c, best_i_gamma) else 0.0
+                ax.text(log_c[i_c], log_gamma[i_gamma] + shift, "failed" if np.isnan(value) else f"{value:.1f}",
+                        ha="center", va="center", fontsize=8, color="white" if dark else "black")
+    ax.plot(log_c[best_i_c], log_gamma[best_i_gamma], marker="*", markersize=16, color="red",
+            markeredgecolor="white", linestyle="none")
+    ax.set_xlabel("log10 C")
+    ax.set_ylabel("log10 gamma")
+    ax.set_title(f"{grid.folds}-fold cross-validation error; best (star): "
+                 f"C={grid.c_values[best_i_c]:.3g}, gamma={grid.gamma_values[best_i_gamma]:.3g}", fontsize=10)
+    return save_figure(fig, path)
+
+
+def _extent(values: np.ndarray) -> list:
+    """Cell edges around evenly spaced centres (one value: a unit-wide cell)."""
+    step = (values[-1] - values[0]) / (len(values) - 1) if len(values) > 1 else 1.0
+    return [values[0] - step / 2, values[-1] + step / 2]
+
+
+def plot_boxplots(grid: Grid, table: np.ndarray, path: Path) -> List[Path]:
+    """One panel per gamma: the fold errors at each C, as the reference drew them."""
+    columns = min(grid.n_tuning, 4)
+    rows = math.ceil(grid.n_tuning / columns)
+    fig, axes = _figure(3.6 * columns, 2.8 * rows, rows, columns)
+    log_c = np.log10(grid.c_values)
+    step = (log_c[-1] - log_c[0]) / (len(log_c) - 1) if len(log_c) > 1 else 1.0
+    for i_gamma in range(rows * columns):
+        ax = axes[i_gamma // columns][i_gamma % columns]
+        if i_gamma >= grid.n_tuning:
+            ax.set_visible(False)
+            continue
+        data = [column[~np.isnan(column)] * 100 for column in table[:, i_gamma, :].T]
+        # boxes at their log10 C, so the axis reads as numbers however fine the grid
+        ax.boxplot(data, positions=log_c, widths=0.6 * step, manage_ticks=False)
+        ax.set_xlim(*_extent(log_c))
+        ax.set_title(f"gamma = {grid.gamma_values[i_gamma]:.3g}", fontsize=9)
+        ax.set_xlabel("log10 C", fontsize=8)
+        ax.set_ylabel("validation error (%)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)
+

@@ -28,6 +28,8 @@ MEMORY_POLL_SECONDS = 0.2
 KILL_GRACE_SECONDS = float(os.environ.get("PIPELINE_KILL_GRACE", "5"))
 #: Variables of the MPI launcher a step must not inherit (a step may start its own MPI job).
 LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "OMPI_", "PRTE_")
+#: The folder holding the ``common`` package: python steps import the same code as the engine.
+PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass
@@ -66,6 +68,8 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
     env = {k: v for k, v in base.items() if not k.startswith(LAUNCHER_PREFIXES)}
     env.update(pipeline_vars)
     env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
+    if step.python is not None and step.container is None:
+        env["PYTHONPATH"] = os.pathsep.join([PROJECT_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
     for name, value in step.env.items():
         for var, replacement in pipeline_vars.items():
             value = value.replace("${" + var + "}", replacement).replace("$" + var, replacement)

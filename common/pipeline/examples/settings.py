@@ -1,0 +1,37 @@
+"""Reading a step's settings from its environment, with defaults and clear errors."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict
+
+
+def setting(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise SystemExit(f"{name}={text!r}: expected a {kind.__name__}") from None
+
+
+def shared_dir() -> Path:
+    """The run's shared folder (the current folder when run by hand)."""
+    return Path(os.environ.get("PIPELINE_SHARED", "."))
+
+
+def run_dir() -> Path:
+    return Path(os.environ.get("PIPELINE_RUN_DIR", "."))
+
+
+def write_json(path: Path, value: Dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())

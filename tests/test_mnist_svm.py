@@ -1,0 +1,191 @@
+"""mnist_svm through its real command line: mpiexec, spawned workers, real digits and IDX files."""
+from __future__ import annotations
+
+import csv
+import gzip
+import importlib.util
+import json
+import signal
+import struct
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.items import Item
+from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run
+from mnist_svm.app import MnistSvm
+from mnist_svm.grid import REFIT_KEY, Grid, best_point, error_table, expected_cost, fit_key, grid_items
+
+N_TUNING = 3  # 9 (C, gamma) pairs x 5 folds; on digits the best pair is ~1.3 % already
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def svm(*args: str) -> list:
+    return ["-m", "mnist_svm", *args]
+
+
+def summary(results: Path) -> dict:
+    return json.loads((results / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory) -> Path:
+    """One 2-rank run on digits, shared by the tests that only read its outputs."""
+    results = tmp_path_factory.mktemp("svm") / "digits"
+    proc = run(svm(str(N_TUNING), "--dataset", "digits", "--results", str(results), "--no-progress"), ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    return results
+
+
+# ----- the whole program -----
+def test_two_ranks_on_digits_write_every_output(two_rank_run):
+    results = two_rank_run
+    for name in ["validation_error.npy", "fits.csv", "summary.json", "summary.md", "journal.jsonl",
+                 "validation_heatmap.png", "validation_heatmap.svg", "validation_boxplots.png",
+                 "validation_boxplots.svg", "timeline.png"]:
+        assert (results / name).is_file(), name
+    table = np.load(results / "validation_error.npy")
+    assert table.shape == (5, N_TUNING, N_TUNING) and not np.isnan(table).any()
+    with open(results / "fits.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 5 * N_TUNING ** 2
+    assert {row["rank"] for row in rows} == {"0", "1"}, "both ranks should have fitted"
+    first = rows[0]
+    assert table[int(first["fold"]), int(first["i_gamma"]), int(first["i_C"])] == pytest.approx(float(first["error"]))
+    assert "| best C |" in (results / "summary.md").read_text()
+
+
+def test_plots_are_valid_png_files(two_rank_run):
+    import matplotlib.image
+
+    for name in ["validation_heatmap", "validation_boxplots"]:
+        png = two_rank_run / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG_SIGNATURE
+        pixels = matplotlib.image.imread(png)
+        assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+        assert pixels.std() > 0.01, "an empty image"
+        assert (two_rank_run / f"{name}.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_best_pair_on_digits_is_accurate_and_refit_on_the_test_set(two_rank_run):
+    result = summary(two_rank_run)
+    table = np.load(two_rank_run / "validation_error.npy")
+    assert result["failed_items"] == []
+    assert result["cv_error"] < 0.05
+    assert result["cv_error"] == pytest.approx(float(np.nanmean(table, axis=0).min()))
+    assert result["best_C"] in Grid(N_TUNING, 5).c_values and result["best_gamma"] in Grid(N_TUNING, 5).gamma_values
+    assert result["test_error"] < 0.05
+    matrix = np.array(result["confusion_matrix"])
+    assert matrix.shape == (10, 10) and matrix.sum() == 450  # the whole digits test set
+    assert 1 - np.trace(matrix) / matrix.sum() == pytest.approx(result["test_error"])
+
+
+def test_stopped_run_resumes_to_the_same_results_as_other_layouts(two_rank_run, tmp_path):
+    """Determinism (1 rank x 2 workers == 2 ranks x 1 worker) and resume after SIGTERM."""
+    clean = tmp_path / "clean"
+    proc = run(svm(str(N_TUNING), "--dataset", "digits", "--workers", "2", "--results", str(clean),
+                   "--no-progress"))
+    assert proc.returncode == 0, proc.stderr
+    resumed = tmp_path / "resumed"
+    args = svm(str(N_TUNING), "--dataset", "digits", "--results", str(resumed), "--no-progress")
+    stopped = stop_run(start(args, ranks=2), resumed, after=4, sig=signal.SIGTERM)
+    assert stopped.returncode == 75, stopped.stderr
+    done_before = {e["key"] for e in journal_entries(resumed) if e.get("type") == "result"}
+    assert 4 <= len(done_before) < 5 * N_TUNING ** 2 + 1
+    proc = run(args + ["--resume"], ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    keys = [e["key"] for e in journal_entries(resumed) if e.get("type") == "result"]
+    assert len(keys) == len(set(keys)) == 5 * N_TUNING ** 2 + 1, "an item was computed twice"
+    reference = np.load(two_rank_run / "validation_error.npy")
+    for folder in (clean, resumed):
+        np.testing.assert_array_equal(np.load(folder / "validation_error.npy"), reference)
+        for field in ("best_C", "best_gamma", "cv_error", "test_error", "confusion_matrix"):
+            assert summary(folder)[field] == summary(two_rank_run)[field], field
+    assert summary(resumed)["items_resumed"] == len(done_before)
+
+
+# ----- bad input: one line, exit code 2, nothing written -----
+def write_idx(path: Path, array: np.ndarray) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
+
+
+def mnist_folder_with_corrupt_images(folder: Path) -> Path:
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    write_idx(folder / "train-labels-idx1-ubyte.gz", np.arange(50) % 10)
+    write_idx(folder / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (20, 28, 28)))
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.arange(20) % 10)
+    header = b"\x00\x00\x08\x03" + struct.pack(">3I", 50, 28, 28)
+    (folder / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(header + b"\x00" * 1000))  # cut short
+    return folder
+
+
+TORCHVISION_LOADS = importlib.util.find_spec("torchvision") is not None
+
+
+@pytest.mark.parametrize("case", ["n_tuning 0", "n_tuning -1", "unknown dataset", "missing mnist offline",
+                                  "corrupt idx", "folds 1"])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
+    results = tmp_path / "results"
+    extra = {
+        "n_tuning 0": (["0", "--dataset", "digits"], "n_tuning must be at least 1"),
+        "n_tuning -1": (["-1", "--dataset", "digits"], "n_tuning must be at least 1"),
+        "unknown dataset": (["2", "--dataset", "cifar"], "invalid choice: 'cifar'"),
+        "missing mnist offline": (["2", "--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere")],
+                                  "--dataset digits"),
+        "corrupt idx": (["2", "--dataset", "mnist", "--data-dir", str(tmp_path / "idx")],
+                        "train-images-idx3-ubyte.gz: truncated"),
+        "folds 1": (["2", "--dataset", "digits", "--folds", "1"], "--folds must be at least 2"),
+    }
+    argv, fragment = extra[case]
+    if case == "missing mnist offline" and TORCHVISION_LOADS:
+        pytest.skip("torchvision is installed: MNIST might be downloadable here")
+    if case == "corrupt idx":
+        mnist_folder_with_corrupt_images(tmp_path / "idx")
+    before = snapshot(tmp_path)
+    proc = run(svm(*argv, "--results", str(results)), ranks=2, timeout=60)
+    assert_usage_error(proc, fragment)
+    if case == "missing mnist offline":
+        assert all(name in proc.stderr for name in ("train-images-idx3-ubyte", "t10k-labels-idx1-ubyte"))
+    assert not results.exists()
+    assert snapshot(tmp_path) == before
+
+
+# ----- the parts, without MPI -----
+def test_grid_matches_the_reference_and_keys_name_indexes():
+    grid = Grid(4, 5)
+    np.testing.assert_allclose(np.log10(grid.c_values), [-3, 0, 3, 6])
+    np.testing.assert_allclose(np.log10(grid.gamma_values), np.linspace(-6, -2, 4))
+    items = grid_items(grid)
+    assert len(items) == 4 * 4 * 5 + 1
+    assert items[0].key == "C=0000,gamma=0000,fold=0" and fit_key(3, 1, 2) == "C=0003,gamma=0001,fold=2"
+    refit = items[-1]
+    assert refit.key == REFIT_KEY and set(refit.after) == {item.key for item in items[:-1]}
+
+
+def test_cost_puts_small_C_and_large_gamma_first():
+    middle = expected_cost(10.0, 1e-4)
+    assert expected_cost(1e-3, 1e-4) > 5 * middle
+    assert expected_cost(10.0, 1e-2) > 5 * middle
+    assert expected_cost(1e-3, 1e-6) > expected_cost(1e-1, 1e-6) > expected_cost(1e3, 1e-6)
+
+
+def test_best_point_ignores_failed_fits_and_complete_fills_the_refit():
+    grid = Grid(2, 3)
+    results = {fit_key(c, g, f): {"error": 0.5} for c, g, f in grid.points()}
+    results[fit_key(1, 0, 0)] = {"error": 0.1}
+    results[fit_key(1, 0, 1)] = {"error": 0.2}
+    del results[fit_key(1, 0, 2)]  # failed fit: NaN, the others still count
+    table = error_table(grid, results)
+    assert np.isnan(table[2, 0, 1]) and table.shape == (3, 2, 2)
+    best = best_point(grid, table)
+    assert (best["i_C"], best["i_gamma"], best["cv_folds"]) == (1, 0, 2)
+    assert best["cv_error"] == pytest.approx(0.15)
+    app = MnistSvm(Namespace(n_tuning=2, folds=3))
+    refit = app.complete(Item(REFIT_KEY, {"kind": "refit"}), results)
+    assert refit.params["C"] == grid.c_values[1] and refit.params["gamma"] == grid.gamma_values[0]
+    with pytest.raises(RuntimeError):
+        app.complete(Item(REFIT_KEY, {"kind": "refit"}), {})

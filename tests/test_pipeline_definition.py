@@ -1,0 +1,203 @@
+"""Pipeline definitions: every bad definition is one clear line (exit 2 from the CLI), checked
+before anything runs; the shipped examples are valid."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from common.errors import UsageError
+from common.pipeline.definition import check_pools, load_definition, parse_definition
+from common.pipeline.loops import unbounded_cycle
+from common.pipeline.sizes import parse_memory
+from helpers import REPO, assert_usage_error, run, snapshot
+
+EXAMPLES = REPO / "examples" / "pipelines"
+
+
+def pipeline(*steps, **fields):
+    return {"name": fields.pop("name", "p"), "steps": list(steps), **fields}
+
+
+def step(step_id, **fields):
+    return {"id": step_id, "command": fields.pop("command", "true"), **fields}
+
+
+def problem(data, base: Path = Path(".")) -> str:
+    with pytest.raises(UsageError) as caught:
+        parse_definition(data, "def.json", base)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("def.json")
+    return message
+
+
+BAD = {
+    "malformed step id": (pipeline(step("train data")), ["step id 'train data' is malformed"]),
+    "step id escaping the run folder": (pipeline(step("../../etc")), ["step id '../../etc' is malformed"]),
+    "step id with a slash": (pipeline(step("a/b")), ["malformed"]),
+    "step id that names the shared folder": (pipeline(step("shared")), ["reserved"]),
+    "missing step id": (pipeline({"command": "true"}), ["step id None is malformed"]),
+    "duplicate step ids": (pipeline(step("a"), step("a")), ["duplicate step id 'a'"]),
+    "on_fail naming a missing step": (pipeline(step("train", on_fail="trian-retry"), step("train-retry")),
+                                      ["on_fail names a missing step 'trian-retry'", "did you mean 'train-retry'"]),
+    "next naming a missing step": (pipeline(step("a", next="zzz")), ["next names a missing step 'zzz'"]),
+    "a step that continues at itself": (pipeline(step("a", next="a")), ["loop that can run forever: a -> a"]),
+    "a fallback loop": (pipeline(step("train", on_fail="fix"), step("fix", next="train")),
+                        ["loop that can run forever", "train", "fix", "max_retries"]),
+    "a loop through the following step": (pipeline(step("a"), step("b"), step("c", next="a")),
+                                          ["loop that can run forever: a -> b -> c -> a"]),
+    "unknown step field": (pipeline(step("a", timout=3)), ["step 'a'", "unknown field 'timout'", "did you mean 'timeout'"]),
+    "unknown pipeline field": (pipeline(step("a"), deadline=3), ["unknown field 'deadline'", "did you mean 'deadline_seconds'"]),
+    "unknown file field": ({"pipelines": [pipeline(step("a"))], "pipeline": []}, ["unknown field 'pipeline'", "did you mean 'pipelines'"]),
+    "unknown mount field": (pipeline(step("a", container="docker://x", mounts=[{"host_path": "/d", "container_path": "/d", "read_only": True}])),
+                            ["unknown field 'read_only'", "did you mean 'readonly'"]),
+    "negative timeout": (pipeline(step("a", timeout=-5)), ["timeout must be positive, got -5"]),
+    "zero timeout": (pipeline(step("a", timeout=0)), ["timeout must be positive"]),
+    "non-numeric timeout": (pipeline(step("a", timeout="10s")), ["timeout must be a number of seconds, got '10s'"]),
+    "boolean timeout": (pipeline(step("a", timeout=True)), ["timeout must be a number of seconds"]),
+    "negative deadline": (pipeline(step("a"), deadline_seconds=-1), ["deadline_seconds must be positive"]),
+    "bad memory unit": (pipeline(step("a", memory="16x")), ["memory must be a size such as '16g'", "'16x'"]),
+    "memory in words": (pipeline(step("a", memory="lots")), ["memory must be a size"]),
+    "negative memory": (pipeline(step("a", memory=-1)), ["memory must be more than 0 bytes"]),
+    "command and python": (pipeline(step("a", python="m:f")), ["exactly one of 'command'"]),
+    "neither command nor python": (pipeline({"id": "a"}), ["exactly one of 'command'"]),
+    "python without a function": (pipeline({"id": "a", "python": "module.only"}), ["python must be 'module:function'"]),
+    "bad condition": (pipeline(step("a", condition="prev.failed")), ["condition must be one of prev.ok, prev.error"]),
+    "negative max_retries": (pipeline(step("a", max_retries=-1)), ["max_retries must be a whole number >= 0"]),
+    "gpu not a boolean": (pipeline(step("a", gpu="yes")), ["gpu must be true or false"]),
+    "two GPUs": (pipeline(step("a", resources={"gpu": 2})), ["at most one GPU"]),
+    "bad env": (pipeline(step("a", env={"A B": "1"})), ["not a valid variable name"]),
+    "mounts without a container": (pipeline(step("a", mounts=[])), ["mounts are given but no container"]),
+    "mounts of an image that does not exist": (pipeline(step("a", container="/x", mounts=[{"host_path": "/d", "container_path": "d"}])),
+                                ["does not exist"]),
+    "container image that does not exist": (pipeline(step("a", container="/no/such/image.sif")),
+                                            ["container image '/no/such/image.sif' does not exist"]),
+    "malformed pipeline name": (pipeline(step("a"), name="my pipeline"), ["pipeline name 'my pipeline' is malformed"]),
+    "pipeline name escaping the results folder": (pipeline(step("a"), name=".."), ["malformed"]),
+    "reserved pipeline name": (pipeline(step("a"), name="logs"), ["reserved"]),
+    "duplicate pipeline names": ({"pipelines": [pipeline(step("a")), pipeline(step("b"))]}, ["duplicate pipeline name 'p'"]),
+    "no steps": (pipeline(), ["steps must be a non-empty list"]),
+    "not an object": ([1, 2], ["expected a pipeline object"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_each_bad_definition_is_one_clear_line(case):
+    data, fragments = BAD[case]
+    message = problem(data)
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_a_mount_container_path_must_be_absolute(tmp_path):
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"sif")
+    message = problem(pipeline(step("a", container=str(image), mounts=[{"host_path": "/d", "container_path": "d"}])))
+    assert "container_path must be an absolute path" in message
+
+
+def test_a_loop_bounded_by_max_retries_is_accepted():
+    pipelines = parse_definition(pipeline(step("train", on_fail="fix"), step("fix", next="train", max_retries=2)))
+    assert unbounded_cycle(pipelines[0]) == []
+    assert pipelines[0].steps[1].max_retries == 2
+
+
+def test_a_jump_forward_is_not_a_loop():
+    [p] = parse_definition(pipeline(step("a", next="c"), step("b"), step("c", on_fail="d"), step("d")))
+    assert unbounded_cycle(p) == []
+
+
+def test_memory_sizes():
+    assert parse_memory("16g") == 16 * 1024 ** 3
+    assert parse_memory("512m") == 512 * 1024 ** 2
+    assert parse_memory("1.5GiB") == int(1.5 * 1024 ** 3)
+    assert parse_memory("100 MB") == 100 * 1024 ** 2
+    assert parse_memory(4096) == 4096
+    for bad in ("16x", "g", "", "-1g", "0", True):
+        with pytest.raises(ValueError):
+            parse_memory(bad)
+
+
+def test_unknown_pools_and_pools_too_small():
+    [p] = parse_definition(pipeline(step("a", resources=["licence"]), step("b", resources={"disk": 3})))
+    with pytest.raises(UsageError, match="unknown pool 'licence'.*PIPELINE_RESOURCE_LICENCE"):
+        check_pools([p], {"gpu": None, "disk": 4}, "def.json")
+    with pytest.raises(UsageError, match="asks 3 of pool 'disk', which has capacity 2"):
+        check_pools([p], {"gpu": None, "disk": 2, "licence": 1}, "def.json")
+    check_pools([p], {"gpu": None, "disk": 3, "licence": 1}, "def.json")
+
+
+def test_relative_image_paths_are_relative_to_the_definition_file(tmp_path):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "torch.sif").write_bytes(b"sif")
+    definition = tmp_path / "p.json"
+    definition.write_text(json.dumps(pipeline(step("a", container="images/torch.sif", gpu=True,
+                                                   mounts=[{"host_path": "data", "container_path": "/data", "readonly": True}]))))
+    [p] = load_definition(definition)
+    assert p.steps[0].container == str(tmp_path / "images" / "torch.sif")
+    assert p.steps[0].mounts[0].host_path == str(tmp_path / "data") and p.steps[0].mounts[0].readonly
+
+
+def test_yaml_definitions(tmp_path):
+    definition = tmp_path / "p.yaml"
+    definition.write_text("name: y\nsteps:\n  - id: a\n    command: echo hi\n    timeout: 5\n    memory: 512m\n")
+    [p] = load_definition(definition)
+    assert (p.name, p.steps[0].timeout, p.steps[0].memory) == ("y", 5.0, 512 * 1024 ** 2)
+    definition.write_text("name: y\nsteps: [\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_definition(definition)
+
+
+def test_the_shipped_examples_are_valid():
+    [ml] = load_definition(EXAMPLES / "ml.json")
+    assert ml.step_ids == ["train", "train-retry", "evaluate", "report"]
+    assert ml.steps[0].gpu and ml.steps[0].on_fail == "train-retry" and ml.steps[1].condition == "prev.error"
+    sweep = load_definition(EXAMPLES / "sweep.json")
+    assert len(sweep) >= 3 and len({p.name for p in sweep}) == len(sweep)
+
+
+def test_bad_definitions_from_the_command_line_exit_2_and_write_nothing(tmp_path):
+    results = tmp_path / "results"
+    cases = [
+        (pipeline(step("a", timout=3)), ["unknown field 'timout'", "did you mean 'timeout'"]),
+        (pipeline(step("a", next="a")), ["loop that can run forever"]),
+        (pipeline(step("a", resources=["licence"])), ["unknown pool 'licence'"]),
+    ]
+    for number, (data, fragments) in enumerate(cases):
+        definition = tmp_path / f"bad{number}.json"
+        definition.write_text(json.dumps(data))
+        proc = run(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu", "--no-progress"])
+        assert_usage_error(proc, str(definition), *fragments)
+        assert not results.exists()
+    # An existing results folder is left exactly as it was.
+    results.mkdir()
+    (results / "keep.txt").write_text("mine")
+    before = snapshot(results)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(pipeline(step("a"))))
+    for extra, fragments in ((["--resource", "licence"], ["--resource 'licence'", "NAME=N"]),
+                             (["--resource", "gpu=0"], ["capacity must be at least 1"]),
+                             (["--queue-timeout", "-3"], ["--queue-timeout"]),
+                             (["--resume", "p"], ["RUN_ID/STEP_ID"]),
+                             (["--resume", "p/b"], ["pipeline 'p' has no step 'b'"]),
+                             (["--resume", "q/a"], ["no pipeline 'q'"])):
+        proc = run(["-m", "common.pipeline", str(good), "--results", str(results), "--gpu", "cpu", "--no-progress", *extra])
+        assert_usage_error(proc, *fragments)
+    bad_json = tmp_path / "broken.json"
+    bad_json.write_text("{\"name\": \"p\", ")
+    assert_usage_error(run(["-m", "common.pipeline", str(bad_json), "--results", str(results), "--gpu", "cpu"]),
+                       "not valid JSON")
+    assert_usage_error(run(["-m", "common.pipeline", str(tmp_path / "missing.json"), "--results", str(results),
+                            "--gpu", "cpu"]), "no such pipeline definition")
+    assert snapshot(results) == before
+
+
+def test_a_copy_of_the_example_with_one_typo_is_refused(tmp_path):
+    data = json.loads((EXAMPLES / "ml.json").read_text())
+    broken = copy.deepcopy(data)
+    broken["steps"][2]["on_fial"] = broken["steps"][2].pop("on_fail")
+    message = problem(broken, EXAMPLES)
+    assert "step 'evaluate'" in message and "did you mean 'on_fail'" in message

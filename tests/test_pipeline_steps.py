@@ -1,0 +1,235 @@
+"""Walking one pipeline with real subprocesses: fallbacks, conditions, retries, loops, timeouts that
+kill a step's children, memory limits, deadlines, the step environment and apptainer wrapping."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.pipeline.definition import parse_definition
+from common.pipeline.flow import PipelineRunner, RunLayout
+
+
+def run_pipeline(tmp_path: Path, steps, start=None, gpu=None, **fields):
+    [pipeline] = parse_definition({"name": fields.pop("name", "p"), "steps": steps, **fields})
+    layout = RunLayout(tmp_path / "results", pipeline.name)
+    return PipelineRunner(pipeline, layout, gpu=gpu).run(start), layout
+
+
+def statuses(result):
+    return {step: status["status"] for step, status in result["steps"].items()}
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an orphan may wait for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# A step that fails its first N-1 runs and succeeds on run N (the count lives in shared/).
+def flaky(succeed_on: int) -> str:
+    return ('n=$(cat "$PIPELINE_SHARED/count" 2>/dev/null || echo 0); n=$((n + 1)); '
+            f'echo $n > "$PIPELINE_SHARED/count"; echo "run $n"; [ $n -ge {succeed_on} ]')
+
+
+def test_a_failing_step_runs_its_on_fail_and_conditions_hold(tmp_path):
+    result, layout = run_pipeline(tmp_path, [
+        {"id": "train", "command": "echo weights > $PIPELINE_SHARED/w.txt; echo 'out of memory' >&2; exit 7",
+         "on_fail": "train-retry"},
+        {"id": "train-retry", "command": "echo small-batch > $PIPELINE_SHARED/w.txt", "condition": "prev.error"},
+        {"id": "cleanup-on-error", "command": "true", "condition": "prev.error"},
+        {"id": "evaluate", "command": "cat $PIPELINE_SHARED/w.txt > $PIPELINE_SHARED/metrics.txt"},
+        {"id": "only-if-ok", "command": "true", "condition": "prev.ok"},
+    ])
+    assert statuses(result) == {"train": "failed", "train-retry": "ok", "cleanup-on-error": "skipped",
+                                "evaluate": "ok", "only-if-ok": "ok"}
+    assert result["status"] == "ok" and result["order"] == ["train", "train-retry", "evaluate", "only-if-ok"]
+    assert (layout.shared / "metrics.txt").read_text() == "small-batch\n"
+    train = json.loads(layout.status_path("train").read_text())
+    assert (train["status"], train["exit_code"], train["attempts"], train["reason"]) == ("failed", 7, 1, "exit code 7")
+    assert "out of memory" in (layout.step_dir("train") / "stderr.log").read_text()
+    for step in ("train", "train-retry", "cleanup-on-error", "evaluate", "only-if-ok"):
+        status = json.loads(layout.status_path(step).read_text())
+        assert set(status) >= {"status", "exit_code", "attempts", "started", "ended", "gpu"}
+    skipped = json.loads(layout.status_path("cleanup-on-error").read_text())
+    assert skipped["status"] == "skipped" and "prev.error" in skipped["reason"]
+
+
+def test_a_failure_without_on_fail_fails_the_pipeline_and_only_error_steps_run(tmp_path):
+    result, layout = run_pipeline(tmp_path, [
+        {"id": "train", "command": "exit 1"},
+        {"id": "evaluate", "command": "touch $PIPELINE_SHARED/evaluated"},
+        {"id": "notify", "command": "echo failed > $PIPELINE_SHARED/notified", "condition": "prev.error"},
+        {"id": "report", "command": "true"},
+    ])
+    assert result["status"] == "failed" and "step 'train' failed: exit code 1" in result["reason"]
+    assert statuses(result) == {"train": "failed", "evaluate": "skipped", "notify": "ok", "report": "skipped"}
+    assert not (layout.shared / "evaluated").exists() and (layout.shared / "notified").exists()
+
+
+def test_retries_in_place_until_success_or_max_retries(tmp_path):
+    ok, layout = run_pipeline(tmp_path, [{"id": "flaky", "command": flaky(3), "max_retries": 2}], name="ok")
+    assert statuses(ok) == {"flaky": "ok"} and ok["steps"]["flaky"]["attempts"] == 3
+    log = (layout.step_dir("flaky") / "stdout.log").read_text()
+    assert "run 1" in log and "----- attempt 3 -----" in log and "run 3" in log
+    assert [h["status"] for h in ok["steps"]["flaky"]["history"]] == ["failed", "failed", "ok"]
+    failed, _ = run_pipeline(tmp_path, [{"id": "flaky", "command": flaky(3), "max_retries": 1}], name="failed")
+    assert failed["status"] == "failed" and failed["steps"]["flaky"]["attempts"] == 2
+
+
+def test_a_bounded_loop_ends_when_its_step_has_used_its_runs(tmp_path):
+    result, layout = run_pipeline(tmp_path, [
+        {"id": "train", "command": "echo x >> $PIPELINE_SHARED/runs; exit 1", "on_fail": "fix", "max_retries": 2},
+        {"id": "fix", "command": "echo fix >> $PIPELINE_SHARED/fixes", "next": "train"},
+        {"id": "evaluate", "command": "true"},
+    ])
+    assert result["status"] == "failed" and "reached again after its 3 runs" in result["reason"]
+    assert len((layout.shared / "runs").read_text().split()) == 3
+    assert len((layout.shared / "fixes").read_text().split()) == 1
+    assert statuses(result)["evaluate"] == "skipped"
+
+
+def test_a_loop_can_repair_and_continue(tmp_path):
+    result, layout = run_pipeline(tmp_path, [
+        {"id": "train", "command": "test -e $PIPELINE_SHARED/fixed", "on_fail": "fix"},
+        {"id": "fix", "command": "touch $PIPELINE_SHARED/fixed", "condition": "prev.error", "next": "train",
+         "max_retries": 2},
+        {"id": "evaluate", "command": "true"},
+    ])
+    assert result["status"] == "ok" and result["order"] == ["train", "fix", "train", "evaluate"]
+    assert result["steps"]["train"]["attempts"] == 2
+
+
+def test_a_timeout_kills_the_step_and_its_children(tmp_path):
+    began = time.monotonic()
+    result, layout = run_pipeline(tmp_path, [
+        {"id": "slow", "timeout": 1,
+         "command": "sleep 300 & echo $! > $PIPELINE_SHARED/child.pid; "
+                    "setsid sleep 301 & echo $! > $PIPELINE_SHARED/escaped.pid; wait"},
+        {"id": "after", "command": "true"},
+    ])
+    assert time.monotonic() - began < 20
+    slow = result["steps"]["slow"]
+    assert slow["status"] == "timeout" and slow["reason"] == "timeout after 1 s"
+    assert 1.0 <= slow["ended"] - slow["started"] < 10
+    for name in ("child.pid", "escaped.pid"):
+        pid = int((layout.shared / name).read_text())
+        deadline = time.monotonic() + 5
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pid), f"{name}: process {pid} outlived its step"
+    assert result["status"] == "failed" and statuses(result)["after"] == "skipped"
+
+
+def test_a_memory_limit_kills_the_step(tmp_path):
+    grab = f"{sys.executable} -c \"import time; x = b'1' * (400 * 2 ** 20); time.sleep(60)\""
+    began = time.monotonic()
+    result, layout = run_pipeline(tmp_path, [{"id": "greedy", "command": grab, "memory": "100m"},
+                                             {"id": "modest", "command": "true", "memory": "1g"}])
+    assert time.monotonic() - began < 30
+    greedy = result["steps"]["greedy"]
+    assert greedy["status"] == "failed" and "memory limit 100.0 MiB exceeded" in greedy["reason"]
+    assert greedy["max_rss_bytes"] > 100 * 2 ** 20
+    assert result["status"] == "failed"
+
+
+def test_a_passed_deadline_ends_the_running_step_and_skips_the_rest(tmp_path):
+    result, layout = run_pipeline(tmp_path, [{"id": "quick", "command": "true"},
+                                             {"id": "long", "command": "sleep 60", "timeout": 100},
+                                             {"id": "report", "command": "true", "condition": "prev.error"}],
+                                  deadline_seconds=1.5)
+    assert statuses(result) == {"quick": "ok", "long": "timeout", "report": "skipped"}
+    assert result["steps"]["long"]["reason"] == "pipeline deadline passed"
+    assert result["status"] == "failed" and "deadline of 1.5 s passed" in result["reason"]
+    assert result["seconds"] < 10
+
+
+def test_the_step_environment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # commands run in the folder the pipeline was started from
+    result, layout = run_pipeline(tmp_path, [
+        {"id": "gpu-step", "gpu": True, "command": "echo \"$CUDA_VISIBLE_DEVICES|$PIPELINE_STEP_ID|$OUT\" > out.txt; "
+                                                    "env > $PIPELINE_STEP_DIR/env.txt",
+         "env": {"OUT": "$PIPELINE_SHARED/x"}},
+        {"id": "cpu-step", "command": "echo \"[$CUDA_VISIBLE_DEVICES]\" > $PIPELINE_STEP_DIR/out.txt"},
+        {"id": "py-step", "python": "json:dumps"},
+    ], gpu="3")
+    shared = layout.shared.resolve()
+    gpu_line = (tmp_path / "out.txt").read_text().strip()
+    assert gpu_line == f"3|gpu-step|{shared}/x"
+    assert (layout.step_dir("cpu-step") / "out.txt").read_text().strip() == "[]"
+    assert result["steps"]["gpu-step"]["gpu"] == "3" and result["steps"]["cpu-step"]["gpu"] is None
+    # json.dumps() without arguments raises: a python step that raises fails with its traceback.
+    assert result["steps"]["py-step"]["status"] == "failed"
+    assert "TypeError" in (layout.step_dir("py-step") / "stderr.log").read_text()
+
+
+def test_a_python_step_returns_its_result(tmp_path, monkeypatch):
+    module = tmp_path / "my_steps.py"
+    module.write_text("import os, pathlib\n"
+                      "def train():\n"
+                      "    pathlib.Path(os.environ['PIPELINE_SHARED'], 'model.txt').write_text('w')\n"
+                      "    return {'loss': 0.5, 'seed': os.environ['PIPELINE_SEED']}\n")
+    monkeypatch.chdir(tmp_path)  # steps run in the folder the pipeline was started from
+    result, layout = run_pipeline(tmp_path, [{"id": "train", "python": "my_steps:train"}])
+    assert result["status"] == "ok", (layout.step_dir("train") / "stderr.log").read_text()
+    assert json.loads((layout.step_dir("train") / "result.json").read_text()) == {"loss": 0.5, "seed": "0"}
+    assert (layout.shared / "model.txt").read_text() == "w"
+
+
+def test_resume_from_a_step_keeps_the_earlier_steps(tmp_path):
+    steps = [{"id": "prepare", "command": "echo $$ > $PIPELINE_SHARED/data.txt"},
+             {"id": "use", "command": "test -e $PIPELINE_SHARED/go && cp $PIPELINE_SHARED/data.txt $PIPELINE_SHARED/used.txt"}]
+    first, layout = run_pipeline(tmp_path, steps)
+    assert statuses(first) == {"prepare": "ok", "use": "failed"}
+    data = (layout.shared / "data.txt").read_text()
+    prepared = json.loads(layout.status_path("prepare").read_text())
+    (layout.shared / "go").touch()
+    second, _ = run_pipeline(tmp_path, steps, start="use")
+    assert second["status"] == "ok" and second["order"] == ["use"]
+    assert second["steps"]["prepare"]["previous_run"] and second["steps"]["prepare"]["started"] == prepared["started"]
+    assert (layout.shared / "data.txt").read_text() == data == (layout.shared / "used.txt").read_text()
+
+
+@pytest.fixture
+def fake_apptainer(tmp_path, monkeypatch):
+    """Apptainer cannot be installed here: a stand-in that records its arguments and runs the
+    command that follows the image, as ``apptainer exec`` does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "apptainer"
+    script.write_text("#!/bin/sh\n"
+                      "printf '%s\\n' \"$@\" > \"$PIPELINE_STEP_DIR/apptainer-args.txt\"\n"
+                      "shift  # exec\n"
+                      "while [ $# -gt 0 ]; do\n"
+                      "  case \"$1\" in --nv) shift;; --bind) shift 2;; *) shift; break;; esac\n"
+                      "done\n"
+                      "exec \"$@\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("PIPELINE_APPTAINER", raising=False)
+    return script
+
+
+def test_container_steps_run_through_apptainer_exec(tmp_path, fake_apptainer):
+    image = tmp_path / "torch.sif"
+    image.write_bytes(b"not really an image")
+    result, layout = run_pipeline(tmp_path, [
+        {"id": "train", "gpu": True, "container": str(image), "command": "echo inside > $PIPELINE_SHARED/inside.txt",
+         "mounts": [{"host_path": str(tmp_path), "container_path": "/data", "readonly": True},
+                    {"host_path": "/scratch", "container_path": "/scratch"}]},
+    ], gpu="0")
+    assert result["status"] == "ok", (layout.step_dir("train") / "stderr.log").read_text()
+    args = (layout.step_dir("train") / "apptainer-args.txt").read_text().splitlines()
+    run_dir = str(layout.run_dir.resolve())
+    assert args[:6] == ["exec", "--nv", "--bind", f"{run_dir}:{run_dir}", "--bind", f"{tmp_path}:/data:ro"]
+    assert args[6:9] == ["--bind", "/scratch:/scratch", str(image)]
+    assert args[9:11] == ["/bin/sh", "-c"]
+    assert (layout.shared / "inside.txt").read_text() == "inside\n"

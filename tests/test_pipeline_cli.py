@@ -1,0 +1,171 @@
+"""``python -m common.pipeline`` through the engine: the shipped example on digits, resource pools
+that serialise or overlap GPU steps, resume from a step, and pipelines over 2 ranks x 2 workers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from helpers import REPO, journal_entries, run
+
+EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
+TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
+
+
+def pipeline_cli(definition: Path, results: Path, *extra: str, ranks: int = 1, timeout: float = 240):
+    return run(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu", "--threads", "1",
+                "--no-progress", *extra], ranks=ranks, timeout=timeout)
+
+
+def write(path: Path, data) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+def summary(results: Path) -> dict:
+    return json.loads((results / "summary.json").read_text())
+
+
+def step_status(results: Path, run_id: str, step: str) -> dict:
+    return json.loads((results / run_id / step / "status.json").read_text())
+
+
+def tiny_example(name: str, **train_env) -> dict:
+    """The shipped example with tiny epochs (and optional changes to train's settings)."""
+    data = json.loads(EXAMPLE.read_text())
+    data["name"] = name
+    for step in data["steps"]:
+        if step["id"].startswith("train"):
+            step["env"].update(TINY)
+    data["steps"][0]["env"].update(train_env)
+    return data
+
+
+def test_the_shipped_example_end_to_end_with_its_fallbacks(tmp_path):
+    good = tiny_example("good")
+    diverges = tiny_example("diverges", LEARNING_RATE="50")  # loss becomes NaN: train-retry takes over
+    bad_eval = tiny_example("bad-eval")
+    bad_eval["steps"][2]["env"]["DATASET"] = "no-such-dataset"  # evaluation fails: the report explains
+    definition = write(tmp_path / "ml.json", {"pipelines": [good, diverges, bad_eval]})
+    results = tmp_path / "results"
+    proc = pipeline_cli(definition, results, "--workers", "2", "--retries", "0")
+    assert proc.returncode == 1, proc.stderr  # bad-eval failed
+    runs = summary(results)["pipelines"]
+    assert {name: run["status"] for name, run in runs.items()} == {"good": "ok", "diverges": "ok", "bad-eval": "failed"}
+    assert [f["key"] for f in summary(results)["failed_items"]] == ["bad-eval"]
+
+    shared = results / "good" / "shared"
+    state = torch.load(shared / "checkpoints" / "model_final.pt", weights_only=True)
+    assert state["conv.weight"].shape[0] == 4
+    training = json.loads((shared / "training_metrics.json").read_text())
+    assert len(training["loss_per_epoch"]) == 2 and training["val_accuracy"] > 0.5
+    metrics = json.loads((shared / "metrics.json").read_text())
+    assert metrics["accuracy"] > 0.5 and metrics["n_test"] == 450
+    assert len(metrics["precision"]) == len(metrics["recall"]) == len(metrics["f1"]) == 10
+    assert len(metrics["confusion_matrix"]) == 10 and sum(map(sum, metrics["confusion_matrix"])) == 450
+    assert "Confusion matrix" in (shared / "eval_report.md").read_text()
+    assert "test accuracy" in (shared / "report.md").read_text()
+    assert {s: v["status"] for s, v in runs["good"]["steps"].items()} == {
+        "train": "ok", "train-retry": "skipped", "evaluate": "ok", "report": "ok"}
+
+    assert {s: v["status"] for s, v in runs["diverges"]["steps"].items()} == {
+        "train": "failed", "train-retry": "ok", "evaluate": "ok", "report": "ok"}
+    assert "diverged" in (results / "diverges" / "train" / "stderr.log").read_text()
+    report = (results / "diverges" / "shared" / "report.md").read_text()
+    assert "`train-retry` trained the model instead" in report
+
+    assert {s: v["status"] for s, v in runs["bad-eval"]["steps"].items()} == {
+        "train": "ok", "train-retry": "skipped", "evaluate": "failed", "report": "failed"}
+    report = (results / "bad-eval" / "shared" / "report.md").read_text()
+    assert "What went wrong" in report and "no-such-dataset" in report
+
+    markdown = (results / "summary.md").read_text()
+    assert "| pipeline | status | train | train-retry | evaluate | report |" in markdown
+    assert "| diverges | ok | FAILED" in markdown
+
+
+def sleepers(count: int, seconds: float, gpu: bool = True) -> dict:
+    return {"pipelines": [{"name": f"p{i}", "steps": [{"id": "hold", "gpu": gpu, "command": f"sleep {seconds}"}]}
+                          for i in range(count)]}
+
+
+def intervals(results: Path, count: int) -> list:
+    return sorted((s["started"], s["ended"]) for s in (step_status(results, f"p{i}", "hold") for i in range(count)))
+
+
+def test_gpu_pool_of_capacity_1_serialises_gpu_steps_and_2_lets_them_overlap(tmp_path):
+    definition = write(tmp_path / "two.json", sleepers(2, 1.5))
+    one = pipeline_cli(definition, tmp_path / "one", "--workers", "2", "--resource", "gpu=1")
+    assert one.returncode == 0, one.stderr
+    (a_start, a_end), (b_start, b_end) = intervals(tmp_path / "one", 2)
+    assert b_start >= a_end, "capacity 1: the second GPU step must start after the first ended"
+    queued = [step_status(tmp_path / "one", f"p{i}", "hold")["queued_seconds"] for i in range(2)]
+    assert max(queued) > 1.0  # the waiting was queueing, not part of the step's time
+    two = pipeline_cli(definition, tmp_path / "two", "--workers", "2", "--resource", "gpu=2")
+    assert two.returncode == 0, two.stderr
+    (a_start, a_end), (b_start, b_end) = intervals(tmp_path / "two", 2)
+    assert b_start < a_end, "capacity 2: both GPU steps run at once"
+
+
+def test_a_step_that_waits_longer_than_the_queue_timeout_fails(tmp_path):
+    definition = write(tmp_path / "two.json", {"pipelines": [
+        {"name": f"p{i}", "steps": [{"id": "hold", "resources": ["licence"], "command": "sleep 3"}]} for i in range(2)]})
+    results = tmp_path / "r"
+    proc = pipeline_cli(definition, results, "--workers", "2", "--retries", "0", "--resource", "licence=1",
+                        "--queue-timeout", "0.5")
+    assert proc.returncode == 1, proc.stderr
+    states = sorted(step_status(results, f"p{i}", "hold")["status"] for i in range(2))
+    assert states == ["failed", "ok"]
+    waited = [step_status(results, f"p{i}", "hold") for i in range(2)]
+    reason = [s["reason"] for s in waited if s["status"] == "failed"][0]
+    assert "queue timeout 0.5 s while waiting for pool 'licence'" in reason
+
+
+def test_resume_from_a_step_skips_earlier_steps_and_sees_their_shared_files(tmp_path):
+    flag = tmp_path / "fixed"
+    definition = write(tmp_path / "p.json", {"name": "exp", "steps": [
+        {"id": "prepare", "command": "echo $$ >> $PIPELINE_SHARED/prepared.txt"},
+        {"id": "train", "command": f"test -e {flag} && cp $PIPELINE_SHARED/prepared.txt $PIPELINE_SHARED/trained.txt"},
+        {"id": "report", "command": "cat $PIPELINE_SHARED/trained.txt"}]})
+    results = tmp_path / "results"
+    first = pipeline_cli(definition, results, "--retries", "0")
+    assert first.returncode == 1, first.stderr
+    assert step_status(results, "exp", "train")["status"] == "failed"
+    prepared = (results / "exp" / "shared" / "prepared.txt").read_text()
+    prepare_status = step_status(results, "exp", "prepare")
+
+    flag.touch()
+    second = pipeline_cli(definition, results, "--resume", "exp/train")
+    assert second.returncode == 0, second.stderr
+    assert (results / "exp" / "shared" / "prepared.txt").read_text() == prepared  # prepare did not run again
+    assert step_status(results, "exp", "prepare") == prepare_status
+    assert (results / "exp" / "shared" / "trained.txt").read_text() == prepared
+    assert step_status(results, "exp", "report")["status"] == "ok"
+    run_summary = summary(results)["pipelines"]["exp"]
+    assert run_summary["status"] == "ok" and run_summary["resumed_from"] == "train"
+    assert run_summary["steps"]["prepare"]["previous_run"] is True
+
+    # Plain --resume now skips the pipeline: it finished (through the resume).
+    third = pipeline_cli(definition, results, "--resume")
+    assert third.returncode == 0, third.stderr
+    assert summary(results)["items_this_run"] == 0
+    assert (results / "exp" / "shared" / "prepared.txt").read_text() == prepared
+
+
+def test_four_pipelines_over_two_ranks_by_two_workers(tmp_path):
+    definition = write(tmp_path / "four.json", {"pipelines": [
+        {"name": f"p{i}", "steps": [
+            {"id": "train", "gpu": True, "command": "sleep 1.5; echo $PIPELINE_RUN_ID > $PIPELINE_SHARED/model.txt"},
+            {"id": "evaluate", "command": "cp $PIPELINE_SHARED/model.txt $PIPELINE_SHARED/metrics.txt"}]}
+        for i in range(4)]})
+    results = tmp_path / "results"
+    proc = pipeline_cli(definition, results, "--workers", "2", ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    runs = summary(results)["pipelines"]
+    assert sorted(runs) == ["p0", "p1", "p2", "p3"] and all(r["status"] == "ok" for r in runs.values())
+    for i in range(4):
+        assert (results / f"p{i}" / "shared" / "metrics.txt").read_text() == f"p{i}\n"
+    ranks = {e["rank"] for e in journal_entries(results) if e.get("type") == "result"}
+    assert ranks == {0, 1}
+    assert [len(rank["devices"]) for rank in summary(results)["workers"]] == [2, 2]

@@ -201,3 +201,18 @@ def test_a_copy_of_the_example_with_one_typo_is_refused(tmp_path):
     broken["steps"][2]["on_fial"] = broken["steps"][2].pop("on_fail")
     message = problem(broken, EXAMPLES)
     assert "step 'evaluate'" in message and "did you mean 'on_fail'" in message
+
+
+def test_pool_capacities_from_the_environment_and_flags():
+    from common.pipeline.app import configured_pools, queue_timeout
+
+    environ = {"PIPELINE_RESOURCE_LICENCE": "2", "PIPELINE_RESOURCE_GPU": "4", "OTHER": "1"}
+    assert configured_pools([], environ) == {"licence": 2, "gpu": 4}
+    assert configured_pools(["gpu=1", "Disk=3"], environ) == {"licence": 2, "gpu": 1, "disk": 3}
+    with pytest.raises(UsageError, match="PIPELINE_RESOURCE_LICENCE: capacity must be a whole number"):
+        configured_pools([], {"PIPELINE_RESOURCE_LICENCE": "many"})
+    assert queue_timeout(None, {"PIPELINE_QUEUE_TIMEOUT": "30"}) == 30.0
+    assert queue_timeout(5.0, {"PIPELINE_QUEUE_TIMEOUT": "30"}) == 5.0
+    assert queue_timeout(None, {}) is None
+    with pytest.raises(UsageError, match="PIPELINE_QUEUE_TIMEOUT"):
+        queue_timeout(None, {"PIPELINE_QUEUE_TIMEOUT": "soon"})

@@ -1,0 +1,1 @@
+"""mnist_nn: a bagged ensemble of small conv nets, tuned by random search, trained at device speed."""

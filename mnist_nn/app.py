@@ -1,0 +1,220 @@
+"""mnist_nn as an engine app: which fits exist, how each runs on a worker, and what rank 0 writes.
+
+Items:
+  first wave   ``b=00,c=01,f=3``: bootstrap 0, random candidate 1, validate on fold 3
+  second wave  ``b=00,refit``: waits for every fit of bootstrap 0, refits the candidate with the
+               lowest mean K-fold validation loss on the whole bootstrap sample
+Candidates are drawn from ``--seed`` and (bootstrap, candidate) only, and the bootstrap
+resampling from ``--seed`` and the bootstrap only, so results do not depend on the layout.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from common.app import App, RunInfo
+from common.cli import at_least
+from common.data import DATASETS, check_available, ensure_available, load_dataset
+from common.devices import Device
+from common.errors import UsageError
+from common.items import Item, torch_seed
+
+from .model import Candidate, draw_candidate
+
+#: a refit's state dict travels inside its result (the journal) up to this size; a bigger one is
+#: written by the worker straight into ``<results>/models/`` (shared between nodes on a cluster)
+EMBED_LIMIT_BYTES = 64 * 2 ** 20
+
+
+def fit_key(bootstrap: int, candidate: int, fold: int) -> str:
+    return f"b={bootstrap:02d},c={candidate:02d},f={fold}"
+
+
+def refit_key(bootstrap: int) -> str:
+    return f"b={bootstrap:02d},refit"
+
+
+def model_stem(bootstrap: int) -> str:
+    return f"bootstrap-{bootstrap}"
+
+
+class MnistNN(App):
+    name = "mnist_nn"
+    description = ("Fits an ensemble of conv nets: each is tuned by random search with K-fold cross-validation "
+                   "on its own bootstrap (within folds) sample; reports each model's and the ensemble's test error")
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("n_bootstrap", type=at_least(1), help="number of bootstrap samples (models)")
+        parser.add_argument("n_tuning", type=at_least(1), help="random candidates tried per bootstrap sample")
+        parser.add_argument("--dataset", default="mnist", choices=DATASETS, help="data set")
+        parser.add_argument("--data-dir", type=Path, default=None, help="folder of the IDX files (default: data/)")
+        parser.add_argument("--subsample", type=at_least(1), default=None,
+                            help="use N training images (stratified); the test set is kept whole")
+        parser.add_argument("--max-epochs", type=at_least(1), default=20,
+                            help="most epochs of a fit (it stops earlier once the loss falls by less than 20%%)")
+        parser.add_argument("--batch-size", type=at_least(1), default=10, help="images per SGD step")
+        parser.add_argument("--folds", type=at_least(2), default=5, help="folds of the cross-validation")
+
+    # ----- every rank -----
+    def validate(self) -> None:
+        args = self.args
+        if args.subsample is not None and args.subsample < 2 * args.folds:
+            raise UsageError(f"--subsample {args.subsample}: needs at least 2 images per fold "
+                             f"({2 * args.folds} for --folds {args.folds})")
+        check_available(args.dataset, args.data_dir)
+
+    def fingerprint(self) -> Dict[str, Any]:
+        args = self.args
+        return {"n_bootstrap": args.n_bootstrap, "n_tuning": args.n_tuning, "seed": args.seed,
+                "dataset": args.dataset, "subsample": args.subsample, "max_epochs": args.max_epochs,
+                "batch_size": args.batch_size, "folds": args.folds}
+
+    # ----- rank 0 -----
+    def prepare(self) -> None:
+        args = self.args
+        ensure_available(args.dataset, args.data_dir)
+        dataset = load_dataset(args.dataset, args.data_dir, subsample=args.subsample, seed=args.seed)
+        if len(dataset.y_train) < 2 * args.folds:
+            raise UsageError(f"{args.dataset}: {len(dataset.y_train)} training images are too few for "
+                             f"--folds {args.folds}")
+
+    def candidates(self, bootstrap: int) -> List[Candidate]:
+        return [draw_candidate(self.args.seed, bootstrap, c) for c in range(self.args.n_tuning)]
+
+    def items(self) -> List[Item]:
+        args = self.args
+        share = (args.folds - 1) / args.folds
+        items: List[Item] = []
+        refits: List[Item] = []
+        for b in range(args.n_bootstrap):
+            keys = []
+            for c, candidate in enumerate(self.candidates(b)):
+                for f in range(args.folds):
+                    keys.append(fit_key(b, c, f))
+                    items.append(Item(keys[-1], {"kind": "fit", "bootstrap": b, "candidate": c, "fold": f,
+                                                 "hyper": candidate.as_dict()}, cost=candidate.cost * share))
+            biggest = max(candidate.cost for candidate in self.candidates(b))
+            refits.append(Item(refit_key(b), {"kind": "refit", "bootstrap": b}, cost=biggest, after=tuple(keys)))
+        return items + refits
+
+    def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
+        """Choose the candidate with the lowest mean validation loss over all K folds."""
+        b = item.params["bootstrap"]
+        scores = cv_scores(results, b, self.args.n_tuning, self.args.folds)
+        if not scores:
+            raise ValueError(f"bootstrap {b}: no candidate has all {self.args.folds} folds done")
+        best = min(scores, key=lambda c: (scores[c], c))
+        params = dict(item.params, candidate=best, hyper=draw_candidate(self.args.seed, b, best).as_dict(),
+                      cv_loss=None if math.isinf(scores[best]) else scores[best])
+        return Item(item.key, params, cost=item.cost, after=item.after)
+
+    def finish(self, run: RunInfo) -> Dict[str, Any]:
+        from .report import write_outputs
+
+        return write_outputs(self, run)
+
+    def summary_markdown(self, summary: Mapping[str, Any]) -> str:
+        from .report import summary_markdown
+
+        return summary_markdown(summary)
+
+    # ----- worker -----
+    def setup_worker(self, device: Device) -> Dict[str, Any]:
+        """Load the data set onto this worker's device once; make its runs reproducible."""
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        import torch
+
+        from .train import keep_freed_memory, to_device
+
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+        if not device.is_gpu:
+            keep_freed_memory()
+        args = self.args
+        dataset = load_dataset(args.dataset, args.data_dir, subsample=args.subsample, seed=args.seed)
+        return {"data": to_device(dataset, device.torch_device), "folds": {}}
+
+    def run_item(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
+        import torch
+
+        from .sampling import bootstrap_folds, bootstrap_sample, fold_indexes
+        from .train import evaluate, fit, predict_logits
+
+        args, data, params = self.args, state["data"], item.params
+        b = params["bootstrap"]
+        if b not in state["folds"]:
+            state["folds"][b] = bootstrap_folds(len(data.y_train), args.folds, args.seed, b)
+        folds = state["folds"][b]
+        candidate = Candidate(**params["hyper"])
+        torch.manual_seed(torch_seed(seed))
+        if params["kind"] == "fit":
+            training, validation = fold_indexes(folds, params["fold"])
+            net, log = fit(data.x_train, data.y_train, training, candidate, args.max_epochs, args.batch_size)
+            rows = torch.from_numpy(validation).to(data.device)
+            scores = evaluate(net, data.x_train.index_select(0, rows), data.y_train.index_select(0, rows))
+            return {"val_loss": finite_or_none(scores["loss"]), "val_error": scores["error"],
+                    "epochs": len(log), "log": log}
+        net, log = fit(data.x_train, data.y_train, bootstrap_sample(folds), candidate, args.max_epochs,
+                       args.batch_size)
+        train_scores = evaluate(net, data.x_train, data.y_train)
+        logits = predict_logits(net, data.x_test)
+        probabilities = torch.softmax(logits.float(), 1).cpu().numpy().astype("<f4")
+        test_error = float((logits.argmax(1) != data.y_test).float().mean())
+        return {"candidate": params["candidate"], "hyper": candidate.as_dict(), "cv_loss": params["cv_loss"],
+                "epochs": len(log), "log": log, "training_error": train_scores["error"],
+                "training_loss": finite_or_none(train_scores["loss"]), "test_error": test_error,
+                "test_probabilities": encode_array(probabilities),
+                "weights": self.keep_weights(net, b),
+                "normalisation": {"mean": data.mean, "std": data.std}}
+
+    def keep_weights(self, net: Any, bootstrap: int) -> Dict[str, Any]:
+        """The state dict as torch.save bytes: in the result when small, else as a file in the results."""
+        import hashlib
+        import io
+
+        import torch
+
+        from common.outputs import atomic_write_bytes
+
+        buffer = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in net.state_dict().items()}, buffer)
+        raw = buffer.getvalue()
+        digest = hashlib.sha256(raw).hexdigest()
+        if len(raw) <= EMBED_LIMIT_BYTES:
+            return {"sha256": digest, "bytes": len(raw), "embedded": base64.b64encode(raw).decode("ascii")}
+        atomic_write_bytes(Path(self.args.results) / "models" / f"{model_stem(bootstrap)}.pt", raw)
+        return {"sha256": digest, "bytes": len(raw), "embedded": None}
+
+
+def cv_scores(results: Mapping[str, Any], bootstrap: int, n_tuning: int, folds: int) -> Dict[int, float]:
+    """Candidate -> mean validation loss, for candidates whose K folds are all done (diverged = inf)."""
+    scores = {}
+    for c in range(n_tuning):
+        found = [results.get(fit_key(bootstrap, c, f)) for f in range(folds)]
+        if any(result is None for result in found):
+            continue
+        losses = [math.inf if r["val_loss"] is None else r["val_loss"] for r in found]
+        scores[c] = float(np.mean(losses))
+    return scores
+
+
+def finite_or_none(value: float) -> Optional[float]:
+    """JSON has no NaN or infinity: a diverged fit's loss is recorded as null."""
+    return value if math.isfinite(value) else None
+
+
+def encode_array(array: np.ndarray) -> Dict[str, Any]:
+    """A float32 array as base64 of its little-endian bytes: exact, and 3x smaller than JSON numbers."""
+    return {"shape": list(array.shape), "float32_base64": base64.b64encode(array.tobytes()).decode("ascii")}
+
+
+def decode_array(encoded: Mapping[str, Any]) -> np.ndarray:
+    raw = base64.b64decode(encoded["float32_base64"])
+    return np.frombuffer(raw, dtype="<f4").reshape(encoded["shape"]).astype(np.float32)

@@ -1,0 +1,154 @@
+"""Rank 0's outputs: results.csv, the training log, the saved models, the ensemble's errors.
+
+Everything in results.csv and the model files is a function of the items' results only (no
+timings, hosts or orders), so it is identical whatever the layout the run had.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping
+
+import numpy as np
+
+from common.app import RunInfo
+from common.data import load_dataset
+from common.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+from .app import cv_scores, decode_array, model_stem, refit_key
+from .model import draw_candidate
+
+RESULT_COLUMNS = ["bootstrap", "candidate", "n_conv_layer", "kernel_size", "n_hidden_layer", "learning_rate",
+                  "momentum", "cv_loss", "epochs", "training_error", "test_error"]
+LOG_COLUMNS = ["item", "bootstrap", "candidate", "fold", "epoch", "loss", "error", "samples_per_s", "seconds", "lr"]
+CV_COLUMNS = ["bootstrap", "candidate", "n_conv_layer", "kernel_size", "n_hidden_layer", "learning_rate",
+              "momentum", "cv_loss", "chosen"]
+
+
+def csv_text(columns: List[str], rows: List[Mapping[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else repr(row[k]) if isinstance(row[k], float) else row[k])
+                         for k in columns})
+    return buffer.getvalue()
+
+
+def model_rows(refits: Mapping[int, Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    return [{"bootstrap": b, "candidate": r["candidate"], **r["hyper"], "cv_loss": r["cv_loss"],
+             "epochs": r["epochs"], "training_error": r["training_error"], "test_error": r["test_error"]}
+            for b, r in sorted(refits.items())]
+
+
+def log_rows(app: Any, run: RunInfo) -> List[Dict[str, Any]]:
+    rows = []
+    for item in run.items:
+        record = run.records.get(item.key)
+        if record is None:
+            continue
+        params = item.params
+        fold = params.get("fold", "refit")
+        for entry in record.result["log"]:
+            rows.append({"item": item.key, "bootstrap": params["bootstrap"], "candidate": params.get("candidate"),
+                         "fold": fold, **entry})
+    return rows
+
+
+def cv_rows(app: Any, run: RunInfo, refits: Mapping[int, Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    args = app.args
+    results = {key: record.result for key, record in run.records.items()}
+    rows = []
+    for b in range(args.n_bootstrap):
+        scores = cv_scores(results, b, args.n_tuning, args.folds)
+        for c in range(args.n_tuning):
+            rows.append({"bootstrap": b, "candidate": c, **draw_candidate(args.seed, b, c).as_dict(),
+                         "cv_loss": scores.get(c), "chosen": int(b in refits and refits[b]["candidate"] == c)})
+    return rows
+
+
+def save_model(folder: Path, bootstrap: int, result: Mapping[str, Any], app: Any) -> Dict[str, Any]:
+    """models/bootstrap-<i>.pt (state dict) and .json (what is needed to rebuild and feed it)."""
+    stem = folder / model_stem(bootstrap)
+    weights = result["weights"]
+    if weights["embedded"] is not None:
+        atomic_write_bytes(stem.with_suffix(".pt"), base64.b64decode(weights["embedded"]))
+    pt = stem.with_suffix(".pt")
+    present = pt.exists() and hashlib.sha256(pt.read_bytes()).hexdigest() == weights["sha256"]
+    params = {"bootstrap": bootstrap, "candidate": result["candidate"], **result["hyper"],
+              "cv_loss": result["cv_loss"], "epochs": result["epochs"], "training_error": result["training_error"],
+              "test_error": result["test_error"], "dataset": app.args.dataset, "subsample": app.args.subsample,
+              "seed": app.args.seed, "image_size": 28, "normalisation": result["normalisation"],
+              "state_dict": pt.name, "sha256": weights["sha256"]}
+    atomic_write_json(stem.with_suffix(".json"), params)
+    return {"bootstrap": bootstrap, "file": f"models/{pt.name}", "present": present}
+
+
+def ensemble_errors(probabilities: np.ndarray, labels: np.ndarray) -> Dict[str, float]:
+    """Test errors of the majority vote (ties to the lowest digit) and of the mean probability."""
+    votes = probabilities.argmax(2)  # (models, images)
+    counts = np.zeros((votes.shape[1], probabilities.shape[2]), dtype=np.int64)
+    for model_votes in votes:
+        counts[np.arange(votes.shape[1]), model_votes] += 1
+    return {"majority_vote": float(np.mean(counts.argmax(1) != labels)),
+            "mean_probability": float(np.mean(probabilities.mean(0).argmax(1) != labels))}
+
+
+def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
+    from .plots import plot_certainty, plot_ensemble_errors, plot_training_curves
+
+    args = app.args
+    folder = Path(run.results_dir)
+    refits = {b: run.records[refit_key(b)].result for b in range(args.n_bootstrap) if refit_key(b) in run.records}
+    models = model_rows(refits)
+    atomic_write_text(folder / "results.csv", csv_text(RESULT_COLUMNS, models))
+    logs = log_rows(app, run)
+    atomic_write_text(folder / "training_log.csv", csv_text(LOG_COLUMNS, logs))
+    atomic_write_text(folder / "cv_results.csv", csv_text(CV_COLUMNS, cv_rows(app, run, refits)))
+    saved = [save_model(folder / "models", b, result, app) for b, result in sorted(refits.items())]
+    missing = [s["file"] for s in saved if not s["present"]]
+    summary: Dict[str, Any] = {"models": len(refits), "model_test_errors": [m["test_error"] for m in models],
+                               "model_training_errors": [m["training_error"] for m in models],
+                               "ensemble_test_error": None, "ensemble_test_error_mean_probability": None,
+                               "models_missing": missing}
+    if missing:
+        summary["models_missing_note"] = ("written by workers on other nodes into their own results folder: "
+                                          "make --results a shared folder")
+    plot_training_curves(logs, folder / "training_curves")
+    if not refits:
+        return summary
+    dataset = load_dataset(args.dataset, args.data_dir, subsample=args.subsample, seed=args.seed)
+    probabilities = np.stack([decode_array(refits[b]["test_probabilities"]) for b in sorted(refits)])
+    errors = ensemble_errors(probabilities, dataset.y_test)
+    summary["ensemble_test_error"] = errors["majority_vote"]
+    summary["ensemble_test_error_mean_probability"] = errors["mean_probability"]
+    atomic_write_text(folder / "ensemble.json", json.dumps({**errors, "models": models}, indent=2) + "\n")
+    plot_ensemble_errors([m["test_error"] for m in models], [m["bootstrap"] for m in models], errors,
+                         folder / "ensemble_error")
+    summary["certainty_figures"] = plot_certainty(probabilities, dataset.x_test, dataset.y_test, folder)
+    return summary
+
+
+def summary_markdown(summary: Mapping[str, Any]) -> str:
+    errors = summary.get("model_test_errors") or []
+    lines = ["## mnist_nn: bagged conv nets", ""]
+    if summary.get("ensemble_test_error") is None:
+        lines += ["No model was refitted: no ensemble.", ""]
+        return "\n".join(lines)
+    lines += [f"- models: {summary['models']}; test error of each: "
+              + ", ".join(f"{e:.4f}" for e in errors),
+              f"- ensemble test error: majority vote {summary['ensemble_test_error']:.4f}, "
+              f"mean probability {summary['ensemble_test_error_mean_probability']:.4f} "
+              f"(best single model {min(errors):.4f})", ""]
+    if summary.get("models_missing"):
+        lines += [f"- model files missing here: {', '.join(summary['models_missing'])} "
+                  f"({summary.get('models_missing_note', '')})", ""]
+    lines += ["Files: `results.csv` (one row per model), `cv_results.csv` (every candidate's CV loss), "
+              "`training_log.csv` (every epoch of every fit), `models/bootstrap-<i>.pt` + `.json`.", "",
+              "![ensemble error](ensemble_error.png)", "", "![training curves](training_curves.png)", ""]
+    lines += [f"![certainty]({name}.png)" for name in summary.get("certainty_figures", [])]
+    return "\n".join(lines) + "\n"

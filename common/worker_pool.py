@@ -175,7 +175,7 @@ class WorkerPool:
         events: List[Event] = []
         for ready in wait(list(waitables), timeout):
             worker = waitables[ready]
-            if worker.name not in self.workers:
+            if self.workers.get(worker.name) is not worker:  # already handled (and maybe replaced)
                 continue
             if ready is worker.conn:
                 self._drain(worker, events)
@@ -184,7 +184,7 @@ class WorkerPool:
         return events
 
     def _drain(self, worker: WorkerHandle, events: List[Event]) -> None:
-        while worker.name in self.workers:
+        while self.workers.get(worker.name) is worker:
             try:
                 if not worker.conn.poll():
                     return

@@ -1,0 +1,97 @@
+"""Running the project's programs for real in tests: plain, or under the venv's own mpiexec."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = str(REPO / "tests" / "toy_app.py")
+MPIEXEC = os.path.join(sys.prefix, "bin", "mpiexec")
+
+
+def command(program: Sequence[str], ranks: int = 1) -> List[str]:
+    """``program`` is what follows ``python`` (``["-m", "mnist_svm", ...]`` or a script path)."""
+    base = [sys.executable, *program]
+    return [MPIEXEC, "-n", str(ranks), *base] if ranks > 1 else base
+
+
+def run(program: Sequence[str], ranks: int = 1, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(command(program, ranks), cwd=kwargs.pop("cwd", REPO), env=env, capture_output=True,
+                          text=True, timeout=timeout, **kwargs)
+
+
+def start(program: Sequence[str], ranks: int = 1, **kwargs) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(command(program, ranks), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+
+
+def journal_entries(results: Path) -> List[dict]:
+    path = Path(results) / "journal.jsonl"
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return entries
+
+
+def wait_for_results(results: Path, count: int, timeout: float = 120) -> None:
+    """Until the journal holds ``count`` finished items."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(1 for e in journal_entries(results) if e.get("type") == "result") >= count:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{results}: fewer than {count} results after {timeout} s")
+
+
+def rank_pids(results: Path) -> List[int]:
+    """Process ids of every rank, from the journal's start record."""
+    for entry in reversed(journal_entries(results)):
+        if entry.get("type") == "start":
+            return [rank["pid"] for rank in entry["layout"]]
+    raise LookupError("no start record")
+
+
+def stop_run(process: subprocess.Popen, results: Path, after: int, sig: int = signal.SIGTERM,
+             every_rank: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Signal rank 0 (or every rank) once ``after`` items are done; wait for the run to end."""
+    wait_for_results(results, after)
+    pids = rank_pids(results)
+    for pid in (pids if every_rank else pids[:1]):
+        os.kill(pid, sig)
+    out, err = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def error_lines(stderr: str) -> List[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Exit code 2, exactly one line on stderr, no traceback, mentioning ``fragments``."""
+    lines = error_lines(proc.stderr)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under ``folder`` with its bytes: to prove nothing was written."""
+    folder = Path(folder)
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

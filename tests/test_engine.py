@@ -1,0 +1,159 @@
+"""The engine end to end: real mpiexec, real spawned workers, real signals."""
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from helpers import TOY, assert_usage_error, journal_entries, run, snapshot, start, stop_run
+
+
+def values(results: Path) -> dict:
+    return json.loads((Path(results) / "values.json").read_text())
+
+
+def summary(results: Path) -> dict:
+    return json.loads((Path(results) / "summary.json").read_text())
+
+
+def markers(folder: Path) -> Counter:
+    """How many times each item ran (each run appends a line to its marker file)."""
+    return Counter({p.name: len(p.read_text().splitlines()) for p in Path(folder).iterdir()})
+
+
+def test_one_by_one_and_two_ranks_by_two_workers_give_identical_results(tmp_path):
+    one = run([TOY, "24", "--wave", "--threads", "1", "--results", str(tmp_path / "one"), "--no-progress"])
+    assert one.returncode == 0, one.stderr
+    many = run([TOY, "24", "--wave", "--workers", "2", "--threads", "1", "--results", str(tmp_path / "many"),
+                "--no-progress"], ranks=2)
+    assert many.returncode == 0, many.stderr
+    assert len(values(tmp_path / "one")) == 24 + 6
+    assert values(tmp_path / "one") == values(tmp_path / "many")
+    layout = summary(tmp_path / "many")["workers"]
+    assert [len(rank["devices"]) for rank in layout] == [2, 2]
+    ranks_used = {e["rank"] for e in journal_entries(tmp_path / "many") if e.get("type") == "result"}
+    assert ranks_used == {0, 1}, "both ranks must have run items"
+    for name in ("summary.md", "timeline.png", "timeline.svg", "logs/rank0-cpu0.log", "logs/rank1-cpu1.log"):
+        assert (tmp_path / "many" / name).exists(), name
+    assert (tmp_path / "many" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_worker_killed_mid_item_is_replaced_and_the_run_completes(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = run([TOY, "12", "--sleep", "0.05", "--workers", "2", "--kill-key", "item-0005", "--marker-dir", str(marks),
+                "--results", str(tmp_path / "r"), "--no-progress"], ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    assert len(values(tmp_path / "r")) == 12
+    assert markers(marks)["item-0005"] == 2
+    assert "SIGKILL" in proc.stderr
+    assert summary(tmp_path / "r")["failed_items"] == []
+
+
+def test_an_item_that_always_raises_is_retried_then_reported_with_exit_code_1(tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = run([TOY, "8", "--workers", "2", "--fail-key", "item-0003", "--retries", "2", "--marker-dir", str(marks),
+                "--results", str(tmp_path / "r"), "--no-progress"], ranks=2)
+    assert proc.returncode == 1, proc.stderr
+    assert markers(marks)["item-0003"] == 3  # first attempt + 2 retries
+    failed = summary(tmp_path / "r")["failed_items"]
+    assert [f["key"] for f in failed] == ["item-0003"]
+    assert "always fails" in failed[0]["error"]
+    assert "item-0003" in (tmp_path / "r" / "summary.md").read_text()
+    attempts = [e for e in journal_entries(tmp_path / "r") if e.get("type") == "attempt_failed"]
+    assert len(attempts) == 3 and "Traceback" in attempts[0]["traceback"]
+    assert len(values(tmp_path / "r")) == 7
+
+
+@pytest.mark.parametrize("sig,every_rank", [(signal.SIGTERM, False), (signal.SIGUSR1, True)])
+def test_stopped_run_resumes_to_the_same_results_without_recomputing(tmp_path, sig, every_rank):
+    clean = run([TOY, "30", "--wave", "--workers", "2", "--results", str(tmp_path / "clean"), "--no-progress"])
+    assert clean.returncode == 0, clean.stderr
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    args = [TOY, "30", "--wave", "--sleep", "0.15", "--workers", "2", "--marker-dir", str(marks),
+            "--results", str(tmp_path / "r"), "--no-progress"]
+    stopped = stop_run(start(args, ranks=2), tmp_path / "r", after=6, sig=sig, every_rank=every_rank)
+    assert stopped.returncode == 75, stopped.stderr
+    assert "--resume" in stopped.stderr
+    assert summary(tmp_path / "r")["status"] == "stopped"
+    done_before = {e["key"] for e in journal_entries(tmp_path / "r") if e.get("type") == "result"}
+    assert 6 <= len(done_before) < 38
+    resumed = run(args + ["--resume"], ranks=2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert values(tmp_path / "r") == values(tmp_path / "clean")
+    counts = markers(marks)
+    assert all(counts[key] == 1 for key in done_before), "a finished item was computed again"
+    keys = [e["key"] for e in journal_entries(tmp_path / "r") if e.get("type") == "result"]
+    assert len(keys) == len(set(keys)) == 38  # 30 items + 8 sums
+
+
+def test_a_torn_last_journal_line_is_tolerated_on_resume(tmp_path):
+    args = [TOY, "10", "--results", str(tmp_path / "r"), "--no-progress"]
+    assert run(args).returncode == 0
+    journal = tmp_path / "r" / "journal.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    results = [i for i, line in enumerate(lines) if '"type":"result"' in line]
+    # Keep everything up to the 5th result, then half of the 6th: what a crash mid-write leaves.
+    journal.write_text("".join(lines[:results[5]]) + lines[results[5]][:40])
+    proc = run(args + ["--resume"])
+    assert proc.returncode == 0, proc.stderr
+    assert len(values(tmp_path / "r")) == 10
+    assert summary(tmp_path / "r")["items_resumed"] == 5
+
+
+def test_batch_replaces_workers_after_n_items(tmp_path):
+    proc = run([TOY, "9", "--workers", "1", "--batch", "2", "--results", str(tmp_path / "r"), "--no-progress"])
+    assert proc.returncode == 0, proc.stderr
+    pids = Counter(e["result"]["pid"] for e in journal_entries(tmp_path / "r") if e.get("type") == "result")
+    assert len(pids) == 5 and max(pids.values()) == 2
+
+
+def test_longest_items_start_first(tmp_path):
+    proc = run([TOY, "12", "--sleep", "0.02", "--lognormal", "1.0", "--results", str(tmp_path / "r"), "--no-progress"])
+    assert proc.returncode == 0, proc.stderr
+    records = [e for e in journal_entries(tmp_path / "r") if e.get("type") == "result"]
+    started = [r["key"] for r in sorted(records, key=lambda r: r["start"])]
+    from toy_app import ToyApp  # noqa: E402
+    import argparse
+
+    durations = ToyApp(argparse.Namespace(n_items=12, sleep=0.02, lognormal=1.0)).durations()
+    expected = [f"item-{i:04d}" for i in sorted(range(12), key=lambda i: -durations[i])]
+    assert started == expected
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["--gpu", "abc"], "--gpu 'abc'"),
+    (["--gpu", "7"], "--gpu 7"),
+    (["--workers", "0"], "--workers"),
+    (["--threads", "x"], "--threads"),
+    (["0"], "n_items"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, extra, fragment):
+    args = [TOY, "4", "--results", str(tmp_path / "r")] + extra
+    if extra == ["0"]:
+        args = [TOY, "0", "--results", str(tmp_path / "r")]
+    proc = run(args, ranks=2)
+    assert_usage_error(proc, fragment)
+    assert not (tmp_path / "r").exists()
+
+
+def test_unwritable_results_folder_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    proc = run([TOY, "4", "--results", str(blocker / "r")], ranks=2)
+    assert_usage_error(proc, "cannot write")
+
+
+def test_existing_journal_needs_resume_and_resume_needs_the_same_arguments(tmp_path):
+    results = tmp_path / "r"
+    assert run([TOY, "6", "--results", str(results), "--no-progress"]).returncode == 0
+    before = snapshot(results)
+    assert_usage_error(run([TOY, "6", "--results", str(results)], ranks=2), "--resume")
+    assert_usage_error(run([TOY, "7", "--results", str(results), "--resume"], ranks=2), "n_items 6 (journal) vs 7 (now)")
+    assert_usage_error(run([TOY, "6", "--seed", "3", "--results", str(results), "--resume"]), "seed")
+    assert snapshot(results) == before

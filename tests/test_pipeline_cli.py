@@ -3,11 +3,14 @@ that serialise or overlap GPU steps, resume from a step, and pipelines over 2 ra
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import torch
 
-from helpers import REPO, journal_entries, run
+from helpers import REPO, journal_entries, rank_pids, run, start
 
 EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
 TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
@@ -29,6 +32,15 @@ def summary(results: Path) -> dict:
 
 def step_status(results: Path, run_id: str, step: str) -> dict:
     return json.loads((results / run_id / step / "status.json").read_text())
+
+
+def alive(pid: int) -> bool:
+    """Exists and is not a zombie (an orphan may wait for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def tiny_example(name: str, **train_env) -> dict:
@@ -169,3 +181,25 @@ def test_four_pipelines_over_two_ranks_by_two_workers(tmp_path):
     ranks = {e["rank"] for e in journal_entries(results) if e.get("type") == "result"}
     assert ranks == {0, 1}
     assert [len(rank["devices"]) for rank in summary(results)["workers"]] == [2, 2]
+
+
+def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_path):
+    definition = write(tmp_path / "long.json", {"name": "long", "steps": [
+        {"id": "hold", "command": "sleep 300 & echo $! > $PIPELINE_SHARED/child.pid; wait"}]})
+    results = tmp_path / "results"
+    process = start(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
+                     "--grace", "1", "--no-progress"])
+    child_file = results / "long" / "shared" / "child.pid"
+    deadline = time.monotonic() + 60
+    while not (child_file.exists() and child_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(child_file.read_text())
+    os.kill(rank_pids(results)[0], signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 75, err
+    assert "--resume" in err
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child), f"the step's child {child} outlived the stopped run"
+    assert step_status(results, "long", "hold")["reason"] == "interrupted: the run was stopped"

@@ -176,7 +176,15 @@ class PipelineRunner:
         limit = None if step.max_retries is None else 1 + step.max_retries
         while True:
             walk.runs[step.id] = walk.runs.get(step.id, 0) + 1
-            attempt, queued = self._attempt(step, walk.runs[step.id])
+            began = time.time()
+            try:
+                attempt, queued = self._attempt(step, walk.runs[step.id])
+            except BaseException:  # the worker is being stopped (SIGTERM): record it, then go
+                self._write_status(step, {"step": step.id, "run": self.layout.run_id, "status": "failed",
+                                          "reason": "interrupted: the run was stopped", "exit_code": None,
+                                          "attempts": walk.runs[step.id], "started": began, "ended": time.time(),
+                                          "seconds": round(time.time() - began, 3), "gpu": self.gpu if step.gpu else None})
+                raise
             history.append(dict(attempt.as_dict(), queued_seconds=round(queued, 3)))
             deadline_passed = self.deadline is not None and time.monotonic() >= self.deadline
             if attempt.status == "ok" or limit is None or walk.runs[step.id] >= limit or deadline_passed:

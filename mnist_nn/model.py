@@ -76,3 +76,18 @@ def draw_candidate(seed: int, bootstrap: int, candidate: int) -> Candidate:
         learning_rate=float(math.pow(10.0, rng.random() * 4.0 - 5.0)),
         momentum=float(math.pow(10.0, rng.random() * 2.0 - 2.0)),
     )
+
+
+def load_saved_model(pt_path) -> tuple:
+    """(Net in eval mode, its parameters) from ``models/bootstrap-<i>.pt`` and the ``.json`` beside it.
+
+    Feed it images as ``train.to_model_input(images, **params["normalisation"])`` does.
+    """
+    import json
+    from pathlib import Path
+
+    pt_path = Path(pt_path)
+    params = json.loads(pt_path.with_suffix(".json").read_text())
+    net = Net(params["n_conv_layer"], params["kernel_size"], params["n_hidden_layer"], params["image_size"])
+    net.load_state_dict(torch.load(pt_path, weights_only=True))
+    return net.eval(), params

@@ -1,0 +1,153 @@
+"""mnist_nn through its real command line: real mpiexec, spawned workers, digits data, signals.
+
+The random search draws candidates from the reference's distribution, where most nets have
+hundreds of millions of weights. ``--seed 1763`` is chosen (by a search over seeds) because
+its two candidates are small (1.8M weights at most), so a whole run takes seconds on a CPU.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run
+
+from common.data import load_dataset
+from common.items import Item
+from mnist_nn.app import MnistNN, cv_scores, fit_key, refit_key
+from mnist_nn.model import draw_candidate, load_saved_model
+from mnist_nn.sampling import bootstrap_folds, fold_indexes
+from mnist_nn.train import predict_logits, to_model_input
+
+SMALL = ["2", "1", "--dataset", "digits", "--subsample", "150", "--max-epochs", "3", "--folds", "3",
+         "--seed", "1763", "--threads", "1", "--gpu", "cpu", "--no-progress"]
+FIRST_WAVE = 2 * 1 * 3
+
+
+def mnist_nn(results: Path, *extra: str, ranks: int = 1, args=SMALL):
+    return run(["-m", "mnist_nn", *args, "--results", str(results), *extra], ranks=ranks, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory) -> Path:
+    """One rank, one worker, start to end."""
+    results = tmp_path_factory.mktemp("nn") / "clean"
+    proc = mnist_nn(results)
+    assert proc.returncode == 0, proc.stderr
+    return results
+
+
+def model_state(results: Path, bootstrap: int) -> dict:
+    return torch.load(results / "models" / f"bootstrap-{bootstrap}.pt", weights_only=True)
+
+
+def test_a_run_writes_every_output(clean_run):
+    rows = list(csv.DictReader((clean_run / "results.csv").open()))
+    assert [int(r["bootstrap"]) for r in rows] == [0, 1]
+    for row in rows:
+        assert 0 <= float(row["test_error"]) <= 1 and 0 <= float(row["training_error"]) <= 1
+        assert 1 <= int(row["epochs"]) <= 3
+    log = list(csv.DictReader((clean_run / "training_log.csv").open()))
+    assert {r["item"] for r in log} == {fit_key(b, 0, f) for b in range(2) for f in range(3)} | {refit_key(0), refit_key(1)}
+    assert all(float(r["samples_per_s"]) > 0 and float(r["lr"]) > 0 for r in log)
+    summary = json.loads((clean_run / "summary.json").read_text())
+    assert summary["failed_items"] == []
+    assert summary["model_test_errors"] == [float(r["test_error"]) for r in rows]
+    assert 0 <= summary["ensemble_test_error"] <= 1
+    assert summary["certainty_figures"], "no certainty figure"
+    for name in ["ensemble_error.png", "ensemble_error.svg", "training_curves.png", "timeline.png", "summary.md",
+                 "cv_results.csv", "models/bootstrap-0.json", "models/bootstrap-1.json",
+                 *[f"{n}.png" for n in summary["certainty_figures"]]]:
+        assert (clean_run / name).exists(), name
+    assert "ensemble test error" in (clean_run / "summary.md").read_text()
+
+
+def test_one_rank_and_two_ranks_by_two_workers_give_identical_results(clean_run, tmp_path):
+    many = tmp_path / "many"
+    proc = mnist_nn(many, "--workers", "2", ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    assert {e["rank"] for e in journal_entries(many) if e.get("type") == "result"} == {0, 1}
+    for name in ("results.csv", "cv_results.csv"):
+        assert (many / name).read_text() == (clean_run / name).read_text(), name
+    for b in range(2):
+        one, other = model_state(clean_run, b), model_state(many, b)
+        assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
+
+
+def test_a_run_stopped_in_the_first_wave_resumes_to_the_same_results(clean_run, tmp_path):
+    results = tmp_path / "stopped"
+    process = start(["-m", "mnist_nn", *SMALL, "--results", str(results)])
+    stopped = stop_run(process, results, after=2, sig=signal.SIGTERM)
+    assert stopped.returncode == 75, stopped.stderr
+    done = [e["key"] for e in journal_entries(results) if e.get("type") == "result"]
+    assert 2 <= len(done) < FIRST_WAVE and not any(key.endswith("refit") for key in done), done
+    assert not (results / "results.csv").exists()
+    resumed = mnist_nn(results, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["items_resumed"] == len(done) and summary["items_this_run"] == FIRST_WAVE + 2 - len(done)
+    assert (results / "results.csv").read_text() == (clean_run / "results.csv").read_text()
+
+
+def test_a_saved_model_reloads_and_reproduces_its_test_error(clean_run):
+    dataset = load_dataset("digits")
+    rows = list(csv.DictReader((clean_run / "results.csv").open()))
+    for row in rows:
+        net, params = load_saved_model(clean_run / "models" / f"bootstrap-{row['bootstrap']}.pt")
+        assert (params["n_conv_layer"], params["kernel_size"]) == (int(row["n_conv_layer"]), int(row["kernel_size"]))
+        images = to_model_input(dataset.x_test, **params["normalisation"])
+        predictions = predict_logits(net, images).argmax(1).numpy()
+        assert float(np.mean(predictions != dataset.y_test)) == pytest.approx(float(row["test_error"]), abs=1e-6)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["0", "1"], "n_bootstrap"),
+    (["1", "1", "--batch-size", "0"], "--batch-size"),
+    (["1", "1", "--max-epochs", "-1"], "--max-epochs"),
+    (["1", "1", "--dataset", "nope"], "nope"),
+    (["1", "1", "--dataset", "digits", "--subsample", "5"], "--subsample"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
+    results = tmp_path / "bad"
+    proc = run(["-m", "mnist_nn", *argv, "--results", str(results), "--gpu", "cpu"], timeout=60)
+    assert_usage_error(proc, fragment)
+    assert snapshot(results) == {}
+
+
+# ----- the pieces, without the engine -----
+def test_candidates_follow_the_reference_distribution_and_the_seed_only():
+    drawn = [draw_candidate(7, b, c) for b in range(20) for c in range(20)]
+    assert drawn == [draw_candidate(7, b, c) for b in range(20) for c in range(20)]
+    assert drawn[0] != draw_candidate(8, 0, 0)
+    assert all(1 <= d.n_conv_layer <= 999 and 2 <= d.kernel_size <= 10 and 1 <= d.n_hidden_layer <= 1999 for d in drawn)
+    assert all(1e-5 <= d.learning_rate <= 1e-1 and 1e-2 <= d.momentum <= 1 for d in drawn)
+    assert len({d.kernel_size for d in drawn}) == 9
+
+
+def test_bootstrap_resamples_within_folds():
+    folds = bootstrap_folds(103, 5, seed=3, bootstrap=1)
+    assert [len(f) for f in folds] == [21, 21, 21, 20, 20]
+    assert all(np.array_equal(a, b) for a, b in zip(folds, bootstrap_folds(103, 5, seed=3, bootstrap=1)))
+    assert sum(len(set(f)) for f in folds) < 103, "a bootstrap sample repeats some images"
+    for i in range(5):
+        for j in range(i + 1, 5):
+            assert not set(folds[i]) & set(folds[j]), "an image in two folds"
+    training, validation = fold_indexes(folds, 2)
+    assert len(training) == 103 - 21 and np.array_equal(validation, folds[2])
+
+
+def test_complete_refits_the_candidate_with_the_lowest_mean_cv_loss():
+    app = MnistNN(type("Args", (), {"seed": 0, "n_tuning": 3, "folds": 2})())
+    losses = {0: [0.5, 0.9], 1: [0.6, 0.6], 2: [0.1, None]}  # candidate 2 diverged on a fold
+    results = {fit_key(4, c, f): {"val_loss": loss} for c, pair in losses.items() for f, loss in enumerate(pair)}
+    assert cv_scores(results, 4, 3, 2) == {0: 0.7, 1: 0.6, 2: float("inf")}
+    item = app.complete(Item(refit_key(4), {"kind": "refit", "bootstrap": 4}), results)
+    assert item.params["candidate"] == 1 and item.params["cv_loss"] == pytest.approx(0.6)
+    assert item.params["hyper"] == draw_candidate(0, 4, 1).as_dict()
+    del results[fit_key(4, 1, 0)]  # a fold failed for good: that candidate is out
+    assert app.complete(Item(refit_key(4), {"kind": "refit", "bootstrap": 4}), results).params["candidate"] == 0

@@ -3,8 +3,8 @@
 Settings (env): DATASET (digits), DATA_DIR, SUBSAMPLE, EPOCHS (5), BATCH_SIZE (32),
 LEARNING_RATE (0.02), MOMENTUM (0.9), N_CONV_LAYER (8), KERNEL_SIZE (5), N_HIDDEN_LAYER (64).
 Writes ``shared/checkpoints/model_final.pt`` (state dict), ``shared/checkpoints/model.json``
-(architecture) and ``shared/training_metrics.json``. A loss that is not finite (a learning rate
-too high) fails the step, which is what the pipeline's ``train-retry`` fallback is for.
+(architecture) and ``shared/training_metrics.json``. A loss that is not finite or far above
+chance level (a learning rate too high) fails the step, which is what the pipeline's ``train-retry`` fallback is for.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from .data import load_splits
 from .settings import setting, shared_dir, write_json
 
 EVAL_BATCH = 2048
+#: Ten times the loss of guessing uniformly among 10 classes: far past it, training has diverged.
+DIVERGED_LOSS = 10 * math.log(10)
 
 
 def build_model(config: Dict[str, int]) -> torch.nn.Module:
@@ -70,7 +72,7 @@ def main() -> Dict[str, Any]:
             optimiser.step()
             total += float(loss.detach()) * len(index)
         mean_loss = total / n
-        if not math.isfinite(mean_loss):
+        if not math.isfinite(mean_loss) or mean_loss > DIVERGED_LOSS:
             print(f"epoch {epoch}: loss {mean_loss}: training diverged "
                   f"(learning rate {settings['learning_rate']:g} is too high)", file=sys.stderr)
             raise SystemExit(3)

@@ -183,7 +183,8 @@ def test_bad_definitions_from_the_command_line_exit_2_and_write_nothing(tmp_path
                              (["--queue-timeout", "-3"], ["--queue-timeout"]),
                              (["--resume", "p"], ["RUN_ID/STEP_ID"]),
                              (["--resume", "p/b"], ["pipeline 'p' has no step 'b'"]),
-                             (["--resume", "q/a"], ["no pipeline 'q'"])):
+                             (["--resume", "q/a"], ["no pipeline 'q'"]),
+                             (["--resume", "p/a"], ["does not exist; nothing to resume"])):
         proc = run(["-m", "common.pipeline", str(good), "--results", str(results), "--gpu", "cpu", "--no-progress", *extra])
         assert_usage_error(proc, *fragments)
     bad_json = tmp_path / "broken.json"

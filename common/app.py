@@ -61,6 +61,10 @@ class App:
     name: str = "app"
     #: one line for ``--help``
     description: str = ""
+    #: what follows ``python -m`` to start the app (default: ``name``)
+    module: str = ""
+    #: default of ``--retries``: extra attempts for an item that fails
+    default_retries: int = 1
 
     def __init__(self, args: argparse.Namespace):
         self.args = args

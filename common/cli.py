@@ -42,7 +42,7 @@ def at_least(minimum: float, kind: Callable = int) -> Callable[[str], Any]:
 
 
 def build_parser(app_class: Any, quiet: bool = False) -> Parser:
-    parser = Parser(prog=f"python -m {app_class.name}", description=app_class.description, quiet=quiet,
+    parser = Parser(prog=f"python -m {app_class.module or app_class.name}", description=app_class.description, quiet=quiet,
                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     app_class.add_arguments(parser)
     engine = parser.add_argument_group("engine (distribution over ranks, GPUs and workers)")
@@ -58,7 +58,8 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
     engine.add_argument("--seed", type=at_least(0), default=0, help="seed of every item's randomness")
     engine.add_argument("--resume", nargs="?", const=True, default=False, metavar="TARGET",
                         help="continue the run in --results, skipping every item its journal holds")
-    engine.add_argument("--retries", type=at_least(0), default=1, help="extra attempts for an item that fails")
+    engine.add_argument("--retries", type=at_least(0), default=app_class.default_retries,
+                        help="extra attempts for an item that fails")
     engine.add_argument("--grace", type=at_least(0, float), default=60.0,
                         help="seconds to let running items finish after SIGTERM/SIGUSR1")
     engine.add_argument("--results", type=Path, default=Path("results") / app_class.name,

@@ -30,14 +30,37 @@ log = logging.getLogger("multinode_gpu")
 
 
 class _Backoff:
-    """Poll timeout: short while things happen, longer when the rank is idle."""
+    """How long a rank's loop sleeps in the worker poll. Worker events wake it at once, MPI
+    messages do not: so it stays short while a message may come (another rank's request, an
+    answer to ours) and grows only when the rank has nothing to wait for."""
 
     def __init__(self, low: float, high: float):
         self.low, self.high, self.value = low, high, low
 
-    def next(self, active: bool) -> float:
-        self.value = self.low if active else min(self.high, self.value * 2)
+    def next(self, active: bool, cap: float) -> float:
+        self.value = self.low if active else min(self.high, cap, self.value * 2)
         return self.value
+
+
+SHORT_ITEM_SECONDS = 0.5
+
+
+class _ItemPace:
+    """How long items take here (a running average), which decides how far ahead to queue.
+
+    Short items: queue one behind the running one in each worker (and, on followers, enough to
+    cover a round trip to rank 0), so no worker waits for a message. Long items: queue nothing
+    ahead, so no item ever waits behind another while some worker is idle."""
+
+    def __init__(self) -> None:
+        self.seconds = float("inf")  # unknown: assume long
+
+    def observe(self, seconds: float) -> None:
+        self.seconds = seconds if self.seconds == float("inf") else 0.8 * self.seconds + 0.2 * seconds
+
+    @property
+    def short(self) -> bool:
+        return self.seconds < SHORT_ITEM_SECONDS
 
 
 class Leader:
@@ -55,10 +78,12 @@ class Leader:
         self.bars: List[dict] = []  # for the timeline
         self.stopping: Optional[str] = None
         self.deadline = 0.0
+        self.pace = _ItemPace()
 
     def run(self) -> str:
         """Until every item is resolved ("complete") or a stop is finished ("stopped")."""
         backoff = _Backoff(0.0002 if self.comm.size > 1 else 0.05, 0.05)
+        cap = 0.002 if self.comm.size > 1 else 0.05  # followers' requests must be answered fast
         timeout = backoff.low
         self.report_failures()
         while True:
@@ -79,7 +104,7 @@ class Leader:
             if self.stopping and (not self.scheduler.in_flight or time.monotonic() > self.deadline):
                 self._broadcast(("halt",))
                 return "stopped"
-            timeout = backoff.next(active)
+            timeout = backoff.next(active, cap)
 
     # ----- stopping -----
     def _begin_stop(self, why: str) -> None:
@@ -89,6 +114,7 @@ class Leader:
         self.progress.write(f"[rank 0] {why}: handing out no more items; waiting up to {self.grace:g} s "
                             f"for {running} running item(s)")
         self.journal.add_event("stop", why=why, time=time.time())
+        self.pool.revoke_queued()
         self._broadcast(("stop",))
 
     def _broadcast(self, message: tuple) -> None:
@@ -97,6 +123,8 @@ class Leader:
 
     # ----- results -----
     def _finished(self, record: Record) -> None:
+        if record.rank == 0:
+            self.pace.observe(record.seconds)
         self.bars.append({"worker": record.worker, "start": record.start, "end": record.end, "ok": True})
         if self.scheduler.done(record.key, record.result):
             self.records[record.key] = record
@@ -128,6 +156,9 @@ class Leader:
     def _local_event(self, event: Event) -> None:
         if event.kind == "done":
             self._finished(event.record)
+        elif event.kind == "returned":
+            for key in event.keys:
+                self.scheduler.give_back(key)
         elif event.kind == "failed":
             self._attempt_failed(event.key, event.error, event.traceback, event.worker, event.attempt, event.start, event.end)
         elif event.kind == "pool":
@@ -162,18 +193,19 @@ class Leader:
     def _dispatch(self) -> bool:
         handed = False
         while self.scheduler.ready_count:
-            worker = self.pool.pick_worker()
+            # Queue one item behind the running one only while there is plenty left for everybody.
+            depth = 2 if self.pace.short and self.scheduler.ready_count > self.total_capacity else 1
+            worker = self.pool.pick_worker(depth=depth)
             if worker is None:
                 break
             item, attempt, avoid = self.scheduler.take()
             if avoid and worker.name in avoid:
-                better = self.pool.pick_worker(avoid)
-                worker = better or worker
+                worker = self.pool.pick_worker(avoid, depth) or worker
             self.scheduler.handed(item.key, 0)
             self.pool.assign(worker, item, attempt)
             handed = True
         for rank, (need, prefetch) in list(self.requests.items()):
-            plenty = self.scheduler.ready_count > need + self.total_capacity
+            plenty = self.scheduler.ready_count > need + prefetch + self.total_capacity
             count = need + (prefetch if plenty else 0)
             batch = []
             while len(batch) < count and self.scheduler.ready_count:
@@ -236,6 +268,11 @@ class Follower:
         self.stopping = False
         self.told_stop = False
         self.told_broken = False
+        self.handed: Dict[str, Tuple[Any, int, tuple]] = {}  # key -> entry, while a worker holds it
+        # Running averages that size the prefetch: enough items to cover one round trip to rank 0.
+        self.pace = _ItemPace()
+        self.round_trip = 0.001
+        self.asked_at = 0.0
 
     def run(self) -> str:
         backoff = _Backoff(0.0002, 0.05)
@@ -258,7 +295,7 @@ class Follower:
                 self.told_broken = True
                 self.comm.send(("broken", "; ".join(sorted(set(self.pool.given_up.values())))), 0)
                 self._drop_buffer()
-            timeout = backoff.next(active)
+            timeout = backoff.next(active, 0.001 if self.asked else 0.02)
 
     def _drain_messages(self) -> Tuple[bool, Optional[str]]:
         active = False
@@ -273,10 +310,12 @@ class Follower:
                 self.buffer.extend(message[1])
                 self.plenty = message[2]
                 self.asked = False
+                self.round_trip = 0.8 * self.round_trip + 0.2 * (time.monotonic() - self.asked_at)
             elif verb == "pool_reply":
                 self.pool.deliver(message[1], message[2])
             elif verb == "stop":
                 self.stopping = True
+                self.pool.revoke_queued()
                 self._drop_buffer()
             elif verb in ("halt", "done"):
                 return True, verb
@@ -287,7 +326,16 @@ class Follower:
             self.buffer.clear()
 
     def _send_event(self, event: Event) -> None:
+        if event.kind == "returned":  # handed to a worker that died or was told to stop: run elsewhere
+            entries = [self.handed.pop(key) for key in event.keys]
+            if self.stopping:
+                self.comm.send(("dropped", list(event.keys)), 0)
+            else:
+                self.buffer.extendleft(reversed(entries))
+            return
+        self.handed.pop(event.key, None)
         if event.kind == "done":
+            self.pace.observe(event.record.seconds)
             self.comm.send(("result", event.record), 0)
         elif event.kind == "failed":
             self.comm.send(("failed", event.key, event.error, event.traceback, event.worker, event.attempt,
@@ -297,12 +345,14 @@ class Follower:
 
     def _start_buffered(self) -> bool:
         started = False
+        depth = 2 if self.plenty and self.pace.short else 1
         while self.buffer:
             item, attempt, avoid = self.buffer[0]
-            worker = self.pool.pick_worker(avoid)
+            worker = self.pool.pick_worker(avoid, depth)
             if worker is None:
                 break
             self.buffer.popleft()
+            self.handed[item.key] = (item, attempt, avoid)
             self.pool.assign(worker, item, attempt)
             started = True
         return started
@@ -311,7 +361,9 @@ class Follower:
         if self.asked or self.pool.capacity == 0:
             return
         need = max(0, len(self.pool.idle) - len(self.buffer))
-        prefetch = max(0, self.pool.capacity - len(self.buffer) - need)
+        ahead = 1 + min(64, int(self.round_trip / max(self.pace.seconds, 1e-5)) + 1) if self.pace.short else 0
+        prefetch = max(0, self.pool.capacity * (1 + ahead) - self.pool.queued - len(self.buffer) - need)
         if need > 0 or (self.plenty and prefetch > 0):
             self.comm.send(("request", need, prefetch), 0)
             self.asked = True
+            self.asked_at = time.monotonic()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -83,7 +82,7 @@ class Journal:
         self._dirty = True
 
     def add_result(self, record: Record) -> None:
-        self._write({"type": "result", **asdict(record)})
+        self._write({"type": "result", **vars(record)})
         self.maybe_sync()
 
     def add_event(self, kind: str, **fields: Any) -> None:

@@ -31,7 +31,7 @@ class Scheduler:
             if item.key in self.results:
                 continue
             missing = {dep for dep in item.after if dep not in self.results}
-            unknown = missing - set(self.items)
+            unknown = {dep for dep in missing if dep not in self.items}
             if unknown:
                 raise ValueError(f"item {item.key} waits for unknown items {sorted(unknown)}")
             if missing:

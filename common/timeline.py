@@ -23,11 +23,14 @@ def plot_timeline(bars: List[Mapping], path_without_suffix: Path, title: str = "
     rows = {name: index for index, name in enumerate(workers)}
     origin = min((bar["start"] for bar in bars), default=0.0)
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.35 * max(1, len(workers))))
-    for ok, colour in ((True, "tab:blue"), (False, "tab:red")):
-        chosen = [bar for bar in bars if bool(bar["ok"]) == ok]
-        for bar in chosen:
-            ax.barh(rows[bar["worker"]], max(bar["end"] - bar["start"], 1e-3), left=bar["start"] - origin,
-                    height=0.7, color=colour, edgecolor="white", linewidth=0.3)
+    spans = {}  # (worker, ok) -> [(start, width)], built in one pass
+    for bar in bars:
+        spans.setdefault((bar["worker"], bool(bar["ok"])), []).append(
+            (bar["start"] - origin, max(bar["end"] - bar["start"], 1e-3)))
+    many = len(bars) > 1000  # thousands of rectangles: draw them as pixels, even in the SVG
+    for (worker, ok), row in spans.items():
+        ax.broken_barh(row, (rows[worker] - 0.35, 0.7), facecolors="tab:blue" if ok else "tab:red",
+                       edgecolor="white", linewidth=0 if many else 0.3, rasterized=many)
     ax.set_yticks(range(len(workers)), workers)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first item started")

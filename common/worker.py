@@ -15,7 +15,8 @@ import sys
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any, Iterator, Optional
+from collections import deque
+from typing import Any, Deque, Dict, Iterator, Optional
 
 from .items import item_seed
 
@@ -30,7 +31,55 @@ class _Terminated(BaseException):
     """Raised inside the worker on SIGTERM so that ``finally`` blocks (child processes) run."""
 
 
-_connection: Optional[Connection] = None
+class _Inbox:
+    """Messages from the rank. Items may arrive while another runs (the rank queues one ahead),
+    so every read goes through here: items are queued, a revoke answers at once, and pool replies
+    are handed to whoever waits for them."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self.items: Deque[tuple] = deque()
+        self.replies: Dict[int, tuple] = {}
+        self.stopped = False
+
+    def _take(self, message: tuple) -> None:
+        verb = message[0]
+        if verb == "item":
+            self.items.append(message[1:])
+        elif verb == "revoke":  # the rank is stopping: give back what has not started
+            keys = [entry[0].key for entry in self.items]
+            self.items.clear()
+            self.conn.send(("revoked", keys))
+        elif verb == "stop":
+            self.stopped = True
+        else:  # a pool answer: (verb, request, ...)
+            self.replies[message[1]] = message
+
+    def pump(self, timeout: Optional[float] = 0.0) -> None:
+        """Read what has arrived; wait up to ``timeout`` s (None: forever) for the first message."""
+        if self.conn.poll(timeout):
+            self._take(self.conn.recv())
+            while self.conn.poll():
+                self._take(self.conn.recv())
+
+    def next_item(self) -> Optional[tuple]:
+        """The next (item, attempt) to run, waiting for one; None once told to stop."""
+        self.pump()
+        while not self.items and not self.stopped:
+            self.pump(None)
+        return None if self.stopped and not self.items else self.items.popleft()
+
+    def reply(self, request: int, timeout: Optional[float]) -> Optional[tuple]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while request not in self.replies:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            self.pump(left)
+        return self.replies.pop(request)
+
+
+_inbox: Optional[_Inbox] = None
 _request_counter = 0
 
 
@@ -42,24 +91,24 @@ def acquire(pool: str, count: int = 1, timeout: Optional[float] = None) -> Itera
     :class:`PoolTimeout` after ``timeout`` seconds of waiting.
     """
     global _request_counter
-    if _connection is None:
+    if _inbox is None:
         raise RuntimeError("acquire() works only inside an item run by the engine")
     _request_counter += 1
     request = _request_counter
-    _connection.send(("acquire", pool, count, request))
-    if not _connection.poll(timeout):
-        _connection.send(("cancel", pool, request))
-        reply = _connection.recv()  # "cancelled", or a "granted" that crossed our cancel
+    _inbox.conn.send(("acquire", pool, count, request))
+    reply = _inbox.reply(request, timeout)
+    if reply is None:
+        _inbox.conn.send(("cancel", pool, request))
+        reply = _inbox.reply(request, None)  # "cancelled", or a "granted" that crossed our cancel
         if reply[0] == "granted":
-            _connection.send(("release", pool, request))
+            _inbox.conn.send(("release", pool, request))
         raise PoolTimeout(f"waited more than {timeout:g} s for pool {pool!r}")
-    reply = _connection.recv()
     if reply[0] == "refused":
         raise ValueError(reply[2])
     try:
         yield
     finally:
-        _connection.send(("release", pool, request))
+        _inbox.conn.send(("release", pool, request))
 
 
 def _die_with_parent() -> None:
@@ -84,8 +133,8 @@ def _set_threads(threads: int) -> None:
 
 def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int) -> None:
     """Entry point of the spawned process."""
-    global _connection
-    _connection = conn
+    global _inbox
+    _inbox = inbox = _Inbox(conn)
     _die_with_parent()
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -106,21 +155,20 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
             return
         conn.send(("ready",))
         while True:
-            message = conn.recv()
-            if message[0] == "stop":
+            entry = inbox.next_item()
+            if entry is None:
                 break
-            item, attempt = message[1], message[2]
+            item, attempt = entry
             started = time.time()
-            log.info("item %s (attempt %d) started", item.key, attempt)
             try:
                 result = app.run_item(state, item, item_seed(seed, item.key))
             except Exception as error:
                 text = traceback.format_exc()
-                log.error("item %s failed:\n%s", item.key, text)
+                log.error("item %s (attempt %d) failed:\n%s", item.key, attempt, text)
                 conn.send(("error", item.key, f"{type(error).__name__}: {error}", text, started, time.time()))
             else:
                 ended = time.time()
-                log.info("item %s done in %.3f s", item.key, ended - started)
+                log.info("item %s (attempt %d) done in %.3f s", item.key, attempt, ended - started)
                 conn.send(("done", item.key, result, started, ended))
     except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):
         log.info("stopping")

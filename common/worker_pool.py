@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import selectors
 import signal
 import time
+from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
-from multiprocessing.connection import wait
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 from .app import Record
 from .devices import Device
@@ -66,7 +67,9 @@ class WorkerHandle:
     process: Any
     conn: Any
     ready: bool = False
-    current: Optional[Tuple[Item, int, float]] = None  # item, attempt, time handed over
+    # Items handed over, in order: the first runs, the rest wait in the worker's inbox.
+    assigned: Deque[Tuple[Item, int, float]] = field(default_factory=deque)  # item, attempt, time handed
+    handed_total: int = 0
     items_done: int = 0
     retiring: bool = False
 
@@ -75,8 +78,9 @@ class WorkerHandle:
 class Event:
     """What a poll of the pool saw: an item done or failed, or a global-pool message."""
 
-    kind: str  # "done", "failed", "pool"
+    kind: str  # "done", "failed", "returned" (handed over but never started), "pool"
     key: str = ""
+    keys: Tuple[str, ...] = ()
     record: Optional[Record] = None
     error: str = ""
     traceback: str = ""
@@ -101,6 +105,7 @@ class WorkerPool:
         self.setup_failures: Dict[str, int] = {}
         self.given_up: Dict[str, str] = {}  # worker name -> why its device was given up
         self.closing = False
+        self.selector = selectors.DefaultSelector()
 
     # ----- life cycle -----
     def start(self) -> None:
@@ -117,15 +122,24 @@ class WorkerPool:
         with _child_environment(device, self.threads):
             process.start()
         child_end.close()
-        self.workers[name] = WorkerHandle(name, device, process, parent_end)
+        worker = WorkerHandle(name, device, process, parent_end)
+        self.workers[name] = worker
+        self.selector.register(parent_end, selectors.EVENT_READ, (worker, "conn"))
+        self.selector.register(process.sentinel, selectors.EVENT_READ, (worker, "sentinel"))
 
     @property
     def idle(self) -> List[WorkerHandle]:
-        return [w for w in self.workers.values() if w.ready and w.current is None and not w.retiring]
+        """Started workers with nothing to do."""
+        return [w for w in self.workers.values() if w.ready and not w.assigned and not w.retiring]
 
     @property
     def busy(self) -> int:
-        return sum(1 for w in self.workers.values() if w.current is not None)
+        return sum(1 for w in self.workers.values() if w.assigned)
+
+    @property
+    def queued(self) -> int:
+        """Items handed to workers: running or waiting in a worker's inbox."""
+        return sum(len(w.assigned) for w in self.workers.values())
 
     @property
     def capacity(self) -> int:
@@ -133,21 +147,37 @@ class WorkerPool:
         return len(self.workers)
 
     def assign(self, worker: WorkerHandle, item: Item, attempt: int) -> None:
-        worker.current = (item, attempt, time.time())
+        worker.assigned.append((item, attempt, time.time()))
+        worker.handed_total += 1
         worker.conn.send(("item", item, attempt))
 
-    def pick_worker(self, avoid: Tuple[str, ...] = ()) -> Optional[WorkerHandle]:
-        """An idle worker, preferring one that has not already failed this item."""
-        idle = self.idle
-        preferred = [w for w in idle if w.name not in avoid]
-        return (preferred or idle or [None])[0]
+    def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
+        """The worker to hand the next item to: an idle one first, else one with fewer than
+        ``depth`` items (one queued behind the running one hides the round trip), preferring
+        one that has not already failed this item."""
+        best, best_rank = None, None
+        for worker in self.workers.values():
+            if not worker.ready or worker.retiring or len(worker.assigned) >= depth:
+                continue
+            if self.batch and worker.handed_total >= self.batch:
+                continue
+            rank = (len(worker.assigned), worker.name in avoid)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = worker, rank
+        return best
+
+    def revoke_queued(self) -> None:
+        """Ask every worker to give back the items waiting in its inbox (a stop)."""
+        for worker in self.workers.values():
+            if len(worker.assigned) > 1:
+                worker.conn.send(("revoke",))
 
     def shutdown(self, kill_after: float = 5.0) -> None:
         """Stop every worker: politely if idle, SIGTERM if busy, SIGKILL after ``kill_after`` s."""
         self.closing = True
         for worker in self.workers.values():
             try:
-                if worker.current is None and worker.ready:
+                if not worker.assigned and worker.ready:
                     worker.conn.send(("stop",))
                 elif worker.process.is_alive():
                     worker.process.terminate()
@@ -161,6 +191,7 @@ class WorkerPool:
                 worker.process.join(2)
             worker.conn.close()
         self.workers.clear()
+        self.selector.close()
 
     # ----- events -----
     def poll(self, timeout: float) -> List[Event]:
@@ -168,16 +199,12 @@ class WorkerPool:
         if not self.workers:
             time.sleep(timeout)
             return []
-        waitables = {}
-        for worker in self.workers.values():
-            waitables[worker.conn] = worker
-            waitables[worker.process.sentinel] = worker
         events: List[Event] = []
-        for ready in wait(list(waitables), timeout):
-            worker = waitables[ready]
+        for key, _ in self.selector.select(timeout):
+            worker, what = key.data
             if self.workers.get(worker.name) is not worker:  # already handled (and maybe replaced)
                 continue
-            if ready is worker.conn:
+            if what == "conn":
                 self._drain(worker, events)
             elif not worker.conn.poll():  # dead, and nothing left to read from it
                 self._on_exit(worker, events)
@@ -202,8 +229,11 @@ class WorkerPool:
         elif verb == "setup_failed":
             self._setup_failed(worker, message[1])
         elif verb in ("done", "error"):
-            item, attempt, _ = worker.current
-            worker.current = None
+            key = message[1]
+            entry = worker.assigned.popleft()
+            if entry[0].key != key:  # cannot happen unless the pipe reorders; fail loudly
+                raise RuntimeError(f"{worker.name} answered {key} while {entry[0].key} was expected")
+            attempt = entry[1]
             worker.items_done += 1
             if verb == "done":
                 _, key, result, start, end = message
@@ -217,6 +247,11 @@ class WorkerPool:
             if self.batch and worker.items_done >= self.batch and not self.closing:
                 worker.retiring = True  # a fresh process gives back memory the old one never did
                 worker.conn.send(("stop",))
+        elif verb == "revoked":
+            keys = set(message[1])
+            worker.assigned = deque(e for e in worker.assigned if e[0].key not in keys)
+            if keys:
+                events.append(Event("returned", keys=tuple(message[1]), worker=worker.name))
         elif verb in ("acquire", "cancel", "release"):
             self._pool_message(worker, message, events)
 
@@ -275,17 +310,24 @@ class WorkerPool:
     def _on_exit(self, worker: WorkerHandle, events: List[Event]) -> None:
         worker.process.join(1)
         del self.workers[worker.name]
+        for handle in (worker.conn, worker.process.sentinel):
+            try:
+                self.selector.unregister(handle)
+            except (KeyError, ValueError):
+                pass
         worker.conn.close()
         for pair in self.node_resources.release_all((self.rank, worker.name, worker.process.pid)):
             self.deliver(pair[1], ("granted", pair[1][3]))
         if self.global_pools:
             events.append(Event("pool", message=("gone", (self.rank, worker.name, worker.process.pid), "", 0)))
         why = _describe_exit(worker.process.exitcode)
-        if worker.current is not None:
-            item, attempt, handed = worker.current
+        if worker.assigned:
+            item, attempt, handed = worker.assigned.popleft()
             log.warning("%s: %s while running %s", worker.name, why, item.key)
             events.append(Event("failed", item.key, error=why, worker=worker.name, attempt=attempt,
                                 start=handed, end=time.time()))
+            if worker.assigned:  # queued behind it, never started
+                events.append(Event("returned", keys=tuple(e[0].key for e in worker.assigned), worker=worker.name))
         elif not worker.ready and not worker.retiring and worker.name not in self.setup_failures:
             self._setup_failed(worker, why)
         if self.closing or worker.name in self.given_up:

@@ -27,7 +27,7 @@ def markers(folder: Path) -> Counter:
 def test_one_by_one_and_two_ranks_by_two_workers_give_identical_results(tmp_path):
     one = run([TOY, "24", "--wave", "--threads", "1", "--results", str(tmp_path / "one"), "--no-progress"])
     assert one.returncode == 0, one.stderr
-    many = run([TOY, "24", "--wave", "--workers", "2", "--threads", "1", "--results", str(tmp_path / "many"),
+    many = run([TOY, "24", "--wave", "--sleep", "0.1", "--workers", "2", "--threads", "1", "--results", str(tmp_path / "many"),
                 "--no-progress"], ranks=2)
     assert many.returncode == 0, many.stderr
     assert len(values(tmp_path / "one")) == 24 + 6

@@ -65,6 +65,8 @@ class App:
     module: str = ""
     #: default of ``--retries``: extra attempts for an item that fails
     default_retries: int = 1
+    #: whether ``--resume`` may name a target (``--resume RUN_ID/STEP_ID`` for pipelines)
+    resume_target: bool = False
 
     def __init__(self, args: argparse.Namespace):
         self.args = args

@@ -62,6 +62,8 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
     """Parse and check arguments and devices on every rank; returns (app, devices, notice) or an error."""
     try:
         args = build_parser(app_class, quiet=comm.rank != 0).parse_args(argv)
+        if isinstance(args.resume, str) and not app_class.resume_target:
+            raise UsageError(f"--resume takes no value here (got {args.resume!r}); put it after the other arguments")
         app = app_class(args)
         devices, notice = resolve_devices(args.gpu, args.workers)
         app.validate()

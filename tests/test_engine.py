@@ -157,3 +157,16 @@ def test_existing_journal_needs_resume_and_resume_needs_the_same_arguments(tmp_p
     assert_usage_error(run([TOY, "7", "--results", str(results), "--resume"], ranks=2), "n_items 6 (journal) vs 7 (now)")
     assert_usage_error(run([TOY, "6", "--seed", "3", "--results", str(results), "--resume"]), "seed")
     assert snapshot(results) == before
+
+
+def test_workers_that_cannot_start_fail_the_run_instead_of_hanging(tmp_path):
+    proc = run([TOY, "5", "--workers", "2", "--broken-setup", "--results", str(tmp_path / "r"), "--no-progress"],
+               ranks=2, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    failed = summary(tmp_path / "r")["failed_items"]
+    assert len(failed) == 5 and "cannot load the toy data" in failed[0]["error"]
+    assert "cannot load the toy data" in (tmp_path / "r" / "logs" / "rank1-cpu0.log").read_text()
+
+
+def test_resume_takes_no_value_for_ordinary_apps(tmp_path):
+    assert_usage_error(run([TOY, "4", "--resume", "x", "--results", str(tmp_path / "r")]), "--resume takes no value")

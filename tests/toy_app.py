@@ -33,6 +33,7 @@ class ToyApp(App):
         parser.add_argument("--kill-key", default=None, help="this item SIGKILLs its worker on the first attempt")
         parser.add_argument("--marker-dir", type=Path, default=None, help="each run of an item touches a file here")
         parser.add_argument("--wave", action="store_true", help="add a second wave: one sum per 4 items")
+        parser.add_argument("--broken-setup", action="store_true", help="every worker fails to start")
 
     def validate(self):
         from common.errors import UsageError
@@ -65,6 +66,8 @@ class ToyApp(App):
         return Item(item.key, {"sum": sum(r["value"] for r in results.values()), "sleep": 0.0}, item.cost, item.after)
 
     def setup_worker(self, device):
+        if self.args.broken_setup:
+            raise OSError("cannot load the toy data")
         return {"pid": os.getpid()}
 
     def run_item(self, state, item, seed):

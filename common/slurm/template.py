@@ -19,7 +19,7 @@ log() { printf '[%s] slurm job %s: %s\n' "$(date '+%F %T')" "${SLURM_JOB_ID:-?}"
 
 cd "${SLURM_SUBMIT_DIR:-.}" || exit 1
 {{setup}}# The program and its arguments; arguments given to sbatch after the script replace the defaults:
-#   sbatch THIS_SCRIPT 24 --batch 50 --results /scratch/me/run1
+#   sbatch THIS_SCRIPT {{app_args}} --results /scratch/me/run1
 PROGRAM=({{program}})
 APP_ARGS=({{app_args}})
 if [ "$#" -gt 0 ]; then APP_ARGS=("$@"); fi
@@ -147,10 +147,10 @@ def render(spec: JobSpec) -> str:
         f"#   {spec.command_line()}",
         "# Do not edit: change the command above and run it again.",
     ]
-    slots = {
+    slots = {  # app_args first: the others' text never holds a slot name
+        "app_args": _words(spec.app_args),
         "setup": _setup(spec),
         "program": _words(spec.python),
-        "app_args": _words(spec.app_args),
         "defaults": _defaults(spec),
         "warning": str(spec.warning),
         "exit_stopped": str(EXIT_STOPPED),

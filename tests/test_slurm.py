@@ -1,0 +1,185 @@
+"""Slurm batch scripts: the generator, and the project's CPU scripts on a real throw-away Slurm.
+
+The generator tests need no Slurm. The others start munge, slurmctld and slurmd for the session
+(``slurm_cluster.slurm``) and skip, saying why, where that cannot be done (not root, not installed).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.slurm.shipped import SHIPPED, shipped_scripts
+from helpers import REPO, TOY, journal_entries, run, wait_for_results
+from slurm_cluster import slurm  # noqa: F401  (the session's Slurm, a fixture)
+
+GENERATOR = [sys.executable, "-m", "common.slurm"]
+
+
+def generate(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([*GENERATOR, *args], cwd=REPO, capture_output=True, text=True, timeout=60, **kwargs)
+
+
+# ----- the generator and the shipped scripts (no Slurm needed) -----
+
+def test_shipped_scripts_are_what_the_generator_makes():
+    on_disk = {path.name: path.read_text() for path in (REPO / "slurm").glob("*.sbatch")}
+    assert on_disk == shipped_scripts(), "slurm/ is out of date: run python -m common.slurm --shipped slurm"
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
+    path = REPO / "slurm" / name
+    text = path.read_text()
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    for line in ("#SBATCH --output=%x-%j.out", "#SBATCH --open-mode=append", "#SBATCH --requeue",
+                 "#SBATCH --signal=B:USR1@300", "scontrol requeue", "srun --mpi=pmi2"):
+        assert line in text, f"{name} lacks {line!r}"
+    if "4nodes" in name:
+        assert "#SBATCH --nodes=4" in text and "#SBATCH --ntasks-per-node=1" in text
+    if "cpu" not in name:
+        assert "#SBATCH --gpus-per-node=4" in text and "add_default --gpu all" in text
+    words = shlex.split(SHIPPED[name])
+    program = words[words.index("--") + 1:]
+    assert importlib.util.find_spec(program[0]) is not None, f"{name} runs a module that does not exist"
+    for arg in program[1:]:
+        if arg.endswith((".json", ".yaml", ".yml", ".py")):
+            assert (REPO / arg).is_file(), f"{name} names {arg}, which does not exist"
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--nodes", "0", "--gpus-per-node", "1", "--", "mnist_svm", "4"], "--nodes 0"),
+    (["--nodes", "two", "--gpus-per-node", "1", "--", "mnist_svm", "4"], "--nodes"),
+    (["--gpus-per-node", "1", "--time", "25:61:00", "--", "mnist_svm", "4"], "--time"),
+    (["--gpus-per-node", "1", "--time", "1 day", "--", "mnist_svm", "4"], "--time"),
+    (["--gpus-per-node", "1", "--time", "00:04:00", "--", "mnist_svm", "4"], "warning"),
+    (["--gpus-per-node", "1", "--time", "01:00:00"], "no command"),
+    (["--gpus-per-node", "1", "--"], "no command"),
+    (["--gpus-per-node", "0", "--", "mnist_svm", "4"], "--gpus-per-node 0"),
+    (["--cpu", "--gpus-per-node", "2", "--", "mnist_svm", "4"], "--cpu"),
+    (["--gpus-per-node", "1", "--mpi", "none", "--", "mnist_svm", "4"], "--mpi"),
+    (["--gpus-per-node", "1", "--", "mnist-svm;rm", "4"], "module"),
+    (["--gpus-per-node", "1", "--bind", "/data", "--", "mnist_svm", "4"], "--container"),
+])
+def test_bad_combination_is_a_one_line_error(args, word):
+    done = generate(*args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert word in done.stderr
+
+
+def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path):
+    """The script's own logic, with ``srun`` replaced by a recorder (apptainer cannot run here)."""
+    made = generate("--nodes", "2", "--gpus-per-node", "2", "--time", "01:00:00", "--container", "img.sif",
+                    "--bind", "/data:/data", "--", "mnist_nn", "1", "1")
+    assert made.returncode == 0, made.stderr
+    script = tmp_path / "job.sbatch"
+    script.write_text(made.stdout)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    recorder = bin_dir / "srun"
+    recorder.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$ARGV_FILE"\nexit 0\n')
+    recorder.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ARGV_FILE=str(tmp_path / "argv"),
+               SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2",
+               SLURM_CPUS_PER_TASK="8")
+
+    def srun_argv(*script_args: str):
+        done = subprocess.run(["bash", str(script), *script_args], env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return (tmp_path / "argv").read_text().splitlines()
+
+    launch = ["--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8", "--gpus-per-node=2",
+              "--kill-on-bad-exit=0", "apptainer", "exec", "--nv", "--bind", "/data:/data", "img.sif",
+              "python", "-m", "mnist_nn"]
+    assert srun_argv() == launch + ["1", "1", "--gpu", "all", "--grace", "240", "--resume"]
+    # Arguments after the script replace the defaults; flags they set are not added again.
+    assert srun_argv("2", "2", "--gpu", "0", "--resume") == launch + ["2", "2", "--gpu", "0", "--resume", "--grace", "240"]
+
+
+# ----- the project's CPU scripts on a real Slurm -----
+
+def submit_env(slurm) -> dict:  # noqa: F811
+    """The cluster's client environment, with this interpreter's python first on PATH."""
+    env = slurm.env
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def job_log(folder: Path) -> str:
+    return "\n".join(path.read_text(errors="replace") for path in sorted(folder.glob("*.out")))
+
+
+def test_cpu_script_runs_two_ranks_with_the_results_of_a_plain_run(slurm, tmp_path):  # noqa: F811
+    args = ["3", "--dataset", "digits", "--subsample", "300", "--folds", "2", "--no-progress"]
+    in_slurm, plain = tmp_path / "slurm", tmp_path / "plain"
+    done = subprocess.run(["sbatch", "--wait", f"--output={tmp_path}/%x-%j.out", "slurm/mnist_svm-cpu.sbatch",
+                           *args, "--results", str(in_slurm)],
+                          cwd=REPO, env=submit_env(slurm), capture_output=True, text=True, timeout=180)
+    log = job_log(tmp_path)
+    assert done.returncode == 0, done.stderr + log
+    assert "finished" in log
+    summary = json.loads((in_slurm / "summary.json").read_text())
+    assert summary["ranks"] == 2  # srun --mpi=none would have made two worlds of size 1
+    assert summary["failed_items"] == [] and summary["items_done"] == summary["items_total"]
+
+    reference = run(["-m", "mnist_svm", *args, "--gpu", "cpu", "--results", str(plain)])
+    assert reference.returncode == 0, reference.stderr
+    expected = json.loads((plain / "summary.json").read_text())
+    assert np.array_equal(np.load(in_slurm / "validation_error.npy"), np.load(plain / "validation_error.npy"))
+    for key in ("best_C", "best_gamma", "cv_error", "test_error", "confusion_matrix"):
+        assert summary[key] == expected[key], key
+
+
+def test_walltime_signal_requeues_the_job_which_resumes_without_recomputing(slurm, tmp_path):  # noqa: F811
+    n_items = 24
+    results, markers, reference = tmp_path / "toy", tmp_path / "markers", tmp_path / "plain"
+    markers.mkdir()
+    env = dict(submit_env(slurm), SBATCH_WAIT="1", SBATCH_OUTPUT=f"{tmp_path}/%x-%j.out")
+    # The CPU variant from the same template as slurm/*-cpu.sbatch, handed to sbatch by --submit.
+    submit = subprocess.Popen(
+        [*GENERATOR, "--nodes", "1", "--cpu", "--ntasks-per-node", "2", "--time", "00:30:00",
+         "--job-name", "requeue-test", "--submit", "--", os.path.relpath(TOY, REPO), str(n_items), "--sleep", "1",
+         "--marker-dir", str(markers), "--no-progress", "--results", str(results)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = ""
+    try:
+        deadline = time.monotonic() + 30
+        while not job and time.monotonic() < deadline:
+            job = subprocess.run(["squeue", "-h", "-n", "requeue-test", "-o", "%i"], env=env,
+                                 capture_output=True, text=True).stdout.strip()
+            time.sleep(0.2)
+        assert job, "the job was not submitted"
+        wait_for_results(results, 4, timeout=90)
+        # What Slurm does at --signal=B:USR1@300: signal the batch shell only.
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True)
+        out, err = submit.communicate(timeout=150)
+    finally:
+        if submit.poll() is None:
+            subprocess.run(["scancel", job], env=env)
+            submit.kill()
+    log = job_log(tmp_path)
+    assert submit.returncode == 0, err + log
+    assert int(slurm.job_field(job, "Restarts")) >= 1
+    assert "got SIGUSR1" in log and "requeueing" in log and "start 2" in log and "finished" in log
+
+    keys = [entry["key"] for entry in journal_entries(results) if entry.get("type") == "result"]
+    assert len(keys) == n_items and len(set(keys)) == n_items  # every item journaled once
+    runs = {path.name: len(path.read_text().splitlines()) for path in markers.iterdir()}
+    assert runs == {key: 1 for key in keys}  # and computed once: finished items were not redone
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["items_resumed"] >= 4 and summary["ranks"] == 2
+
+    plain = run([TOY, str(n_items), "--gpu", "cpu", "--no-progress", "--results", str(reference)])
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads((results / "values.json").read_text()) == json.loads((reference / "values.json").read_text())

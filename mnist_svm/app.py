@@ -46,8 +46,8 @@ class MnistSvm(App):
                             help="grid points per axis: log10 C in linspace(-3, 6, n), log10 gamma in linspace(-6, -2, n)")
         parser.add_argument("--dataset", choices=DATASETS, default="mnist", help="data set to search on")
         parser.add_argument("--data-dir", type=Path, default=None,
-                            help="folder of the IDX files (default: data/; Fashion-MNIST is also found in "
-                                 "/usr/share/datasets/fashion-mnist)")
+                            help="folder of the IDX files, shared by every node; when not given: data/ "
+                                 "(Fashion-MNIST is also looked for in /usr/share/datasets/fashion-mnist)")
         parser.add_argument("--folds", type=int, default=5, help="cross-validation folds (stratified, shuffled by --seed)")
         parser.add_argument("--subsample", type=int, default=None, metavar="N",
                             help="use N training images (stratified) for quick runs")
@@ -66,7 +66,7 @@ class MnistSvm(App):
         if args.subsample is not None and args.subsample < 2 * args.folds:
             raise UsageError(f"--subsample {args.subsample}: too few images for {args.folds} folds")
         if args.gpu is not None and parse_gpu_spec(args.gpu) is not None and not have_cuml():
-            raise UsageError(f"--gpu {args.gpu}: cuML is not installed (install RAPIDS cuML) ; use --gpu cpu "
+            raise UsageError(f"--gpu {args.gpu}: cuML is not installed (install RAPIDS cuML), or use --gpu cpu "
                              f"to fit with scikit-learn")
         check_available(args.dataset, args.data_dir)
 

@@ -9,6 +9,15 @@ from typing import Any, Callable
 from .errors import UsageError
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default only where there is one worth showing (not None, not False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a bad argument is a :class:`UsageError` (one line, exit 2) and only
     rank 0 prints help."""
@@ -43,7 +52,7 @@ def at_least(minimum: float, kind: Callable = int) -> Callable[[str], Any]:
 
 def build_parser(app_class: Any, quiet: bool = False) -> Parser:
     parser = Parser(prog=f"python -m {app_class.module or app_class.name}", description=app_class.description, quiet=quiet,
-                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    formatter_class=_HelpFormatter)
     app_class.add_arguments(parser)
     engine = parser.add_argument_group("engine (distribution over ranks, GPUs and workers)")
     engine.add_argument("--gpu", default=None, metavar="GPU",

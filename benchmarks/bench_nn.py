@@ -1,0 +1,184 @@
+"""mnist_nn's training speed against the reference's style, same model, data and batch size.
+
+python -m benchmarks.bench_nn [--quick] [--no-run]
+
+Reference style: a torchvision-style Dataset that turns each uint8 image into a PIL image and
+applies ToTensor + Normalize to it one sample at a time, wrapped in the reference's bootstrap
+and fold index wrappers, read through ``DataLoader(batch_size=10)``. (torchvision cannot be
+imported with a CPU build of torch, so its two transforms are written out with the same
+torch operations.) Ours: the data set is one normalised tensor on the device, a fit gathers its
+training rows once and its mini-batches are views (``mnist_nn.train.fit``).
+
+Both train the same net from the same initial weights with SGD on one thread, for two epochs
+over a fold's training set (digits, 4/5 of 1,347 images); samples/s is taken over the second
+epoch. Prints a markdown table and writes ``bench-results/bench_nn.json``. It also times a
+whole ``python -m mnist_nn 2 2 --dataset digits`` run, trimmed for a CPU (``RUN_ARGS``;
+``--no-run`` skips it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import torch
+
+from common.data import load_dataset, resize_images
+from mnist_nn.model import Candidate, draw_candidate
+from mnist_nn.sampling import bootstrap_folds, fold_indexes
+from mnist_nn.train import fit, keep_freed_memory, to_device
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench-results"
+#: a seed whose 2 x 2 candidates are all small enough for a CPU (the largest has 22M weights)
+RUN_SEED = 25328
+#: the whole run timed: on a 2-core CPU the full digits training set with 20 epochs takes too long
+#: for a benchmark, so it is trimmed; on a GPU drop --subsample and --max-epochs
+RUN_ARGS = ["--seed", str(RUN_SEED), "--subsample", "300", "--max-epochs", "2", "--gpu", "cpu", "--workers", "2",
+            "--threads", "1"]
+
+
+# ----- the reference's style -----
+class PilDataset(torch.utils.data.Dataset):
+    """Like torchvision.datasets.MNIST: a PIL image per sample, then the transform."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Any):
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __getitem__(self, index: int):
+        from PIL import Image
+
+        image = Image.fromarray(self.images[index], mode="L")
+        return self.transform(image), int(self.labels[index])
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+class ToTensorNormalize:
+    """torchvision's ToTensor() then Normalize((mean,), (std,)), with the same torch operations."""
+
+    def __init__(self, mean: float, std: float):
+        self.mean, self.std = torch.tensor([mean]), torch.tensor([std])
+
+    def __call__(self, picture: Any) -> torch.Tensor:
+        tensor = torch.from_numpy(np.array(picture, np.uint8, copy=True))
+        tensor = tensor.view(picture.size[1], picture.size[0], 1).permute((2, 0, 1)).contiguous()
+        tensor = tensor.to(dtype=torch.get_default_dtype()).div(255)
+        return tensor.sub_(self.mean[:, None, None]).div_(self.std[:, None, None])
+
+
+class Subset(torch.utils.data.Dataset):
+    """The reference's Bootstrap/Fold wrappers: one more index lookup per sample."""
+
+    def __init__(self, data: torch.utils.data.Dataset, index: np.ndarray):
+        self.data, self.index = data, index
+
+    def __getitem__(self, i: int):
+        return self.data[self.index[i]]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+def reference_epochs(dataset: torch.utils.data.Dataset, candidate: Candidate, epochs: int) -> List[float]:
+    """The reference's train_model loop (without its early stop), seconds per epoch."""
+    loader = torch.utils.data.DataLoader(dataset, batch_size=10)
+    net = candidate.build()
+    optimizer = torch.optim.SGD(net.parameters(), lr=candidate.learning_rate, momentum=candidate.momentum)
+    loss_function = torch.nn.CrossEntropyLoss()
+    net.train(True)
+    seconds = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        loss_epoch = 0.0
+        for inputs, labels in loader:
+            optimizer.zero_grad()
+            loss = loss_function(net(inputs), labels)
+            loss.backward()
+            optimizer.step()
+            loss_epoch += loss
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+# ----- measuring -----
+def measure(candidate: Candidate, label: str) -> Dict[str, Any]:
+    dataset = load_dataset("digits")
+    images = resize_images(dataset.x_train)
+    data = to_device(dataset, "cpu")
+    training, _ = fold_indexes(bootstrap_folds(len(dataset.y_train), 5, seed=0, bootstrap=0), 0)
+    n = len(training)
+
+    torch.manual_seed(0)
+    reference = PilDataset(images, dataset.y_train, ToTensorNormalize(data.mean, data.std))
+    ref_seconds = reference_epochs(Subset(reference, training), candidate, epochs=2)[-1]
+
+    torch.manual_seed(0)
+    # the early stop would end some fits after 1 epoch: the tolerance is lifted to time 2 epochs
+    import mnist_nn.train as train
+
+    saved, train.TOLERANCE = train.TOLERANCE, math.inf
+    try:
+        _, log = fit(data.x_train, data.y_train, training, candidate, max_epochs=2, batch_size=10)
+    finally:
+        train.TOLERANCE = saved
+    ours_seconds = log[-1]["seconds"]
+    return {"model": label, **candidate.as_dict(), "weights": candidate.n_weights, "samples": n, "batch_size": 10,
+            "reference_samples_per_s": n / ref_seconds, "ours_samples_per_s": n / ours_seconds,
+            "speedup": ref_seconds / ours_seconds}
+
+
+def time_whole_run(extra: List[str]) -> Dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder:
+        command = [sys.executable, "-m", "mnist_nn", "2", "2", "--dataset", "digits", *extra, "--no-progress",
+                   "--results", str(Path(folder) / "run")]
+        start = time.perf_counter()
+        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        summary = {}
+        if proc.returncode == 0:
+            summary = json.loads((Path(folder) / "run" / "summary.json").read_text())
+    shown = " ".join(["python -m mnist_nn 2 2 --dataset digits", *extra])
+    return {"command": shown, "exit_code": proc.returncode, "wall_seconds": wall,
+            "engine_wall_seconds": summary.get("wall_seconds"), "item_seconds_total": summary.get("item_seconds_total"),
+            "ensemble_test_error": summary.get("ensemble_test_error"), "stderr_tail": proc.stderr[-500:]}
+
+
+def main(argv: List[str] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only the small model")
+    parser.add_argument("--no-run", action="store_true", help="skip timing a whole mnist_nn 2 2 run")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    keep_freed_memory()
+    models = [(Candidate(8, 5, 64, 0.01, 0.5), "small (8 conv 5x5, 64 hidden)")]
+    if not args.quick:
+        models.append((draw_candidate(0, 0, 0), "--seed 0's first candidate"))
+    rows = [measure(candidate, label) for candidate, label in models]
+    run = None if args.no_run else time_whole_run(RUN_ARGS)
+    report = {"benchmark": "mnist_nn", "host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
+              "threads": 1, "device": "cpu", "fits": rows, "whole_run": run}
+    OUT.mkdir(exist_ok=True)
+    (OUT / "bench_nn.json").write_text(json.dumps(report, indent=2) + "\n")
+    print("| model | weights | reference samples/s | ours samples/s | speedup |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['model']} | {row['weights']:,} | {row['reference_samples_per_s']:,.0f} | "
+              f"{row['ours_samples_per_s']:,.0f} | {row['speedup']:.1f}x |")
+    if run:
+        print(f"\nwhole run `{run['command']}`: {run['wall_seconds']:.1f} s wall (exit {run['exit_code']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from common.outputs import save_figure  # noqa: E402
@@ -76,6 +77,7 @@ def plot_training_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
         ax.plot([p["epoch"] for p in points], [p["loss"] for p in points], marker="o" if refit else None,
                 color=None if refit else "0.75", linewidth=1.5 if refit else 0.8, label=key if refit else None,
                 zorder=2 if refit else 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch")
     ax.set_ylabel("training loss")
     ax.set_yscale("log")

@@ -159,7 +159,7 @@ class SlurmCluster:
             (root / sub).mkdir(exist_ok=True)
         lines = [
             "ClusterName=throwaway",
-            f"SlurmctldHost={self.node}",
+            f"SlurmctldHost={self.node}(127.0.0.1)",  # no name lookup needed
             f"SlurmctldPort={_free_port()}",
             f"SlurmdPort={_free_port()}",
             "SlurmUser=root",
@@ -186,7 +186,7 @@ class SlurmCluster:
             "MailProg=/bin/true",
             "SchedulerParameters=sched_interval=2,bf_interval=1",  # start requeued jobs promptly
             "KillWait=5",
-            f"NodeName={self.node} CPUs={self.cpus} State=UNKNOWN",
+            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         ]
         self.conf.write_text("\n".join(lines) + "\n")

@@ -38,6 +38,7 @@ class Record:
     start: float = 0.0
     end: float = 0.0
     attempt: int = 1
+    group_size: int = 1  # items run together with it (its start/end are the whole group's)
 
 
 @dataclass
@@ -119,3 +120,11 @@ class App:
     def run_item(self, state: Any, item: Item, seed: np.random.SeedSequence) -> Any:
         """Do one item and return a JSON-able result (numbers, strings, lists, dicts)."""
         raise NotImplementedError
+
+    def run_group(self, state: Any, items: List[Item], seeds: List[np.random.SeedSequence]) -> List[Any]:
+        """Do several items of one ``Item.group`` together; one result per item, in order.
+
+        Override to share work between them (e.g. train same-shaped models in one batched step);
+        the result of an item must not depend on which others came with it. If this raises, every
+        item of the group has failed this attempt."""
+        return [self.run_item(state, item, seed) for item, seed in zip(items, seeds)]

@@ -6,7 +6,8 @@ Protocol (pickled tuples over MPI, one tag):
                       ("pool", verb, requester, pool, count)   global resource pools
                       ("dropped", [keys])   handed out but not started when a stop came
                       ("stop_request", why) / ("broken", why)
-  leader -> follower  ("items", [(item, attempt, avoid)], plenty)   plenty: prefetch is welcome
+  leader -> follower  ("items", [bundle, ...], plenty)   a bundle: [(item, attempt, avoid), ...] of one
+                      group (usually one item); plenty: prefetch is welcome
                       ("pool_reply", requester, message)
                       ("stop",) stop starting items;  ("halt",) stop now;  ("done",) all work is done
 A follower asks again whenever one of its workers is idle with nothing queued, so fast nodes
@@ -61,6 +62,11 @@ class _ItemPace:
     @property
     def short(self) -> bool:
         return self.seconds < SHORT_ITEM_SECONDS
+
+
+def _avoided(bundle: List[tuple]) -> Tuple[str, ...]:
+    """Workers that already failed some item of the bundle."""
+    return tuple(worker for _, _, avoid in bundle for worker in avoid)
 
 
 class Leader:
@@ -198,20 +204,23 @@ class Leader:
             worker = self.pool.pick_worker(depth=depth)
             if worker is None:
                 break
-            item, attempt, avoid = self.scheduler.take()
+            bundle = self.scheduler.take()
+            avoid = _avoided(bundle)
             if avoid and worker.name in avoid:
                 worker = self.pool.pick_worker(avoid, depth) or worker
-            self.scheduler.handed(item.key, 0)
-            self.pool.assign(worker, item, attempt)
+            for item, _, _ in bundle:
+                self.scheduler.handed(item.key, 0)
+            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle])
             handed = True
         for rank, (need, prefetch) in list(self.requests.items()):
             plenty = self.scheduler.ready_count > need + prefetch + self.total_capacity
             count = need + (prefetch if plenty else 0)
-            batch = []
+            batch = []  # bundles
             while len(batch) < count and self.scheduler.ready_count:
-                item, attempt, avoid = self.scheduler.take()
-                self.scheduler.handed(item.key, rank)
-                batch.append((item, attempt, avoid))
+                bundle = self.scheduler.take()
+                for item, _, _ in bundle:
+                    self.scheduler.handed(item.key, rank)
+                batch.append(bundle)
             if batch or need == 0:
                 self.comm.send(("items", batch, plenty), rank)
                 del self.requests[rank]
@@ -262,7 +271,7 @@ class Follower:
 
     def __init__(self, comm: Any, pool: WorkerPool, stop_signal: Callable[[], Optional[str]]):
         self.comm, self.pool, self.stop_signal = comm, pool, stop_signal
-        self.buffer: Deque[Tuple[Any, int, tuple]] = deque()
+        self.buffer: Deque[List[Tuple[Any, int, tuple]]] = deque()  # bundles
         self.asked = False
         self.plenty = True
         self.stopping = False
@@ -322,7 +331,7 @@ class Follower:
 
     def _drop_buffer(self) -> None:
         if self.buffer:
-            self.comm.send(("dropped", [entry[0].key for entry in self.buffer]), 0)
+            self.comm.send(("dropped", [entry[0].key for bundle in self.buffer for entry in bundle]), 0)
             self.buffer.clear()
 
     def _send_event(self, event: Event) -> None:
@@ -331,7 +340,7 @@ class Follower:
             if self.stopping:
                 self.comm.send(("dropped", list(event.keys)), 0)
             else:
-                self.buffer.extendleft(reversed(entries))
+                self.buffer.extendleft([entry] for entry in reversed(entries))
             return
         self.handed.pop(event.key, None)
         if event.kind == "done":
@@ -347,13 +356,14 @@ class Follower:
         started = False
         depth = 2 if self.plenty and self.pace.short else 1
         while self.buffer:
-            item, attempt, avoid = self.buffer[0]
-            worker = self.pool.pick_worker(avoid, depth)
+            bundle = self.buffer[0]
+            worker = self.pool.pick_worker(_avoided(bundle), depth)
             if worker is None:
                 break
             self.buffer.popleft()
-            self.handed[item.key] = (item, attempt, avoid)
-            self.pool.assign(worker, item, attempt)
+            for entry in bundle:
+                self.handed[entry[0].key] = entry
+            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle])
             started = True
         return started
 

@@ -18,12 +18,15 @@ class Item:
     cost:   expected relative cost; the most expensive items are handed out first.
     after:  keys this item waits for (a later wave). Rank 0 fills in its params from their
             results with ``App.complete`` just before it is handed out.
+    group:  items of one group that are ready together go to one worker at once, through
+            ``App.run_group`` (e.g. the folds of one model, trained side by side).
     """
 
     key: str
     params: Mapping[str, Any] = field(default_factory=dict)
     cost: float = 1.0
     after: tuple = ()
+    group: str = ""
 
 
 def item_seed(seed: int, key: str) -> np.random.SeedSequence:

@@ -1,6 +1,7 @@
 """Rank 0's bookkeeping of every item: what is ready, running, done, retried or failed.
 
-Ready items leave most expensive first. An item that names others in ``after`` waits until each
+Ready items leave most expensive first, each with the ready items of its group (items an app can
+run together, such as the folds of one model). An item that names others in ``after`` waits until each
 of them is done or has failed for good; then ``App.complete`` fills it in from their results.
 """
 from __future__ import annotations
@@ -24,7 +25,9 @@ class Scheduler:
         self.avoid: Dict[str, Tuple[str, ...]] = {}
         self.in_flight: Dict[str, int] = {}  # key -> rank running it
         self._new_failures: List[str] = []
-        self._ready: List[Tuple[float, int, str]] = []
+        self._ready: List[Tuple[float, int, str]] = []  # heap; entries whose key left _ready_keys are stale
+        self._ready_keys: Set[str] = set()
+        self._ready_groups: Dict[str, Set[str]] = {}
         self._waiting: Dict[str, Set[str]] = {}
         self._dependents: Dict[str, List[str]] = {}
         for item in items:
@@ -44,7 +47,7 @@ class Scheduler:
     # ----- state -----
     @property
     def ready_count(self) -> int:
-        return len(self._ready)
+        return len(self._ready_keys)
 
     @property
     def unresolved(self) -> int:
@@ -64,15 +67,35 @@ class Scheduler:
                 self._fail(key, f"could not build the item from its dependencies: {type(error).__name__}: {error}")
                 return
             self.items[key] = item
+        self._push(key)
+
+    def _push(self, key: str) -> None:
+        item = self.items[key]
+        self._ready_keys.add(key)
+        if item.group:
+            self._ready_groups.setdefault(item.group, set()).add(key)
         heapq.heappush(self._ready, (-float(item.cost), self.order[key], key))
 
-    def take(self) -> Optional[Tuple[Item, int, Tuple[str, ...]]]:
-        """The next item to run as (item, attempt number, workers to avoid), or None."""
-        if not self._ready:
-            return None
-        key = heapq.heappop(self._ready)[2]
+    def _pop(self, key: str) -> Tuple[Item, int, Tuple[str, ...]]:
+        self._ready_keys.discard(key)
+        item = self.items[key]
+        if item.group:
+            self._ready_groups[item.group].discard(key)
         self.attempts[key] = self.attempts.get(key, 0) + 1
-        return self.items[key], self.attempts[key], self.avoid.get(key, ())
+        return item, self.attempts[key], self.avoid.get(key, ())
+
+    def take(self) -> Optional[List[Tuple[Item, int, Tuple[str, ...]]]]:
+        """The next bundle to run: the most expensive ready item and the ready items of its group,
+        each as (item, attempt number, workers to avoid); None when nothing is ready."""
+        while self._ready:
+            key = heapq.heappop(self._ready)[2]
+            if key in self._ready_keys:
+                break
+        else:
+            return None
+        first = self._pop(key)
+        mates = sorted(self._ready_groups.get(first[0].group, ()), key=self.order.__getitem__) if first[0].group else []
+        return [first] + [self._pop(mate) for mate in mates]
 
     def handed(self, key: str, rank: int) -> None:
         self.in_flight[key] = rank
@@ -81,7 +104,7 @@ class Scheduler:
         """An item handed out but never started (a stop): ready again, the attempt not counted."""
         self.in_flight.pop(key, None)
         self.attempts[key] -= 1
-        heapq.heappush(self._ready, (-float(self.items[key].cost), self.order[key], key))
+        self._push(key)
 
     def done(self, key: str, result: Any) -> bool:
         """Record a result; False if the item was already resolved (a duplicate)."""
@@ -99,7 +122,7 @@ class Scheduler:
             return False
         if self.attempts.get(key, 0) <= self.retries:
             self.avoid[key] = self.avoid.get(key, ()) + (worker,)
-            heapq.heappush(self._ready, (-float(self.items[key].cost), self.order[key], key))
+            self._push(key)
             return True
         self._fail(key, error)
         return False
@@ -108,6 +131,8 @@ class Scheduler:
         """Give up on everything not yet resolved (no worker anywhere can run items)."""
         keys = [key for key in self.items if key not in self.results and key not in self.failed]
         self._ready.clear()
+        self._ready_keys.clear()
+        self._ready_groups.clear()
         for key in keys:
             self._fail(key, error)
         return keys

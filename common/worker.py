@@ -44,10 +44,10 @@ class _Inbox:
 
     def _take(self, message: tuple) -> None:
         verb = message[0]
-        if verb == "item":
-            self.items.append(message[1:])
+        if verb == "items":  # a bundle: [(item, attempt), ...] to run together
+            self.items.append(message[1])
         elif verb == "revoke":  # the rank is stopping: give back what has not started
-            keys = [entry[0].key for entry in self.items]
+            keys = [item.key for bundle in self.items for item, _ in bundle]
             self.items.clear()
             self.conn.send(("revoked", keys))
         elif verb == "stop":
@@ -62,8 +62,8 @@ class _Inbox:
             while self.conn.poll():
                 self._take(self.conn.recv())
 
-    def next_item(self) -> Optional[tuple]:
-        """The next (item, attempt) to run, waiting for one; None once told to stop."""
+    def next_bundle(self) -> Optional[list]:
+        """The next bundle [(item, attempt), ...] to run, waiting for one; None once told to stop."""
         self.pump()
         while not self.items and not self.stopped:
             self.pump(None)
@@ -131,6 +131,31 @@ def _set_threads(threads: int) -> None:
             torch.set_num_threads(threads)
 
 
+def _run_bundle(app: Any, state: Any, bundle: list, seed: int, conn: Connection) -> None:
+    """Run one item, or a group of items together, and answer for each."""
+    items = [item for item, _ in bundle]
+    names = ", ".join(item.key for item in items)
+    started = time.time()
+    try:
+        if len(items) == 1:
+            results = [app.run_item(state, items[0], item_seed(seed, items[0].key))]
+        else:
+            results = list(app.run_group(state, items, [item_seed(seed, item.key) for item in items]))
+            if len(results) != len(items):
+                raise RuntimeError(f"run_group returned {len(results)} results for {len(items)} items")
+    except Exception as error:
+        text = traceback.format_exc()
+        ended = time.time()
+        log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(a) for _, a in bundle), text)
+        for item in items:
+            conn.send(("error", item.key, f"{type(error).__name__}: {error}", text, started, ended))
+        return
+    ended = time.time()
+    log.info("%s done in %.3f s", names, ended - started)
+    for item, result in zip(items, results):
+        conn.send(("done", item.key, result, started, ended))
+
+
 def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int) -> None:
     """Entry point of the spawned process."""
     global _inbox
@@ -155,21 +180,10 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
             return
         conn.send(("ready",))
         while True:
-            entry = inbox.next_item()
-            if entry is None:
+            bundle = inbox.next_bundle()
+            if bundle is None:
                 break
-            item, attempt = entry
-            started = time.time()
-            try:
-                result = app.run_item(state, item, item_seed(seed, item.key))
-            except Exception as error:
-                text = traceback.format_exc()
-                log.error("item %s (attempt %d) failed:\n%s", item.key, attempt, text)
-                conn.send(("error", item.key, f"{type(error).__name__}: {error}", text, started, time.time()))
-            else:
-                ended = time.time()
-                log.info("item %s (attempt %d) done in %.3f s", item.key, attempt, ended - started)
-                conn.send(("done", item.key, result, started, ended))
+            _run_bundle(app, state, bundle, seed, conn)
     except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):
         log.info("stopping")
     finally:

@@ -67,8 +67,9 @@ class WorkerHandle:
     process: Any
     conn: Any
     ready: bool = False
-    # Items handed over, in order: the first runs, the rest wait in the worker's inbox.
-    assigned: Deque[Tuple[Item, int, float]] = field(default_factory=deque)  # item, attempt, time handed
+    # Bundles handed over, in order: the first runs, the rest wait in the worker's inbox. A bundle is
+    # a list of [item, attempt, time handed, bundle size]: one item, or several of one group.
+    assigned: Deque[list] = field(default_factory=deque)
     handed_total: int = 0
     items_done: int = 0
     retiring: bool = False
@@ -138,7 +139,7 @@ class WorkerPool:
 
     @property
     def queued(self) -> int:
-        """Items handed to workers: running or waiting in a worker's inbox."""
+        """Bundles handed to workers: running or waiting in a worker's inbox."""
         return sum(len(w.assigned) for w in self.workers.values())
 
     @property
@@ -146,10 +147,12 @@ class WorkerPool:
         """Workers alive or being started: what this rank can run at once."""
         return len(self.workers)
 
-    def assign(self, worker: WorkerHandle, item: Item, attempt: int) -> None:
-        worker.assigned.append((item, attempt, time.time()))
-        worker.handed_total += 1
-        worker.conn.send(("item", item, attempt))
+    def assign(self, worker: WorkerHandle, bundle: List[Tuple[Item, int]]) -> None:
+        """Hand over one item, or several items of one group to run together: [(item, attempt), ...]."""
+        now = time.time()
+        worker.assigned.append([[item, attempt, now, len(bundle)] for item, attempt in bundle])
+        worker.handed_total += len(bundle)
+        worker.conn.send(("items", list(bundle)))
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
         """The worker to hand the next item to: an idle one first, else one with fewer than
@@ -230,15 +233,20 @@ class WorkerPool:
             self._setup_failed(worker, message[1])
         elif verb in ("done", "error"):
             key = message[1]
-            entry = worker.assigned.popleft()
-            if entry[0].key != key:  # cannot happen unless the pipe reorders; fail loudly
-                raise RuntimeError(f"{worker.name} answered {key} while {entry[0].key} was expected")
-            attempt = entry[1]
+            running = worker.assigned[0]
+            entry = next((e for e in running if e[0].key == key), None)
+            if entry is None:  # cannot happen unless the pipe reorders; fail loudly
+                raise RuntimeError(f"{worker.name} answered {key}, which it was not running")
+            running.remove(entry)
+            if not running:
+                worker.assigned.popleft()
+            attempt, group_size = entry[1], entry[3]
             worker.items_done += 1
             if verb == "done":
                 _, key, result, start, end = message
                 record = Record(key=key, result=result, seconds=end - start, rank=self.rank, host=self.host,
-                                device=str(worker.device), worker=worker.name, start=start, end=end, attempt=attempt)
+                                device=str(worker.device), worker=worker.name, start=start, end=end, attempt=attempt,
+                                group_size=group_size)
                 events.append(Event("done", key, record=record, worker=worker.name, attempt=attempt, start=start, end=end))
             else:
                 _, key, error, text, start, end = message
@@ -249,7 +257,8 @@ class WorkerPool:
                 worker.conn.send(("stop",))
         elif verb == "revoked":
             keys = set(message[1])
-            worker.assigned = deque(e for e in worker.assigned if e[0].key not in keys)
+            bundles = ([e for e in bundle if e[0].key not in keys] for bundle in worker.assigned)
+            worker.assigned = deque(bundle for bundle in bundles if bundle)
             if keys:
                 events.append(Event("returned", keys=tuple(message[1]), worker=worker.name))
         elif verb in ("acquire", "cancel", "release"):
@@ -322,12 +331,14 @@ class WorkerPool:
             events.append(Event("pool", message=("gone", (self.rank, worker.name, worker.process.pid), "", 0)))
         why = _describe_exit(worker.process.exitcode)
         if worker.assigned:
-            item, attempt, handed = worker.assigned.popleft()
-            log.warning("%s: %s while running %s", worker.name, why, item.key)
-            events.append(Event("failed", item.key, error=why, worker=worker.name, attempt=attempt,
-                                start=handed, end=time.time()))
+            running = worker.assigned.popleft()
+            log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in running))
+            for item, attempt, handed, _ in running:
+                events.append(Event("failed", item.key, error=why, worker=worker.name, attempt=attempt,
+                                    start=handed, end=time.time()))
             if worker.assigned:  # queued behind it, never started
-                events.append(Event("returned", keys=tuple(e[0].key for e in worker.assigned), worker=worker.name))
+                events.append(Event("returned", keys=tuple(e[0].key for b in worker.assigned for e in b),
+                                    worker=worker.name))
         elif not worker.ready and not worker.retiring and worker.name not in self.setup_failures:
             self._setup_failed(worker, why)
         if self.closing or worker.name in self.given_up:

@@ -41,6 +41,17 @@ def test_one_by_one_and_two_ranks_by_two_workers_give_identical_results(tmp_path
     assert (tmp_path / "many" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_groups_run_together_and_give_the_same_results(tmp_path):
+    plain = run([TOY, "20", "--results", str(tmp_path / "plain"), "--no-progress"])
+    grouped = run([TOY, "20", "--group", "4", "--sleep", "0.05", "--workers", "2", "--results", str(tmp_path / "grouped"),
+                   "--no-progress"], ranks=2)
+    assert plain.returncode == 0 and grouped.returncode == 0, grouped.stderr
+    assert values(tmp_path / "plain") == values(tmp_path / "grouped")
+    records = [e for e in journal_entries(tmp_path / "grouped") if e.get("type") == "result"]
+    assert {r["group_size"] for r in records} == {4}
+    assert all(r["result"]["group_size"] == 4 for r in records)
+
+
 def test_a_worker_killed_mid_item_is_replaced_and_the_run_completes(tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()

@@ -34,6 +34,7 @@ class ToyApp(App):
         parser.add_argument("--marker-dir", type=Path, default=None, help="each run of an item touches a file here")
         parser.add_argument("--wave", action="store_true", help="add a second wave: one sum per 4 items")
         parser.add_argument("--broken-setup", action="store_true", help="every worker fails to start")
+        parser.add_argument("--group", type=int, default=0, help="items i // GROUP form a group run together")
 
     def validate(self):
         from common.errors import UsageError
@@ -54,7 +55,9 @@ class ToyApp(App):
 
     def items(self):
         durations = self.durations()
-        items = [Item(f"item-{i:04d}", {"i": i, "sleep": float(durations[i])}, cost=float(durations[i]))
+        group = self.args.group
+        items = [Item(f"item-{i:04d}", {"i": i, "sleep": float(durations[i])}, cost=float(durations[i]),
+                      group=f"g{i // group}" if group else "")
                  for i in range(self.args.n_items)]
         if self.args.wave:
             for g in range(0, self.args.n_items, 4):
@@ -84,6 +87,12 @@ class ToyApp(App):
             time.sleep(item.params["sleep"])
         value = float(np.random.default_rng(seed).random()) + item.params.get("sum", 0.0)
         return {"value": value, "pid": state["pid"]}
+
+    def run_group(self, state, items, seeds):
+        results = [self.run_item(state, item, seed) for item, seed in zip(items, seeds)]
+        for result in results:
+            result["group_size"] = len(items)
+        return results
 
     def finish(self, run: RunInfo):
         values = {key: result["value"] for key, result in run.results().items()}

@@ -1,10 +1,14 @@
-"""``make bench``: every benchmark, each beside its baseline; figures to bench-results/."""
+"""``make bench``: every benchmark, each beside its baseline in the same run.
+
+Each benchmark is its own module (``python -m benchmarks.bench_engine`` etc.) that prints a
+markdown table, writes its JSON to ``bench-results/`` and exits 1 if its target is not met.
+This runs them in turn and writes ``bench-results/report.md`` with the machine they ran on.
+"""
 from __future__ import annotations
 
-import importlib
-import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -14,16 +18,15 @@ MODULES = ["benchmarks.bench_engine", "benchmarks.bench_svm", "benchmarks.bench_
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
+    cpu = platform.machine()
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
     except OSError:
         pass
-    gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip() if \
-        subprocess.run(["which", "nvidia-smi"], capture_output=True).returncode == 0 else "no GPU"
+    gpu = "no GPU"
+    if shutil.which("nvidia-smi"):
+        gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip() or gpu
     return f"{os.cpu_count()} CPUs ({cpu}), {gpu}, Python {platform.python_version()}"
 
 
@@ -31,18 +34,18 @@ def main() -> int:
     chosen = sys.argv[1:] or MODULES
     out_dir = Path("bench-results")
     out_dir.mkdir(exist_ok=True)
-    report = [f"Machine: {machine()}", f"Command: make bench ({' '.join(chosen)})",
-              f"Date: {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    report = [f"Machine: {machine()}", f"Date: {time.strftime('%Y-%m-%d %H:%M')}", ""]
+    failed = []
     for name in chosen:
-        module = importlib.import_module(name)
-        print(f"== {name}", file=sys.stderr, flush=True)
-        result = module.main()
-        (out_dir / f"{name.rsplit('.', 1)[-1]}.json").write_text(json.dumps(result, indent=2))
-        report += [result["markdown"], ""]
-        print(result["markdown"], flush=True)
+        print(f"== python -m {name}", flush=True)
+        proc = subprocess.run([sys.executable, "-m", name], stdout=subprocess.PIPE, text=True)
+        print(proc.stdout, flush=True)
+        report += [f"## python -m {name} (exit {proc.returncode})", "", proc.stdout.strip(), ""]
+        if proc.returncode != 0:
+            failed.append(name)
     (out_dir / "report.md").write_text("\n".join(report))
-    print(f"\nfigures in {out_dir}/report.md", file=sys.stderr)
-    return 0
+    print(f"report: {out_dir}/report.md" + (f"; targets not met: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -98,12 +98,19 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> dict:
+def main() -> int:
     result = {"overhead": overhead(), "load_balance": load_balance()}
-    result["markdown"] = markdown(result)
-    return result
+    out = Path("bench-results")
+    out.mkdir(exist_ok=True)
+    (out / "bench_engine.json").write_text(json.dumps(result, indent=2))
+    print(markdown(result))
+    ours = [row["ms_per_item"] for name, row in result["overhead"]["systems"].items() if name.startswith("multinode")]
+    futures = result["overhead"]["systems"]["mpi4py.futures.MPIPoolExecutor, 2 workers"]["ms_per_item"]
+    met = max(ours) <= 1.0 and max(ours) <= futures and result["load_balance"]["dynamic_over_ideal_percent"] <= 5.0
+    print(f"\ntargets (<= 1 ms per item, no worse than mpi4py.futures, makespan within 5% of ideal): "
+          f"{'met' if met else 'NOT met'}")
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
-    out = main()
-    print(out["markdown"])
+    raise SystemExit(main())

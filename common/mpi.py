@@ -6,7 +6,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+# Variables through which a child process would find (and re-join) the rank's MPI job.
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "MPI_LOCAL", "OMPI_", "PRTE_", "I_MPI_",
+                     "SLURM_PMI", "SLURM_PMIX", "SLURM_MPI_TYPE")
+
+
+def without_launcher(env: Mapping[str, str]) -> Dict[str, str]:
+    """``env`` less the MPI launcher's variables: what a worker or a step process must be given.
+
+    A child that initialises MPI with its parent's launcher variables kills MPICH jobs, segfaults
+    Open MPI 5 and hangs Open MPI 4 (see the README)."""
+    return {name: value for name, value in env.items() if not name.startswith(LAUNCHER_PREFIXES)}
 
 
 class SingleRank:

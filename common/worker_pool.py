@@ -22,14 +22,12 @@ from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 from .app import Record
 from .devices import Device
 from .items import Item
+from .mpi import without_launcher
 from .resources import ResourceBroker
 from .worker import worker_main
 
 log = logging.getLogger("multinode_gpu")
 
-# Variables through which a child would find (and re-join) the rank's MPI job.
-_MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "MPI_LOCAL", "OMPI_", "PRTE_", "I_MPI_",
-                     "SLURM_PMI", "SLURM_PMIX", "SLURM_MPI_TYPE")
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 MAX_SETUP_FAILURES = 3
 
@@ -39,9 +37,9 @@ def _child_environment(device: Device, threads: int) -> Iterator[None]:
     """os.environ as the child must see it, for the instant its process is started."""
     saved = dict(os.environ)
     try:
-        for name in list(os.environ):
-            if name.startswith(_MPI_ENV_PREFIXES):
-                del os.environ[name]
+        child = without_launcher(os.environ)
+        os.environ.clear()
+        os.environ.update(child)
         os.environ["CUDA_VISIBLE_DEVICES"] = device.physical if device.is_gpu else ""
         for name in _THREAD_VARIABLES:
             os.environ[name] = str(threads)

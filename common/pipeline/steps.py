@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ..mpi import without_launcher
 from . import proctree
 from .container import container_command
 from .definition import Step
@@ -26,8 +27,6 @@ POLL_SECONDS = 0.05
 MEMORY_POLL_SECONDS = 0.2
 #: Seconds between SIGTERM and SIGKILL when a step is ended (time to flush a checkpoint).
 KILL_GRACE_SECONDS = float(os.environ.get("PIPELINE_KILL_GRACE", "5"))
-#: Variables of the MPI launcher a step must not inherit (a step may start its own MPI job).
-LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "OMPI_", "PRTE_")
 #: The folder holding the ``common`` package: python steps import the same code as the engine.
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -65,7 +64,7 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
                      gpu: Optional[str]) -> Dict[str, str]:
     """The worker's environment without launcher variables, the PIPELINE_* variables, the GPU
     (or none), then the step's own ``env`` ($PIPELINE_* in its values expanded)."""
-    env = {k: v for k, v in base.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    env = without_launcher(base)  # a step may start an MPI job of its own
     env.update(pipeline_vars)
     env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
     if step.python is not None and step.container is None:

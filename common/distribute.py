@@ -204,20 +204,20 @@ class Leader:
             worker = self.pool.pick_worker(depth=depth)
             if worker is None:
                 break
-            bundle = self.scheduler.take()
+            bundle = self.scheduler.take(self._chunk())
             avoid = _avoided(bundle)
             if avoid and worker.name in avoid:
                 worker = self.pool.pick_worker(avoid, depth) or worker
             for item, _, _ in bundle:
                 self.scheduler.handed(item.key, 0)
-            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle])
+            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle], bool(bundle[0][0].group))
             handed = True
         for rank, (need, prefetch) in list(self.requests.items()):
             plenty = self.scheduler.ready_count > need + prefetch + self.total_capacity
             count = need + (prefetch if plenty else 0)
             batch = []  # bundles
             while len(batch) < count and self.scheduler.ready_count:
-                bundle = self.scheduler.take()
+                bundle = self.scheduler.take(self._chunk())
                 for item, _, _ in bundle:
                     self.scheduler.handed(item.key, rank)
                 batch.append(bundle)
@@ -226,6 +226,13 @@ class Leader:
                 del self.requests[rank]
                 handed = True
         return handed
+
+    def _chunk(self) -> int:
+        """Items per message: 1, or for items far below a millisecond, about 2 ms worth of them
+        (one message and one wake-up for many items), while there is plenty for everybody."""
+        if not self.pace.short or self.scheduler.ready_count < 4 * self.total_capacity:
+            return 1
+        return max(1, min(64, int(0.002 / max(self.pace.seconds, 1e-6)), self.scheduler.ready_count // (4 * self.total_capacity)))
 
     def _check_workers_left(self) -> None:
         """If no rank can run anything any more, fail what is left instead of waiting forever."""
@@ -363,7 +370,7 @@ class Follower:
             self.buffer.popleft()
             for entry in bundle:
                 self.handed[entry[0].key] = entry
-            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle])
+            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle], bool(bundle[0][0].group))
             started = True
         return started
 

@@ -84,18 +84,32 @@ class Scheduler:
         self.attempts[key] = self.attempts.get(key, 0) + 1
         return item, self.attempts[key], self.avoid.get(key, ())
 
-    def take(self) -> Optional[List[Tuple[Item, int, Tuple[str, ...]]]]:
-        """The next bundle to run: the most expensive ready item and the ready items of its group,
-        each as (item, attempt number, workers to avoid); None when nothing is ready."""
-        while self._ready:
-            key = heapq.heappop(self._ready)[2]
-            if key in self._ready_keys:
-                break
-        else:
+    def _next_key(self) -> Optional[str]:
+        """The most expensive ready key (stale heap entries dropped), left on the heap."""
+        while self._ready and self._ready[0][2] not in self._ready_keys:
+            heapq.heappop(self._ready)
+        return self._ready[0][2] if self._ready else None
+
+    def take(self, chunk: int = 1) -> Optional[List[Tuple[Item, int, Tuple[str, ...]]]]:
+        """The next bundle to run, each entry (item, attempt number, workers to avoid); None when
+        nothing is ready. A bundle is the most expensive ready item with the ready items of its
+        group, or up to ``chunk`` ungrouped items in a row (very short items travel in chunks)."""
+        key = self._next_key()
+        if key is None:
             return None
+        heapq.heappop(self._ready)
         first = self._pop(key)
-        mates = sorted(self._ready_groups.get(first[0].group, ()), key=self.order.__getitem__) if first[0].group else []
-        return [first] + [self._pop(mate) for mate in mates]
+        if first[0].group:
+            mates = sorted(self._ready_groups.get(first[0].group, ()), key=self.order.__getitem__)
+            return [first] + [self._pop(mate) for mate in mates]
+        bundle = [first]
+        while len(bundle) < chunk:
+            key = self._next_key()
+            if key is None or self.items[key].group:
+                break
+            heapq.heappop(self._ready)
+            bundle.append(self._pop(key))
+        return bundle
 
     def handed(self, key: str, rank: int) -> None:
         self.in_flight[key] = rank

@@ -44,10 +44,10 @@ class _Inbox:
 
     def _take(self, message: tuple) -> None:
         verb = message[0]
-        if verb == "items":  # a bundle: [(item, attempt), ...] to run together
-            self.items.append(message[1])
+        if verb == "items":  # a bundle: ([(item, attempt), ...], together)
+            self.items.append((message[1], message[2]))
         elif verb == "revoke":  # the rank is stopping: give back what has not started
-            keys = [item.key for bundle in self.items for item, _ in bundle]
+            keys = [item.key for bundle, _ in self.items for item, _ in bundle]
             self.items.clear()
             self.conn.send(("revoked", keys))
         elif verb == "stop":
@@ -62,8 +62,8 @@ class _Inbox:
             while self.conn.poll():
                 self._take(self.conn.recv())
 
-    def next_bundle(self) -> Optional[list]:
-        """The next bundle [(item, attempt), ...] to run, waiting for one; None once told to stop."""
+    def next_bundle(self) -> Optional[tuple]:
+        """The next bundle ([(item, attempt), ...], together) to run, waiting for one; None once told to stop."""
         self.pump()
         while not self.items and not self.stopped:
             self.pump(None)
@@ -131,8 +131,8 @@ def _set_threads(threads: int) -> None:
             torch.set_num_threads(threads)
 
 
-def _run_bundle(app: Any, state: Any, bundle: list, seed: int, conn: Connection) -> None:
-    """Run one item, or a group of items together, and answer for each."""
+def _run_group(app: Any, state: Any, bundle: list, seed: int, conn: Connection) -> None:
+    """Run one item, or a group of items together (``App.run_group``), and answer for each."""
     items = [item for item, _ in bundle]
     names = ", ".join(item.key for item in items)
     started = time.time()
@@ -183,7 +183,12 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
             bundle = inbox.next_bundle()
             if bundle is None:
                 break
-            _run_bundle(app, state, bundle, seed, conn)
+            entries, together = bundle
+            if together:
+                _run_group(app, state, entries, seed, conn)
+            else:  # a chunk of very short items: one after the other, each answered at once
+                for item, attempt in entries:
+                    _run_group(app, state, [(item, attempt)], seed, conn)
     except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):
         log.info("stopping")
     finally:

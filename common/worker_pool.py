@@ -59,15 +59,24 @@ def _describe_exit(code: Optional[int]) -> str:
 
 
 @dataclass
+class Bundle:
+    """Items handed to a worker in one message: a group run together, or a chunk of short items
+    run one after the other. Entries are [item, attempt, time handed] until answered."""
+
+    entries: list
+    together: bool
+    size: int
+
+
+@dataclass
 class WorkerHandle:
     name: str
     device: Device
     process: Any
     conn: Any
     ready: bool = False
-    # Bundles handed over, in order: the first runs, the rest wait in the worker's inbox. A bundle is
-    # a list of [item, attempt, time handed, bundle size]: one item, or several of one group.
-    assigned: Deque[list] = field(default_factory=deque)
+    # Bundles handed over, in order: the first runs, the rest wait in the worker's inbox.
+    assigned: Deque["Bundle"] = field(default_factory=deque)
     handed_total: int = 0
     items_done: int = 0
     retiring: bool = False
@@ -145,12 +154,12 @@ class WorkerPool:
         """Workers alive or being started: what this rank can run at once."""
         return len(self.workers)
 
-    def assign(self, worker: WorkerHandle, bundle: List[Tuple[Item, int]]) -> None:
-        """Hand over one item, or several items of one group to run together: [(item, attempt), ...]."""
+    def assign(self, worker: WorkerHandle, bundle: List[Tuple[Item, int]], together: bool = False) -> None:
+        """Hand over [(item, attempt), ...]: one item, a group to run together, or a chunk."""
         now = time.time()
-        worker.assigned.append([[item, attempt, now, len(bundle)] for item, attempt in bundle])
+        worker.assigned.append(Bundle([[item, attempt, now] for item, attempt in bundle], together, len(bundle)))
         worker.handed_total += len(bundle)
-        worker.conn.send(("items", list(bundle)))
+        worker.conn.send(("items", list(bundle), together))
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
         """The worker to hand the next item to: an idle one first, else one with fewer than
@@ -212,15 +221,13 @@ class WorkerPool:
         return events
 
     def _drain(self, worker: WorkerHandle, events: List[Event]) -> None:
-        while self.workers.get(worker.name) is worker:
-            try:
-                if not worker.conn.poll():
-                    return
-                message = worker.conn.recv()
-            except (EOFError, OSError):
-                self._on_exit(worker, events)
-                return
-            self._handle(worker, message, events)
+        """Read one message (the selector reports the pipe again while more are waiting)."""
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            self._on_exit(worker, events)
+            return
+        self._handle(worker, message, events)
 
     def _handle(self, worker: WorkerHandle, message: tuple, events: List[Event]) -> None:
         verb = message[0]
@@ -232,13 +239,13 @@ class WorkerPool:
         elif verb in ("done", "error"):
             key = message[1]
             running = worker.assigned[0]
-            entry = next((e for e in running if e[0].key == key), None)
+            entry = next((e for e in running.entries if e[0].key == key), None)
             if entry is None:  # cannot happen unless the pipe reorders; fail loudly
                 raise RuntimeError(f"{worker.name} answered {key}, which it was not running")
-            running.remove(entry)
-            if not running:
+            running.entries.remove(entry)
+            if not running.entries:
                 worker.assigned.popleft()
-            attempt, group_size = entry[1], entry[3]
+            attempt, group_size = entry[1], running.size if running.together else 1
             worker.items_done += 1
             if verb == "done":
                 _, key, result, start, end = message
@@ -255,8 +262,9 @@ class WorkerPool:
                 worker.conn.send(("stop",))
         elif verb == "revoked":
             keys = set(message[1])
-            bundles = ([e for e in bundle if e[0].key not in keys] for bundle in worker.assigned)
-            worker.assigned = deque(bundle for bundle in bundles if bundle)
+            for bundle in worker.assigned:
+                bundle.entries = [e for e in bundle.entries if e[0].key not in keys]
+            worker.assigned = deque(bundle for bundle in worker.assigned if bundle.entries)
             if keys:
                 events.append(Event("returned", keys=tuple(message[1]), worker=worker.name))
         elif verb in ("acquire", "cancel", "release"):
@@ -330,13 +338,15 @@ class WorkerPool:
         why = _describe_exit(worker.process.exitcode)
         if worker.assigned:
             running = worker.assigned.popleft()
-            log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in running))
-            for item, attempt, handed, _ in running:
+            # A group failed as one; in a chunk only the first unanswered item was running.
+            failed = running.entries if running.together else running.entries[:1]
+            log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in failed))
+            for item, attempt, handed in failed:
                 events.append(Event("failed", item.key, error=why, worker=worker.name, attempt=attempt,
                                     start=handed, end=time.time()))
-            if worker.assigned:  # queued behind it, never started
-                events.append(Event("returned", keys=tuple(e[0].key for b in worker.assigned for e in b),
-                                    worker=worker.name))
+            unstarted = running.entries[len(failed):] + [e for b in worker.assigned for e in b.entries]
+            if unstarted:
+                events.append(Event("returned", keys=tuple(e[0].key for e in unstarted), worker=worker.name))
         elif not worker.ready and not worker.retiring and worker.name not in self.setup_failures:
             self._setup_failed(worker, why)
         if self.closing or worker.name in self.given_up:

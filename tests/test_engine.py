@@ -52,14 +52,18 @@ def test_groups_run_together_and_give_the_same_results(tmp_path):
     assert all(r["result"]["group_size"] == 4 for r in records)
 
 
-def test_a_worker_killed_mid_item_is_replaced_and_the_run_completes(tmp_path):
+@pytest.mark.parametrize("n_items,sleep,killed", [(12, "0.05", "item-0005"), (600, "0", "item-0400")])
+def test_a_worker_killed_mid_item_is_replaced_and_the_run_completes(tmp_path, n_items, sleep, killed):
+    """Also with sub-millisecond items, which travel to workers in chunks."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    proc = run([TOY, "12", "--sleep", "0.05", "--workers", "2", "--kill-key", "item-0005", "--marker-dir", str(marks),
+    proc = run([TOY, str(n_items), "--sleep", sleep, "--workers", "2", "--kill-key", killed, "--marker-dir", str(marks),
                 "--results", str(tmp_path / "r"), "--no-progress"], ranks=2)
     assert proc.returncode == 0, proc.stderr
-    assert len(values(tmp_path / "r")) == 12
-    assert markers(marks)["item-0005"] == 2
+    assert len(values(tmp_path / "r")) == n_items
+    assert markers(marks)[killed] == 2
+    failed_attempts = [e["key"] for e in journal_entries(tmp_path / "r") if e.get("type") == "attempt_failed"]
+    assert failed_attempts == [killed], "only the item that was running counts as failed"
     assert "SIGKILL" in proc.stderr
     assert summary(tmp_path / "r")["failed_items"] == []
 

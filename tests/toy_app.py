@@ -29,6 +29,7 @@ class ToyApp(App):
         parser.add_argument("n_items", type=int)
         parser.add_argument("--sleep", type=float, default=0.0, help="seconds per item (mean if --lognormal)")
         parser.add_argument("--lognormal", type=float, default=0.0, help="sigma of lognormal item durations")
+        parser.add_argument("--ascending", action="store_true", help="durations rise with the item number (a grid)")
         parser.add_argument("--fail-key", default=None, help="this item always raises")
         parser.add_argument("--kill-key", default=None, help="this item SIGKILLs its worker on the first attempt")
         parser.add_argument("--marker-dir", type=Path, default=None, help="each run of an item touches a file here")
@@ -50,6 +51,7 @@ class ToyApp(App):
         rng = np.random.default_rng(12345)
         if self.args.lognormal:
             raw = rng.lognormal(0.0, self.args.lognormal, self.args.n_items)
+            raw = np.sort(raw) if getattr(self.args, "ascending", False) else raw
             return raw / raw.mean() * self.args.sleep
         return np.full(self.args.n_items, self.args.sleep)
 

@@ -95,3 +95,12 @@ def snapshot(folder: Path) -> dict:
     if not folder.exists():
         return {}
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an orphan may wait for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

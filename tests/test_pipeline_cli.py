@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import REPO, journal_entries, rank_pids, run, start
+from helpers import REPO, alive, journal_entries, rank_pids, run, start
 
 EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
 TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
@@ -32,15 +32,6 @@ def summary(results: Path) -> dict:
 
 def step_status(results: Path, run_id: str, step: str) -> dict:
     return json.loads((results / run_id / step / "status.json").read_text())
-
-
-def alive(pid: int) -> bool:
-    """Exists and is not a zombie (an orphan may wait for init to reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def tiny_example(name: str, **train_env) -> dict:

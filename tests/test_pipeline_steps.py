@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from common.pipeline.definition import parse_definition
+from helpers import alive
 from common.pipeline.flow import PipelineRunner, RunLayout
 
 
@@ -23,15 +24,6 @@ def run_pipeline(tmp_path: Path, steps, start=None, gpu=None, **fields):
 
 def statuses(result):
     return {step: status["status"] for step, status in result["steps"].items()}
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (an orphan may wait for init to reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # A step that fails its first N-1 runs and succeeds on run N (the count lives in shared/).

@@ -160,6 +160,8 @@ class MnistSvm(App):
                       "|---" * (n + 1) + "|"]
             lines += [f"| **{i}** | " + " | ".join(str(v) for v in row) + " |" for i, row in enumerate(matrix)]
             lines.append("")
+        lines += ["![mean validation error over the grid](validation_heatmap.png)", "",
+                  "![fold errors over C, one panel per gamma](validation_boxplots.png)", ""]
         lines += ["Files: `validation_error.npy` (folds x gamma x C), `fits.csv`, "
                   "`validation_heatmap.png`/`.svg`, `validation_boxplots.png`/`.svg`.", ""]
         return "\n".join(lines)

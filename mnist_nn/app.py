@@ -1,7 +1,8 @@
 """mnist_nn as an engine app: which fits exist, how each runs on a worker, and what rank 0 writes.
 
 Items:
-  first wave   ``b=00,c=01,f=3``: bootstrap 0, random candidate 1, validate on fold 3
+  first wave   ``b=00,c=01,f=3``: bootstrap 0, random candidate 1, validate on fold 3; the folds
+               of one candidate form a group (``b=00,c=01``) that a worker trains side by side
   second wave  ``b=00,refit``: waits for every fit of bootstrap 0, refits the candidate with the
                lowest mean K-fold validation loss on the whole bootstrap sample
 Candidates are drawn from ``--seed`` and (bootstrap, candidate) only, and the bootstrap
@@ -99,10 +100,17 @@ class MnistNN(App):
                 for f in range(args.folds):
                     keys.append(fit_key(b, c, f))
                     items.append(Item(keys[-1], {"kind": "fit", "bootstrap": b, "candidate": c, "fold": f,
-                                                 "hyper": candidate.as_dict()}, cost=candidate.cost * share))
+                                                 "hyper": candidate.as_dict()}, cost=candidate.cost * share,
+                                      group=self.group(b, c)))
             biggest = max(candidate.cost for candidate in self.candidates(b))
             refits.append(Item(refit_key(b), {"kind": "refit", "bootstrap": b}, cost=biggest, after=tuple(keys)))
         return items + refits
+
+    def group(self, bootstrap: int, candidate: int) -> str:
+        """The folds of a candidate go to one worker together, to train stacked; not with ``--gpu cpu``,
+        where stacking pays only for nets too small to matter and the folds are better spread
+        over the workers (results are the same either way)."""
+        return "" if self.args.gpu == "cpu" else f"b={bootstrap:02d},c={candidate:02d}"
 
     def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
         """Choose the candidate with the lowest mean validation loss over all K folds."""
@@ -141,28 +149,67 @@ class MnistNN(App):
         dataset = load_dataset(args.dataset, args.data_dir, subsample=args.subsample, seed=args.seed)
         return {"data": to_device(dataset, device.torch_device), "folds": {}}
 
+    def folds(self, state: Dict[str, Any], bootstrap: int) -> List[np.ndarray]:
+        from .sampling import bootstrap_folds
+
+        if bootstrap not in state["folds"]:
+            state["folds"][bootstrap] = bootstrap_folds(len(state["data"].y_train), self.args.folds, self.args.seed,
+                                                        bootstrap)
+        return state["folds"][bootstrap]
+
     def run_item(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
+        if item.params["kind"] == "fit":
+            return self.run_group(state, [item], [seed])[0]
+        return self.refit(state, item, seed)
+
+    def run_group(self, state: Dict[str, Any], items: List[Item],
+                  seeds: List[np.random.SeedSequence]) -> List[Dict[str, Any]]:
+        """The folds of one candidate (whichever arrived) train side by side where that is faster
+        (``train.stacking_pays``), else one after the other.
+
+        A fold's result is the same whichever folds came with it: a stacked net does exactly
+        the arithmetic it would do alone (``train.fit_group``).
+        """
         import torch
 
-        from .sampling import bootstrap_folds, bootstrap_sample, fold_indexes
+        from .sampling import fold_indexes
+        from .train import evaluate, fit_group, net_from_state, stacking_pays
+
+        if any(item.params["kind"] != "fit" for item in items):
+            return [self.run_item(state, item, seed) for item, seed in zip(items, seeds)]
+        args, data = self.args, state["data"]
+        candidate = Candidate(**items[0].params["hyper"])
+        splits = [fold_indexes(self.folds(state, item.params["bootstrap"]), item.params["fold"]) for item in items]
+        trainings, init_seeds = [training for training, _ in splits], [torch_seed(seed) for seed in seeds]
+        stacks = ([list(range(len(items)))] if stacking_pays(candidate, len(items), data.device)
+                  else [[k] for k in range(len(items))])
+        fits = {}
+        for stack in stacks:
+            trained = fit_group(data.x_train, data.y_train, [trainings[k] for k in stack], candidate,
+                                args.max_epochs, args.batch_size, [init_seeds[k] for k in stack])
+            fits.update(zip(stack, trained))
+        results = []
+        for k, (_, validation) in enumerate(splits):
+            weights, log = fits[k]
+            rows = torch.from_numpy(validation).to(data.device)
+            scores = evaluate(net_from_state(candidate, weights), data.x_train.index_select(0, rows),
+                              data.y_train.index_select(0, rows))
+            results.append({"val_loss": finite_or_none(scores["loss"]), "val_error": scores["error"],
+                            "epochs": len(log), "log": log})
+        return results
+
+    def refit(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
+        """The chosen candidate on the whole bootstrap sample; scored on the training and test sets."""
+        import torch
+
+        from .sampling import bootstrap_sample
         from .train import evaluate, fit, predict_logits
 
         args, data, params = self.args, state["data"], item.params
         b = params["bootstrap"]
-        if b not in state["folds"]:
-            state["folds"][b] = bootstrap_folds(len(data.y_train), args.folds, args.seed, b)
-        folds = state["folds"][b]
         candidate = Candidate(**params["hyper"])
-        torch.manual_seed(torch_seed(seed))
-        if params["kind"] == "fit":
-            training, validation = fold_indexes(folds, params["fold"])
-            net, log = fit(data.x_train, data.y_train, training, candidate, args.max_epochs, args.batch_size)
-            rows = torch.from_numpy(validation).to(data.device)
-            scores = evaluate(net, data.x_train.index_select(0, rows), data.y_train.index_select(0, rows))
-            return {"val_loss": finite_or_none(scores["loss"]), "val_error": scores["error"],
-                    "epochs": len(log), "log": log}
-        net, log = fit(data.x_train, data.y_train, bootstrap_sample(folds), candidate, args.max_epochs,
-                       args.batch_size)
+        net, log = fit(data.x_train, data.y_train, bootstrap_sample(self.folds(state, b)), candidate, args.max_epochs,
+                       args.batch_size, torch_seed(seed))
         train_scores = evaluate(net, data.x_train, data.y_train)
         logits = predict_logits(net, data.x_test)
         probabilities = torch.softmax(logits.float(), 1).cpu().numpy().astype("<f4")

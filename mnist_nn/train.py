@@ -1,16 +1,17 @@
 """Training on data that already lives on the device: no DataLoader, no per-sample Python.
 
-A fit gathers its (bootstrap) training images once into one contiguous tensor; the
-mini-batches of every epoch are then zero-copy views of it (the reference, too, walks the
-bootstrap sample in the same order every epoch). Losses and outputs stay on the device until
-the epoch ends, so a GPU is never synchronised inside the batch loop.
+Each step gathers its images by index from the data set's one tensor on the device (the
+reference, too, walks the bootstrap sample in the same order every epoch). The K folds of a
+candidate train together (``fit_group``, see ``stacked``): one step does all K nets at once,
+without autograd or torch.optim. Losses and predictions stay on the device until the epoch
+ends, so a GPU is never synchronised inside the batch loop.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -18,10 +19,15 @@ import torch.nn.functional as F
 
 from common.data import Dataset, resize_images
 
-from .model import IMAGE_SIZE, Candidate, Net
+from .model import IMAGE_SIZE, N_CLASSES, Candidate, Net
+from .stacked import NetStack
 
 #: stop when an epoch's loss is not below this share of the previous epoch's (the reference's rule)
 TOLERANCE = 0.8
+#: on a CPU, K nets train faster stacked than one after the other only while all their weights and
+#: momenta stay in cache (measured, benchmarks/bench_nn.py: 22k-weight nets 1.4x faster as 5, 296k-weight
+#: nets 1.7x slower); past this many weights in all, they train one at a time
+CPU_STACK_WEIGHTS = 250_000
 #: bytes of conv activations one evaluation batch may take
 EVAL_BYTES = 256 * 2 ** 20
 
@@ -84,43 +90,114 @@ def to_device(dataset: Dataset, device: str) -> DeviceData:
     )
 
 
-def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidate, max_epochs: int,
-        batch_size: int) -> Tuple[Net, List[Dict[str, float]]]:
-    """SGD with momentum on ``x[index]`` in batches of ``batch_size``; returns the net and its epoch log.
+def initial_state(candidate: Candidate, init_seed: int, device: torch.device) -> Dict[str, torch.Tensor]:
+    """Net's PyTorch default initial weights under ``torch.manual_seed(init_seed)`` (drawn on the CPU)."""
+    torch.manual_seed(init_seed)
+    return {name: tensor.to(device) for name, tensor in candidate.build().state_dict().items()}
 
-    The caller seeds torch first: the initial weights are the only random part.
+
+def net_from_state(candidate: Candidate, state: Dict[str, torch.Tensor]) -> Net:
+    """A Net in eval mode holding ``state``, on the state's device."""
+    net = candidate.build().to(state["conv.weight"].device)
+    net.load_state_dict(state)
+    return net.eval()
+
+
+def epoch_plan(indexes: Sequence[np.ndarray], batch_size: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows, per-sample weights and validity of every step, shape (steps, K, batch_size).
+
+    Net k walks its own rows in order, ``batch_size`` at a time; a last, shorter batch is
+    padded (row 0, weight 0) and weighs its real samples 1/its size, so its gradient is the
+    mean over the samples it has, as a DataLoader's last batch would give.
     """
-    net = candidate.build().to(x.device)
-    optimizer = torch.optim.SGD(net.parameters(), lr=candidate.learning_rate, momentum=candidate.momentum)
-    rows = torch.from_numpy(np.asarray(index, dtype=np.int64)).to(x.device)
-    inputs, labels = x.index_select(0, rows), y.index_select(0, rows)
-    batches = list(zip(inputs.split(batch_size), labels.split(batch_size)))
-    n = len(rows)
-    log: List[Dict[str, float]] = []
-    previous = math.inf
-    net.train()
-    for epoch in range(1, max_epochs + 1):
-        start = time.perf_counter()
-        losses, outputs = [], []
-        for batch_x, batch_y in batches:
-            output = net(batch_x)
-            loss = F.cross_entropy(output, batch_y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.detach())
-            outputs.append(output.detach())
-        sizes = torch.tensor([len(b) for b, _ in batches], dtype=torch.float32, device=x.device)
-        epoch_loss = float((torch.stack(losses) * sizes).sum()) / n
-        error = float((torch.cat(outputs).argmax(1) != labels).float().mean())
-        seconds = time.perf_counter() - start
-        log.append({"epoch": epoch, "loss": epoch_loss if math.isfinite(epoch_loss) else None, "error": error, "samples_per_s": n / seconds,
-                    "seconds": seconds, "lr": candidate.learning_rate})
-        if not math.isfinite(epoch_loss) or epoch_loss > previous * TOLERANCE:
-            break
-        previous = epoch_loss
-    net.eval()
-    return net, log
+    sizes = [len(index) for index in indexes]
+    steps = max(-(-n // batch_size) for n in sizes)
+    rows = np.zeros((len(indexes), steps * batch_size), dtype=np.int64)
+    weight = np.zeros(rows.shape, dtype=np.float32)
+    for k, index in enumerate(indexes):
+        n = len(index)
+        rows[k, :n] = index
+        counts = np.minimum(batch_size, n - np.arange(0, n, batch_size))
+        weight[k, :n] = np.repeat(1.0 / counts.astype(np.float64), counts).astype(np.float32)
+    shape = (len(indexes), steps, batch_size)
+    as_steps = lambda a: np.ascontiguousarray(a.reshape(shape).transpose(1, 0, 2))  # noqa: E731
+    return as_steps(rows), as_steps(weight), as_steps(weight > 0)
+
+
+def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], candidate: Candidate,
+              max_epochs: int, batch_size: int, init_seeds: Sequence[int],
+              batched: Optional[bool] = None) -> List[Tuple[Dict[str, torch.Tensor], List[Dict[str, Any]]]]:
+    """Train one net per index array (K nets of one candidate) in lockstep; per net (state dict, epoch log).
+
+    Net k starts from ``initial_state(candidate, init_seeds[k])``, walks ``x[indexes[k]]`` in
+    order each epoch and stops on its own, by the reference's rule, when an epoch's loss is not
+    below ``TOLERANCE`` x the previous one's, or after ``max_epochs``; the others go on. A net
+    gets the same bits whether it trains alone or in a group (see ``stacked``).
+    """
+    device = x.device
+    K = len(indexes)
+    stack = NetStack([initial_state(candidate, seed, device) for seed in init_seeds], x.shape[-1], batch_size,
+                     candidate.learning_rate, candidate.momentum, batched=batched)
+    rows_np, weight_np, valid = epoch_plan(indexes, batch_size)
+    n_steps = rows_np.shape[0]
+    sizes = np.array([len(index) for index in indexes])
+    labels_np = y.cpu().numpy()[rows_np]
+    on = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    plan = {"rows": on(rows_np), "weight": on(weight_np).unsqueeze(-1), "label": on(labels_np).unsqueeze(-1),
+            "onehot": F.one_hot(on(labels_np), N_CLASSES).float()}
+    step_args = plan
+    alive = list(range(K))  # original number of each stacked net
+    steps_of = -(-sizes // batch_size)
+    logs: List[List[Dict[str, Any]]] = [[] for _ in range(K)]
+    finals: List[Optional[Dict[str, torch.Tensor]]] = [None] * K
+    previous = np.full(K, math.inf)
+    with torch.inference_mode():
+        for epoch in range(1, max_epochs + 1):
+            picked = torch.empty(n_steps, len(alive), batch_size, 1, device=device)
+            predicted = torch.empty(n_steps, len(alive), batch_size, dtype=torch.long, device=device)
+            start = time.perf_counter()
+            for s in range(max(steps_of[k] for k in alive)):
+                idle = [j for j, k in enumerate(alive) if s >= steps_of[k]]
+                saved = stack.store[idle].clone() if idle else None
+                stack.step(x, step_args["rows"][s].view(-1), step_args["onehot"][s], step_args["weight"][s],
+                           step_args["label"][s], picked[s], predicted[s])
+                if idle:
+                    stack.store[idle] = saved
+            log_prob, guess = picked.squeeze(-1).cpu().numpy(), predicted.cpu().numpy()
+            seconds = time.perf_counter() - start
+            stopped = []
+            for j, k in enumerate(alive):
+                mask = valid[:, k]
+                loss = float(-np.sum(log_prob[:, j][mask], dtype=np.float64) / sizes[k])
+                error = float(np.mean(guess[:, j][mask] != labels_np[:, k][mask]))
+                logs[k].append({"epoch": epoch, "loss": loss if math.isfinite(loss) else None, "error": error,
+                                "samples_per_s": float(sizes[k] / seconds), "seconds": seconds,
+                                "lr": candidate.learning_rate})
+                if not math.isfinite(loss) or loss > previous[k] * TOLERANCE or epoch == max_epochs:
+                    finals[k] = stack.state_dict(j)
+                    stopped.append(j)
+                previous[k] = loss
+            if stopped:
+                keep = [j for j in range(len(alive)) if j not in stopped]
+                if not keep:
+                    break
+                alive = [alive[j] for j in keep]
+                stack.keep(keep)
+                index = torch.as_tensor(alive, device=device)
+                step_args = {name: t.index_select(1, index).contiguous() for name, t in plan.items()}
+    return [(finals[k], logs[k]) for k in range(K)]
+
+
+def stacking_pays(candidate: Candidate, k: int, device: torch.device) -> bool:
+    """Whether ``k`` nets of ``candidate`` train faster in one stack than one after the other."""
+    return torch.device(device).type != "cpu" or k * candidate.n_weights <= CPU_STACK_WEIGHTS
+
+
+def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidate, max_epochs: int,
+        batch_size: int, init_seed: int) -> Tuple[Net, List[Dict[str, Any]]]:
+    """One net alone: ``fit_group`` with K=1; returns the net (eval mode) and its epoch log."""
+    (state, log), = fit_group(x, y, [index], candidate, max_epochs, batch_size, [init_seed])
+    return net_from_state(candidate, state), log
 
 
 def eval_batch_size(net: Net) -> int:

@@ -50,6 +50,10 @@ class MnistNN(App):
     description = ("Fits an ensemble of conv nets: each is tuned by random search with K-fold cross-validation "
                    "on its own bootstrap (within folds) sample; reports each model's and the ensemble's test error")
 
+    def __init__(self, args: argparse.Namespace):
+        super().__init__(args)
+        self._on_cpu: Optional[bool] = None  # rank 0 only: whether the fits run on CPUs
+
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("n_bootstrap", type=at_least(1), help="number of bootstrap samples (models)")
@@ -107,10 +111,14 @@ class MnistNN(App):
         return items + refits
 
     def group(self, bootstrap: int, candidate: int) -> str:
-        """The folds of a candidate go to one worker together, to train stacked; not with ``--gpu cpu``,
-        where stacking pays only for nets too small to matter and the folds are better spread
-        over the workers (results are the same either way)."""
-        return "" if self.args.gpu == "cpu" else f"b={bootstrap:02d},c={candidate:02d}"
+        """The folds of a candidate go to one worker together, to train stacked; not on CPUs (``--gpu
+        cpu``, or no GPU here), where stacking pays only for nets too small to matter and the
+        folds are better spread over the workers. Results are the same either way."""
+        if self._on_cpu is None:
+            from common.devices import visible_gpus
+
+            self._on_cpu = self.args.gpu == "cpu" or (self.args.gpu is None and not visible_gpus())
+        return "" if self._on_cpu else f"b={bootstrap:02d},c={candidate:02d}"
 
     def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
         """Choose the candidate with the lowest mean validation loss over all K folds."""

@@ -173,7 +173,7 @@ class MnistNN(App):
     def run_group(self, state: Dict[str, Any], items: List[Item],
                   seeds: List[np.random.SeedSequence]) -> List[Dict[str, Any]]:
         """The folds of one candidate (whichever arrived) train side by side where that is faster
-        (``train.stacking_pays``), else one after the other.
+        (``train.stack_size``), else one after the other or in smaller stacks.
 
         A fold's result is the same whichever folds came with it: a stacked net does exactly
         the arithmetic it would do alone (``train.fit_group``).
@@ -181,7 +181,7 @@ class MnistNN(App):
         import torch
 
         from .sampling import fold_indexes
-        from .train import evaluate, fit_group, net_from_state, stacking_pays
+        from .train import evaluate, fit_group, net_from_state, stack_size
 
         if any(item.params["kind"] != "fit" for item in items):
             return [self.run_item(state, item, seed) for item, seed in zip(items, seeds)]
@@ -189,8 +189,8 @@ class MnistNN(App):
         candidate = Candidate(**items[0].params["hyper"])
         splits = [fold_indexes(self.folds(state, item.params["bootstrap"]), item.params["fold"]) for item in items]
         trainings, init_seeds = [training for training, _ in splits], [torch_seed(seed) for seed in seeds]
-        stacks = ([list(range(len(items)))] if stacking_pays(candidate, len(items), data.device)
-                  else [[k] for k in range(len(items))])
+        size = stack_size(candidate, len(items), data.device)
+        stacks = [list(range(len(items)))[start:start + size] for start in range(0, len(items), size)]
         fits = {}
         for stack in stacks:
             trained = fit_group(data.x_train, data.y_train, [trainings[k] for k in stack], candidate,

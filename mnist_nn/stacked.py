@@ -27,7 +27,7 @@ by one (``batched=False``), same shapes and strides whatever K is.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -48,9 +48,13 @@ def prefer_batched(device: torch.device) -> bool:
 class NetStack:
     """Parameters and momentum of K same-shaped nets, and one SGD step on all of them."""
 
-    def __init__(self, states: Sequence[Dict[str, torch.Tensor]], image_size: int, batch_size: int,
-                 learning_rate: float, momentum: float, batched: Optional[bool] = None):
-        first = states[0]
+    def __init__(self, states: Iterable[Dict[str, torch.Tensor]], count: int, image_size: int, batch_size: int,
+                 learning_rate: float, momentum: float, device: Union[str, torch.device],
+                 batched: Optional[bool] = None):
+        """``count`` nets from ``states`` (Net state dicts on any device), read one at a time so
+        that a big net's initial weights are held only once besides the stack."""
+        states = iter(states)
+        first = next(states)
         conv_w = first["conv.weight"]
         self.channels, self.kernel = conv_w.shape[0], conv_w.shape[-1]
         self.image_size = image_size
@@ -59,7 +63,7 @@ class NetStack:
         self.hidden = first["hidden.weight"].shape[0]
         self.batch_size = batch_size
         self.learning_rate, self.momentum = float(learning_rate), float(momentum)
-        self.device = conv_w.device
+        self.device = torch.device(device)
         self.batched = prefer_batched(self.device) if batched is None else batched
         C, H, L, kk = self.channels, self.hidden, self.positions, self.kernel ** 2
         self.shapes = {"conv": (C, kk + 1), "hidden_w": (H, C * L), "hidden_b": (1, H),
@@ -69,11 +73,13 @@ class NetStack:
             self.offsets[name] = offset
             offset += _aligned(shape[0] * shape[1])
         self.width = offset
-        store = torch.zeros(len(states), 2, self.width, device=self.device)
-        self._bind(store)
-        for k, state in enumerate(states):
+        self._bind(torch.zeros(count, 2, self.width, device=self.device))
+        for k in range(count):
+            state = first if k == 0 else next(states)
+            first = None
             for name, tensor in self._from_net(state).items():
                 self.params[name][k].copy_(tensor)
+            del state
 
     # ----- layout -----
     def _bind(self, store: torch.Tensor) -> None:

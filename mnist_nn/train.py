@@ -28,6 +28,9 @@ TOLERANCE = 0.8
 #: momenta stay in cache (measured, benchmarks/bench_nn.py: 22k-weight nets 1.4x faster as 5, 296k-weight
 #: nets 1.7x slower); past this many weights in all, they train one at a time
 CPU_STACK_WEIGHTS = 250_000
+#: share of a GPU's memory a stack's weights and momenta may take (the trained nets' copies,
+#: evaluation and the data take the rest)
+GPU_STACK_SHARE = 0.4
 #: bytes of conv activations one evaluation batch may take
 EVAL_BYTES = 256 * 2 ** 20
 
@@ -136,8 +139,8 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
     """
     device = x.device
     K = len(indexes)
-    stack = NetStack([initial_state(candidate, seed, device) for seed in init_seeds], x.shape[-1], batch_size,
-                     candidate.learning_rate, candidate.momentum, batched=batched)
+    stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), K, x.shape[-1], batch_size,
+                     candidate.learning_rate, candidate.momentum, device, batched=batched)
     rows_np, weight_np, valid = epoch_plan(indexes, batch_size)
     n_steps = rows_np.shape[0]
     sizes = np.array([len(index) for index in indexes])
@@ -188,9 +191,15 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
     return [(finals[k], logs[k]) for k in range(K)]
 
 
-def stacking_pays(candidate: Candidate, k: int, device: torch.device) -> bool:
-    """Whether ``k`` nets of ``candidate`` train faster in one stack than one after the other."""
-    return torch.device(device).type != "cpu" or k * candidate.n_weights <= CPU_STACK_WEIGHTS
+def stack_size(candidate: Candidate, k: int, device: torch.device) -> int:
+    """How many of ``k`` nets of ``candidate`` to train in one stack: on a CPU all of them while that
+    is faster than one after the other, else 1; on a GPU as many as fit in ``GPU_STACK_SHARE`` of
+    its memory (weights and momenta; the activations at batch size 10 are small beside them)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return k if k * candidate.n_weights <= CPU_STACK_WEIGHTS else 1
+    budget = GPU_STACK_SHARE * torch.cuda.get_device_properties(device).total_memory
+    return int(max(1, min(k, budget // (candidate.n_weights * 2 * 4))))
 
 
 def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidate, max_epochs: int,

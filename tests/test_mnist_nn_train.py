@@ -74,7 +74,8 @@ def test_one_step_equals_autograd_and_torch_sgd(data):
     gradients = {name: p.grad.clone() for name, p in net.named_parameters()}
     optimizer.step()
 
-    stack = NetStack([initial_state(CANDIDATE, 7, "cpu")], 28, 10, CANDIDATE.learning_rate, CANDIDATE.momentum)
+    stack = NetStack([initial_state(CANDIDATE, 7, "cpu")], 1, 28, 10, CANDIDATE.learning_rate, CANDIDATE.momentum,
+                     "cpu")
     labels = data.y_train[rows].view(1, 10, 1)
     picked, predicted = torch.empty(1, 10, 1), torch.empty(1, 10, dtype=torch.long)
     with torch.inference_mode():

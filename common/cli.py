@@ -61,7 +61,7 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
     engine.add_argument("--workers", type=at_least(1), default=1,
                         help="worker processes per rank when running on CPU")
     engine.add_argument("--threads", type=at_least(1), default=None,
-                        help="torch/BLAS threads per worker (default: the rank's cores / its workers)")
+                        help="torch/BLAS threads per worker (default: the rank's cores / its workers / ranks sharing them)")
     engine.add_argument("--batch", type=at_least(1), default=None,
                         help="replace a worker by a fresh process after this many items (frees leaked GPU memory)")
     engine.add_argument("--seed", type=at_least(0), default=0, help="seed of every item's randomness")

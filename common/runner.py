@@ -140,8 +140,7 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
         log.info(notice)
     (results / "logs").mkdir(parents=True, exist_ok=True)  # on every node: results need not be shared
     add_file_log(str(results / "logs" / f"rank{comm.rank}.log"))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = args.threads or max(1, cores // len(devices))
+    threads = args.threads or _default_threads(comm, host, len(devices))
     pool_specs = app.pools()
     node_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope == "node"}
     global_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope != "node"}
@@ -190,6 +189,15 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
         code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports, started_at)
         journal.close()
     return comm.bcast(code)
+
+
+def _default_threads(comm: Any, host: str, workers: int) -> int:
+    """The rank's cores divided by its workers, and by the other ranks on the same node when
+    they share those cores (mpiexec -n 2 on one machine; not srun with --cpus-per-task)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    sharing = sum(1 for other_host, other_cores in comm.allgather((host, cores))
+                  if other_host == host and other_cores == cores)
+    return max(1, len(cores) // (workers * sharing))
 
 
 def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: Leader, journal: Journal, resumed: dict,

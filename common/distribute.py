@@ -2,7 +2,7 @@
 
 Protocol (pickled tuples over MPI, one tag):
   follower -> leader  ("request", need, prefetch)   need: idle workers without a queued item
-                      ("result", Record) / ("failed", key, error, traceback, worker, attempt, start, end)
+                      ("result", Record) / ("failed", Record without result, error, traceback)
                       ("pool", verb, requester, pool, count)   global resource pools
                       ("dropped", [keys])   handed out but not started when a stop came
                       ("stop_request", why) / ("broken", why)
@@ -138,17 +138,19 @@ class Leader:
             self.progress.advance()
             self.report_failures()  # a dependent that could not be built from this result
 
-    def _attempt_failed(self, key: str, error: str, text: str, worker: str, attempt: int, start: float, end: float) -> None:
-        self.bars.append({"worker": worker, "start": start, "end": end, "ok": False})
+    def _attempt_failed(self, record: Record, error: str, text: str) -> None:
+        """``record`` says where and when the attempt ran (its result is None)."""
+        key, worker = record.key, record.worker
+        self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False})
         if self.stopping:  # killed by the stop itself: it will simply run again on --resume
             self.scheduler.in_flight.pop(key, None)
             return
         self.journal.add_event("attempt_failed", key=key, error=error, traceback=text, worker=worker,
-                               attempt=attempt, start=start, end=end)
+                               attempt=record.attempt, start=record.start, end=record.end)
         retried = self.scheduler.attempt_failed(key, error, worker)
         if retried:
             last_line = error.splitlines()[-1] if error else "failed"
-            self.progress.write(f"[rank 0] item {key} failed on {worker} (attempt {attempt}): {last_line}; retrying")
+            self.progress.write(f"[rank 0] item {key} failed on {worker} (attempt {record.attempt}): {last_line}; retrying")
         self.report_failures()
 
     def report_failures(self) -> None:
@@ -166,7 +168,7 @@ class Leader:
             for key in event.keys:
                 self.scheduler.give_back(key)
         elif event.kind == "failed":
-            self._attempt_failed(event.key, event.error, event.traceback, event.worker, event.attempt, event.start, event.end)
+            self._attempt_failed(event.record, event.error, event.traceback)
         elif event.kind == "pool":
             self._pool(*event.message)
 
@@ -354,8 +356,7 @@ class Follower:
             self.pace.observe(event.record.seconds)
             self.comm.send(("result", event.record), 0)
         elif event.kind == "failed":
-            self.comm.send(("failed", event.key, event.error, event.traceback, event.worker, event.attempt,
-                            event.start, event.end), 0)
+            self.comm.send(("failed", event.record, event.error, event.traceback), 0)
         elif event.kind == "pool":
             self.comm.send(("pool",) + tuple(event.message), 0)
 

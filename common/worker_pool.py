@@ -87,16 +87,15 @@ class Event:
     """What a poll of the pool saw: an item done or failed, or a global-pool message."""
 
     kind: str  # "done", "failed", "returned" (handed over but never started), "pool"
-    key: str = ""
-    keys: Tuple[str, ...] = ()
-    record: Optional[Record] = None
-    error: str = ""
-    traceback: str = ""
-    worker: str = ""
-    attempt: int = 0
-    start: float = 0.0
-    end: float = 0.0
-    message: Optional[tuple] = None  # for kind "pool": (verb, requester, pool, count)
+    record: Optional[Record] = None  # done and failed: where and when it ran (failed: no result)
+    error: str = ""  # failed
+    traceback: str = ""  # failed
+    keys: Tuple[str, ...] = ()  # returned
+    message: Optional[tuple] = None  # pool: (verb, requester, pool, count)
+
+    @property
+    def key(self) -> str:
+        return self.record.key if self.record else ""
 
 
 class WorkerPool:
@@ -247,16 +246,12 @@ class WorkerPool:
                 worker.assigned.popleft()
             attempt, group_size = entry[1], running.size if running.together else 1
             worker.items_done += 1
+            start, end = message[-2], message[-1]
+            record = self._record(worker, key, message[2] if verb == "done" else None, attempt, start, end, group_size)
             if verb == "done":
-                _, key, result, start, end = message
-                record = Record(key=key, result=result, seconds=end - start, rank=self.rank, host=self.host,
-                                device=str(worker.device), worker=worker.name, start=start, end=end, attempt=attempt,
-                                group_size=group_size)
-                events.append(Event("done", key, record=record, worker=worker.name, attempt=attempt, start=start, end=end))
+                events.append(Event("done", record))
             else:
-                _, key, error, text, start, end = message
-                events.append(Event("failed", key, error=error, traceback=text, worker=worker.name,
-                                    attempt=attempt, start=start, end=end))
+                events.append(Event("failed", record, error=message[2], traceback=message[3]))
             if self.batch and worker.items_done >= self.batch and not self.closing:
                 worker.retiring = True  # a fresh process gives back memory the old one never did
                 worker.conn.send(("stop",))
@@ -266,9 +261,15 @@ class WorkerPool:
                 bundle.entries = [e for e in bundle.entries if e[0].key not in keys]
             worker.assigned = deque(bundle for bundle in worker.assigned if bundle.entries)
             if keys:
-                events.append(Event("returned", keys=tuple(message[1]), worker=worker.name))
+                events.append(Event("returned", keys=tuple(message[1])))
         elif verb in ("acquire", "cancel", "release"):
             self._pool_message(worker, message, events)
+
+    def _record(self, worker: WorkerHandle, key: str, result: Any, attempt: int, start: float, end: float,
+                group_size: int) -> Record:
+        return Record(key=key, result=result, seconds=end - start, rank=self.rank, host=self.host,
+                      device=str(worker.device), worker=worker.name, start=start, end=end, attempt=attempt,
+                      group_size=group_size)
 
     # ----- resource pools -----
     def _requester(self, worker: WorkerHandle, request: int) -> tuple:
@@ -342,11 +343,11 @@ class WorkerPool:
             failed = running.entries if running.together else running.entries[:1]
             log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in failed))
             for item, attempt, handed in failed:
-                events.append(Event("failed", item.key, error=why, worker=worker.name, attempt=attempt,
-                                    start=handed, end=time.time()))
+                record = self._record(worker, item.key, None, attempt, handed, time.time(), len(failed))
+                events.append(Event("failed", record, error=why))
             unstarted = running.entries[len(failed):] + [e for b in worker.assigned for e in b.entries]
             if unstarted:
-                events.append(Event("returned", keys=tuple(e[0].key for e in unstarted), worker=worker.name))
+                events.append(Event("returned", keys=tuple(e[0].key for e in unstarted)))
         elif not worker.ready and not worker.retiring and worker.name not in self.setup_failures:
             self._setup_failed(worker, why)
         if self.closing or worker.name in self.given_up:

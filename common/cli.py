@@ -42,7 +42,7 @@ def at_least(minimum: float, kind: Callable = int) -> Callable[[str], Any]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, got {text!r}")
-        if value < minimum:
+        if not value >= minimum:  # also refuses nan
             raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
         return value
 

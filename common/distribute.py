@@ -6,6 +6,7 @@ Protocol (pickled tuples over MPI, one tag):
                       ("pool", verb, requester, pool, count)   global resource pools
                       ("dropped", [keys])   handed out but not started when a stop came
                       ("stop_request", why) / ("broken", why)
+                      ("bye",)  after "done"/"halt", once its workers are stopped
   leader -> follower  ("items", [bundle, ...], plenty)   a bundle: [(item, attempt, avoid), ...] of one
                       group (usually one item); plenty: prefetch is welcome
                       ("pool_reply", requester, message)
@@ -100,6 +101,8 @@ class Leader:
             why = self.stop_signal()
             if why and not self.stopping:
                 self._begin_stop(why)
+            if self.stopping and getattr(self.stop_signal, "urgent", False):
+                self.deadline = 0.0  # a second signal: do not wait for running items
             if not self.stopping:
                 active |= self._dispatch()
                 self._check_workers_left()
@@ -111,6 +114,22 @@ class Leader:
                 self._broadcast(("halt",))
                 return "stopped"
             timeout = backoff.next(active, cap)
+
+    def await_byes(self) -> None:
+        """After "done"/"halt": read until every follower has said "bye", keeping results that
+        were finished before the news reached it (MPI sends then complete on both sides)."""
+        waiting = set(range(1, self.comm.size))
+        while waiting:
+            incoming = self.comm.poll()
+            if incoming is None:
+                time.sleep(0.001)
+                continue
+            source, message = incoming
+            if message[0] == "bye":
+                waiting.discard(source)
+            elif message[0] == "result":
+                self._finished(message[1])
+        self.journal.maybe_sync()
 
     # ----- stopping -----
     def _begin_stop(self, why: str) -> None:
@@ -196,6 +215,7 @@ class Leader:
                 self._begin_stop(message[1])
             elif verb == "broken":
                 self.broken[source] = message[1]
+                self.requests.pop(source, None)
 
     # ----- handing out -----
     def _dispatch(self) -> bool:
@@ -261,8 +281,8 @@ class Leader:
                 self._pool_reply(requester, ("refused", requester[3], str(error)))
                 return
         elif verb == "cancel":
-            self._pool_reply(requester, ("cancelled" if broker.cancel(name, requester) else "granted", requester[3]))
-            granted = []
+            cancelled, granted = broker.cancel(name, requester)
+            self._pool_reply(requester, ("cancelled" if cancelled else "granted", requester[3]))
         else:
             granted = broker.release(name, requester)
         for who in granted:
@@ -324,7 +344,10 @@ class Follower:
             active = True
             message = incoming[1]
             verb = message[0]
-            if verb == "items":
+            if verb == "items" and self.told_broken:  # crossed our "broken": give them back
+                self.comm.send(("dropped", [entry[0].key for bundle in message[1] for entry in bundle]), 0)
+                self.asked = False
+            elif verb == "items":
                 self.buffer.extend(message[1])
                 self.plenty = message[2]
                 self.asked = False

@@ -24,8 +24,11 @@ FORMAT_VERSION = 1
 def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record], List[dict]]:
     """(header, finished records by key, other events) from a journal; tolerates a torn tail."""
     header, records, events = None, {}, []
-    with open(path, "rb") as handle:
-        lines = handle.read().split(b"\n")
+    try:
+        with open(path, "rb") as handle:
+            lines = handle.read().split(b"\n")
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read the journal ({error.strerror or error})") from None
     for number, raw in enumerate(lines):
         if not raw.strip():
             continue
@@ -35,13 +38,16 @@ def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record], List[di
             if number >= len(lines) - 2:  # the last line, torn by a crash
                 continue
             raise UsageError(f"{path}: line {number + 1} is not valid JSON; the journal is damaged") from None
-        kind = entry.pop("type", None)
-        if kind == "header":
-            header = entry
-        elif kind == "result":
-            records[entry["key"]] = Record(**entry)
-        else:
-            events.append(dict(entry, type=kind))
+        try:
+            kind = entry.pop("type", None)
+            if kind == "header":
+                header = entry
+            elif kind == "result":
+                records[entry["key"]] = Record(**entry)
+            else:
+                events.append(dict(entry, type=kind))
+        except (AttributeError, KeyError, TypeError):
+            raise UsageError(f"{path}: line {number + 1} is not a journal record; the journal is damaged") from None
     return header, records, events
 
 
@@ -70,11 +76,21 @@ class Journal:
             self.sync()
 
     def _drop_torn_tail(self) -> None:
-        """A crash may have left half a line: end it so the next record starts cleanly."""
-        with open(self.path, "rb") as handle:
-            handle.seek(-1, os.SEEK_END)
-            if handle.read(1) != b"\n":
-                self._handle.write(b"\n")
+        """A crash may have left half a line: cut it off so the next record starts cleanly."""
+        with open(self.path, "rb+") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            position, block = end, 1 << 20
+            while position > 0:
+                start = max(0, position - block)
+                handle.seek(start)
+                chunk = handle.read(position - start)
+                newline = chunk.rfind(b"\n")
+                if newline >= 0:
+                    position = start + newline + 1
+                    break
+                position = start
+            if position < end:
+                handle.truncate(position)
 
     def _write(self, entry: dict) -> None:
         self._handle.write(json.dumps(to_jsonable(entry), separators=(",", ":")).encode() + b"\n")

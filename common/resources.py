@@ -35,19 +35,20 @@ class ResourceBroker:
     def request(self, name: str, requester: Hashable, count: int) -> List[Hashable]:
         """Queue a request; returns the requesters granted now (possibly this one)."""
         pool = self.pools[name]
-        if count > pool.capacity:
-            raise ValueError(f"pool {name!r} has capacity {pool.capacity}, {count} asked")
+        if not 1 <= count <= pool.capacity:
+            raise ValueError(f"pool {name!r} has capacity {pool.capacity}; {count} slot(s) cannot be granted")
         pool.waiting.append((requester, count))
         return self._grant(name)
 
-    def cancel(self, name: str, requester: Hashable) -> bool:
-        """Withdraw a waiting request; False if it was already granted (then release it)."""
+    def cancel(self, name: str, requester: Hashable) -> Tuple[bool, List[Hashable]]:
+        """Withdraw a waiting request: (True, requesters granted now that it no longer blocks the
+        queue), or (False, []) if it was already granted (the requester then releases it)."""
         pool = self.pools[name]
         for entry in list(pool.waiting):
             if entry[0] == requester:
                 pool.waiting.remove(entry)
-                return True
-        return False
+                return True, self._grant(name)
+        return False, []
 
     def release(self, name: str, requester: Hashable) -> List[Hashable]:
         pool = self.pools[name]

@@ -36,17 +36,26 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class _StopFlag:
-    """Set by SIGTERM/SIGUSR1/SIGINT; the distribution loop looks at it between events."""
+    """Set by SIGTERM/SIGUSR1/SIGINT; the distribution loop looks at it between events.
+    A second signal means: do not wait for running items any longer."""
 
     def __init__(self) -> None:
         self.why: Optional[str] = None
+        self.count = 0
 
     def install(self) -> None:
         for number in _STOP_SIGNALS:
             signal.signal(number, self._handle)
 
     def _handle(self, number: int, frame: Any) -> None:
+        self.count += 1
         self.why = self.why or f"received {signal.Signals(number).name}"
+        if self.count >= 3 and number == signal.SIGINT:
+            raise KeyboardInterrupt  # Ctrl-C three times: the user insists
+
+    @property
+    def urgent(self) -> bool:
+        return self.count > 1
 
     def __call__(self) -> Optional[str]:
         return self.why
@@ -105,6 +114,8 @@ def _check_results_folder(app: App) -> Dict[str, Any]:
 def main(app_class: type, argv: Optional[List[str]] = None) -> int:
     """Run an app from the command line on this rank; returns the exit code (same on every rank)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    stop = _StopFlag()
+    stop.install()  # from the first moment: a walltime signal during start-up still ends cleanly
     comm = world()
     setup_logging(comm.rank)
     valid, error = _validate_everywhere(comm, app_class, argv)
@@ -129,10 +140,18 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
         if comm.rank == 0:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    return _run(comm, app, devices, notice, fingerprint, argv)
+    try:
+        return _run(comm, app, devices, notice, fingerprint, argv, stop)
+    except Exception:
+        if comm.size > 1:  # the other ranks would wait for this one for ever: end the whole job
+            log.exception("unexpected error; aborting all %d ranks", comm.size)
+            logging.shutdown()
+            comm.abort(1)
+        raise
 
 
-def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint: Optional[dict], argv: List[str]) -> int:
+def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
+         stop: "_StopFlag") -> int:
     args = app.args
     host = socket.gethostname().split(".")[0]
     results: Path = args.results
@@ -146,8 +165,6 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
     global_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope != "node"}
     layout = comm.allgather({"rank": comm.rank, "host": host, "pid": os.getpid(), "devices": [str(d) for d in devices], "threads": threads})
     total_capacity = sum(len(entry["devices"]) for entry in layout)
-    stop = _StopFlag()
-    stop.install()
     started_at = time.time()
 
     leader = None
@@ -158,7 +175,8 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
         keys = [item.key for item in items]
         if len(set(keys)) != len(keys):
             raise ValueError(f"{app.name}: item keys are not unique")
-        resumed = {key: record for key, record in resumed.items() if key in set(keys)}
+        known = set(keys)
+        resumed = {key: record for key, record in resumed.items() if key in known}
         scheduler = Scheduler(items, {k: r.result for k, r in resumed.items()}, args.retries, app.complete)
         journal = Journal(journal_path, {"fingerprint": fingerprint, "command": module_command(argv)})
         journal.add_event("start", time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
@@ -180,6 +198,10 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
             outcome = Follower(comm, pool, stop).run()
     finally:
         pool.shutdown(kill_after=2.0 if stop() else 10.0)
+    if comm.rank == 0:
+        leader.await_byes()
+    else:
+        comm.send(("bye",), 0)
     gpu_usage = monitor.stop()
     comm.flush()
     reports = comm.gather({"rank": comm.rank, "host": host, "gpu": gpu_usage})

@@ -32,6 +32,12 @@ class Scheduler:
         self._dependents: Dict[str, List[str]] = {}
         for item in items:
             if item.key in self.results:
+                if item.after:  # finished in an earlier run: rebuild it as it ran, for the outputs
+                    try:
+                        self.items[item.key] = complete(item, {d: self.results[d] for d in item.after
+                                                               if d in self.results})
+                    except Exception:
+                        pass
                 continue
             missing = {dep for dep in item.after if dep not in self.results}
             unknown = {dep for dep in missing if dep not in self.items}
@@ -43,6 +49,21 @@ class Scheduler:
                     self._dependents.setdefault(dep, []).append(item.key)
             else:
                 self._make_ready(item.key)
+        self._refuse_cycles()
+
+    def _refuse_cycles(self) -> None:
+        """Items that wait for each other would never run: an app bug, reported at once."""
+        resolvable = set(self.items) - set(self._waiting)
+        changed = True
+        while changed:
+            changed = False
+            for key, missing in self._waiting.items():
+                if key not in resolvable and missing <= resolvable:
+                    resolvable.add(key)
+                    changed = True
+        stuck = sorted(set(self._waiting) - resolvable)
+        if stuck:
+            raise ValueError(f"items wait for each other in a cycle: {', '.join(stuck[:5])}")
 
     # ----- state -----
     @property

@@ -27,8 +27,14 @@ class PoolTimeout(Exception):
     """Waited longer than the timeout for a resource pool."""
 
 
+# The rank ends a busy worker with this signal (and SIGKILL after a while). SIGTERM itself is
+# ignored: Slurm and terminals signal the whole process group, and it is the rank that decides
+# whether running items get their --grace period.
+TERMINATE_SIGNAL = signal.SIGUSR2
+
+
 class _Terminated(BaseException):
-    """Raised inside the worker on SIGTERM so that ``finally`` blocks (child processes) run."""
+    """Raised inside the worker on TERMINATE_SIGNAL so that ``finally`` blocks (child processes) run."""
 
 
 class _Inbox:
@@ -112,15 +118,19 @@ def acquire(pool: str, count: int = 1, timeout: Optional[float] = None) -> Itera
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to send us SIGTERM when the rank dies, so no worker outlives its job."""
+    """Ask Linux to signal us when the rank dies, so no worker outlives its job."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, TERMINATE_SIGNAL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _ignore(signum: int, frame: Any) -> None:
+    """The rank decides when work stops (Ctrl-C, walltime warning and SIGTERM go to it)."""
+
+
+def _on_terminate(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
@@ -162,9 +172,10 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     _inbox = inbox = _Inbox(conn)
     _die_with_parent()
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    for ignored in (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM):
+        # A handler that does nothing, not SIG_IGN: programs the item starts get the defaults back.
+        signal.signal(ignored, _ignore)
+    signal.signal(TERMINATE_SIGNAL, _on_terminate)
     handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter(f"%(asctime)s [{name}] %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)

@@ -24,7 +24,7 @@ from .devices import Device
 from .items import Item
 from .mpi import without_launcher
 from .resources import ResourceBroker
-from .worker import worker_main
+from .worker import TERMINATE_SIGNAL, worker_main
 
 log = logging.getLogger("multinode_gpu")
 
@@ -80,6 +80,8 @@ class WorkerHandle:
     handed_total: int = 0
     items_done: int = 0
     retiring: bool = False
+    setup_reported: bool = False  # it said its setup failed (counted then, not again at its exit)
+    unreachable: bool = False  # a send to it failed: what it was handed never reached it
 
 
 @dataclass
@@ -158,7 +160,14 @@ class WorkerPool:
         now = time.time()
         worker.assigned.append(Bundle([[item, attempt, now] for item, attempt in bundle], together, len(bundle)))
         worker.handed_total += len(bundle)
-        worker.conn.send(("items", list(bundle), together))
+        self._send(worker, ("items", list(bundle), together))
+
+    def _send(self, worker: WorkerHandle, message: tuple) -> None:
+        """Send, tolerating a worker that died since the last poll (its sentinel reports it)."""
+        try:
+            worker.conn.send(message)
+        except (OSError, ValueError):
+            worker.unreachable = True
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
         """The worker to hand the next item to: an idle one first, else one with fewer than
@@ -179,17 +188,17 @@ class WorkerPool:
         """Ask every worker to give back the items waiting in its inbox (a stop)."""
         for worker in self.workers.values():
             if len(worker.assigned) > 1:
-                worker.conn.send(("revoke",))
+                self._send(worker, ("revoke",))
 
     def shutdown(self, kill_after: float = 5.0) -> None:
-        """Stop every worker: politely if idle, SIGTERM if busy, SIGKILL after ``kill_after`` s."""
+        """Stop every worker: politely if idle, TERMINATE_SIGNAL if busy, SIGKILL after ``kill_after`` s."""
         self.closing = True
         for worker in self.workers.values():
             try:
                 if not worker.assigned and worker.ready:
                     worker.conn.send(("stop",))
                 elif worker.process.is_alive():
-                    worker.process.terminate()
+                    os.kill(worker.process.pid, TERMINATE_SIGNAL)
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + kill_after
@@ -234,6 +243,7 @@ class WorkerPool:
             worker.ready = True
             self.setup_failures.pop(worker.name, None)
         elif verb == "setup_failed":
+            worker.setup_reported = True
             self._setup_failed(worker, message[1])
         elif verb in ("done", "error"):
             key = message[1]
@@ -254,7 +264,7 @@ class WorkerPool:
                 events.append(Event("failed", record, error=message[2], traceback=message[3]))
             if self.batch and worker.items_done >= self.batch and not self.closing:
                 worker.retiring = True  # a fresh process gives back memory the old one never did
-                worker.conn.send(("stop",))
+                self._send(worker, ("stop",))
         elif verb == "revoked":
             keys = set(message[1])
             for bundle in worker.assigned:
@@ -284,21 +294,18 @@ class WorkerPool:
             events.append(Event("pool", message=(verb, requester, pool, count)))
             return
         if pool not in self.node_resources:
-            worker.conn.send(("refused", request, f"unknown resource pool {pool!r}"))
+            self._send(worker, ("refused", request, f"unknown resource pool {pool!r}"))
             return
         if verb == "acquire":
             try:
                 granted = self.node_resources.request(pool, requester, message[2])
             except ValueError as error:
-                worker.conn.send(("refused", request, str(error)))
+                self._send(worker, ("refused", request, str(error)))
                 return
         elif verb == "cancel":
-            if self.node_resources.cancel(pool, requester):
-                worker.conn.send(("cancelled", request))
-                granted = []
-            else:
-                worker.conn.send(("granted", request))  # it crossed the cancel; the worker releases it
-                granted = []
+            cancelled, granted = self.node_resources.cancel(pool, requester)
+            # Not cancelled: the grant crossed the cancel; the worker releases it at once.
+            self._send(worker, ("cancelled" if cancelled else "granted", request))
         else:
             granted = self.node_resources.release(pool, requester)
         for who in granted:
@@ -339,16 +346,18 @@ class WorkerPool:
         why = _describe_exit(worker.process.exitcode)
         if worker.assigned:
             running = worker.assigned.popleft()
-            # A group failed as one; in a chunk only the first unanswered item was running.
-            failed = running.entries if running.together else running.entries[:1]
-            log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in failed))
+            # A group failed as one; in a chunk only the first unanswered item was running; a worker
+            # that could not even be sent its items ran none of them.
+            failed = [] if worker.unreachable else running.entries if running.together else running.entries[:1]
+            if failed:
+                log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in failed))
             for item, attempt, handed in failed:
                 record = self._record(worker, item.key, None, attempt, handed, time.time(), len(failed))
                 events.append(Event("failed", record, error=why))
             unstarted = running.entries[len(failed):] + [e for b in worker.assigned for e in b.entries]
             if unstarted:
                 events.append(Event("returned", keys=tuple(e[0].key for e in unstarted)))
-        elif not worker.ready and not worker.retiring and worker.name not in self.setup_failures:
+        elif not worker.ready and not worker.retiring and not worker.setup_reported:
             self._setup_failed(worker, why)
         if self.closing or worker.name in self.given_up:
             return

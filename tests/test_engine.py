@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections import Counter
 from pathlib import Path
@@ -119,6 +120,9 @@ def test_a_torn_last_journal_line_is_tolerated_on_resume(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert len(values(tmp_path / "r")) == 10
     assert summary(tmp_path / "r")["items_resumed"] == 5
+    again = run(args + ["--resume"])  # the torn line was cut off, not left in the middle
+    assert again.returncode == 0, again.stderr
+    assert summary(tmp_path / "r")["items_resumed"] == 10
 
 
 def test_batch_replaces_workers_after_n_items(tmp_path):
@@ -181,6 +185,36 @@ def test_workers_that_cannot_start_fail_the_run_instead_of_hanging(tmp_path):
     failed = summary(tmp_path / "r")["failed_items"]
     assert len(failed) == 5 and "cannot load the toy data" in failed[0]["error"]
     assert "cannot load the toy data" in (tmp_path / "r" / "logs" / "rank1-cpu0.log").read_text()
+
+
+def test_workers_that_die_while_starting_are_given_up(tmp_path):
+    proc = run([TOY, "3", "--crashing-setup", "--results", str(tmp_path / "r"), "--no-progress"], timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "giving up" in proc.stderr
+    assert len(summary(tmp_path / "r")["failed_items"]) == 3
+
+
+def test_an_error_on_rank_0_ends_every_rank_instead_of_hanging(tmp_path):
+    proc = run([TOY, "4", "--broken-finish", "--results", str(tmp_path / "r"), "--no-progress"], ranks=2, timeout=120)
+    assert proc.returncode != 0
+    assert "a bug in finish()" in proc.stderr
+
+
+def test_sigterm_to_the_whole_process_group_stops_cleanly_without_failures(tmp_path):
+    """What scancel and srun do: every process, workers included, gets the signal."""
+    args = [TOY, "8", "--sleep", "1.5", "--workers", "2", "--retries", "0", "--grace", "20",
+            "--results", str(tmp_path / "r"), "--no-progress"]
+    process = start(args, ranks=2)
+    from helpers import wait_for_results
+    wait_for_results(tmp_path / "r", 1)
+    os.killpg(process.pid, signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 75, err
+    entries = journal_entries(tmp_path / "r")
+    assert not [e for e in entries if e.get("type") in ("attempt_failed", "failed")], err
+    assert summary(tmp_path / "r")["failed_items"] == []
+    # Running items were given their grace period: the journal holds more than the first result.
+    assert sum(1 for e in entries if e.get("type") == "result") >= 3
 
 
 def test_resume_takes_no_value_for_ordinary_apps(tmp_path):

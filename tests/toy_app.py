@@ -35,6 +35,8 @@ class ToyApp(App):
         parser.add_argument("--marker-dir", type=Path, default=None, help="each run of an item touches a file here")
         parser.add_argument("--wave", action="store_true", help="add a second wave: one sum per 4 items")
         parser.add_argument("--broken-setup", action="store_true", help="every worker fails to start")
+        parser.add_argument("--crashing-setup", action="store_true", help="every worker dies (SIGKILL) while starting")
+        parser.add_argument("--broken-finish", action="store_true", help="rank 0's finish() raises")
         parser.add_argument("--group", type=int, default=0, help="items i // GROUP form a group run together")
 
     def validate(self):
@@ -73,6 +75,8 @@ class ToyApp(App):
     def setup_worker(self, device):
         if self.args.broken_setup:
             raise OSError("cannot load the toy data")
+        if self.args.crashing_setup:
+            os.kill(os.getpid(), signal.SIGKILL)
         return {"pid": os.getpid()}
 
     def run_item(self, state, item, seed):
@@ -97,6 +101,8 @@ class ToyApp(App):
         return results
 
     def finish(self, run: RunInfo):
+        if self.args.broken_finish:
+            raise RuntimeError("a bug in finish()")
         values = {key: result["value"] for key, result in run.results().items()}
         atomic_write_json(run.results_dir / "values.json", values)
         return {"n_values": len(values)}

@@ -179,7 +179,7 @@ class PipelineRunner:
             began = time.time()
             try:
                 attempt, queued = self._attempt(step, walk.runs[step.id])
-            except BaseException:  # the worker is being stopped (SIGTERM): record it, then go
+            except BaseException:  # the worker is being stopped by its rank: record it, then go
                 self._write_status(step, {"step": step.id, "run": self.layout.run_id, "status": "failed",
                                           "reason": "interrupted: the run was stopped", "exit_code": None,
                                           "attempts": walk.runs[step.id], "started": began, "ended": time.time(),

@@ -1,0 +1,58 @@
+"""The engine's bookkeeping pieces on their own: scheduler, resource pools, journal."""
+from __future__ import annotations
+
+import pytest
+
+from common.errors import UsageError
+from common.items import Item
+from common.journal import read_journal
+from common.resources import ResourceBroker
+from common.scheduler import Scheduler
+
+
+def keep(item, results):
+    return item
+
+
+def test_groups_leave_together_and_short_items_in_chunks():
+    items = [Item(f"g{i}", group="a", cost=2) for i in range(3)] + [Item(f"s{i}", cost=1) for i in range(5)]
+    scheduler = Scheduler(items, {}, retries=0, complete=keep)
+    assert [entry[0].key for entry in scheduler.take(chunk=4)] == ["g0", "g1", "g2"]
+    assert [entry[0].key for entry in scheduler.take(chunk=4)] == ["s0", "s1", "s2", "s3"]
+    assert [entry[0].key for entry in scheduler.take(chunk=4)] == ["s4"]
+    assert scheduler.take() is None
+
+
+def test_dependency_cycles_are_refused():
+    items = [Item("a", after=("b",)), Item("b", after=("a",)), Item("c")]
+    with pytest.raises(ValueError, match="cycle"):
+        Scheduler(items, {}, retries=0, complete=keep)
+
+
+def test_resumed_dependents_are_rebuilt_from_their_dependencies():
+    items = [Item("x"), Item("sum", after=("x",))]
+
+    def complete(item, results):
+        return Item(item.key, {"total": results["x"] + 1}, after=item.after)
+
+    scheduler = Scheduler(items, {"x": 41, "sum": 42}, retries=0, complete=complete)
+    assert scheduler.items["sum"].params == {"total": 42}
+    assert scheduler.all_resolved()
+
+
+def test_a_cancelled_request_no_longer_blocks_the_queue_behind_it():
+    broker = ResourceBroker({"gpu": 4})
+    assert broker.request("gpu", "A", 3) == ["A"]
+    assert broker.request("gpu", "B", 2) == []
+    assert broker.request("gpu", "C", 1) == []
+    cancelled, granted = broker.cancel("gpu", "B")
+    assert cancelled and granted == ["C"]
+    with pytest.raises(ValueError):
+        broker.request("gpu", "D", 0)
+
+
+def test_a_damaged_journal_is_a_usage_error(tmp_path):
+    path = tmp_path / "journal.jsonl"
+    path.write_text('{"type":"header","fingerprint":{}}\n[1,2]\n{"type":"result","key":"a","result":1}\n')
+    with pytest.raises(UsageError, match="damaged"):
+        read_journal(path)

@@ -204,12 +204,19 @@ def _mounts(value: Any, container: Optional[str], base: Path, where: _Where) -> 
     return tuple(mounts)
 
 
-def _step(data: Any, base: Path, where: _Where) -> Step:
+def _named_object(data: Any, field: str, what: str, reserved: Tuple[str, ...], why_reserved: str,
+                  where: _Where) -> str:
+    """The checked name of a step or pipeline object (a dict with a valid, unreserved name)."""
     if not isinstance(data, dict):
-        raise where.error(f"a step must be an object, got {data!r}")
-    step_id = _name(data.get("id"), "step id", where)
-    if step_id in RESERVED_STEP_IDS:
-        raise where.error(f"step id {step_id!r} is reserved (the run's shared folder)")
+        raise where.error(f"a {what} must be an object with {field}, got {type(data).__name__}")
+    name = _name(data.get(field), f"{what} {field}", where)
+    if name in reserved:
+        raise where.error(f"{what} {field} {name!r} is reserved ({why_reserved})")
+    return name
+
+
+def _step(data: Any, base: Path, where: _Where) -> Step:
+    step_id = _named_object(data, "id", "step", RESERVED_STEP_IDS, "the run's shared folder", where)
     where = _Where(where.source, where.pipeline, step_id)
     _check_fields(data, STEP_FIELDS, where, "a step")
     command, python = data.get("command"), data.get("python")
@@ -248,11 +255,8 @@ def _step(data: Any, base: Path, where: _Where) -> Step:
 
 
 def _pipeline(data: Any, base: Path, where: _Where) -> Pipeline:
-    if not isinstance(data, dict):
-        raise where.error(f"a pipeline must be an object with name and steps, got {type(data).__name__}")
-    name = _name(data.get("name"), "pipeline name", where)
-    if name in RESERVED_PIPELINE_NAMES:
-        raise where.error(f"pipeline name {name!r} is reserved (the engine writes {name}/ in the results folder)")
+    name = _named_object(data, "name", "pipeline", RESERVED_PIPELINE_NAMES,
+                         "the engine writes that folder in the results folder", where)
     where = _Where(where.source, name)
     _check_fields(data, PIPELINE_FIELDS, where, "a pipeline")
     raw_steps = data.get("steps")

@@ -26,6 +26,10 @@ from .backends import have_cuml, make_backend
 from .grid import REFIT_KEY, Grid, best_point, error_table, grid_items
 from .plots import plot_boxplots, plot_heatmap
 
+# 24 x 24 x 5 (the reference) is 2,880 fits; past this many the run would take days even on many
+# GPUs, and the journal and fits.csv grow past use: n_tuning 141 with 5 folds, or 100 with 10
+MAX_FITS = 100_000
+
 
 @dataclasses.dataclass
 class WorkerState:
@@ -63,6 +67,10 @@ class MnistSvm(App):
             raise UsageError(f"n_tuning must be at least 1, got {args.n_tuning}")
         if args.folds < 2:
             raise UsageError(f"--folds must be at least 2, got {args.folds}")
+        fits = args.n_tuning ** 2 * args.folds
+        if fits > MAX_FITS:
+            raise UsageError(f"n_tuning {args.n_tuning} with {args.folds} folds is {fits:,} fits; "
+                             f"at most {MAX_FITS:,} (n_tuning x n_tuning x folds; e.g. n_tuning 141 with 5 folds)")
         if args.subsample is not None and args.subsample < 2 * args.folds:
             raise UsageError(f"--subsample {args.subsample}: too few images for {args.folds} folds")
         if args.gpu is not None and parse_gpu_spec(args.gpu) is not None and not have_cuml():
@@ -108,12 +116,13 @@ class MnistSvm(App):
         try:
             best = best_point(grid, table)
         except RuntimeError:
-            return {**summary, "best_C": None, "best_gamma": None, "cv_error": None, "test_error": None,
-                    "confusion_matrix": None}
+            return {**summary, "best_C": None, "best_gamma": None, "cv_error": None, "cv_folds": 0,
+                    "test_error": None, "confusion_matrix": None}
         plot_heatmap(grid, table, best["i_C"], best["i_gamma"], folder / "validation_heatmap")
         plot_boxplots(grid, table, folder / "validation_boxplots")
         refit = results.get(REFIT_KEY) or {}
         summary.update({"best_C": best["C"], "best_gamma": best["gamma"], "cv_error": best["cv_error"],
+                        "cv_folds": best["cv_folds"],
                         "cv_error_std": float(np.nanstd(table[:, best["i_gamma"], best["i_C"]])),
                         "test_error": refit.get("test_error"), "confusion_matrix": refit.get("confusion_matrix"),
                         "n_support": refit.get("n_support"), "n_train": refit.get("n_train"),
@@ -150,7 +159,9 @@ class MnistSvm(App):
                  f"({summary['fits_done']} of {summary['fits_total']} fits done) |",
                  f"| best C | {summary['best_C']:.4g} |",
                  f"| best gamma | {summary['best_gamma']:.4g} |",
-                 f"| cross-validation error | {pct(summary['cv_error'])} (std over folds {pct(summary.get('cv_error_std'))}) |",
+                 f"| cross-validation error | {pct(summary['cv_error'])} (std over folds {pct(summary.get('cv_error_std'))}"
+                 + (f"; only {summary['cv_folds']} of {summary['folds']} folds finished"
+                    if summary.get("cv_folds", summary["folds"]) < summary["folds"] else "") + ") |",
                  f"| test error (refit on all training images) | {pct(summary.get('test_error'))} |", ""]
         matrix = summary.get("confusion_matrix")
         if matrix:

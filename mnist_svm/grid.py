@@ -5,6 +5,7 @@ One item per (C, gamma, fold); keys name grid indexes, so they stay stable acros
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Tuple
 
@@ -81,17 +82,26 @@ def error_table(grid: Grid, results: Mapping[str, object]) -> np.ndarray:
     return table
 
 
-def best_point(grid: Grid, table: np.ndarray) -> Dict[str, float]:
-    """The (C, gamma) of lowest mean validation error over the folds that finished.
+def fold_mean(table: np.ndarray) -> np.ndarray:
+    """Mean validation error per (gamma, C) over the folds that finished; NaN, silently, where none did."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Mean of empty slice", category=RuntimeWarning)
+        return np.nanmean(table, axis=0)
 
+
+def best_point(grid: Grid, table: np.ndarray) -> Dict[str, float]:
+    """The (C, gamma) of lowest mean validation error, among the pairs with the most folds finished.
+
+    A pair with every fold done beats one that looks better on fewer folds (1 lucky fold of 5 at
+    0 % error is no evidence); only when no pair has all folds do the ones with the most count.
     Ties go to the first in (gamma, C) order, so the choice is the same on every run.
     """
-    with np.errstate(all="ignore"):
-        counts = np.sum(~np.isnan(table), axis=0)
-        mean = np.where(counts > 0, np.nansum(table, axis=0) / np.maximum(counts, 1), np.nan)
-    if np.all(np.isnan(mean)):
+    counts = np.sum(~np.isnan(table), axis=0)
+    most = int(counts.max()) if counts.size else 0
+    if most == 0:
         raise RuntimeError("no (C, gamma) pair has a finished fit to choose from")
+    mean = np.where(counts == most, fold_mean(table), np.nan)
     i_gamma, i_c = np.unravel_index(int(np.nanargmin(mean)), mean.shape)
     return {"C": float(grid.c_values[i_c]), "gamma": float(grid.gamma_values[i_gamma]),
             "i_C": int(i_c), "i_gamma": int(i_gamma), "cv_error": float(mean[i_gamma, i_c]),
-            "cv_folds": int(counts[i_gamma, i_c])}
+            "cv_folds": most}

@@ -11,7 +11,7 @@ from matplotlib.ticker import FuncFormatter
 
 from common.outputs import save_figure
 
-from .grid import Grid
+from .grid import Grid, fold_mean
 
 
 def _figure(width: float, height: float, rows: int = 1, columns: int = 1):
@@ -24,8 +24,7 @@ def _figure(width: float, height: float, rows: int = 1, columns: int = 1):
 
 def plot_heatmap(grid: Grid, table: np.ndarray, best_i_c: int, best_i_gamma: int, path: Path) -> List[Path]:
     """Mean validation error over log10 C (x) by log10 gamma (y), the best pair starred."""
-    with np.errstate(all="ignore"):
-        mean = np.nanmean(table, axis=0) if np.any(~np.isnan(table)) else table[0]
+    mean = fold_mean(table)
     log_c, log_gamma = np.log10(grid.c_values), np.log10(grid.gamma_values)
     percent = mean * 100
     finite = percent[np.isfinite(percent)]

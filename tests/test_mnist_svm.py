@@ -73,7 +73,7 @@ def test_best_pair_on_digits_is_accurate_and_refit_on_the_test_set(two_rank_run)
     result = summary(two_rank_run)
     table = np.load(two_rank_run / "validation_error.npy")
     assert result["failed_items"] == []
-    assert result["cv_error"] < 0.05
+    assert result["cv_error"] < 0.05 and result["cv_folds"] == 5
     assert result["cv_error"] == pytest.approx(float(np.nanmean(table, axis=0).min()))
     assert result["best_C"] in Grid(N_TUNING, 5).c_values and result["best_gamma"] in Grid(N_TUNING, 5).gamma_values
     assert result["test_error"] < 0.05
@@ -127,7 +127,7 @@ TORCHVISION_LOADS = importlib.util.find_spec("torchvision") is not None
 
 
 @pytest.mark.parametrize("case", ["n_tuning 0", "n_tuning -1", "unknown dataset", "missing mnist offline",
-                                  "corrupt idx", "folds 1"])
+                                  "corrupt idx", "folds 1", "n_tuning huge"])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
     results = tmp_path / "results"
     extra = {
@@ -139,6 +139,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
         "corrupt idx": (["2", "--dataset", "mnist", "--data-dir", str(tmp_path / "idx")],
                         "train-images-idx3-ubyte.gz: truncated"),
         "folds 1": (["2", "--dataset", "digits", "--folds", "1"], "--folds must be at least 2"),
+        "n_tuning huge": (["201", "--dataset", "digits"], "n_tuning 201 with 5 folds is 202,005 fits; at most 100,000"),
     }
     argv, fragment = extra[case]
     if case == "missing mnist offline" and TORCHVISION_LOADS:
@@ -178,14 +179,29 @@ def test_best_point_ignores_failed_fits_and_complete_fills_the_refit():
     results = {fit_key(c, g, f): {"error": 0.5} for c, g, f in grid.points()}
     results[fit_key(1, 0, 0)] = {"error": 0.1}
     results[fit_key(1, 0, 1)] = {"error": 0.2}
-    del results[fit_key(1, 0, 2)]  # failed fit: NaN, the others still count
+    results[fit_key(1, 0, 2)] = {"error": 0.15}
+    del results[fit_key(0, 1, 2)]  # failed fit: NaN in the table
     table = error_table(grid, results)
-    assert np.isnan(table[2, 0, 1]) and table.shape == (3, 2, 2)
+    assert np.isnan(table[2, 1, 0]) and table.shape == (3, 2, 2)
     best = best_point(grid, table)
-    assert (best["i_C"], best["i_gamma"], best["cv_folds"]) == (1, 0, 2)
+    assert (best["i_C"], best["i_gamma"], best["cv_folds"]) == (1, 0, 3)
     assert best["cv_error"] == pytest.approx(0.15)
     app = MnistSvm(Namespace(n_tuning=2, folds=3))
     refit = app.complete(Item(REFIT_KEY, {"kind": "refit"}), results)
     assert refit.params["C"] == grid.c_values[1] and refit.params["gamma"] == grid.gamma_values[0]
     with pytest.raises(RuntimeError):
         app.complete(Item(REFIT_KEY, {"kind": "refit"}), {})
+
+
+def test_best_point_prefers_pairs_with_every_fold_done(recwarn):
+    grid = Grid(2, 5)
+    table = np.full((5, 2, 2), np.nan)
+    table[:, 0, 0] = 0.01  # every fold done
+    table[0, 1, 1] = 0.0  # one lucky fold of five
+    best = best_point(grid, table)
+    assert (best["i_C"], best["i_gamma"], best["cv_folds"], best["cv_error"]) == (0, 0, 5, pytest.approx(0.01))
+    table[1, 0, 0] = np.nan  # no pair has every fold: the most folds (4) count
+    table[:3, 1, 0] = 0.02  # 3 folds: not enough
+    best = best_point(grid, table)
+    assert (best["i_C"], best["i_gamma"], best["cv_folds"]) == (0, 0, 4)
+    assert not [w for w in recwarn if "empty slice" in str(w.message)]  # the pair (1, 0) has no fold at all

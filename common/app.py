@@ -39,6 +39,7 @@ class Record:
     end: float = 0.0
     attempt: int = 1
     group_size: int = 1  # items run together with it (its start/end are the whole group's)
+    params: Any = None  # for an item of a later wave: the params App.complete gave it
 
 
 @dataclass

@@ -151,6 +151,9 @@ class Leader:
         if record.rank == 0:
             self.pace.observe(record.seconds)
         self.bars.append({"worker": record.worker, "start": record.start, "end": record.end, "ok": True})
+        item = self.scheduler.items.get(record.key)
+        if item is not None and item.after:
+            record.params = item.params  # what it was built from: --resume checks it still holds
         if self.scheduler.done(record.key, record.result):
             self.records[record.key] = record
             self.journal.add_result(record)

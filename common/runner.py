@@ -177,7 +177,10 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
             raise ValueError(f"{app.name}: item keys are not unique")
         known = set(keys)
         resumed = {key: record for key, record in resumed.items() if key in known}
-        scheduler = Scheduler(items, {k: r.result for k, r in resumed.items()}, args.retries, app.complete)
+        scheduler = Scheduler(items, {k: r.result for k, r in resumed.items()}, args.retries, app.complete,
+                              {k: r.params for k, r in resumed.items() if r.params is not None})
+        for key in scheduler.stale:
+            del resumed[key]
         journal = Journal(journal_path, {"fingerprint": fingerprint, "command": module_command(argv)})
         journal.add_event("start", time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
         log.info("%s: %d items (%d already in the journal) on %d rank(s), %d worker(s): %s", app.name, len(items),
@@ -197,7 +200,7 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
         else:
             outcome = Follower(comm, pool, stop).run()
     finally:
-        pool.shutdown(kill_after=2.0 if stop() else 10.0)
+        pool.shutdown(kill_after=10.0)  # time for an item to end what it started (pipeline steps)
     if comm.rank == 0:
         leader.await_byes()
     else:

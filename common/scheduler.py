@@ -7,14 +7,23 @@ of them is done or has failed for good; then ``App.complete`` fills it in from t
 from __future__ import annotations
 
 import heapq
+import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from .items import Item
+from .outputs import to_jsonable
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as it reads back from the journal's JSON."""
+    return json.loads(json.dumps(to_jsonable(value)))
 
 
 class Scheduler:
     def __init__(self, items: List[Item], finished: Mapping[str, Any], retries: int,
-                 complete: Callable[[Item, Dict[str, Any]], Item]):
+                 complete: Callable[[Item, Dict[str, Any]], Item], finished_params: Optional[Mapping[str, Any]] = None):
+        """``finished``: results from the journal (a resumed run); ``finished_params``: the params
+        its later-wave items ran with, to tell whether those results still hold."""
         self.items = {item.key: item for item in items}
         self.order = {item.key: index for index, item in enumerate(items)}
         self.retries = retries
@@ -25,19 +34,19 @@ class Scheduler:
         self.avoid: Dict[str, Tuple[str, ...]] = {}
         self.in_flight: Dict[str, int] = {}  # key -> rank running it
         self._new_failures: List[str] = []
+        self.stale: List[str] = []  # journaled later-wave items that must run again
         self._ready: List[Tuple[float, int, str]] = []  # heap; entries whose key left _ready_keys are stale
         self._ready_keys: Set[str] = set()
         self._ready_groups: Dict[str, Set[str]] = {}
         self._waiting: Dict[str, Set[str]] = {}
         self._dependents: Dict[str, List[str]] = {}
         for item in items:
+            if item.key in self.results and item.after:
+                if self._still_holds(item, complete, finished_params or {}):
+                    continue
+                del self.results[item.key]  # built from other results than there are now: run again
+                self.stale.append(item.key)
             if item.key in self.results:
-                if item.after:  # finished in an earlier run: rebuild it as it ran, for the outputs
-                    try:
-                        self.items[item.key] = complete(item, {d: self.results[d] for d in item.after
-                                                               if d in self.results})
-                    except Exception:
-                        pass
                 continue
             missing = {dep for dep in item.after if dep not in self.results}
             unknown = {dep for dep in missing if dep not in self.items}
@@ -50,6 +59,20 @@ class Scheduler:
             else:
                 self._make_ready(item.key)
         self._refuse_cycles()
+
+    def _still_holds(self, item: Item, complete: Callable, finished_params: Mapping[str, Any]) -> bool:
+        """A journaled later-wave result holds if everything it waits for is finished and
+        ``complete`` builds it as it ran (then the rebuilt item replaces the placeholder)."""
+        if any(dep not in self.results for dep in item.after):
+            return False  # some dependency failed back then: it will be retried, so this must follow
+        try:
+            rebuilt = complete(item, {dep: self.results[dep] for dep in item.after})
+        except Exception:
+            return False
+        if item.key in finished_params and _plain(rebuilt.params) != finished_params[item.key]:
+            return False
+        self.items[item.key] = rebuilt
+        return True
 
     def _refuse_cycles(self) -> None:
         """Items that wait for each other would never run: an app bug, reported at once."""

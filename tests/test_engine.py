@@ -219,3 +219,15 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly_without_failures(tmp_p
 
 def test_resume_takes_no_value_for_ordinary_apps(tmp_path):
     assert_usage_error(run([TOY, "4", "--resume", "x", "--results", str(tmp_path / "r")]), "--resume takes no value")
+
+
+def test_resume_after_failures_reruns_the_later_wave_built_from_them(tmp_path):
+    clean = run([TOY, "8", "--wave", "--results", str(tmp_path / "clean"), "--no-progress"])
+    assert clean.returncode == 0, clean.stderr
+    args = [TOY, "8", "--wave", "--retries", "0", "--results", str(tmp_path / "r"), "--no-progress"]
+    failed = run(args + ["--fail-key", "item-0002"])
+    assert failed.returncode == 1, failed.stderr
+    assert "item-0002" not in values(tmp_path / "r")
+    resumed = run(args + ["--resume"])  # the cause is gone: the failed item and the sum built without it run again
+    assert resumed.returncode == 0, resumed.stderr
+    assert values(tmp_path / "r") == values(tmp_path / "clean")

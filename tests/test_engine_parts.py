@@ -56,3 +56,22 @@ def test_a_damaged_journal_is_a_usage_error(tmp_path):
     path.write_text('{"type":"header","fingerprint":{}}\n[1,2]\n{"type":"result","key":"a","result":1}\n')
     with pytest.raises(UsageError, match="damaged"):
         read_journal(path)
+
+
+def test_a_resumed_later_wave_item_runs_again_when_its_inputs_changed():
+    """Built from partial results back then (a dependency failed and is retried now), or from
+    results that would now build it differently: its journaled result must not be reused."""
+    items = [Item("x"), Item("y"), Item("sum", after=("x", "y"))]
+
+    def complete(item, results):
+        return Item(item.key, {"total": sum(results.values())}, after=item.after)
+
+    # y failed in the earlier run: sum was built from x alone; now y will run, so sum must follow it.
+    partial = Scheduler(items, {"x": 1, "sum": 1}, 0, complete, {"sum": {"total": 1}})
+    assert partial.stale == ["sum"] and not partial.all_resolved()
+    # Everything finished, and complete() builds sum as it ran: the result holds.
+    holds = Scheduler(items, {"x": 1, "y": 2, "sum": 3}, 0, complete, {"sum": {"total": 3}})
+    assert holds.stale == [] and holds.all_resolved()
+    # Everything finished, but sum ran with other params than complete() builds now: run it again.
+    changed = Scheduler(items, {"x": 1, "y": 2, "sum": 1}, 0, complete, {"sum": {"total": 1}})
+    assert changed.stale == ["sum"] and changed.ready_count == 1

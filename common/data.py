@@ -11,6 +11,7 @@ cannot even be imported with a CPU build of torch, and nothing else here needs i
 from __future__ import annotations
 
 import gzip
+import math
 import socket
 import zlib
 from dataclasses import dataclass
@@ -58,7 +59,9 @@ class Dataset:
 
     @property
     def n_classes(self) -> int:
-        return int(max(self.y_train.max(), self.y_test.max())) + 1
+        """Highest label + 1 (0 for no labels at all, so an empty split fails where it is checked)."""
+        labels = np.concatenate([self.y_train.ravel(), self.y_test.ravel()])
+        return int(labels.max()) + 1 if labels.size else 0
 
 
 def default_data_dir() -> Path:
@@ -195,7 +198,7 @@ def read_idx(path: Path) -> np.ndarray:
         raise UsageError(f"{path}: truncated IDX header")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
-    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(dims) * dtype.itemsize  # Python ints: a header of huge dimensions cannot overflow
     if len(raw) - header != expected:
         state = "truncated" if len(raw) - header < expected else "longer than its header says"
         raise UsageError(f"{path}: {state}: {len(raw) - header} data bytes for dimensions "
@@ -205,14 +208,24 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 def _read_idx_dataset(name: str, files: Dict[str, Path]) -> Dataset:
+    """The four IDX files as a Dataset, checked against each other; each problem one line naming the file."""
     parts = {part: read_idx(path) for part, path in files.items()}
     for split in ("train", "test"):
         images, labels = parts[f"x_{split}"], parts[f"y_{split}"]
+        images_file, labels_file = files[f"x_{split}"], files[f"y_{split}"]
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-            raise UsageError(f"{files[f'x_{split}']}: images {images.shape} do not match labels "
-                             f"{labels.shape} in {files[f'y_{split}']}")
-        if images.dtype != np.uint8 or labels.size and not 0 <= labels.min() <= labels.max() <= 9:
-            raise UsageError(f"{files[f'x_{split}']}: expected uint8 images and labels 0-9")
+            raise UsageError(f"{images_file}: images {images.shape} do not match labels "
+                             f"{labels.shape} in {labels_file}")
+        if len(images) == 0:
+            raise UsageError(f"{images_file}: no images (the {split} split is empty)")
+        if images.dtype != np.uint8:
+            raise UsageError(f"{images_file}: expected uint8 images, got {images.dtype}")
+        if labels.dtype.kind not in "iu" or not 0 <= labels.min() <= labels.max() <= 9:
+            raise UsageError(f"{labels_file}: expected integer labels 0-9, got {labels.dtype} "
+                             f"from {labels.min()} to {labels.max()}")
+    if parts["x_train"].shape[1:] != parts["x_test"].shape[1:]:
+        raise UsageError(f"{files['x_train']}: images of {'x'.join(map(str, parts['x_train'].shape[1:]))} pixels, "
+                         f"but {'x'.join(map(str, parts['x_test'].shape[1:]))} in {files['x_test']}")
     return Dataset(name, parts["x_train"], parts["y_train"].astype(np.int64),
                    parts["x_test"], parts["y_test"].astype(np.int64))
 

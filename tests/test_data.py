@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.data import (DEBIAN_FASHION_MNIST, DATASETS, IDX_FILES, check_available, find_idx_files,
+from common.data import (DEBIAN_FASHION_MNIST, DATASETS, IDX_FILES, Dataset, check_available, find_idx_files,
                          load_dataset, read_idx, resize_images)
 from common.errors import UsageError
 
@@ -114,3 +114,44 @@ def test_unknown_dataset_is_a_usage_error():
         load_dataset("cifar")
     with pytest.raises(UsageError, match="unknown dataset"):
         check_available("cifar", None)
+
+
+def idx_folder(folder: Path, **arrays: np.ndarray) -> Path:
+    """The four MNIST files in ``folder``: 20 train and 10 test images of 28x28, unless replaced."""
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = {"x_train": np.zeros((20, 28, 28)), "y_train": np.arange(20) % 10,
+             "x_test": np.zeros((10, 28, 28)), "y_test": np.arange(10), **arrays}
+    for part, stem in IDX_FILES.items():
+        write_idx(folder / stem, parts[part])
+    return folder
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("test images 8x8", r"train-images-idx3-ubyte: images of 28x28 pixels, but 8x8 in .*t10k-images-idx3-ubyte"),
+    ("empty train", r"train-images-idx3-ubyte: no images \(the train split is empty\)"),
+    ("empty test", r"t10k-images-idx3-ubyte: no images \(the test split is empty\)"),
+    ("label 12", r"t10k-labels-idx1-ubyte: expected integer labels 0-9, got uint8 from 0 to 12"),
+])
+def test_inconsistent_idx_files_are_one_line_naming_the_file(tmp_path, case, fragment):
+    arrays = {"test images 8x8": {"x_test": np.zeros((10, 8, 8))},
+              "empty train": {"x_train": np.zeros((0, 28, 28)), "y_train": np.zeros(0)},
+              "empty test": {"x_test": np.zeros((0, 28, 28)), "y_test": np.zeros(0)},
+              "label 12": {"y_test": np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 12])}}[case]
+    folder = idx_folder(tmp_path, **arrays)
+    with pytest.raises(UsageError, match=fragment) as error:
+        load_dataset("mnist", folder)
+    assert "\n" not in str(error.value)
+
+
+def test_huge_idx_dimensions_are_a_usage_error_not_an_overflow(tmp_path):
+    path = tmp_path / "train-images-idx3-ubyte"
+    # 2^32-1 cubed overflows int64 (about 7.9e28 bytes)
+    path.write_bytes(bytes([0, 0, 0x08, 3]) + struct.pack(">3I", *[2 ** 32 - 1] * 3) + b"\0" * 64)
+    with pytest.raises(UsageError, match=r"train-images-idx3-ubyte: truncated: 64 data bytes .* \(7922816\d+ expected\)"):
+        read_idx(path)
+
+
+def test_n_classes_of_empty_labels_is_zero():
+    empty = np.zeros(0, np.int64)
+    assert Dataset("none", np.zeros((0, 8, 8), np.uint8), empty, np.zeros((0, 8, 8), np.uint8), empty).n_classes == 0
+    assert load_dataset("digits").n_classes == 10

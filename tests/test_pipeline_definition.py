@@ -49,6 +49,21 @@ BAD = {
                         ["loop that can run forever", "train", "fix", "max_retries"]),
     "a loop through the following step": (pipeline(step("a"), step("b"), step("c", next="a")),
                                           ["loop that can run forever: a -> b -> c -> a"]),
+    # x is skipped on every lap (the step before it succeeded), so its max_retries bounds nothing.
+    "a loop bounded only by a step with a condition": (
+        pipeline(step("w"), step("x", condition="prev.error", max_retries=0), step("y", next="w")),
+        ["loop that can run forever: w -> x -> y -> w", "without a condition"]),
+    "a timeout too large for a float": (pipeline(step("a", timeout=10 ** 400)),
+                                        ["timeout must be a finite number of seconds", "(401 characters)"]),
+    "an infinite deadline": (pipeline(step("a"), deadline_seconds=float("inf")), ["deadline_seconds must be a finite"]),
+    "a memory integer too large for a float": (pipeline(step("a", memory=10 ** 400)), ["memory must be at most 2**63"]),
+    "a memory size too large for a float": (pipeline(step("a", memory="1" + "0" * 400 + "g")),
+                                            ["memory must be at most 2**63"]),
+    "a step id ending in a newline": (pipeline(step("a\n")), ["step id 'a\\n' is malformed"]),
+    "a pipeline name ending in a newline": (pipeline(step("a"), name="p\n"), ["pipeline name 'p\\n' is malformed"]),
+    "a pool name ending in a newline": (pipeline(step("a", resources={"licence\n": 1})), ["pool name 'licence\\n'"]),
+    "an env name ending in a newline": (pipeline(step("a", env={"A\n": "1"})), ["env name 'A\\n'"]),
+    "a python target ending in a newline": (pipeline({"id": "a", "python": "m:f\n"}), ["python must be 'module:function'"]),
     "unknown step field": (pipeline(step("a", timout=3)), ["step 'a'", "unknown field 'timout'", "did you mean 'timeout'"]),
     "unknown pipeline field": (pipeline(step("a"), deadline=3), ["unknown field 'deadline'", "did you mean 'deadline_seconds'"]),
     "unknown file field": ({"pipelines": [pipeline(step("a"))], "pipeline": []}, ["unknown field 'pipeline'", "did you mean 'pipelines'"]),
@@ -165,6 +180,8 @@ def test_bad_definitions_from_the_command_line_exit_2_and_write_nothing(tmp_path
         (pipeline(step("a", timout=3)), ["unknown field 'timout'", "did you mean 'timeout'"]),
         (pipeline(step("a", next="a")), ["loop that can run forever"]),
         (pipeline(step("a", resources=["licence"])), ["unknown pool 'licence'"]),
+        (pipeline(step("a", timeout=10 ** 400)), ["timeout must be a finite number"]),
+        (pipeline(step("a", memory="1" + "0" * 400 + "g")), ["memory must be at most"]),
     ]
     for number, (data, fragments) in enumerate(cases):
         definition = tmp_path / f"bad{number}.json"
@@ -191,9 +208,25 @@ def test_bad_definitions_from_the_command_line_exit_2_and_write_nothing(tmp_path
     bad_json.write_text("{\"name\": \"p\", ")
     assert_usage_error(run(["-m", "common.pipeline", str(bad_json), "--results", str(results), "--gpu", "cpu"]),
                        "not valid JSON")
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert_usage_error(run(["-m", "common.pipeline", str(deep), "--results", str(results), "--gpu", "cpu"]),
+                       "not valid JSON: nested too deeply")
     assert_usage_error(run(["-m", "common.pipeline", str(tmp_path / "missing.json"), "--results", str(results),
                             "--gpu", "cpu"]), "no such pipeline definition")
     assert snapshot(results) == before
+
+
+def test_files_beyond_what_json_holds_are_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("{\"a\": " * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(UsageError, match="nested too deeply"):
+        load_definition(deep)
+    digits = tmp_path / "digits.json"
+    digits.write_text(json.dumps(pipeline(step("a"))).replace('"true"', '"true", "timeout": ' + "9" * 5000))
+    with pytest.raises(UsageError) as caught:
+        load_definition(digits)
+    assert "not valid JSON" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_a_copy_of_the_example_with_one_typo_is_refused(tmp_path):
@@ -212,6 +245,8 @@ def test_pool_capacities_from_the_environment_and_flags():
     assert configured_pools(["gpu=1", "Disk=3"], environ) == {"licence": 2, "gpu": 1, "disk": 3}
     with pytest.raises(UsageError, match="PIPELINE_RESOURCE_LICENCE: capacity must be a whole number"):
         configured_pools([], {"PIPELINE_RESOURCE_LICENCE": "many"})
+    with pytest.raises(UsageError, match="expected NAME=N"):
+        configured_pools(["licence\n=1"], {})
     assert queue_timeout(None, {"PIPELINE_QUEUE_TIMEOUT": "30"}) == 30.0
     assert queue_timeout(5.0, {"PIPELINE_QUEUE_TIMEOUT": "30"}) == 5.0
     assert queue_timeout(None, {}) is None

@@ -17,10 +17,10 @@ from ..errors import UsageError
 from .loops import unbounded_cycle
 from .sizes import parse_memory
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
-POOL_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-PYTHON_TARGET_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+POOL_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+PYTHON_TARGET_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 CONDITIONS = ("prev.ok", "prev.error")
 #: A step id may not name the run's shared folder.
 RESERVED_STEP_IDS = ("shared",)
@@ -114,15 +114,27 @@ def _check_fields(data: Mapping[str, Any], valid: Tuple[str, ...], where: _Where
 def _seconds(value: Any, name: str, where: _Where) -> Optional[float]:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise where.error(f"{name} must be a number of seconds, got {value!r}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite:
+        raise where.error(f"{name} must be a finite number of seconds, got {_short(value)}")
     if value <= 0:
         raise where.error(f"{name} must be positive, got {value!r}")
     return float(value)
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` of a value, cut to one readable line (a 400-digit number stays one line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _name(value: Any, what: str, where: _Where) -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         raise where.error(f"{what} {value!r} is malformed: use letters, digits, '-' and '_' only")
     return value
 
@@ -140,7 +152,7 @@ def _resources(value: Any, where: _Where) -> Dict[str, int]:
         raise where.error(f"resources must be a list of pool names or {{name: count}}, got {value!r}")
     pools = {}
     for name, count in value.items():
-        if not isinstance(name, str) or not POOL_PATTERN.match(name):
+        if not isinstance(name, str) or not POOL_PATTERN.fullmatch(name):
             raise where.error(f"pool name {name!r} is malformed: a letter, then letters, digits, '_'")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise where.error(f"pool {name!r}: count must be a positive integer, got {count!r}")
@@ -157,7 +169,7 @@ def _env(value: Any, where: _Where) -> Dict[str, str]:
         raise where.error(f"env must be an object of NAME: value, got {value!r}")
     env = {}
     for name, text in value.items():
-        if not ENV_NAME_PATTERN.match(str(name)):
+        if not ENV_NAME_PATTERN.fullmatch(str(name)):
             raise where.error(f"env name {name!r} is not a valid variable name")
         if isinstance(text, bool) or not isinstance(text, (str, int, float)):
             raise where.error(f"env {name}: value must be a string or a number, got {text!r}")
@@ -224,7 +236,7 @@ def _step(data: Any, base: Path, where: _Where) -> Step:
         raise where.error("give exactly one of 'command' (a shell command) or 'python' (module:function)")
     if command is not None and (not isinstance(command, str) or not command.strip()):
         raise where.error(f"command must be a non-empty string, got {command!r}")
-    if python is not None and (not isinstance(python, str) or not PYTHON_TARGET_PATTERN.match(python)):
+    if python is not None and (not isinstance(python, str) or not PYTHON_TARGET_PATTERN.fullmatch(python)):
         raise where.error(f"python must be 'module:function', got {python!r}")
     gpu = data.get("gpu", False)
     if not isinstance(gpu, bool):
@@ -280,7 +292,7 @@ def _pipeline(data: Any, base: Path, where: _Where) -> Pipeline:
     cycle = unbounded_cycle(pipeline)
     if cycle:
         raise where.error(f"loop that can run forever: {' -> '.join(cycle + cycle[:1])}; "
-                          "give one of its steps max_retries to bound it")
+                          "give one of its steps without a condition max_retries to bound it")
     return pipeline
 
 
@@ -300,10 +312,14 @@ def _read(path: Path) -> Any:
             return yaml.safe_load(text)
         except yaml.YAMLError as error:
             raise UsageError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
+        except RecursionError:
+            raise UsageError(f"{path}: not valid YAML: nested too deeply") from None
     try:
         return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path}: not valid JSON: {error}") from None
+    except ValueError as error:  # JSONDecodeError, or an integer over Python's digit limit
+        raise UsageError(f"{path}: not valid JSON: {' '.join(str(error).split())}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not valid JSON: nested too deeply") from None
 
 
 def parse_definition(data: Any, source: str = "<definition>", base: Path = Path(".")) -> List[Pipeline]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 import re
 from typing import Union
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
+#: Larger sizes are surely typos (and overflow what /proc reports).
+MAX_BYTES = 2 ** 63
 _FACTORS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
 
 
@@ -13,13 +15,19 @@ def parse_memory(value: Union[str, int]) -> int:
     if isinstance(value, bool):
         raise ValueError(f"memory must be a size such as '16g' or '512m', got {value!r}")
     if isinstance(value, int):
-        number, unit = float(value), ""
-    elif isinstance(value, str) and _SIZE.match(value):
-        match = _SIZE.match(value)
+        number, unit = value, ""
+    elif isinstance(value, str) and _SIZE.fullmatch(value):
+        match = _SIZE.fullmatch(value)
         number, unit = float(match.group(1)), match.group(2).lower()
     else:
         raise ValueError(f"memory must be a size such as '16g' or '512m', got {value!r}")
-    size = int(number * _FACTORS[unit])
+    try:
+        size = int(number * _FACTORS[unit])
+    except OverflowError:  # more digits than a float holds
+        size = MAX_BYTES + 1
+    if size > MAX_BYTES:
+        text = str(value) if len(str(value)) <= 30 else f"{str(value)[:30]}... ({len(str(value))} characters)"
+        raise ValueError(f"memory must be at most 2**63 bytes, got {text}")
     if size <= 0:
         raise ValueError(f"memory must be more than 0 bytes, got {value!r}")
     return size

@@ -127,6 +127,12 @@ def epoch_plan(indexes: Sequence[np.ndarray], batch_size: int) -> Tuple[np.ndarr
     return as_steps(rows), as_steps(weight), as_steps(weight > 0)
 
 
+def should_stop(loss: float, previous: float, epoch: int, max_epochs: int) -> bool:
+    """The reference's rule: stop once an epoch's loss is not below ``TOLERANCE`` x the previous
+    epoch's (equal stops too), on a loss that is not finite, or at ``max_epochs``."""
+    return not math.isfinite(loss) or loss >= previous * TOLERANCE or epoch >= max_epochs
+
+
 def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], candidate: Candidate,
               max_epochs: int, batch_size: int, init_seeds: Sequence[int],
               batched: Optional[bool] = None) -> List[Tuple[Dict[str, torch.Tensor], List[Dict[str, Any]]]]:
@@ -176,7 +182,7 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
                 logs[k].append({"epoch": epoch, "loss": loss if math.isfinite(loss) else None, "error": error,
                                 "samples_per_s": float(sizes[k] / seconds), "seconds": seconds,
                                 "lr": candidate.learning_rate})
-                if not math.isfinite(loss) or loss > previous[k] * TOLERANCE or epoch == max_epochs:
+                if should_stop(loss, previous[k], epoch, max_epochs):
                     finals[k] = stack.state_dict(j)
                     stopped.append(j)
                 previous[k] = loss

@@ -13,7 +13,7 @@ from common.data import load_dataset
 from common.items import Item
 from mnist_nn.model import Candidate
 from mnist_nn.stacked import NetStack
-from mnist_nn.train import fit_group, initial_state, to_device
+from mnist_nn.train import TOLERANCE, fit_group, initial_state, should_stop, to_device
 
 CANDIDATE = Candidate(n_conv_layer=4, kernel_size=5, n_hidden_layer=16, learning_rate=0.02, momentum=0.9)
 #: sizes that give the three nets 10, 11 and 10 steps, the last ones partly padded
@@ -102,6 +102,10 @@ def test_a_stack_of_three_gives_each_net_the_bits_it_gets_alone(data, one_thread
     group = fit_group(data.x_train, data.y_train, index, CANDIDATE, 8, 10, [1, 2, 3], batched=batched)
     epochs = [len(log) for _, log in group]
     assert len(set(epochs)) > 1, f"the nets should stop at different epochs to test freezing: {epochs}"
+    for _, log in group:  # each net went on while its loss fell below 0.8 x the previous, and no longer
+        losses = [entry["loss"] for entry in log]
+        assert all(later < TOLERANCE * earlier for earlier, later in zip(losses, losses[1:-1]))
+        assert len(log) == 8 or losses[-1] >= TOLERANCE * losses[-2]
     for k in range(3):
         (state, log), = fit_group(data.x_train, data.y_train, [index[k]], CANDIDATE, 8, 10, [k + 1],
                                   batched=batched)
@@ -143,3 +147,13 @@ def test_a_fold_gets_the_same_result_alone_and_in_its_group(one_thread):
     together = [strip(r) for r in app.run_group(state, items, seeds)]
     assert [strip(app.run_item(state, item, seed)) for item, seed in zip(items, seeds)] == together
     assert [strip(r) for r in app.run_group(state, items[1:], seeds[1:])] == together[1:]
+
+
+def test_stopping_rule_is_not_below_0_8_times_the_previous_loss():
+    assert TOLERANCE == 0.8
+    assert not should_stop(1.0, float("inf"), 1, 10)  # the first epoch has nothing to compare with
+    assert not should_stop(0.79, 1.0, 2, 10)
+    assert should_stop(0.8, 1.0, 2, 10)  # equal is "not below": stop
+    assert should_stop(0.9, 1.0, 2, 10)
+    assert should_stop(0.1, 1.0, 10, 10)  # at --max-epochs
+    assert should_stop(float("nan"), 1.0, 2, 10) and should_stop(float("inf"), 1.0, 2, 10)

@@ -70,11 +70,17 @@ class JobSpec:
     venv: Optional[str] = ".venv"
     max_requeues: int = 20
 
+    def __post_init__(self) -> None:
+        self.time = self.time.strip()  # what reaches the #SBATCH line and the generator command
+
     def check(self) -> "JobSpec":
         """Raise UsageError for any combination Slurm or the engine would reject later."""
         if not self.command:
             raise UsageError("no command: put the program after '--', e.g. -- mnist_svm 24 --batch 50")
         program_of(self.command)
+        for word in self.command:
+            if any(ord(char) < 32 for char in word):
+                raise UsageError(f"{word!r}: control characters (a newline, a tab) cannot go into the batch script")
         if self.nodes < 1:
             raise UsageError(f"--nodes {self.nodes}: a job needs at least one node")
         if self.ntasks_per_node < 1:
@@ -83,6 +89,9 @@ class JobSpec:
             raise UsageError("--cpu with --gpus-per-node: a CPU job asks for no GPUs (drop one of them)")
         if not self.cpu and self.gpus_per_node < 1:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node}: a GPU job needs at least one GPU per node (or use --cpu)")
+        if not self.cpu and self.ntasks_per_node > 1:
+            raise UsageError(f"--ntasks-per-node {self.ntasks_per_node} with GPUs: each rank uses every GPU of its node, "
+                             f"so ranks on one node would share them; use 1 (the default) or --cpu")
         if self.cpus_per_task is not None and self.cpus_per_task < 1:
             raise UsageError(f"--cpus-per-task {self.cpus_per_task}: needs at least one CPU")
         if self.mpi not in MPI_PLUGINS:

@@ -6,11 +6,14 @@ The body runs the program under ``srun`` in the background, forwards Slurm's wal
 """
 from __future__ import annotations
 
+import re
 import shlex
 from typing import List
 
 from ..errors import EXIT_STOPPED
 from .spec import JobSpec
+
+_SLOT = re.compile(r"\{\{(\w+)\}\}")
 
 BODY = r"""
 set -uo pipefail
@@ -147,7 +150,7 @@ def render(spec: JobSpec) -> str:
         f"#   {spec.command_line()}",
         "# Do not edit: change the command above and run it again.",
     ]
-    slots = {  # app_args first: the others' text never holds a slot name
+    slots = {
         "app_args": _words(spec.app_args),
         "setup": _setup(spec),
         "program": _words(spec.python),
@@ -157,7 +160,6 @@ def render(spec: JobSpec) -> str:
         "max_requeues": str(spec.max_requeues),
         "launch": _launch(spec),
     }
-    body = BODY
-    for name, value in slots.items():
-        body = body.replace("{{" + name + "}}", value)
+    # one pass: a value (the user's arguments may hold "{{warning}}") is never searched for slots again
+    body = _SLOT.sub(lambda match: slots[match.group(1)], BODY)
     return "\n".join(intro) + "\n" + body

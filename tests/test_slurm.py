@@ -68,6 +68,12 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--mpi", "none", "--", "mnist_svm", "4"], "--mpi"),
     (["--gpus-per-node", "1", "--", "mnist-svm;rm", "4"], "module"),
     (["--gpus-per-node", "1", "--bind", "/data", "--", "mnist_svm", "4"], "--container"),
+    (["--gpus-per-node", "4", "--ntasks-per-node", "2", "--", "mnist_svm", "4"], "--ntasks-per-node 2 with GPUs"),
+    (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--results", "a\nb"], "control characters"),
+    (["--shipped", "README.md"], "--shipped README.md: cannot write"),
+    (["--shipped", "README.md/slurm"], "--shipped README.md/slurm: cannot write"),
+    (["--shipped", "slurm", "--nodes", "2", "--cpu"], "--shipped takes no other options (got --nodes, --cpu)"),
+    (["--shipped", "slurm", "--", "mnist_svm", "4"], "--shipped takes no other options (got -- mnist_svm 4)"),
 ])
 def test_bad_combination_is_a_one_line_error(args, word):
     done = generate(*args)
@@ -75,6 +81,13 @@ def test_bad_combination_is_a_one_line_error(args, word):
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert word in done.stderr
+
+
+def test_placeholders_in_the_users_arguments_and_spaces_around_time_stay_as_given():
+    made = generate("--gpus-per-node", "1", "--time", " 02:00:00 ", "--", "mnist_svm", "24", "--results", "{{warning}}")
+    assert made.returncode == 0, made.stderr
+    assert "APP_ARGS=(24 --results '{{warning}}')" in made.stdout
+    assert "#SBATCH --time=02:00:00\n" in made.stdout and "--time 02:00:00 --" in made.stdout
 
 
 def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path):

@@ -63,6 +63,20 @@ def spec_from_args(args: argparse.Namespace, command: List[str]) -> JobSpec:
                    venv=None if args.venv == "none" else args.venv, max_requeues=args.max_requeues).check()
 
 
+def check_shipped_alone(args: argparse.Namespace, command: List[str]) -> None:
+    """--shipped writes the fixed set of scripts: any other option or a program would be ignored, so refuse it."""
+    parser = build_parser()
+    defaults = vars(parser.parse_args([]))
+    flags = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
+    given = [flags[name] for name, value in vars(args).items()
+             if name != "shipped" and value != defaults[name]]
+    if command:
+        given.append("-- " + " ".join(command))
+    if given:
+        raise UsageError(f"--shipped takes no other options (got {', '.join(given)}): "
+                         f"the shipped scripts' options are in common/slurm/shipped.py")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command: List[str] = []
@@ -72,6 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.shipped:
+            check_shipped_alone(args, command)
             for path in write_shipped(args.shipped):
                 print(path)
             return 0

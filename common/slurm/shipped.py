@@ -9,6 +9,8 @@ import shlex
 from pathlib import Path
 from typing import Dict, List
 
+from ..errors import UsageError
+
 #: pipeline definition the pipeline scripts run unless given another on the sbatch line
 PIPELINE_FILE = "examples/pipelines/sweep.json"
 
@@ -49,13 +51,21 @@ def shipped_scripts() -> Dict[str, str]:
 
 
 def write_shipped(folder: Path) -> List[Path]:
-    """Write every shipped script into ``folder``; returns the paths written."""
+    """Write every shipped script into ``folder``; returns the paths written.
+
+    A folder that cannot be made or written (a file of that name, no permission) is a UsageError.
+    """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    scripts = shipped_scripts()
     written = []
-    for name, text in shipped_scripts().items():
-        path = folder / name
-        path.write_text(text)
-        path.chmod(0o755)
-        written.append(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in scripts.items():
+            path = folder / name
+            path.write_text(text)
+            path.chmod(0o755)
+            written.append(path)
+    except OSError as error:
+        raise UsageError(f"--shipped {folder}: cannot write {error.filename or folder}: "
+                         f"{error.strerror or error}") from None
     return written

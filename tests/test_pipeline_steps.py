@@ -90,10 +90,11 @@ def test_a_bounded_loop_ends_when_its_step_has_used_its_runs(tmp_path):
 
 
 def test_a_loop_can_repair_and_continue(tmp_path):
+    # fix needs no condition: train's next jumps over it, so only train's on_fail reaches it; and
+    # without a condition its max_retries bounds the loop.
     result, layout = run_pipeline(tmp_path, [
-        {"id": "train", "command": "test -e $PIPELINE_SHARED/fixed", "on_fail": "fix"},
-        {"id": "fix", "command": "touch $PIPELINE_SHARED/fixed", "condition": "prev.error", "next": "train",
-         "max_retries": 2},
+        {"id": "train", "command": "test -e $PIPELINE_SHARED/fixed", "on_fail": "fix", "next": "evaluate"},
+        {"id": "fix", "command": "touch $PIPELINE_SHARED/fixed", "next": "train", "max_retries": 2},
         {"id": "evaluate", "command": "true"},
     ])
     assert result["status"] == "ok" and result["order"] == ["train", "fix", "train", "evaluate"]
@@ -225,3 +226,79 @@ def test_container_steps_run_through_apptainer_exec(tmp_path, fake_apptainer):
     assert args[6:9] == ["--bind", "/scratch:/scratch", str(image)]
     assert args[9:11] == ["/bin/sh", "-c"]
     assert (layout.shared / "inside.txt").read_text() == "inside\n"
+
+
+def test_a_resume_runs_its_first_step_whatever_its_condition(tmp_path):
+    steps = [{"id": "train", "command": "exit 1", "on_fail": "train-retry"},
+             {"id": "train-retry", "command": "test -e $PIPELINE_SHARED/go", "condition": "prev.error"},
+             {"id": "evaluate", "command": "true"}]
+    first, layout = run_pipeline(tmp_path, steps)
+    assert statuses(first) == {"train": "failed", "train-retry": "failed", "evaluate": "skipped"}
+    (layout.shared / "go").touch()
+    second, _ = run_pipeline(tmp_path, steps, start="train-retry")
+    assert second["status"] == "ok" and second["order"] == ["train-retry", "evaluate"]
+    retry = json.loads(layout.status_path("train-retry").read_text())
+    assert retry["status"] == "ok" and retry["attempts"] == 1
+
+
+def test_arrivals_at_a_bounded_step_count_its_skips(tmp_path):
+    # w always fails; x (bounded, no condition) is skipped after it; y handles the error and goes
+    # back to w. Counting only x's runs, this would loop for ever.
+    result, layout = run_pipeline(tmp_path, [
+        {"id": "w", "command": "echo w >> $PIPELINE_SHARED/runs; exit 1"},
+        {"id": "x", "command": "true", "max_retries": 0},
+        {"id": "y", "command": "true", "condition": "prev.error", "next": "w"}])
+    assert result["status"] == "failed" and "step 'x' reached 2 times, more than its 1" in result["reason"]
+    assert len((layout.shared / "runs").read_text().split()) == 2
+
+
+def test_a_run_from_the_first_step_sets_the_old_shared_files_aside(tmp_path):
+    steps = [{"id": "train", "command": "test -e $PIPELINE_SHARED/metrics.json || touch $PIPELINE_SHARED/first"},
+             {"id": "report", "command": "test ! -e $PIPELINE_SHARED/stale"}]
+    first, layout = run_pipeline(tmp_path, steps)
+    assert first["status"] == "ok"
+    (layout.shared / "stale").write_text("from the first run")
+    second, _ = run_pipeline(tmp_path, steps)
+    assert second["status"] == "ok", "the report saw the first run's file"
+    assert (layout.run_dir / "shared.previous-1" / "stale").read_text() == "from the first run"
+    assert (layout.shared / "first").exists()
+    third, _ = run_pipeline(tmp_path, steps, start="report")  # a resume from a later step keeps shared/
+    assert third["status"] == "ok" and (layout.shared / "first").exists()
+    assert not (layout.run_dir / "shared.previous-2").exists()
+
+
+def test_a_pool_refused_by_the_engine_fails_the_step_with_its_reason(tmp_path):
+    def refusing(pool, count=1, timeout=None):  # what common.worker.acquire raises on a "refused" reply
+        raise ValueError(f"unknown resource pool {pool!r}")
+
+    [pipeline] = parse_definition({"name": "p", "steps": [{"id": "a", "command": "true", "resources": ["licence"]}]})
+    result = PipelineRunner(pipeline, RunLayout(tmp_path, "p"), acquire=refusing).run()
+    assert result["status"] == "failed"
+    assert result["steps"]["a"]["reason"] == "pool 'licence' refused: unknown resource pool 'licence'"
+
+
+DETACH = ("(setsid sh -c 'echo $$ > $PIPELINE_SHARED/{name}.pid; exec {program}' &); "
+          "while [ ! -s $PIPELINE_SHARED/{name}.pid ]; do sleep 0.05; done")
+
+
+def wait_dead(pid: int, seconds: float = 5) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+@pytest.mark.timeout(60)
+def test_limits_reach_processes_that_detach_completely(tmp_path):
+    greedy = f'{sys.executable} -c "import time; x = bytes(range(256)) * (300 * 4096); time.sleep(60)"'
+    result, layout = run_pipeline(tmp_path, [
+        {"id": "slow", "timeout": 1, "command": DETACH.format(name="slow", program="sleep 773") + "; sleep 300",
+         "on_fail": "greedy"},
+        {"id": "greedy", "memory": "100m", "timeout": 20, "on_fail": "leaves",
+         "command": DETACH.format(name="greedy", program=greedy) + "; sleep 300"},
+        {"id": "leaves", "timeout": 20, "command": DETACH.format(name="leaves", program="sleep 774")}])
+    assert statuses(result) == {"slow": "timeout", "greedy": "failed", "leaves": "ok"}
+    assert "memory limit 100.0 MiB exceeded" in result["steps"]["greedy"]["reason"]
+    for name in ("slow", "greedy", "leaves"):
+        pid = int((layout.shared / f"{name}.pid").read_text())
+        assert wait_dead(pid), f"{name}: the detached process {pid} outlived its step"

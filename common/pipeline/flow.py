@@ -7,8 +7,12 @@ The rules (also in docs/pipelines.md):
 - ``condition: prev.ok`` / ``prev.error`` looks at the last step that ran (skipped steps do not
   count). A step without a condition runs when it was reached through ``next``/``on_fail``, or
   when the pipeline has not failed and the last step that ran succeeded. Others are skipped.
-- A step with ``max_retries: N`` runs at most 1 + N times in one run of the pipeline; coming back
-  to it once more through a loop ends the pipeline as failed (see loops.py).
+- The first step of a resume (``--resume RUN/STEP``) always runs, whatever its condition.
+- A step with ``max_retries: N`` runs at most 1 + N times in one run of the pipeline, and the walk
+  arrives at it (running it or skipping it) at most 1 + N times; coming back to it once more through
+  a loop ends the pipeline as failed (see loops.py).
+- A run from the first step moves an earlier run's ``shared/`` aside (``shared.previous-N``), so no
+  step reads a stale file (a metrics file that this run's training never wrote).
 - ``deadline_seconds``: when passed, the running step is ended (status timeout) and the rest skipped.
 """
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional
 from ..outputs import atomic_write_json
 from .container import find_apptainer
 from .definition import Pipeline, Step
-from .steps import Attempt, run_attempt, step_argv, step_environment
+from .steps import STOP_SIGNALS, Attempt, held_signals, run_attempt, step_argv, step_environment
 
 #: acquire(pool, count, timeout) -> context manager; raises on waiting longer than timeout.
 Acquire = Callable[[str, int, Optional[float]], ContextManager[Any]]
@@ -32,6 +36,10 @@ Acquire = Callable[[str, int, Optional[float]], ContextManager[Any]]
 
 class QueueTimeout(Exception):
     """Waited longer than the queue timeout (or the deadline) for a pool."""
+
+
+class PoolRefused(Exception):
+    """The engine would not grant a pool (unknown, or more than its capacity)."""
 
 
 def no_pools(pool: str, count: int = 1, timeout: Optional[float] = None) -> ContextManager[None]:
@@ -53,6 +61,17 @@ class RunLayout:
     @property
     def shared(self) -> Path:
         return self.run_dir / "shared"
+
+    def set_shared_aside(self) -> Optional[Path]:
+        """Rename an existing, non-empty ``shared/`` to ``shared.previous-N``; the new name, if any."""
+        if not self.shared.is_dir() or not any(self.shared.iterdir()):
+            return None
+        number = 1
+        while (self.run_dir / f"shared.previous-{number}").exists():
+            number += 1
+        target = self.run_dir / f"shared.previous-{number}"
+        self.shared.rename(target)
+        return target
 
     def step_dir(self, step_id: str) -> Path:
         return self.run_dir / step_id
@@ -76,12 +95,27 @@ class _Walk:
     failed: bool = False  # an unhandled failure happened
     reason: str = ""
     runs: Dict[str, int] = field(default_factory=dict)
+    arrivals: Dict[str, int] = field(default_factory=dict)  # each time the walk reached a step
     statuses: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     order: List[str] = field(default_factory=list)
 
     def fail(self, reason: str) -> None:
         if not self.failed:
             self.failed, self.reason = True, reason
+
+    def end_loop(self, reason: str) -> None:
+        """A bounded step reached once too often: the walk ends here, whatever failed before."""
+        if self.failed:
+            self.reason = f"{self.reason}; then {reason}"
+        self.fail(reason)
+
+
+INTERRUPTED = "interrupted: the run was stopped"
+
+
+def _signals_held():
+    """Hold back the engine's stop signals (SIGUSR2 ends a busy worker) while we write a record."""
+    return held_signals(STOP_SIGNALS)
 
 
 def _should_run(step: Step, walk: _Walk, via_edge: bool) -> Optional[str]:
@@ -135,7 +169,7 @@ class PipelineRunner:
             except Exception as error:
                 if type(error).__name__ in ("PoolTimeout", "QueueTimeout"):
                     raise QueueTimeout(f"{why} while waiting for pool {pool!r}") from None
-                raise
+                raise PoolRefused(f"pool {pool!r} refused: {error}") from None
         return time.monotonic() - began
 
     def _attempt(self, step: Step, attempt: int) -> tuple:
@@ -144,7 +178,7 @@ class PipelineRunner:
         with contextlib.ExitStack() as stack:
             try:
                 queued = self._hold_pools(stack, step)
-            except QueueTimeout as error:
+            except (QueueTimeout, PoolRefused) as error:
                 now = time.time()
                 return Attempt("failed", None, now, now, str(error)), now - queued_since
             gpu = self.gpu if step.gpu else None
@@ -179,11 +213,15 @@ class PipelineRunner:
             began = time.time()
             try:
                 attempt, queued = self._attempt(step, walk.runs[step.id])
-            except BaseException:  # the worker is being stopped by its rank: record it, then go
-                self._write_status(step, {"step": step.id, "run": self.layout.run_id, "status": "failed",
-                                          "reason": "interrupted: the run was stopped", "exit_code": None,
-                                          "attempts": walk.runs[step.id], "started": began, "ended": time.time(),
-                                          "seconds": round(time.time() - began, 3), "gpu": self.gpu if step.gpu else None})
+            except BaseException as error:  # the worker is being stopped by its rank: record it, then go
+                with _signals_held():  # a second stop signal must not cut the record short
+                    reason = (INTERRUPTED if not isinstance(error, Exception)
+                              else f"error in the pipeline runner: {type(error).__name__}: {error}")
+                    self._write_status(step, {"step": step.id, "run": self.layout.run_id, "status": "failed",
+                                              "reason": reason, "exit_code": None, "attempts": walk.runs[step.id],
+                                              "started": began, "ended": time.time(),
+                                              "seconds": round(time.time() - began, 3),
+                                              "gpu": self.gpu if step.gpu else None})
                 raise
             history.append(dict(attempt.as_dict(), queued_seconds=round(queued, 3)))
             deadline_passed = self.deadline is not None and time.monotonic() >= self.deadline
@@ -205,27 +243,35 @@ class PipelineRunner:
         began, clock = time.time(), time.monotonic()
         if self.pipeline.deadline_seconds is not None:
             self.deadline = clock + self.pipeline.deadline_seconds
-        self.layout.shared.mkdir(parents=True, exist_ok=True)
         steps, walk = self.pipeline.steps, _Walk()
         position = 0 if start is None else self.pipeline.index(start)
+        if position == 0:
+            self.layout.set_shared_aside()
+        self.layout.shared.mkdir(parents=True, exist_ok=True)
         earlier = {}
         for step in steps[:position]:  # a resume: earlier steps are kept as they were
             earlier[step.id] = dict(read_status(self.layout, step.id) or {"status": "missing"}, previous_run=True)
         via_edge = start is not None
+        first = start is not None  # the step a resume starts from runs, whatever its condition
         while position < len(steps):
             step = steps[position]
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 walk.fail(f"deadline of {self.pipeline.deadline_seconds:g} s passed")
                 break
-            skip = _should_run(step, walk, via_edge)
+            limit = None if step.max_retries is None else 1 + step.max_retries
+            walk.arrivals[step.id] = walk.arrivals.get(step.id, 0) + 1
+            if limit is not None and (walk.runs.get(step.id, 0) >= limit or walk.arrivals[step.id] > limit):
+                walk.end_loop(f"step {step.id!r} reached again after its {limit} runs (max_retries {step.max_retries})"
+                          if walk.runs.get(step.id, 0) >= limit else
+                          f"step {step.id!r} reached {walk.arrivals[step.id]} times, more than its {limit} "
+                          f"(max_retries {step.max_retries}; skips count)")
+                break
+            skip = None if first else _should_run(step, walk, via_edge)
+            first = False
             if skip is not None:
                 self._skip(walk, step, skip)
                 position, via_edge = position + 1, False
                 continue
-            limit = None if step.max_retries is None else 1 + step.max_retries
-            if limit is not None and walk.runs.get(step.id, 0) >= limit:
-                walk.fail(f"step {step.id!r} reached again after its {limit} runs (max_retries {step.max_retries})")
-                break
             status = self._run_step(walk, step)
             walk.statuses[step.id], walk.prev_ok = status, status["status"] == "ok"
             walk.order.append(step.id)

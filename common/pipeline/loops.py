@@ -3,8 +3,10 @@
 The walk can move from step i to: its ``next`` (or i+1) after success, its ``on_fail`` after a
 failure, and i+1 after an unhandled failure or a skip. A step that sets ``max_retries: N`` runs at
 most 1 + N times in one run of the pipeline (retries in place and returns through a loop both
-count); coming back to it once more ends the pipeline as failed. So a loop is bounded exactly when
-it passes through a step with ``max_retries``; a definition with any other loop is refused.
+count), and every arrival at it counts, a skip included; coming back to it once more ends the
+pipeline as failed. So a loop is bounded when it passes through a step with ``max_retries`` and no
+``condition``; a definition with any other loop is refused. A step with a ``condition`` does not
+count as a bound: whether it runs depends on the step before it, which is easy to misjudge.
 """
 from __future__ import annotations
 
@@ -25,9 +27,14 @@ def moves(pipeline: "Pipeline") -> Dict[str, List[str]]:
     return graph
 
 
+def bounding_steps(pipeline: "Pipeline") -> List[str]:
+    """The steps that bound a loop through them: ``max_retries`` set and no ``condition``."""
+    return [step.id for step in pipeline.steps if step.max_retries is not None and step.condition is None]
+
+
 def unbounded_cycle(pipeline: "Pipeline") -> List[str]:
-    """The steps of one loop without a ``max_retries`` step on it, or [] if there is none."""
-    bounded = {step.id for step in pipeline.steps if step.max_retries is not None}
+    """The steps of one loop without a bounding step on it, or [] if there is none."""
+    bounded = set(bounding_steps(pipeline))
     graph = {node: [t for t in targets if t not in bounded]
              for node, targets in moves(pipeline).items() if node not in bounded}
     state: Dict[str, int] = {}  # 1 = on the current path, 2 = done

@@ -4,20 +4,27 @@ Time (``timeout``) counts from the moment the process starts, which is after the
 are held, so waiting in a queue never eats into it. Memory is the resident size of all the
 step's processes together, read from /proc a few times a second. Either limit, or the
 pipeline's deadline, ends every process of the step (SIGTERM, then SIGKILL).
+
+When the engine stops a busy worker (SIGUSR2, raised here as an exception; SIGKILL 10 s later)
+the step is ended the same way within ``KILL_GRACE_SECONDS`` (5 s), so its status is written
+before the worker goes. A step dies with SIGKILL if its worker dies first (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from ..mpi import without_launcher
+from ..worker import TERMINATE_SIGNAL
 from . import proctree
 from .container import container_command
 from .definition import Step
@@ -29,6 +36,32 @@ MEMORY_POLL_SECONDS = 0.2
 KILL_GRACE_SECONDS = float(os.environ.get("PIPELINE_KILL_GRACE", "5"))
 #: The folder holding the ``common`` package: python steps import the same code as the engine.
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+#: Signals that stop a worker (the engine's); held back while a step is being ended and recorded.
+STOP_SIGNALS = (TERMINATE_SIGNAL,)
+
+
+@contextlib.contextmanager
+def held_signals(signals: Sequence[int]) -> Iterator[None]:
+    """Delay ``signals`` until the block is done, then let their Python handlers run.
+
+    Only the main thread sets handlers; elsewhere the block runs unprotected.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: List[int] = []
+    previous: Dict[int, Any] = {}
+    for signum in signals:
+        previous[signum] = signal.signal(signum, lambda number, frame: arrived.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in arrived:
+            handler = previous.get(signum)
+            if callable(handler):
+                handler(signum, None)
 
 
 @dataclass
@@ -77,9 +110,9 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
 
 
 def _die_with_worker() -> None:
-    """In the child: SIGTERM it if the worker that started it dies (it is in its own session)."""
+    """In the child: SIGKILL it if the worker that started it dies (it is in its own session)."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 
@@ -101,15 +134,18 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
     ``stop_at`` is a ``time.monotonic()`` instant (the pipeline's deadline).
     """
     step_dir.mkdir(parents=True, exist_ok=True)
+    proctree.become_subreaper()  # orphans of the step (setsid and a double fork) become our children
     with _open_log(step_dir / "stdout.log", attempt) as out, _open_log(step_dir / "stderr.log", attempt) as err:
-        started, clock = time.time(), time.monotonic()
+        started, clock, before = time.time(), time.monotonic(), proctree.now_ticks()
         try:
             process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=dict(env),
                                        cwd=cwd, start_new_session=True, preexec_fn=_die_with_worker)
         except OSError as error:
             err.write(f"cannot start {argv[0]}: {error}\n".encode())
             return Attempt("failed", None, started, time.time(), f"cannot start: {error}")
+        since = proctree.start_ticks(process.pid) or before
         status, reason, peak, next_memory_check = None, "", 0, clock
+        ending_since: Optional[float] = None  # when SIGTERM went out
         try:
             while process.poll() is None:
                 now = time.monotonic()
@@ -119,24 +155,30 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
                     status, reason = "timeout", stop_reason
                 elif memory is not None and now >= next_memory_check:
                     next_memory_check = now + MEMORY_POLL_SECONDS
-                    resident = proctree.resident_bytes(process.pid)
+                    resident = proctree.resident_bytes(process.pid, since)
                     peak = max(peak, resident)
                     if resident > memory:
                         status = "failed"
                         reason = f"memory limit {format_bytes(memory)} exceeded ({format_bytes(resident)} resident)"
                 if status is not None:
-                    proctree.end_tree(process.pid, KILL_GRACE_SECONDS)
+                    ending_since = time.monotonic()
+                    proctree.end_tree(process.pid, KILL_GRACE_SECONDS, since)
                     break
                 time.sleep(POLL_SECONDS)
             code = process.wait()
-        finally:
-            # Also on the way out of an interrupted worker (SIGTERM): leave nothing running.
-            if process.poll() is None:
-                proctree.end_tree(process.pid, KILL_GRACE_SECONDS)
+            ended = time.time()
+            # Whatever the step left running in the background goes with it.
+            proctree.end_tree(process.pid, 1.0, since)
+        except BaseException:
+            # The worker is being stopped (or failed): end the step within the grace, stop
+            # signals held back, so the caller can still write its status before the worker goes.
+            with held_signals(STOP_SIGNALS):
+                spent = 0.0 if ending_since is None else time.monotonic() - ending_since
+                proctree.end_tree(process.pid, max(0.5, KILL_GRACE_SECONDS - spent), since)
+                if process.poll() is None:
+                    process.kill()
                 process.wait()
-        ended = time.time()
-        # Whatever the step left running in the background goes with it.
-        proctree.end_tree(process.pid, 1.0)
+            raise
     if status is None:
         if code == 0:
             status = "ok"

@@ -175,8 +175,10 @@ def test_four_pipelines_over_two_ranks_by_two_workers(tmp_path):
 
 
 def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_path):
+    # The step and its child ignore SIGTERM: only the SIGKILL after the step's kill grace (5 s)
+    # ends them, still before the engine kills the worker (10 s), so the status gets written.
     definition = write(tmp_path / "long.json", {"name": "long", "steps": [
-        {"id": "hold", "command": "sleep 300 & echo $! > $PIPELINE_SHARED/child.pid; wait"}]})
+        {"id": "hold", "command": "trap '' TERM; sleep 300 & echo $! > $PIPELINE_SHARED/child.pid; wait"}]})
     results = tmp_path / "results"
     process = start(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
                      "--grace", "1", "--no-progress"])
@@ -186,11 +188,32 @@ def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_p
         time.sleep(0.1)
     child = int(child_file.read_text())
     os.kill(rank_pids(results)[0], signal.SIGTERM)
+    stopped = time.monotonic()
     out, err = process.communicate(timeout=60)
     assert process.returncode == 75, err
+    assert time.monotonic() - stopped < 30
     assert "--resume" in err
     deadline = time.monotonic() + 5
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(child), f"the step's child {child} outlived the stopped run"
     assert step_status(results, "long", "hold")["reason"] == "interrupted: the run was stopped"
+
+
+def test_the_summary_shows_every_pipeline_with_its_newest_run(tmp_path):
+    definition = write(tmp_path / "two.json", {"pipelines": [
+        {"name": name, "steps": [{"id": "prepare", "command": "true"}, {"id": "work", "command": "true"}]}
+        for name in ("a", "b")]})
+    results = tmp_path / "results"
+    assert pipeline_cli(definition, results).returncode == 0
+    resumed = pipeline_cli(definition, results, "--resume", "a/work")
+    assert resumed.returncode == 0, resumed.stderr
+    runs = summary(results)["pipelines"]
+    assert sorted(runs) == ["a", "b"] and runs["a"]["resumed_from"] == "work" and runs["b"]["status"] == "ok"
+    assert "| b | ok |" in (results / "summary.md").read_text()
+    again = pipeline_cli(definition, results, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert summary(results)["items_this_run"] == 0
+    runs = summary(results)["pipelines"]
+    assert runs["a"]["resumed_from"] == "work", "the newer record, from the resume, is the one that counts"
+    assert runs["b"]["resumed_from"] is None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,12 +50,12 @@ def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> D
     for name, value in sorted(environ.items()):
         if name.startswith(RESOURCE_ENV_PREFIX) and len(name) > len(RESOURCE_ENV_PREFIX):
             pool = name[len(RESOURCE_ENV_PREFIX):].lower()
-            if not POOL_PATTERN.match(pool):
+            if not POOL_PATTERN.fullmatch(pool):
                 raise UsageError(f"{name}: pool name is malformed: a letter, then letters, digits, '_'")
             pools[pool] = _capacity(value, name)
     for flag in resource_flags:
         pool, _, value = flag.partition("=")
-        if not _ or not POOL_PATTERN.match(pool):
+        if not _ or not POOL_PATTERN.fullmatch(pool):
             raise UsageError(f"--resource {flag!r}: expected NAME=N, such as gpu=2 or licence=1")
         pools[pool.lower()] = _capacity(value, f"--resource {flag}")
     return pools
@@ -154,14 +153,26 @@ class PipelineApp(App):
                 raise UsageError(f"--resume {run_id}/{step_id}: {shared} does not exist; nothing to resume "
                                  "(run the pipeline first, with the same --results)")
 
-    def _journaled_keys(self) -> List[str]:
+    def _journaled(self) -> Dict[str, Any]:
+        """key -> record of every pipeline the journal holds as finished."""
         from ..journal import JOURNAL_NAME, read_journal
 
         path = self.results / JOURNAL_NAME
-        return list(read_journal(path)[1]) if path.exists() else []
+        return read_journal(path)[1] if path.exists() else {}
+
+    @staticmethod
+    def _newest_key(pipeline: str, records: Mapping[str, Any]) -> Optional[str]:
+        """The key of the pipeline's newest journaled run: a whole run, or a resume from a step."""
+        def ended(key: str) -> float:
+            result = records[key].result
+            return float(result.get("ended") or 0.0) if isinstance(result, dict) else 0.0
+
+        keys = [k for k in records if k == pipeline or k.startswith(pipeline + "@from=")]
+        return max(keys, key=ended) if keys else None
 
     def items(self) -> List[Item]:
-        done = self._journaled_keys()
+        journaled = self._journaled()
+        done = list(journaled)
         if self.resume_target:
             run_id, step_id = self.resume_target
             key = f"{run_id}@from={step_id}"
@@ -171,27 +182,33 @@ class PipelineApp(App):
             return [Item(key=key, params={"run_id": run_id, "start": step_id})]
         items = []
         for pipeline in self.pipelines:
-            # A pipeline finished by a resume from a step counts as finished.
-            resumed = [k for k in done if re.match(re.escape(pipeline.name) + r"@from=", k)]
-            key = pipeline.name if pipeline.name in done or not resumed else resumed[-1]
+            # A pipeline finished by a resume from a step counts as finished: its newest record stands.
+            key = self._newest_key(pipeline.name, journaled) or pipeline.name
             items.append(Item(key=key, params={"run_id": pipeline.name, "start": None},
                               cost=float(1 + sum(s.gpu for s in pipeline.steps))))
         return items
 
     def finish(self, run: RunInfo) -> Dict[str, Any]:
+        """Every pipeline of the file: this run's outcome where it ran, else its newest journaled run."""
         errors = {f["key"]: f.get("error") or "" for f in run.failed_items}
+        this_run = {item.params["run_id"]: item for item in run.items}
+        journaled = {**self._journaled(), **run.records}
         pipelines = {}
-        for item in run.items:
-            run_id = item.params["run_id"]
-            record = run.records.get(item.key)
+        for pipeline in self.pipelines:
+            run_id, item = pipeline.name, this_run.get(pipeline.name)
+            key = item.key if item is not None else self._newest_key(run_id, journaled)
+            record = journaled.get(key) if key is not None else None
             if record is not None:
                 summary = dict(record.result)
-            else:  # failed: its result never reached the journal; read its steps from disk
-                layout = RunLayout(self.results, run_id)
+            elif item is not None:  # failed: its result never reached the journal; read its steps from disk
                 error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
                 error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]
                 summary = {"run_id": run_id, "status": "failed", "reason": error,
-                           "steps": statuses_on_disk(layout, self.by_name[run_id])}
+                           "steps": statuses_on_disk(RunLayout(self.results, run_id), pipeline)}
+            else:  # not run now, and never finished: what an earlier run left on disk
+                steps = statuses_on_disk(RunLayout(self.results, run_id), pipeline)
+                summary = {"run_id": run_id, "status": "unfinished" if steps else "not run",
+                           "reason": "not finished in an earlier run" if steps else "", "steps": steps}
             summary["steps"] = {step: {k: v for k, v in status.items() if k != "history"}
                                 for step, status in summary.get("steps", {}).items()}
             pipelines[run_id] = summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -315,3 +316,21 @@ def test_the_shipped_example_reports_when_both_trainings_fail(tmp_path, monkeypa
     assert statuses(result) == {"train": "failed", "train-retry": "failed", "evaluate": "skipped", "report": "failed"}
     report = (layout.shared / "report.md").read_text()
     assert "train-retry" in report and "no-such-dataset" in report
+
+
+def test_a_step_dies_with_its_worker(tmp_path):
+    """SIGKILL leaves no time for clean-up: PR_SET_PDEATHSIG (SIGKILL) ends the step all the same."""
+    pid_file = tmp_path / "step.pid"
+    script = ("import sys; from pathlib import Path; from common.pipeline.definition import parse_definition; "
+              "from common.pipeline.flow import PipelineRunner, RunLayout; "
+              "[p] = parse_definition({'name': 'p', 'steps': [{'id': 'hold', 'command': "
+              f"\"trap '' TERM; echo $$ > {pid_file}; exec sleep 300\"}}]}}); "
+              f"PipelineRunner(p, RunLayout(Path({str(tmp_path)!r}), 'p')).run()")
+    runner = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[1])
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    step = int(pid_file.read_text())
+    runner.kill()
+    runner.wait()
+    assert wait_dead(step), f"the step {step} outlived its worker"

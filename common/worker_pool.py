@@ -142,10 +142,6 @@ class WorkerPool:
         return [w for w in self.workers.values() if w.ready and not w.assigned and not w.retiring]
 
     @property
-    def busy(self) -> int:
-        return sum(1 for w in self.workers.values() if w.assigned)
-
-    @property
     def queued(self) -> int:
         """Bundles handed to workers: running or waiting in a worker's inbox."""
         return sum(len(w.assigned) for w in self.workers.values())

@@ -10,6 +10,7 @@ cannot even be imported with a CPU build of torch, and nothing else here needs i
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import math
 import socket
@@ -138,6 +139,27 @@ def _offline_problem(name: str, timeout: float = 3.0) -> Optional[str]:
         except OSError:
             continue
     return "offline: no download mirror can be reached"
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data flags every case study takes (--dataset, --data-dir, --subsample, --folds)."""
+    parser.add_argument("--dataset", choices=DATASETS, default="mnist", help="data set")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder of the IDX files, shared by every node; when not given: data/ "
+                             "(Fashion-MNIST is also looked for in /usr/share/datasets/fashion-mnist)")
+    parser.add_argument("--subsample", type=int, default=None, metavar="N",
+                        help="use N training images (stratified) for quick runs; the test set is kept whole")
+    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds (split by --seed)")
+
+
+def check_data_arguments(args: argparse.Namespace) -> None:
+    """Every rank, before anything is written: the data flags make sense and the data can be had."""
+    if args.folds < 2:
+        raise UsageError(f"--folds must be at least 2, got {args.folds}")
+    if args.subsample is not None and args.subsample < 2 * args.folds:
+        raise UsageError(f"--subsample {args.subsample}: needs at least 2 images per fold "
+                         f"({2 * args.folds} for --folds {args.folds})")
+    check_available(args.dataset, args.data_dir)
 
 
 def check_available(name: str, data_dir: Optional[Path] = None) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from common.app import App, RunInfo
 from common.cli import at_least
-from common.data import DATASETS, check_available, ensure_available, load_dataset
+from common.data import add_data_arguments, check_data_arguments, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
@@ -58,22 +58,14 @@ class MnistNN(App):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("n_bootstrap", type=at_least(1), help="number of bootstrap samples (models)")
         parser.add_argument("n_tuning", type=at_least(1), help="random candidates tried per bootstrap sample")
-        parser.add_argument("--dataset", default="mnist", choices=DATASETS, help="data set")
-        parser.add_argument("--data-dir", type=Path, default=None, help="folder of the IDX files (default: data/)")
-        parser.add_argument("--subsample", type=at_least(1), default=None,
-                            help="use N training images (stratified); the test set is kept whole")
+        add_data_arguments(parser)
         parser.add_argument("--max-epochs", type=at_least(1), default=20,
                             help="most epochs of a fit (it stops earlier once the loss falls by less than 20%%)")
         parser.add_argument("--batch-size", type=at_least(1), default=10, help="images per SGD step")
-        parser.add_argument("--folds", type=at_least(2), default=5, help="folds of the cross-validation")
 
     # ----- every rank -----
     def validate(self) -> None:
-        args = self.args
-        if args.subsample is not None and args.subsample < 2 * args.folds:
-            raise UsageError(f"--subsample {args.subsample}: needs at least 2 images per fold "
-                             f"({2 * args.folds} for --folds {args.folds})")
-        check_available(args.dataset, args.data_dir)
+        check_data_arguments(self.args)
 
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args

@@ -167,6 +167,14 @@ class NetStack:
             for k in range(self.K):
                 velocity[k].addmm_(a[k], b[k], beta=m, alpha=lr)
 
+    def _dense_backward(self, layer: str, grad_out: torch.Tensor, layer_in: torch.Tensor,
+                        grad_in: torch.Tensor) -> None:
+        """A dense layer's weight and bias gradients, folded into their momentum, and the gradient
+        of its input written into ``grad_in``."""
+        self._accumulate(self.velocity[f"{layer}_w"], grad_out.transpose(1, 2), layer_in)
+        self._accumulate(self.velocity[f"{layer}_b"], self.ones_b, grad_out)
+        self._mm(grad_in, grad_out, self.params[f"{layer}_w"])
+
     # ----- one step -----
     def step(self, x: torch.Tensor, rows: torch.Tensor, onehot: torch.Tensor, weight: torch.Tensor,
              label: torch.Tensor, picked_log_prob: torch.Tensor, predicted: torch.Tensor) -> None:
@@ -192,16 +200,10 @@ class NetStack:
         torch.softmax(self.logits, 2, out=self.grad_logits)
         self.grad_logits.sub_(onehot).mul_(weight)
         # backward, each gradient folded into its momentum as it is made
-        g3 = self.grad_logits
-        self._accumulate(v["output_w"], g3.transpose(1, 2), self.output_in)
-        self._accumulate(v["output_b"], self.ones_b, g3)
-        self._mm(self.grad_output_in, g3, p["output_w"])
+        self._dense_backward("output", self.grad_logits, self.output_in, self.grad_output_in)
         torch.ops.aten.threshold_backward.grad_input(self.grad_output_in, self.output_in, 0,
                                                      grad_input=self.grad_output_in)
-        g2 = self.grad_output_in
-        self._accumulate(v["hidden_w"], g2.transpose(1, 2), self.hidden_in)
-        self._accumulate(v["hidden_b"], self.ones_b, g2)
-        self._mm(self.grad_hidden_in, g2, p["hidden_w"])
+        self._dense_backward("hidden", self.grad_output_in, self.hidden_in, self.grad_hidden_in)
         torch.ops.aten.threshold_backward.grad_input(self.grad_hidden_in_4d, self.conv_out_4d, 0,
                                                      grad_input=self.grad_conv_out_4d)
         self._accumulate(v["conv"], self.grad_conv_out, self.patches.transpose(1, 2))

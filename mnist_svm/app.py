@@ -10,13 +10,12 @@ import argparse
 import csv
 import dataclasses
 import io
-from pathlib import Path
 from typing import Any, Dict, Mapping
 
 import numpy as np
 
 from common.app import App, RunInfo
-from common.data import DATASETS, Dataset, check_available, ensure_available, load_dataset
+from common.data import Dataset, add_data_arguments, check_data_arguments, ensure_available, load_dataset
 from common.devices import Device, parse_gpu_spec
 from common.errors import UsageError
 from common.items import Item
@@ -48,13 +47,7 @@ class MnistSvm(App):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("n_tuning", type=int,
                             help="grid points per axis: log10 C in linspace(-3, 6, n), log10 gamma in linspace(-6, -2, n)")
-        parser.add_argument("--dataset", choices=DATASETS, default="mnist", help="data set to search on")
-        parser.add_argument("--data-dir", type=Path, default=None,
-                            help="folder of the IDX files, shared by every node; when not given: data/ "
-                                 "(Fashion-MNIST is also looked for in /usr/share/datasets/fashion-mnist)")
-        parser.add_argument("--folds", type=int, default=5, help="cross-validation folds (stratified, shuffled by --seed)")
-        parser.add_argument("--subsample", type=int, default=None, metavar="N",
-                            help="use N training images (stratified) for quick runs")
+        add_data_arguments(parser)
 
     @property
     def grid(self) -> Grid:
@@ -65,18 +58,14 @@ class MnistSvm(App):
         args = self.args
         if args.n_tuning < 1:
             raise UsageError(f"n_tuning must be at least 1, got {args.n_tuning}")
-        if args.folds < 2:
-            raise UsageError(f"--folds must be at least 2, got {args.folds}")
         fits = args.n_tuning ** 2 * args.folds
         if fits > MAX_FITS:
             raise UsageError(f"n_tuning {args.n_tuning} with {args.folds} folds is {fits:,} fits; "
                              f"at most {MAX_FITS:,} (n_tuning x n_tuning x folds; e.g. n_tuning 141 with 5 folds)")
-        if args.subsample is not None and args.subsample < 2 * args.folds:
-            raise UsageError(f"--subsample {args.subsample}: too few images for {args.folds} folds")
         if args.gpu is not None and parse_gpu_spec(args.gpu) is not None and not have_cuml():
             raise UsageError(f"--gpu {args.gpu}: cuML is not installed (install RAPIDS cuML), or use --gpu cpu "
                              f"to fit with scikit-learn")
-        check_available(args.dataset, args.data_dir)
+        check_data_arguments(args)
 
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args

@@ -91,14 +91,14 @@ class MnistNN(App):
         items: List[Item] = []
         refits: List[Item] = []
         for b in range(args.n_bootstrap):
-            keys = []
-            for c, candidate in enumerate(self.candidates(b)):
+            keys, drawn = [], self.candidates(b)
+            for c, candidate in enumerate(drawn):
                 for f in range(args.folds):
                     keys.append(fit_key(b, c, f))
                     items.append(Item(keys[-1], {"kind": "fit", "bootstrap": b, "candidate": c, "fold": f,
                                                  "hyper": candidate.as_dict()}, cost=candidate.cost * share,
                                       group=self.group(b, c)))
-            biggest = max(candidate.cost for candidate in self.candidates(b))
+            biggest = max(candidate.cost for candidate in drawn)
             refits.append(Item(refit_key(b), {"kind": "refit", "bootstrap": b}, cost=biggest, after=tuple(keys)))
         return items + refits
 

@@ -176,6 +176,23 @@ class NetStack:
         self._mm(grad_in, grad_out, self.params[f"{layer}_w"])
 
     # ----- one step -----
+    def _head(self, onehot: torch.Tensor, weight: torch.Tensor, label: torch.Tensor, picked_log_prob: torch.Tensor,
+              predicted: torch.Tensor) -> None:
+        """From the hidden layer's sum in ``output_in`` to the gradient reaching it in ``grad_output_in``:
+        ReLU, output layer, loss, and the output layer's backward (folded into its momentum)."""
+        p = self.params
+        self.output_in.relu_()
+        self._addmm(self.logits, p["output_b"], self.output_in, p["output_w"].transpose(1, 2))
+        # loss: mean cross-entropy over each net's batch; its gradient (softmax - onehot) / n
+        torch.log_softmax(self.logits, 2, out=self.log_probs)
+        torch.gather(self.log_probs, 2, label, out=picked_log_prob)
+        torch.argmax(self.logits, 2, out=predicted)
+        torch.softmax(self.logits, 2, out=self.grad_logits)
+        self.grad_logits.sub_(onehot).mul_(weight)
+        self._dense_backward("output", self.grad_logits, self.output_in, self.grad_output_in)
+        torch.ops.aten.threshold_backward.grad_input(self.grad_output_in, self.output_in, 0,
+                                                     grad_input=self.grad_output_in)
+
     def step(self, x: torch.Tensor, rows: torch.Tensor, onehot: torch.Tensor, weight: torch.Tensor,
              label: torch.Tensor, picked_log_prob: torch.Tensor, predicted: torch.Tensor) -> None:
         """One SGD step of every net on its own batch.
@@ -185,24 +202,13 @@ class NetStack:
         ``picked_log_prob`` (K, B, 1) and the predicted class into ``predicted`` (K, B).
         """
         p, v = self.params, self.velocity
-        # forward
         torch.index_select(x, 0, rows, out=self.images)
         self.patch_target.copy_(self.patch_source)
         self._mm(self.conv_out, p["conv"], self.patches)
         torch.clamp_min(self.conv_out_4d, 0, out=self.hidden_in_4d)
         self._addmm(self.output_in, p["hidden_b"], self.hidden_in, p["hidden_w"].transpose(1, 2))
-        self.output_in.relu_()
-        self._addmm(self.logits, p["output_b"], self.output_in, p["output_w"].transpose(1, 2))
-        # loss: mean cross-entropy over each net's batch; its gradient (softmax - onehot) / n
-        torch.log_softmax(self.logits, 2, out=self.log_probs)
-        torch.gather(self.log_probs, 2, label, out=picked_log_prob)
-        torch.argmax(self.logits, 2, out=predicted)
-        torch.softmax(self.logits, 2, out=self.grad_logits)
-        self.grad_logits.sub_(onehot).mul_(weight)
-        # backward, each gradient folded into its momentum as it is made
-        self._dense_backward("output", self.grad_logits, self.output_in, self.grad_output_in)
-        torch.ops.aten.threshold_backward.grad_input(self.grad_output_in, self.output_in, 0,
-                                                     grad_input=self.grad_output_in)
+        # output layer, loss and backward to the hidden layer; each gradient folded into its momentum
+        self._head(onehot, weight, label, picked_log_prob, predicted)
         self._dense_backward("hidden", self.grad_output_in, self.hidden_in, self.grad_hidden_in)
         torch.ops.aten.threshold_backward.grad_input(self.grad_hidden_in_4d, self.conv_out_4d, 0,
                                                      grad_input=self.grad_conv_out_4d)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from common.data import Dataset, resize_images
 
+from .blocked import BlockedNet, BlockRunner
 from .model import IMAGE_SIZE, N_CLASSES, Candidate, Net
 from .stacked import NetStack
 
@@ -33,6 +34,8 @@ CPU_STACK_WEIGHTS = 250_000
 GPU_STACK_SHARE = 0.4
 #: bytes of conv activations one evaluation batch may take
 EVAL_BYTES = 256 * 2 ** 20
+#: most images in one evaluation batch on a CPU, where the batches are shared out over threads
+CPU_EVAL_ROWS = 128
 
 
 @dataclass
@@ -142,11 +145,26 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
     order each epoch and stops on its own, by the reference's rule, when an epoch's loss is not
     below ``TOLERANCE`` x the previous one's, or after ``max_epochs``; the others go on. A net
     gets the same bits whether it trains alone or in a group (see ``stacked``).
+
+    One net on a CPU trains block by block on the worker's threads (``blocked``), with the same bits
+    whatever their number; a net of one block (up to ``blocked.BLOCK_WEIGHTS`` hidden weights, so
+    every net ``stack_size`` ever stacks on a CPU) gets the bits it would get in a stack.
+    ``batched`` (tests, benchmarks) asks for a ``NetStack`` in that mode even then.
     """
-    device = x.device
-    K = len(indexes)
-    stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), K, x.shape[-1], batch_size,
-                     candidate.learning_rate, candidate.momentum, device, batched=batched)
+    if x.device.type == "cpu" and len(indexes) == 1 and batched is None:
+        with BlockRunner(torch.get_num_threads()) as runner:
+            stack = BlockedNet(initial_state(candidate, init_seeds[0], "cpu"), x.shape[-1], batch_size,
+                               candidate.learning_rate, candidate.momentum, runner)
+            return _train(stack, x, y, indexes, candidate, max_epochs, batch_size)
+    stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), len(indexes), x.shape[-1],
+                     batch_size, candidate.learning_rate, candidate.momentum, x.device, batched=batched)
+    return _train(stack, x, y, indexes, candidate, max_epochs, batch_size)
+
+
+def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], candidate: Candidate,
+           max_epochs: int, batch_size: int) -> List[Tuple[Dict[str, torch.Tensor], List[Dict[str, Any]]]]:
+    """``fit_group``'s epoch loop on a stack already built."""
+    device, K = x.device, len(indexes)
     rows_np, weight_np, valid = epoch_plan(indexes, batch_size)
     n_steps = rows_np.shape[0]
     sizes = np.array([len(index) for index in indexes])
@@ -223,13 +241,29 @@ def eval_batch_size(net: Net) -> int:
 
 @torch.no_grad()
 def predict_logits(net: Net, x: torch.Tensor) -> torch.Tensor:
-    """Logits for every image of ``x``, in large batches."""
+    """Logits for every image of ``x``, in large batches.
+
+    On a CPU the batches (at most ``CPU_EVAL_ROWS`` images, a number fixed by the net's shape) are
+    shared out over the worker's threads, each on one BLAS thread, so the logits have the same bits
+    whatever the thread count, as the training does.
+    """
     net.eval()
-    size = eval_batch_size(net)
-    return torch.cat([net(part) for part in x.split(size)])
+    parts = x.split(eval_batch_size(net) if x.device.type != "cpu" else min(CPU_EVAL_ROWS, eval_batch_size(net)))
+    if x.device.type != "cpu":
+        return torch.cat([net(part) for part in parts])
+    logits: List[Optional[torch.Tensor]] = [None] * len(parts)
+
+    def one(j: int) -> None:
+        logits[j] = net(parts[j])
+
+    with BlockRunner(torch.get_num_threads()) as runner:
+        runner.run(one, len(parts))
+    return torch.cat(logits)
 
 
 def evaluate(net: Net, x: torch.Tensor, y: torch.Tensor) -> Dict[str, float]:
-    """Mean cross-entropy and error rate of ``net`` on (x, y)."""
+    """Mean cross-entropy and error rate of ``net`` on (x, y) (means taken in float64, in one order)."""
     logits = predict_logits(net, x)
-    return {"loss": float(F.cross_entropy(logits, y)), "error": float((logits.argmax(1) != y).float().mean())}
+    losses = F.cross_entropy(logits.float(), y, reduction="none").double().cpu().numpy()
+    wrong = (logits.argmax(1) != y).cpu().numpy()
+    return {"loss": float(np.sum(losses) / len(losses)), "error": float(np.sum(wrong) / len(wrong))}

@@ -67,9 +67,11 @@ def test_a_run_writes_every_output(clean_run):
     assert "ensemble test error" in (clean_run / "summary.md").read_text()
 
 
-def test_one_rank_and_two_ranks_by_two_workers_give_identical_results(clean_run, tmp_path):
+def test_one_rank_and_two_ranks_by_two_workers_of_two_threads_give_identical_results(clean_run, tmp_path):
+    """The clean run has 1 rank, 1 worker, 1 thread; this one 2 x 2 x 2 (a CPU net trains block by block
+    on its worker's threads, mnist_nn.blocked, and seed 1763's nets have several blocks)."""
     many = tmp_path / "many"
-    proc = mnist_nn(many, "--workers", "2", ranks=2)
+    proc = mnist_nn(many, "--workers", "2", "--threads", "2", ranks=2)
     assert proc.returncode == 0, proc.stderr
     # the layout really was 2 ranks x 2 workers; which rank ran what is the scheduler's choice (with
     # fits this short, rank 0's workers may finish most of them before rank 1's have started)

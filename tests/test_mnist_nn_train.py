@@ -13,7 +13,8 @@ from common.data import load_dataset
 from common.items import Item
 from mnist_nn.model import Candidate
 from mnist_nn.stacked import NetStack
-from mnist_nn.train import TOLERANCE, fit_group, initial_state, should_stop, to_device
+from mnist_nn import blocked
+from mnist_nn.train import TOLERANCE, fit_group, initial_state, net_from_state, predict_logits, should_stop, to_device
 
 CANDIDATE = Candidate(n_conv_layer=4, kernel_size=5, n_hidden_layer=16, learning_rate=0.02, momentum=0.9)
 #: sizes that give the three nets 10, 11 and 10 steps, the last ones partly padded
@@ -125,6 +126,48 @@ def test_padded_last_batches_and_stopped_nets_match_their_own_reference_run(data
         net, loss = autograd_fit(data, index[k], candidate, seed=k + 1, epochs=epochs[k])
         assert_close_states(group[k][0], dict(net.state_dict()), rtol=1e-3, atol=1e-5)
         assert group[k][1][-1]["loss"] == pytest.approx(loss, rel=1e-4)
+
+
+@pytest.fixture
+def threads():
+    """Sets torch's thread count for the test; restores it afterwards."""
+    saved = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(saved)
+
+
+def test_a_net_split_in_blocks_gets_the_same_bits_on_any_number_of_threads(data, threads, monkeypatch):
+    """One net on a CPU trains block by block (``blocked``): 1, 2 and 3 threads, same bits; and the
+    blocked step still follows autograd + torch.optim.SGD."""
+    candidate = Candidate(5, 5, 16, learning_rate=0.02, momentum=0.9)
+    monkeypatch.setattr(blocked, "BLOCK_WEIGHTS", 576 * 16)  # one conv channel (24x24 positions x 16) a block
+    index = indexes(len(data.y_train))[1]
+    runs = []
+    for count in (1, 2, 3):
+        threads(count)
+        runs.append(fit_group(data.x_train, data.y_train, [index], candidate, 3, 10, [4])[0])
+    (state, log), = runs[:1]
+    for other_state, other_log in runs[1:]:
+        assert all(torch.equal(state[name], other_state[name]) for name in state)
+        assert other_log == [{**entry, "samples_per_s": e["samples_per_s"], "seconds": e["seconds"]}
+                             for entry, e in zip(log, other_log)]
+    net, loss = autograd_fit(data, index, candidate, seed=4, epochs=len(log))
+    assert_close_states(state, dict(net.state_dict()), rtol=1e-3, atol=1e-5)
+    assert log[-1]["loss"] == pytest.approx(loss, rel=1e-4)
+    stack = blocked.BlockedNet(initial_state(candidate, 4, "cpu"), 28, 10, 0.02, 0.9, blocked.BlockRunner(1))
+    assert len(stack.blocks) == 5
+
+
+def test_cpu_evaluation_gets_the_same_bits_on_any_number_of_threads(data, threads):
+    net = net_from_state(CANDIDATE, initial_state(CANDIDATE, 2, "cpu"))
+    outputs = []
+    for count in (1, 2):
+        threads(count)
+        outputs.append(predict_logits(net, data.x_train))
+    assert len(data.x_train) > 2 * 128  # several evaluation batches, shared out over the threads
+    assert torch.equal(outputs[0], outputs[1])
+    with torch.no_grad():
+        torch.testing.assert_close(outputs[0], net(data.x_train), rtol=1e-5, atol=1e-5)
 
 
 def test_a_fold_gets_the_same_result_alone_and_in_its_group(one_thread):

@@ -11,10 +11,13 @@ normalised tensor on the device, batches are index gathers, and the step is writ
 without autograd (``mnist_nn.train.fit_group``): one net alone (K=1, as a refit trains), and
 the 5 folds of a candidate stacked (K=5, total samples/s of the 5 nets).
 
-All train the same net from the same initial weights with SGD on one thread, for two epochs
-over (a prefix of) each fold's training set (digits); samples/s is taken over the second
-epoch, best of ``--repeats`` rounds (the rounds interleave the three, so a busy machine slows
-all of them alike). Prints a markdown table and writes ``bench-results/bench_nn.json``. It
+All train the same net from the same initial weights with SGD, for two epochs over (a prefix
+of) each fold's training set (digits), with the same number of torch threads (one, and for the
+big net also every core: ours then splits each step into blocks over the threads,
+``mnist_nn.blocked``); samples/s is taken over the second epoch, best of ``--repeats`` rounds
+(the rounds interleave the three, so a busy machine slows all of them alike). ``--device cuda``
+(the default where CUDA is present) runs both sides on the GPU: the reference moves each batch
+there, ours keeps the data set there. Prints a markdown table and writes ``bench-results/bench_nn.json``. It
 also times whole runs (``RUNS``; ``--no-run`` skips them).
 """
 from __future__ import annotations
@@ -48,6 +51,7 @@ RUNS = [
     ["2", "2", "--dataset", "digits", "--seed", "25328", "--subsample", "300", "--max-epochs", "2", "--gpu", "cpu",
      "--workers", "2", "--threads", "1"],
 ]
+GPU_RUNS = [["1", "1", "--dataset", "digits"], ["2", "2", "--dataset", "digits"]]
 
 
 # ----- the reference's style -----
@@ -93,10 +97,11 @@ class Subset(torch.utils.data.Dataset):
         return len(self.index)
 
 
-def reference_epochs(dataset: torch.utils.data.Dataset, candidate: Candidate, epochs: int) -> List[float]:
+def reference_epochs(dataset: torch.utils.data.Dataset, candidate: Candidate, epochs: int,
+                     device: str = "cpu") -> List[float]:
     """The reference's train_model loop (without its early stop), seconds per epoch."""
     loader = torch.utils.data.DataLoader(dataset, batch_size=10)
-    net = candidate.build()
+    net = candidate.build().to(device)
     optimizer = torch.optim.SGD(net.parameters(), lr=candidate.learning_rate, momentum=candidate.momentum)
     loss_function = torch.nn.CrossEntropyLoss()
     net.train(True)
@@ -105,11 +110,13 @@ def reference_epochs(dataset: torch.utils.data.Dataset, candidate: Candidate, ep
         start = time.perf_counter()
         loss_epoch = 0.0
         for inputs, labels in loader:
+            inputs, labels = inputs.to(device), labels.to(device)
             optimizer.zero_grad()
             loss = loss_function(net(inputs), labels)
             loss.backward()
             optimizer.step()
             loss_epoch += loss
+        float(loss_epoch.detach())  # waits for the device, as the reference's print of the epoch loss does
         seconds.append(time.perf_counter() - start)
     return seconds
 
@@ -127,10 +134,12 @@ def ours_rate(data: Any, indexes: List[np.ndarray], candidate: Candidate) -> flo
     return sum(len(index) for index in indexes) / fits[0][1][-1]["seconds"]
 
 
-def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: int) -> Dict[str, Any]:
+def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: int, device: str,
+            threads: int) -> Dict[str, Any]:
+    torch.set_num_threads(threads)
     dataset = load_dataset("digits")
     images = resize_images(dataset.x_train)
-    data = to_device(dataset, "cpu")
+    data = to_device(dataset, device)
     folds = bootstrap_folds(len(dataset.y_train), 5, seed=0, bootstrap=0)
     training = [fold_indexes(folds, f)[0][:samples] for f in range(5)]
     n = len(training[0])
@@ -138,14 +147,26 @@ def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: i
     rates: Dict[str, List[float]] = {"reference": [], "ours_k1": [], "ours_k5": []}
     for _ in range(repeats):
         torch.manual_seed(0)
-        rates["reference"].append(n / reference_epochs(reference, candidate, epochs=2)[-1])
+        rates["reference"].append(n / reference_epochs(reference, candidate, epochs=2, device=device)[-1])
         rates["ours_k1"].append(ours_rate(data, training[:1], candidate))
         rates["ours_k5"].append(ours_rate(data, training, candidate))
     best = {name: max(values) for name, values in rates.items()}
     return {"model": label, **candidate.as_dict(), "weights": candidate.n_weights, "samples": n, "batch_size": 10,
+            "device": device, "threads": threads,
             "reference_samples_per_s": best["reference"], "ours_k1_samples_per_s": best["ours_k1"],
             "ours_k5_samples_per_s": best["ours_k5"], "speedup_k1": best["ours_k1"] / best["reference"],
             "speedup_k5": best["ours_k5"] / best["reference"], "all_rounds": rates}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {len(os.sched_getaffinity(0))} cores"
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
 
 
 def time_whole_run(extra: List[str]) -> Dict[str, Any]:
@@ -168,23 +189,35 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="only the small model")
     parser.add_argument("--no-run", action="store_true", help="skip timing whole mnist_nn runs")
     parser.add_argument("--repeats", type=int, default=2, help="rounds per model; the best is kept")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where both sides train (default: cuda where present)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
     keep_freed_memory()
-    models = [(Candidate(8, 5, 64, 0.01, 0.5), "small (8 conv 5x5, 64 hidden)", None)]
+    cores = len(os.sched_getaffinity(0))
+    on_gpu = args.device == "cuda"
+    big = None if on_gpu else 200  # samples per fold: the big net is slow on a CPU
+    models = [(Candidate(8, 5, 64, 0.01, 0.5), "small (8 conv 5x5, 64 hidden)", None, 1)]
     if not args.quick:
-        models.append((Candidate(2, 3, 16, 0.01, 0.5), "tiny (2 conv 3x3, 16 hidden)", None))
-        models.append((draw_candidate(0, 0, 0), "--seed 0's first candidate", 200))
-    rows = [measure(candidate, label, samples, args.repeats) for candidate, label, samples in models]
-    runs = [] if args.no_run else [time_whole_run(extra) for extra in RUNS]
+        models.append((Candidate(2, 3, 16, 0.01, 0.5), "tiny (2 conv 3x3, 16 hidden)", None, 1))
+        models.append((draw_candidate(0, 0, 0), "--seed 0's first candidate", big, 1))
+        if cores > 1 and not on_gpu:
+            models.append((draw_candidate(0, 0, 0), "--seed 0's first candidate", big, cores))
+    rows = [measure(candidate, label, samples, args.repeats, args.device, threads)
+            for candidate, label, samples, threads in models]
+    runs = [] if args.no_run else [time_whole_run(extra) for extra in (GPU_RUNS if on_gpu else RUNS)]
+    device_name = torch.cuda.get_device_name() if on_gpu else cpu_name()
     report = {"benchmark": "mnist_nn", "host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
-              "threads": 1, "device": "cpu", "load_average": os.getloadavg(), "fits": rows, "whole_runs": runs}
+              "device": args.device, "device_name": device_name, "load_average": os.getloadavg(), "fits": rows,
+              "whole_runs": runs}
     OUT.mkdir(exist_ok=True)
     (OUT / "bench_nn.json").write_text(json.dumps(report, indent=2) + "\n")
-    print("| model | weights | samples/fold | reference samples/s | ours K=1 | speedup | ours K=5 (total) | speedup |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"device: {args.device} ({device_name})\n")
+    print("| model | weights | samples/fold | threads | reference samples/s | ours K=1 | speedup | ours K=5 (total) "
+          "| speedup |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['model']} | {row['weights']:,} | {row['samples']} | {row['reference_samples_per_s']:,.0f} | "
+        print(f"| {row['model']} | {row['weights']:,} | {row['samples']} | {row['threads']} | "
+              f"{row['reference_samples_per_s']:,.0f} | "
               f"{row['ours_k1_samples_per_s']:,.0f} | {row['speedup_k1']:.1f}x | {row['ours_k5_samples_per_s']:,.0f} | "
               f"{row['speedup_k5']:.1f}x |")
     for run in runs:

@@ -25,15 +25,23 @@ class GpuMonitor:
             import pynvml
 
             pynvml.nvmlInit()
-            handles = {}
-            for device in self.devices:
-                ident = device.physical or str(device.index)
+        except Exception:
+            return  # no NVML: nothing to sample, the run goes on
+        handles = {}
+        for device in self.devices:
+            # a number is an NVML index: workers see GPUs in PCI order too (worker_pool sets
+            # CUDA_DEVICE_ORDER=PCI_BUS_ID); a GPU NVML cannot reach is left out, not the others
+            ident = device.physical or str(device.index)
+            try:
                 if ident.isdigit():
                     handles[str(device)] = pynvml.nvmlDeviceGetHandleByIndex(int(ident))
                 else:
                     handles[str(device)] = pynvml.nvmlDeviceGetHandleByUUID(ident)
-        except Exception:
-            return  # no NVML: nothing to sample, the run goes on
+            except Exception:
+                continue
+        if not handles:
+            pynvml.nvmlShutdown()
+            return
         self._nvml, self._handles = pynvml, handles
         self._thread = threading.Thread(target=self._run, name="gpu-monitor", daemon=True)
         self._thread.start()

@@ -107,9 +107,9 @@ class MnistNN(App):
         cpu``, or no GPU here), where stacking pays only for nets too small to matter and the
         folds are better spread over the workers. Results are the same either way."""
         if self._on_cpu is None:
-            from common.devices import visible_gpus
+            from common.devices import parse_gpu_spec, visible_gpus
 
-            self._on_cpu = self.args.gpu == "cpu" or (self.args.gpu is None and not visible_gpus())
+            self._on_cpu = parse_gpu_spec(self.args.gpu) is None or (self.args.gpu is None and not visible_gpus())
         return "" if self._on_cpu else f"b={bootstrap:02d},c={candidate:02d}"
 
     def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
@@ -143,6 +143,9 @@ class MnistNN(App):
 
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
+        # full float32 everywhere, as training's own products: no TF32 in evaluation's cuDNN convolution
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
         if not device.is_gpu:
             keep_freed_memory()
         args = self.args
@@ -183,20 +186,18 @@ class MnistNN(App):
         trainings, init_seeds = [training for training, _ in splits], [torch_seed(seed) for seed in seeds]
         size = stack_size(candidate, len(items), data.device)
         stacks = [list(range(len(items)))[start:start + size] for start in range(0, len(items), size)]
-        fits = {}
-        for stack in stacks:
+        results: Dict[int, Dict[str, Any]] = {}
+        for stack in stacks:  # each stack's nets are scored and let go before the next one trains
             trained = fit_group(data.x_train, data.y_train, [trainings[k] for k in stack], candidate,
                                 args.max_epochs, args.batch_size, [init_seeds[k] for k in stack])
-            fits.update(zip(stack, trained))
-        results = []
-        for k, (_, validation) in enumerate(splits):
-            weights, log = fits[k]
-            rows = torch.from_numpy(validation).to(data.device)
-            scores = evaluate(net_from_state(candidate, weights), data.x_train.index_select(0, rows),
-                              data.y_train.index_select(0, rows))
-            results.append({"val_loss": finite_or_none(scores["loss"]), "val_error": scores["error"],
-                            "epochs": len(log), "log": log})
-        return results
+            for k, (weights, log) in zip(stack, trained):
+                rows = torch.from_numpy(splits[k][1]).to(data.device)
+                scores = evaluate(net_from_state(candidate, weights), data.x_train.index_select(0, rows),
+                                  data.y_train.index_select(0, rows))
+                results[k] = {"val_loss": finite_or_none(scores["loss"]), "val_error": scores["error"],
+                              "epochs": len(log), "log": log}
+            del trained
+        return [results[k] for k in range(len(items))]
 
     def refit(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
         """The chosen candidate on the whole bootstrap sample; scored on the training and test sets."""

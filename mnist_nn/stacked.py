@@ -27,6 +27,7 @@ by one (``batched=False``), same shapes and strides whatever K is.
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Iterable, Optional, Sequence, Union
 
 import torch
@@ -90,9 +91,9 @@ class NetStack:
         self.params = self._views(self.flat_params)
         self.velocity = self._views(self.flat_velocity)
         K, B, C, H, L, kk = self.K, self.batch_size, self.channels, self.hidden, self.positions, self.kernel ** 2
-        new = lambda *shape: torch.empty(*shape, device=self.device)  # noqa: E731
         s, k, side = self.image_size, self.kernel, self.side
-        self.images = new(K * B, 1, s, s)
+        new = self._new_per_net
+        self.images = torch.empty(K * B, 1, s, s, device=self.device)
         self.patches = new(K, kk + 1, B * L)
         self.patches[:, kk].fill_(1.0)
         self.conv_out = new(K, C, B * L)
@@ -104,7 +105,7 @@ class NetStack:
         self.grad_output_in = new(K, B, H)
         self.grad_hidden_in = new(K, B, C * L)
         self.grad_conv_out = new(K, C, B * L)
-        self.ones_b = torch.ones(K, 1, B, device=self.device)
+        self.ones_b = new(K, 1, B).fill_(1.0)
         # patch (i, j) of image b at position (r, c) is pixel (i + r, j + c): a strided view, copied each step
         self.patch_source = self.images.as_strided((K, k, k, B, side, side), (B * s * s, s, 1, s * s, s, 1))
         self.patch_target = self.patches[:, :kk].view(K, k, k, B, side, side)
@@ -113,6 +114,16 @@ class NetStack:
         self.grad_conv_out_4d = self.grad_conv_out.view(K, C, B, L)
         self.hidden_in_4d = self.hidden_in.view(K, B, C, L).transpose(1, 2)
         self.grad_hidden_in_4d = self.grad_hidden_in.view(K, B, C, L).transpose(1, 2)
+
+    def _new_per_net(self, *shape: int) -> torch.Tensor:
+        """An empty (K, ...) buffer. Where each net's products are issued one by one (``batched``
+        off: CUDA), each net's slice starts on a 256-byte boundary, so BLAS sees the same alignment
+        (and may pick the same kernel) for net k of a stack as for a net alone."""
+        if self.batched:
+            return torch.empty(*shape, device=self.device)
+        per_net = math.prod(shape[1:])
+        padded = -(-per_net // 64) * 64
+        return torch.empty(shape[0], padded, device=self.device)[:, :per_net].view(*shape)
 
     def _views(self, flat: torch.Tensor) -> Dict[str, torch.Tensor]:
         views = {}

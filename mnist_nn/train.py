@@ -29,9 +29,12 @@ TOLERANCE = 0.8
 #: momenta stay in cache (measured, benchmarks/bench_nn.py: 22k-weight nets 1.4x faster as 5, 296k-weight
 #: nets 1.7x slower); past this many weights in all, they train one at a time
 CPU_STACK_WEIGHTS = 250_000
-#: share of a GPU's memory a stack's weights and momenta may take (the trained nets' copies,
-#: evaluation and the data take the rest)
+#: share of a GPU's memory a stack may take (evaluation and the data take the rest)
 GPU_STACK_SHARE = 0.4
+#: GPU bytes per weight of each stacked net at the peak: weights and momentum (8), the trained
+#: net's copy (4), the new store ``keep`` builds while the old one lives (8), a net's saved slot
+#: while others finish their epoch (8, at most)
+GPU_BYTES_PER_WEIGHT = 28
 #: bytes of conv activations one evaluation batch may take
 EVAL_BYTES = 256 * 2 ** 20
 #: most images in one evaluation batch on a CPU, where the batches are shared out over threads
@@ -185,7 +188,7 @@ def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[
             start = time.perf_counter()
             for s in range(max(steps_of[k] for k in alive)):
                 idle = [j for j, k in enumerate(alive) if s >= steps_of[k]]
-                saved = stack.store[idle].clone() if idle else None
+                saved = stack.store[idle] if idle else None  # indexing with a list copies
                 stack.step(x, step_args["rows"][s].view(-1), step_args["onehot"][s], step_args["weight"][s],
                            step_args["label"][s], picked[s], predicted[s])
                 if idle:
@@ -218,12 +221,12 @@ def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[
 def stack_size(candidate: Candidate, k: int, device: torch.device) -> int:
     """How many of ``k`` nets of ``candidate`` to train in one stack: on a CPU all of them while that
     is faster than one after the other, else 1; on a GPU as many as fit in ``GPU_STACK_SHARE`` of
-    its memory (weights and momenta; the activations at batch size 10 are small beside them)."""
+    its memory (``GPU_BYTES_PER_WEIGHT``; the activations at batch size 10 are small beside them)."""
     device = torch.device(device)
     if device.type == "cpu":
         return k if k * candidate.n_weights <= CPU_STACK_WEIGHTS else 1
     budget = GPU_STACK_SHARE * torch.cuda.get_device_properties(device).total_memory
-    return int(max(1, min(k, budget // (candidate.n_weights * 2 * 4))))
+    return int(max(1, min(k, budget // (candidate.n_weights * GPU_BYTES_PER_WEIGHT))))
 
 
 def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidate, max_epochs: int,

@@ -123,7 +123,9 @@ class CumlBackend:
         return np.rint(self.cp.asnumpy(self.cp.asarray(predicted))).astype(np.int64)
 
     def n_support(self, model: Any) -> int:
-        return int(np.asarray(getattr(model, "n_support_", [0])).sum())
+        """Distinct support vectors. cuML's multiclass (one-vs-one) SVC sets no ``n_support_``; its
+        ``support_`` joins the pairwise models' row indexes, so count the distinct rows."""
+        return int(self.cp.unique(self.cp.asarray(model.support_)).size)
 
 
 def make_backend(data: Dataset, on_gpu: bool, gpu_explicit: bool) -> Any:

@@ -15,7 +15,10 @@ All train the same net from the same initial weights with SGD, for two epochs ov
 of) each fold's training set (digits), with the same number of torch threads (one, and for the
 big net also every core: ours then splits each step into blocks over the threads,
 ``mnist_nn.blocked``); samples/s is taken over the second epoch, best of ``--repeats`` rounds
-(the rounds interleave the three, so a busy machine slows all of them alike). ``--device cuda``
+(the rounds interleave the three, so a busy machine slows all of them alike). Beside each
+speedup: its ceiling, the speedup a step that ran the net's arithmetic (``training_flops``) at the
+device's big-square-product peak would reach: where the ceiling is under a target, no
+implementation of the same arithmetic meets it. ``--device cuda``
 (the default where CUDA is present) runs both sides on the GPU: the reference moves each batch
 there, ours keeps the data set there. Prints a markdown table and writes ``bench-results/bench_nn.json``. It
 also times whole runs (``RUNS``; ``--no-run`` skips them).
@@ -134,6 +137,28 @@ def ours_rate(data: Any, indexes: List[np.ndarray], candidate: Candidate) -> flo
     return sum(len(index) for index in indexes) / fits[0][1][-1]["seconds"]
 
 
+def training_flops(candidate: Candidate) -> float:
+    """Floating-point operations of one training sample: the forward's multiply-adds, and the
+    backward's two products per dense layer (weights' and input's gradient) and one for the conv
+    (its weights'; the image needs no gradient)."""
+    side = 28 - candidate.kernel_size + 1
+    conv = candidate.n_conv_layer * side * side * (candidate.kernel_size ** 2 + 1)
+    dense = (candidate.n_conv_layer * side * side + 1) * candidate.n_hidden_layer + (candidate.n_hidden_layer + 1) * 10
+    return 2.0 * (2 * conv + 3 * dense)
+
+
+def peak_flops(device: str, size: int = 2048) -> float:
+    """Float32 FLOP/s of a big square matrix product on ``device`` at the current thread count
+    (best of 5): about the most any implementation of the training step could reach."""
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        (a @ b).sum().item()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size ** 3 / best
+
+
 def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: int, device: str,
             threads: int) -> Dict[str, Any]:
     torch.set_num_threads(threads)
@@ -151,8 +176,10 @@ def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: i
         rates["ours_k1"].append(ours_rate(data, training[:1], candidate))
         rates["ours_k5"].append(ours_rate(data, training, candidate))
     best = {name: max(values) for name, values in rates.items()}
+    peak = peak_flops(device)
     return {"model": label, **candidate.as_dict(), "weights": candidate.n_weights, "samples": n, "batch_size": 10,
-            "device": device, "threads": threads,
+            "device": device, "threads": threads, "flops_per_sample": training_flops(candidate), "peak_flops": peak,
+            "ceiling_speedup": peak / (training_flops(candidate) * best["reference"]),
             "reference_samples_per_s": best["reference"], "ours_k1_samples_per_s": best["ours_k1"],
             "ours_k5_samples_per_s": best["ours_k5"], "speedup_k1": best["ours_k1"] / best["reference"],
             "speedup_k5": best["ours_k5"] / best["reference"], "all_rounds": rates}
@@ -213,13 +240,15 @@ def main(argv: List[str] = None) -> int:
     (OUT / "bench_nn.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"device: {args.device} ({device_name})\n")
     print("| model | weights | samples/fold | threads | reference samples/s | ours K=1 | speedup | ours K=5 (total) "
-          "| speedup |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| speedup | ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['model']} | {row['weights']:,} | {row['samples']} | {row['threads']} | "
               f"{row['reference_samples_per_s']:,.0f} | "
               f"{row['ours_k1_samples_per_s']:,.0f} | {row['speedup_k1']:.1f}x | {row['ours_k5_samples_per_s']:,.0f} | "
-              f"{row['speedup_k5']:.1f}x |")
+              f"{row['speedup_k5']:.1f}x | {row['ceiling_speedup']:.1f}x |")
+    print("\nceiling: the speedup a step running the net's arithmetic at the peak of a big square product on"
+          " this device (same threads) would reach: peak FLOP/s / (FLOP per sample x reference samples/s)")
     for run in runs:
         print(f"\nwhole run `{run['command']}`: {run['wall_seconds']:.1f} s wall (exit {run['exit_code']})")
     return 0

@@ -42,6 +42,22 @@ def test_one_by_one_and_two_ranks_by_two_workers_give_identical_results(tmp_path
     assert (tmp_path / "many" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_gpu_workers_are_pinned_one_gpu_each_in_pci_order(tmp_path, monkeypatch):
+    """As under Slurm with GPUs 5 and 7 of a node: one worker per GPU, each seeing only its own (the
+    toy app never touches CUDA, so this runs without a GPU), numbered as NVML numbers them."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    proc = run([TOY, "12", "--sleep", "0.1", "--gpu", "all", "--results", str(tmp_path / "r"), "--no-progress"])
+    assert proc.returncode == 0, proc.stderr
+    results = [e for e in journal_entries(tmp_path / "r") if e.get("type") == "result"]
+    start = next(e for e in journal_entries(tmp_path / "r") if e.get("type") == "start")
+    assert len(start["layout"][0]["devices"]) == 2
+    assert {r["result"]["cuda_visible"] for r in results} == {"5", "7"}
+    assert {r["result"]["cuda_order"] for r in results} == {"PCI_BUS_ID"}
+    for r in results:  # the journal names GPUs by their number among the visible ones (as --gpu does)
+        assert {"gpu0": "5", "gpu1": "7"}[r["device"]] == r["result"]["cuda_visible"], r
+
+
 def test_groups_run_together_and_give_the_same_results(tmp_path):
     plain = run([TOY, "20", "--results", str(tmp_path / "plain"), "--no-progress"])
     grouped = run([TOY, "20", "--group", "4", "--sleep", "0.05", "--workers", "2", "--results", str(tmp_path / "grouped"),

@@ -92,7 +92,8 @@ class ToyApp(App):
         if item.params.get("sleep"):
             time.sleep(item.params["sleep"])
         value = float(np.random.default_rng(seed).random()) + item.params.get("sum", 0.0)
-        return {"value": value, "pid": state["pid"]}
+        return {"value": value, "pid": state["pid"], "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "cuda_order": os.environ.get("CUDA_DEVICE_ORDER")}
 
     def run_group(self, state, items, seeds):
         results = [self.run_item(state, item, seed) for item, seed in zip(items, seeds)]

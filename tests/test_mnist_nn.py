@@ -146,6 +146,15 @@ def test_bootstrap_resamples_within_folds():
     assert len(training) == 103 - 21 and np.array_equal(validation, folds[2])
 
 
+@pytest.mark.parametrize("gpu, grouped", [("cpu", False), ("CPU", False), ("0", True), ("all", True)])
+def test_folds_are_grouped_to_train_stacked_only_on_gpus(gpu, grouped):
+    """On CPUs a candidate's folds spread over the workers; on GPUs they go to one worker together."""
+    import argparse
+
+    app = MnistNN(argparse.Namespace(gpu=gpu, seed=0))
+    assert bool(app.group(0, 1)) is grouped
+
+
 def test_complete_refits_the_candidate_with_the_lowest_mean_cv_loss():
     app = MnistNN(type("Args", (), {"seed": 0, "n_tuning": 3, "folds": 2})())
     losses = {0: [0.5, 0.9], 1: [0.6, 0.6], 2: [0.1, None]}  # candidate 2 diverged on a fold

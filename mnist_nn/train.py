@@ -251,9 +251,9 @@ def predict_logits(net: Net, x: torch.Tensor) -> torch.Tensor:
     whatever the thread count, as the training does.
     """
     net.eval()
-    parts = x.split(eval_batch_size(net) if x.device.type != "cpu" else min(CPU_EVAL_ROWS, eval_batch_size(net)))
     if x.device.type != "cpu":
-        return torch.cat([net(part) for part in parts])
+        return torch.cat([net(part) for part in x.split(eval_batch_size(net))])
+    parts = x.split(min(CPU_EVAL_ROWS, eval_batch_size(net)))
     logits: List[Optional[torch.Tensor]] = [None] * len(parts)
 
     def one(j: int) -> None:

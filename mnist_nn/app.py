@@ -97,20 +97,25 @@ class MnistNN(App):
                     keys.append(fit_key(b, c, f))
                     items.append(Item(keys[-1], {"kind": "fit", "bootstrap": b, "candidate": c, "fold": f,
                                                  "hyper": candidate.as_dict()}, cost=candidate.cost * share,
-                                      group=self.group(b, c)))
+                                      group=self.group(b, c, candidate)))
             biggest = max(candidate.cost for candidate in drawn)
             refits.append(Item(refit_key(b), {"kind": "refit", "bootstrap": b}, cost=biggest, after=tuple(keys)))
         return items + refits
 
-    def group(self, bootstrap: int, candidate: int) -> str:
-        """The folds of a candidate go to one worker together, to train stacked; not on CPUs (``--gpu
-        cpu``, or no GPU here), where stacking pays only for nets too small to matter and the
-        folds are better spread over the workers. Results are the same either way."""
+    def group(self, bootstrap: int, number: int, candidate: Candidate) -> str:
+        """The folds of a candidate go to one worker together, to train stacked: always on GPUs; on
+        CPUs (``--gpu cpu``, or no GPU here) only where stacking measured faster (small nets, see
+        ``train.CPU_STACK_WEIGHTS``), bigger nets' folds being better spread over the workers.
+        Results are the same either way."""
+        from .train import CPU_STACK_WEIGHTS
+
         if self._on_cpu is None:
             from common.devices import parse_gpu_spec, visible_gpus
 
             self._on_cpu = parse_gpu_spec(self.args.gpu) is None or (self.args.gpu is None and not visible_gpus())
-        return "" if self._on_cpu else f"b={bootstrap:02d},c={candidate:02d}"
+        if self._on_cpu and candidate.n_weights * self.args.folds > CPU_STACK_WEIGHTS:
+            return ""
+        return f"b={bootstrap:02d},c={number:02d}"
 
     def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
         """Choose the candidate with the lowest mean validation loss over all K folds."""

@@ -149,15 +149,23 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
     below ``TOLERANCE`` x the previous one's, or after ``max_epochs``; the others go on. A net
     gets the same bits whether it trains alone or in a group (see ``stacked``).
 
-    One net on a CPU trains block by block on the worker's threads (``blocked``), with the same bits
-    whatever their number; a net of one block (up to ``blocked.BLOCK_WEIGHTS`` hidden weights, so
-    every net ``stack_size`` ever stacks on a CPU) gets the bits it would get in a stack.
-    ``batched`` (tests, benchmarks) asks for a ``NetStack`` in that mode even then.
+    On a CPU every product runs on one BLAS thread, so the bits never depend on the thread count:
+    one net trains block by block on the worker's threads (``blocked``); a stack (small nets only,
+    ``stack_size``) trains on one thread, its products batched. A net of one block (up to
+    ``blocked.BLOCK_WEIGHTS`` hidden weights: every net ``stack_size`` stacks on a CPU) gets the
+    bits it would get in a stack. ``batched`` (tests, benchmarks) asks for a plain ``NetStack`` in
+    that mode, on torch's threads.
     """
-    if x.device.type == "cpu" and len(indexes) == 1 and batched is None:
-        with BlockRunner(torch.get_num_threads()) as runner:
-            stack = BlockedNet(initial_state(candidate, init_seeds[0], "cpu"), x.shape[-1], batch_size,
-                               candidate.learning_rate, candidate.momentum, runner)
+    if x.device.type == "cpu" and batched is None:
+        single = len(indexes) == 1
+        with BlockRunner(torch.get_num_threads() if single else 1) as runner:
+            if single:
+                stack = BlockedNet(initial_state(candidate, init_seeds[0], "cpu"), x.shape[-1], batch_size,
+                                   candidate.learning_rate, candidate.momentum, runner)
+            else:
+                stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), len(indexes),
+                                 x.shape[-1], batch_size, candidate.learning_rate, candidate.momentum, "cpu",
+                                 batched=True)
             return _train(stack, x, y, indexes, candidate, max_epochs, batch_size)
     stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), len(indexes), x.shape[-1],
                      batch_size, candidate.learning_rate, candidate.momentum, x.device, batched=batched)

@@ -146,13 +146,17 @@ def test_bootstrap_resamples_within_folds():
     assert len(training) == 103 - 21 and np.array_equal(validation, folds[2])
 
 
-@pytest.mark.parametrize("gpu, grouped", [("cpu", False), ("CPU", False), ("0", True), ("all", True)])
-def test_folds_are_grouped_to_train_stacked_only_on_gpus(gpu, grouped):
-    """On CPUs a candidate's folds spread over the workers; on GPUs they go to one worker together."""
+@pytest.mark.parametrize("gpu, on_gpu", [("cpu", False), ("CPU", False), ("0", True), ("all", True)])
+def test_folds_are_grouped_to_train_stacked_on_gpus_and_for_small_nets_on_cpus(gpu, on_gpu):
+    """On CPUs a big candidate's folds spread over the workers; elsewhere they go to one worker together."""
     import argparse
 
-    app = MnistNN(argparse.Namespace(gpu=gpu, seed=0))
-    assert bool(app.group(0, 1)) is grouped
+    from mnist_nn.model import Candidate
+
+    app = MnistNN(argparse.Namespace(gpu=gpu, seed=0, folds=5))
+    small, big = Candidate(2, 3, 16, 0.01, 0.5), Candidate(8, 5, 64, 0.01, 0.5)
+    assert app.group(0, 1, small) == "b=00,c=01"
+    assert bool(app.group(0, 1, big)) is on_gpu
 
 
 def test_complete_refits_the_candidate_with_the_lowest_mean_cv_loss():

@@ -170,8 +170,9 @@ def test_cpu_evaluation_gets_the_same_bits_on_any_number_of_threads(data, thread
         torch.testing.assert_close(outputs[0], net(data.x_train), rtol=1e-5, atol=1e-5)
 
 
-def test_a_fold_gets_the_same_result_alone_and_in_its_group(one_thread):
-    """The app's run_item and run_group: results (the journal's content) equal to the bit."""
+def test_a_fold_gets_the_same_result_alone_and_in_its_group_on_any_number_of_threads(threads):
+    """The app's run_item and run_group: results (the journal's content) equal to the bit, on 1 and
+    2 threads (a CPU stack trains on one BLAS thread, one net on blocks of one thread each)."""
     import argparse
 
     from common.devices import Device
@@ -187,9 +188,13 @@ def test_a_fold_gets_the_same_result_alone_and_in_its_group(one_thread):
                                      "hyper": tiny.as_dict()}, group="b=00,c=00") for f in range(3)]
     seeds = [item_seed(args.seed, item.key) for item in items]
     strip = lambda result: {**result, "log": [(e["epoch"], e["loss"], e["error"]) for e in result["log"]]}  # noqa: E731
+    threads(1)
     together = [strip(r) for r in app.run_group(state, items, seeds)]
-    assert [strip(app.run_item(state, item, seed)) for item, seed in zip(items, seeds)] == together
-    assert [strip(r) for r in app.run_group(state, items[1:], seeds[1:])] == together[1:]
+    for count in (1, 2):
+        threads(count)
+        assert [strip(app.run_item(state, item, seed)) for item, seed in zip(items, seeds)] == together
+        assert [strip(r) for r in app.run_group(state, items, seeds)] == together
+        assert [strip(r) for r in app.run_group(state, items[1:], seeds[1:])] == together[1:]
 
 
 def test_stopping_rule_is_not_below_0_8_times_the_previous_loss():

@@ -29,10 +29,11 @@ bench: install
 		echo "note: bench_svm needs Fashion-MNIST: apt-get install dataset-fashion-mnist"
 	$(PY) -m benchmarks
 
-# Both case studies on scikit-learn's shipped digits, 2 MPI ranks. The mnist_nn demo trims the
-# data and epochs, and its seed draws small nets (the default seed's first net has 10.5M weights:
-# minutes on a laptop CPU); the statistics are the same as a full run's.
+# Both case studies on scikit-learn's shipped digits, 2 MPI ranks, in about a minute on 2 cores.
+# The mnist_nn demo trims the data (--subsample) and the epochs; the statistics are a full run's.
+# Each demo starts afresh: results/demo/ holds only the last demo's outputs.
 demo: install
+	rm -rf results/demo
 	$(MPIEXEC) -n 2 $(PY) -m mnist_svm 4 --dataset digits --gpu cpu --results results/demo/mnist_svm
 	$(MPIEXEC) -n 2 $(PY) -m mnist_nn 2 2 --dataset digits --gpu cpu --seed 25328 --subsample 300 --max-epochs 2 \
 		--results results/demo/mnist_nn

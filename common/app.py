@@ -72,6 +72,9 @@ class App:
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
+        #: rank 0, set before ``items()``: every result the journal held when the run started
+        #: (``--resume``), by key; empty for a fresh run
+        self.journaled: Dict[str, Record] = {}
 
     # ----- command line (every rank) -----
     @classmethod

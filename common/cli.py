@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -82,10 +83,4 @@ def module_command(argv: list) -> str:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     program = f"-m {spec.name.rsplit('.__main__', 1)[0]}" if spec is not None else (sys.argv[0] if sys.argv else "")
-    return " ".join(["python", program] + [_quote(a) for a in argv])
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
+    return " ".join(["python", program, shlex.join(argv)]) if argv else f"python {program}"

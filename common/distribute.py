@@ -165,7 +165,7 @@ class Leader:
         key, worker = record.key, record.worker
         self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False})
         if self.stopping:  # killed by the stop itself: it will simply run again on --resume
-            self.scheduler.in_flight.pop(key, None)
+            self.scheduler.dropped(key)
             return
         self.journal.add_event("attempt_failed", key=key, error=error, traceback=text, worker=worker,
                                attempt=record.attempt, start=record.start, end=record.end)
@@ -184,15 +184,7 @@ class Leader:
             self.progress.advance(failed=True)
 
     def _local_event(self, event: Event) -> None:
-        if event.kind == "done":
-            self._finished(event.record)
-        elif event.kind == "returned":
-            for key in event.keys:
-                self.scheduler.give_back(key)
-        elif event.kind == "failed":
-            self._attempt_failed(event.record, event.error, event.traceback)
-        elif event.kind == "pool":
-            self._pool(*event.message)
+        self._on_message(0, event.as_message())
 
     def _drain_messages(self) -> bool:
         active = False
@@ -201,24 +193,27 @@ class Leader:
             if incoming is None:
                 return active
             active = True
-            source, message = incoming
-            verb = message[0]
-            if verb == "request":
-                self.requests[source] = (message[1], message[2])
-            elif verb == "result":
-                self._finished(message[1])
-            elif verb == "failed":
-                self._attempt_failed(*message[1:])
-            elif verb == "pool":
-                self._pool(*message[1:])
-            elif verb == "dropped":
-                for key in message[1]:
-                    self.scheduler.give_back(key)
-            elif verb == "stop_request" and not self.stopping:
-                self._begin_stop(message[1])
-            elif verb == "broken":
-                self.broken[source] = message[1]
-                self.requests.pop(source, None)
+            self._on_message(*incoming)
+
+    def _on_message(self, source: int, message: tuple) -> None:
+        """One message of the protocol from rank ``source`` (0: an event of this rank's own workers)."""
+        verb = message[0]
+        if verb == "request":
+            self.requests[source] = (message[1], message[2])
+        elif verb == "result":
+            self._finished(message[1])
+        elif verb == "failed":
+            self._attempt_failed(*message[1:])
+        elif verb == "pool":
+            self._pool(*message[1:])
+        elif verb == "dropped":
+            for key in message[1]:
+                self.scheduler.give_back(key)
+        elif verb == "stop_request" and not self.stopping:
+            self._begin_stop(message[1])
+        elif verb == "broken":
+            self.broken[source] = message[1]
+            self.requests.pop(source, None)
 
     # ----- handing out -----
     def _dispatch(self) -> bool:
@@ -234,7 +229,7 @@ class Leader:
             if avoid and worker.name in avoid:
                 worker = self.pool.pick_worker(avoid, depth) or worker
             for item, _, _ in bundle:
-                self.scheduler.handed(item.key, 0)
+                self.scheduler.handed(item.key)
             self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle], bool(bundle[0][0].group))
             handed = True
         for rank, (need, prefetch) in list(self.requests.items()):
@@ -244,7 +239,7 @@ class Leader:
             while len(batch) < count and self.scheduler.ready_count:
                 bundle = self.scheduler.take(self._chunk())
                 for item, _, _ in bundle:
-                    self.scheduler.handed(item.key, rank)
+                    self.scheduler.handed(item.key)
                 batch.append(bundle)
             if batch or need == 0:
                 self.comm.send(("items", batch, plenty), rank)
@@ -269,27 +264,8 @@ class Leader:
 
     # ----- global resource pools -----
     def _pool(self, verb: str, requester: tuple, name: str, count: int) -> None:
-        broker = self.global_resources
-        if verb == "gone":
-            for pool_name, who in broker.release_all(requester[:3]):
-                self._pool_reply(who, ("granted", who[3]))
-            return
-        if name not in broker:
-            self._pool_reply(requester, ("refused", requester[3], f"unknown resource pool {name!r}"))
-            return
-        if verb == "acquire":
-            try:
-                granted = broker.request(name, requester, count)
-            except ValueError as error:
-                self._pool_reply(requester, ("refused", requester[3], str(error)))
-                return
-        elif verb == "cancel":
-            cancelled, granted = broker.cancel(name, requester)
-            self._pool_reply(requester, ("cancelled" if cancelled else "granted", requester[3]))
-        else:
-            granted = broker.release(name, requester)
-        for who in granted:
-            self._pool_reply(who, ("granted", who[3]))
+        for who, reply in self.global_resources.handle(verb, name, requester, count):
+            self._pool_reply(who, reply)
 
     def _pool_reply(self, requester: tuple, message: tuple) -> None:
         if requester[0] == 0:
@@ -372,19 +348,13 @@ class Follower:
     def _send_event(self, event: Event) -> None:
         if event.kind == "returned":  # handed to a worker that died or was told to stop: run elsewhere
             entries = [self.handed.pop(key) for key in event.keys]
-            if self.stopping:
-                self.comm.send(("dropped", list(event.keys)), 0)
-            else:
+            if not self.stopping:
                 self.buffer.extendleft([entry] for entry in reversed(entries))
-            return
+                return
         self.handed.pop(event.key, None)
         if event.kind == "done":
             self.pace.observe(event.record.seconds)
-            self.comm.send(("result", event.record), 0)
-        elif event.kind == "failed":
-            self.comm.send(("failed", event.record, event.error, event.traceback), 0)
-        elif event.kind == "pool":
-            self.comm.send(("pool",) + tuple(event.message), 0)
+        self.comm.send(event.as_message(), 0)
 
     def _start_buffered(self) -> bool:
         started = False

@@ -21,9 +21,9 @@ JOURNAL_NAME = "journal.jsonl"
 FORMAT_VERSION = 1
 
 
-def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record], List[dict]]:
-    """(header, finished records by key, other events) from a journal; tolerates a torn tail."""
-    header, records, events = None, {}, []
+def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record]]:
+    """(header, finished records by key) from a journal; tolerates a torn tail."""
+    header, records = None, {}
     try:
         with open(path, "rb") as handle:
             lines = handle.read().split(b"\n")
@@ -44,11 +44,9 @@ def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record], List[di
                 header = entry
             elif kind == "result":
                 records[entry["key"]] = Record(**entry)
-            else:
-                events.append(dict(entry, type=kind))
         except (AttributeError, KeyError, TypeError):
             raise UsageError(f"{path}: line {number + 1} is not a journal record; the journal is damaged") from None
-    return header, records, events
+    return header, records
 
 
 def describe_difference(old: dict, new: dict) -> str:

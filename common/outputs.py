@@ -19,7 +19,8 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside ``path``, then rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -36,13 +37,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path``, then rename it over ``path``."""
-    _atomic_write(path, data)
-
-
 def atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def to_jsonable(value: Any) -> Any:
@@ -64,6 +60,15 @@ def to_jsonable(value: Any) -> Any:
 
 def atomic_write_json(path: Path, value: Any) -> None:
     atomic_write_text(path, json.dumps(to_jsonable(value), indent=2, sort_keys=False) + "\n")
+
+
+def new_figure(width: float, height: float, rows: int = 1, columns: int = 1, **subplots: Any) -> tuple:
+    """(figure, axes) outside pyplot's global state, so no display or GUI backend is needed;
+    ``subplots`` go to ``Figure.subplots`` (``squeeze``, ``gridspec_kw``, ...)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots(rows, columns, **subplots)
 
 
 def save_figure(fig: Any, path_without_suffix: Path) -> list:

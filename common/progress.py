@@ -26,11 +26,9 @@ class Progress:
 
     def write(self, message: str) -> None:
         """A log line that does not tear the bar."""
-        if self.bar is not None:
-            self.bar.clear()
-        print(message, file=sys.stderr, flush=True)
-        if self.bar is not None:
-            self.bar.refresh()
+        from tqdm import tqdm
+
+        tqdm.write(message, file=sys.stderr)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -9,9 +9,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Hashable, List, Tuple
 
-NODE, GLOBAL = "node", "global"
-
-
 @dataclass
 class Pool:
     capacity: int
@@ -66,6 +63,26 @@ class ResourceBroker:
                 del pool.held[requester]
             granted += [(name, r) for r in self._grant(name)]
         return granted
+
+    def handle(self, verb: str, name: str, requester: tuple, count: int = 0) -> List[Tuple[tuple, tuple]]:
+        """One worker message (acquire/cancel/release) or "gone" -> the (requester, reply) pairs to deliver."""
+        if verb == "gone":
+            return [(who, ("granted", who[3])) for _, who in self.release_all(requester[:3])]
+        if name not in self.pools:
+            return [(requester, ("refused", requester[3], f"unknown resource pool {name!r}"))]
+        replies = []
+        if verb == "acquire":
+            try:
+                granted = self.request(name, requester, count)
+            except ValueError as error:
+                return [(requester, ("refused", requester[3], str(error)))]
+        elif verb == "cancel":
+            cancelled, granted = self.cancel(name, requester)
+            # not cancelled: the grant crossed the cancel; the worker releases it at once
+            replies.append((requester, ("cancelled" if cancelled else "granted", requester[3])))
+        else:
+            granted = self.release(name, requester)
+        return replies + [(who, ("granted", who[3])) for who in granted]
 
     def _grant(self, name: str) -> List[Hashable]:
         pool, granted = self.pools[name], []

@@ -84,7 +84,8 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
 
 
 def _check_results_folder(app: App) -> Dict[str, Any]:
-    """Rank 0: refuse to overwrite a journal or to resume another run; then make the folder."""
+    """Rank 0: refuse to overwrite a journal or to resume another run; then make the folder.
+    Sets ``app.journaled`` from the journal being resumed."""
     args = app.args
     folder: Path = args.results
     journal_path = folder / JOURNAL_NAME
@@ -93,7 +94,7 @@ def _check_results_folder(app: App) -> Dict[str, Any]:
         if not args.resume:
             raise UsageError(f"{folder} already holds the journal of an earlier run; pass --resume to continue it "
                              f"or choose another --results")
-        header, _, _ = read_journal(journal_path)
+        header, app.journaled = read_journal(journal_path)
         old = (header or {}).get("fingerprint", {})
         if old != fingerprint:
             raise UsageError(f"cannot resume {folder}: it was made with other arguments "
@@ -170,13 +171,12 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
     leader = None
     if comm.rank == 0:
         journal_path = results / JOURNAL_NAME
-        resumed = read_journal(journal_path)[1] if journal_path.exists() else {}
         items = app.items()
         keys = [item.key for item in items]
         if len(set(keys)) != len(keys):
             raise ValueError(f"{app.name}: item keys are not unique")
         known = set(keys)
-        resumed = {key: record for key, record in resumed.items() if key in known}
+        resumed = {key: record for key, record in app.journaled.items() if key in known}
         scheduler = Scheduler(items, {k: r.result for k, r in resumed.items()}, args.retries, app.complete,
                               {k: r.params for k, r in resumed.items() if r.params is not None})
         for key in scheduler.stale:
@@ -258,17 +258,16 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if leader.bars:
         plot_timeline(leader.bars, results / "timeline")
     if outcome == "stopped":
-        resume = module_command([a for a in argv if a != "--resume"] + ["--resume"])
-        summary["resume_command"] = resume
-        atomic_write_json(results / "summary.json", summary)
-        atomic_write_text(results / "summary.md", _summary_markdown(app, summary))
-        print(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
-              f"finish with the same launcher and: {resume}", file=sys.stderr)
-        return EXIT_STOPPED
-    run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
-    summary.update(app.finish(run) or {})
+        summary["resume_command"] = module_command([a for a in argv if a != "--resume"] + ["--resume"])
+    else:
+        run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
+        summary.update(app.finish(run) or {})
     atomic_write_json(results / "summary.json", summary)
     atomic_write_text(results / "summary.md", _summary_markdown(app, summary))
+    if outcome == "stopped":
+        print(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
+              f"finish with the same launcher and: {summary['resume_command']}", file=sys.stderr)
+        return EXIT_STOPPED
     print(f"{app.name}: {summary['status']}: {len(records)} of {len(items)} items in {summary['wall_seconds']:.1f} s; "
           f"results in {results}/ (summary.md)", file=sys.stderr)
     return EXIT_FAILED_ITEMS if failed else EXIT_OK

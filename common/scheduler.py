@@ -32,7 +32,7 @@ class Scheduler:
         self.failed: Dict[str, str] = {}  # key -> last error
         self.attempts: Dict[str, int] = {}
         self.avoid: Dict[str, Tuple[str, ...]] = {}
-        self.in_flight: Dict[str, int] = {}  # key -> rank running it
+        self.in_flight: Set[str] = set()  # keys handed out and not yet resolved
         self._new_failures: List[str] = []
         self.stale: List[str] = []  # journaled later-wave items that must run again
         self._ready: List[Tuple[float, int, str]] = []  # heap; entries whose key left _ready_keys are stale
@@ -155,18 +155,22 @@ class Scheduler:
             bundle.append(self._pop(key))
         return bundle
 
-    def handed(self, key: str, rank: int) -> None:
-        self.in_flight[key] = rank
+    def handed(self, key: str) -> None:
+        self.in_flight.add(key)
+
+    def dropped(self, key: str) -> None:
+        """An attempt ended by a stop: neither done nor failed; it runs again on --resume."""
+        self.in_flight.discard(key)
 
     def give_back(self, key: str) -> None:
         """An item handed out but never started (a stop): ready again, the attempt not counted."""
-        self.in_flight.pop(key, None)
+        self.in_flight.discard(key)
         self.attempts[key] -= 1
         self._push(key)
 
     def done(self, key: str, result: Any) -> bool:
         """Record a result; False if the item was already resolved (a duplicate)."""
-        self.in_flight.pop(key, None)
+        self.in_flight.discard(key)
         if key in self.results or key in self.failed:
             return False
         self.results[key] = result
@@ -175,7 +179,7 @@ class Scheduler:
 
     def attempt_failed(self, key: str, error: str, worker: str) -> bool:
         """One attempt failed; True if the item will be tried again, False if it failed for good."""
-        self.in_flight.pop(key, None)
+        self.in_flight.discard(key)
         if key in self.results or key in self.failed:
             return False
         if self.attempts.get(key, 0) <= self.retries:
@@ -185,7 +189,7 @@ class Scheduler:
         self._fail(key, error)
         return False
 
-    def fail_remaining(self, error: str) -> List[str]:
+    def fail_remaining(self, error: str) -> None:
         """Give up on everything not yet resolved (no worker anywhere can run items)."""
         keys = [key for key in self.items if key not in self.results and key not in self.failed]
         self._ready.clear()
@@ -193,7 +197,6 @@ class Scheduler:
         self._ready_groups.clear()
         for key in keys:
             self._fail(key, error)
-        return keys
 
     def pop_new_failures(self) -> List[str]:
         """Keys that failed for good since the last call (to journal and report them once)."""

@@ -4,16 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Mapping
 
-from .outputs import save_figure
+from .outputs import new_figure, save_figure
 
 
-def plot_timeline(bars: List[Mapping], path_without_suffix: Path, title: str = "") -> list:
+def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:
     """``bars``: dicts with worker, start, end (epoch seconds) and ok (bool)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     def row_order(name: str) -> tuple:
         rank, _, device = name.partition("-")
         digits = "".join(ch for ch in device if ch.isdigit()) or "0"
@@ -22,7 +17,7 @@ def plot_timeline(bars: List[Mapping], path_without_suffix: Path, title: str = "
     workers = sorted({bar["worker"] for bar in bars}, key=row_order)
     rows = {name: index for index, name in enumerate(workers)}
     origin = min((bar["start"] for bar in bars), default=0.0)
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.35 * max(1, len(workers))))
+    fig, ax = new_figure(10, 1.2 + 0.35 * max(1, len(workers)))
     spans = {}  # (worker, ok) -> [(start, width)], built in one pass
     for bar in bars:
         spans.setdefault((bar["worker"], bool(bar["ok"])), []).append(
@@ -35,7 +30,7 @@ def plot_timeline(bars: List[Mapping], path_without_suffix: Path, title: str = "
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first item started")
     failures = sum(1 for bar in bars if not bar["ok"])
-    ax.set_title(title or f"{len(bars)} item runs on {len(workers)} workers"
+    ax.set_title(f"{len(bars)} item runs on {len(workers)} workers"
                  + (f", {failures} failed (red)" if failures else ""))
     ax.grid(axis="x", alpha=0.3)
     return save_figure(fig, path_without_suffix)

@@ -101,6 +101,16 @@ class Event:
     def key(self) -> str:
         return self.record.key if self.record else ""
 
+    def as_message(self) -> tuple:
+        """The event as rank 0 receives it (see distribute's protocol)."""
+        if self.kind == "done":
+            return ("result", self.record)
+        if self.kind == "failed":
+            return ("failed", self.record, self.error, self.traceback)
+        if self.kind == "returned":
+            return ("dropped", list(self.keys))
+        return ("pool",) + tuple(self.message)
+
 
 class WorkerPool:
     """Spawned workers of one rank. Single-threaded: the rank's loop calls ``poll``."""
@@ -291,23 +301,8 @@ class WorkerPool:
             count = message[2] if verb == "acquire" else 0
             events.append(Event("pool", message=(verb, requester, pool, count)))
             return
-        if pool not in self.node_resources:
-            self._send(worker, ("refused", request, f"unknown resource pool {pool!r}"))
-            return
-        if verb == "acquire":
-            try:
-                granted = self.node_resources.request(pool, requester, message[2])
-            except ValueError as error:
-                self._send(worker, ("refused", request, str(error)))
-                return
-        elif verb == "cancel":
-            cancelled, granted = self.node_resources.cancel(pool, requester)
-            # Not cancelled: the grant crossed the cancel; the worker releases it at once.
-            self._send(worker, ("cancelled" if cancelled else "granted", request))
-        else:
-            granted = self.node_resources.release(pool, requester)
-        for who in granted:
-            self.deliver(who, ("granted", who[3]))
+        for who, reply in self.node_resources.handle(verb, pool, requester, message[2] if verb == "acquire" else 0):
+            self.deliver(who, reply)
 
     def deliver(self, requester: tuple, message: tuple) -> None:
         """Send a pool answer to the worker that asked, if it is still the same process."""
@@ -337,8 +332,8 @@ class WorkerPool:
             except (KeyError, ValueError):
                 pass
         worker.conn.close()
-        for pair in self.node_resources.release_all((self.rank, worker.name, worker.process.pid)):
-            self.deliver(pair[1], ("granted", pair[1][3]))
+        for who, reply in self.node_resources.handle("gone", "", (self.rank, worker.name, worker.process.pid, 0)):
+            self.deliver(who, reply)
         if self.global_pools:
             events.append(Event("pool", message=("gone", (self.rank, worker.name, worker.process.pid), "", 0)))
         why = _describe_exit(worker.process.exitcode)

@@ -130,7 +130,7 @@ class PipelineApp(App):
         if any(s.container for p in self.pipelines for s in p.steps) and find_apptainer() is None:
             raise UsageError(f"{self.args.definition}: a step runs in a container, but neither apptainer nor "
                              "singularity is on PATH (or set PIPELINE_APPTAINER)")
-        self.resume_target = parse_resume_target(self.args.resume, self.pipelines)
+        self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
         self.results = Path(self.args.results).absolute()
 
     def fingerprint(self) -> Dict[str, Any]:
@@ -146,19 +146,12 @@ class PipelineApp(App):
 
     # ----- rank 0 -----
     def prepare(self) -> None:
-        if self.resume_target:
-            run_id, step_id = self.resume_target
+        if self.resume_from:
+            run_id, step_id = self.resume_from
             shared = RunLayout(self.results, run_id).shared
             if not shared.is_dir():
                 raise UsageError(f"--resume {run_id}/{step_id}: {shared} does not exist; nothing to resume "
                                  "(run the pipeline first, with the same --results)")
-
-    def _journaled(self) -> Dict[str, Any]:
-        """key -> record of every pipeline the journal holds as finished."""
-        from ..journal import JOURNAL_NAME, read_journal
-
-        path = self.results / JOURNAL_NAME
-        return read_journal(path)[1] if path.exists() else {}
 
     @staticmethod
     def _newest_key(pipeline: str, records: Mapping[str, Any]) -> Optional[str]:
@@ -171,10 +164,10 @@ class PipelineApp(App):
         return max(keys, key=ended) if keys else None
 
     def items(self) -> List[Item]:
-        journaled = self._journaled()
+        journaled = self.journaled  # every pipeline the journal holds as finished
         done = list(journaled)
-        if self.resume_target:
-            run_id, step_id = self.resume_target
+        if self.resume_from:
+            run_id, step_id = self.resume_from
             key = f"{run_id}@from={step_id}"
             earlier = [k for k in done if k == key or k.startswith(key + "#")]
             if earlier:  # resumed from this step before: a fresh key, so it runs again
@@ -192,7 +185,7 @@ class PipelineApp(App):
         """Every pipeline of the file: this run's outcome where it ran, else its newest journaled run."""
         errors = {f["key"]: f.get("error") or "" for f in run.failed_items}
         this_run = {item.params["run_id"]: item for item in run.items}
-        journaled = {**self._journaled(), **run.records}
+        journaled = {**self.journaled, **run.records}
         pipelines = {}
         for pipeline in self.pipelines:
             run_id, item = pipeline.name, this_run.get(pipeline.name)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 from ..outputs import atomic_write_json
+from ..worker import PoolTimeout
 from .container import find_apptainer
 from .definition import Pipeline, Step
 from .steps import STOP_SIGNALS, Attempt, held_signals, run_attempt, step_argv, step_environment
@@ -166,9 +167,9 @@ class PipelineRunner:
                 raise QueueTimeout(f"{why} while waiting for pool {pool!r}")
             try:
                 stack.enter_context(self.acquire(pool, count, wait))
+            except PoolTimeout:
+                raise QueueTimeout(f"{why} while waiting for pool {pool!r}") from None
             except Exception as error:
-                if type(error).__name__ in ("PoolTimeout", "QueueTimeout"):
-                    raise QueueTimeout(f"{why} while waiting for pool {pool!r}") from None
                 raise PoolRefused(f"pool {pool!r} refused: {error}") from None
         return time.monotonic() - began
 
@@ -192,14 +193,19 @@ class PipelineRunner:
                                  memory=step.memory, stop_at=self.deadline)
             return result, queued
 
+    def _status(self, step: Step, status: str, reason: str, attempts: int, started: Optional[float],
+                ended: Optional[float], seconds: float, exit_code: Optional[int] = None, ran: bool = True,
+                **extra: Any) -> Dict[str, Any]:
+        return {"step": step.id, "run": self.layout.run_id, "status": status, "reason": reason,
+                "exit_code": exit_code, "attempts": attempts, "started": started, "ended": ended,
+                "seconds": seconds, **extra, "gpu": self.gpu if ran and step.gpu else None}
+
     def _write_status(self, step: Step, status: Dict[str, Any]) -> None:
         self.layout.step_dir(step.id).mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.layout.status_path(step.id), status)
 
     def _skip(self, walk: _Walk, step: Step, reason: str) -> None:
-        status = {"step": step.id, "run": self.layout.run_id, "status": "skipped", "reason": reason,
-                  "exit_code": None, "attempts": walk.runs.get(step.id, 0), "started": None, "ended": None,
-                  "seconds": 0.0, "gpu": None}
+        status = self._status(step, "skipped", reason, walk.runs.get(step.id, 0), None, None, 0.0, ran=False)
         if step.id not in walk.statuses:  # a step that ran earlier in a loop keeps its record
             walk.statuses[step.id] = status
             self._write_status(step, status)
@@ -217,23 +223,20 @@ class PipelineRunner:
                 with _signals_held():  # a second stop signal must not cut the record short
                     reason = (INTERRUPTED if not isinstance(error, Exception)
                               else f"error in the pipeline runner: {type(error).__name__}: {error}")
-                    self._write_status(step, {"step": step.id, "run": self.layout.run_id, "status": "failed",
-                                              "reason": reason, "exit_code": None, "attempts": walk.runs[step.id],
-                                              "started": began, "ended": time.time(),
-                                              "seconds": round(time.time() - began, 3),
-                                              "gpu": self.gpu if step.gpu else None})
+                    self._write_status(step, self._status(step, "failed", reason, walk.runs[step.id], began,
+                                                          time.time(), round(time.time() - began, 3)))
                 raise
             history.append(dict(attempt.as_dict(), queued_seconds=round(queued, 3)))
             deadline_passed = self.deadline is not None and time.monotonic() >= self.deadline
             if attempt.status == "ok" or limit is None or walk.runs[step.id] >= limit or deadline_passed:
                 break
         last = history[-1]
-        status = {"step": step.id, "run": self.layout.run_id, "status": last["status"], "reason": last["reason"],
-                  "exit_code": last["exit_code"], "attempts": walk.runs[step.id], "started": history[0]["started"],
-                  "ended": last["ended"], "seconds": round(sum(h["ended"] - h["started"] for h in history), 3),
-                  "queued_seconds": round(sum(h["queued_seconds"] for h in history), 3),
-                  "gpu": self.gpu if step.gpu else None, "memory_limit": step.memory_text,
-                  "max_rss_bytes": max(h["max_rss_bytes"] for h in history), "history": history}
+        status = self._status(step, last["status"], last["reason"], walk.runs[step.id], history[0]["started"],
+                              last["ended"], round(sum(h["ended"] - h["started"] for h in history), 3),
+                              exit_code=last["exit_code"],
+                              queued_seconds=round(sum(h["queued_seconds"] for h in history), 3))
+        status.update(memory_limit=step.memory_text, max_rss_bytes=max(h["max_rss_bytes"] for h in history),
+                      history=history)
         self._write_status(step, status)
         return status
 

@@ -127,8 +127,7 @@ def _open_log(path: Path, attempt: int):
 
 def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, attempt: int = 1,
                 timeout: Optional[float] = None, memory: Optional[int] = None,
-                stop_at: Optional[float] = None, stop_reason: str = "pipeline deadline passed",
-                cwd: Optional[str] = None) -> Attempt:
+                stop_at: Optional[float] = None) -> Attempt:
     """Run ``argv`` once, with stdout/stderr to the step's logs; end it on a limit.
 
     ``stop_at`` is a ``time.monotonic()`` instant (the pipeline's deadline).
@@ -139,7 +138,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
         started, clock, before = time.time(), time.monotonic(), proctree.now_ticks()
         try:
             process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=dict(env),
-                                       cwd=cwd, start_new_session=True, preexec_fn=_die_with_worker)
+                                       start_new_session=True, preexec_fn=_die_with_worker)
         except OSError as error:
             err.write(f"cannot start {argv[0]}: {error}\n".encode())
             return Attempt("failed", None, started, time.time(), f"cannot start: {error}")
@@ -152,7 +151,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
                 if timeout is not None and now - clock > timeout:
                     status, reason = "timeout", f"timeout after {timeout:g} s"
                 elif stop_at is not None and now > stop_at:
-                    status, reason = "timeout", stop_reason
+                    status, reason = "timeout", "pipeline deadline passed"
                 elif memory is not None and now >= next_memory_check:
                     next_memory_check = now + MEMORY_POLL_SECONDS
                     resident = proctree.resident_bytes(process.pid, since)

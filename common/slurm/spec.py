@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import PurePosixPath
 from typing import List, Optional, Tuple
 
@@ -161,16 +161,13 @@ class JobSpec:
             words += ["--bind", bind]
         for module in self.modules:
             words += ["--module", module]
-        if self.venv != ".venv":
+        default = {f.name: f.default for f in fields(self)}
+        if self.venv != default["venv"]:
             words += ["--venv", self.venv or "none"]
-        if self.mpi != "pmi2":
-            words += ["--mpi", self.mpi]
-        if self.warning != 300:
-            words += ["--warning", str(self.warning)]
-        if self.grace is not None:
-            words += ["--grace", str(self.grace)]
-        if self.max_requeues != 20:
-            words += ["--max-requeues", str(self.max_requeues)]
+        for flag, name in (("--mpi", "mpi"), ("--warning", "warning"), ("--grace", "grace"),
+                           ("--max-requeues", "max_requeues")):
+            if getattr(self, name) != default[name]:
+                words += [flag, str(getattr(self, name))]
         return words + ["--"] + list(self.command)
 
     def command_line(self) -> str:

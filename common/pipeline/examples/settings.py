@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict
+from typing import Any, Callable
+
+from common.outputs import atomic_write_json as write_json  # noqa: F401  (the steps' way to write JSON)
 
 
 def setting(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:

@@ -14,16 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.machine import cpu_model
+
 MODULES = ["benchmarks.bench_engine", "benchmarks.bench_svm", "benchmarks.bench_nn"]
 
 
 def machine() -> str:
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_model()
     gpu = "no GPU"
     if shutil.which("nvidia-smi"):
         gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip() or gpu

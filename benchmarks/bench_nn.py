@@ -41,9 +41,11 @@ import numpy as np
 import torch
 
 from common.data import load_dataset, resize_images
-from mnist_nn.model import Candidate, draw_candidate
+from mnist_nn.model import IMAGE_SIZE, Candidate, draw_candidate
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
 from mnist_nn.train import fit_group, keep_freed_memory, to_device
+
+from .machine import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench-results"
@@ -141,9 +143,10 @@ def training_flops(candidate: Candidate) -> float:
     """Floating-point operations of one training sample: the forward's multiply-adds, and the
     backward's two products per dense layer (weights' and input's gradient) and one for the conv
     (its weights'; the image needs no gradient)."""
-    side = 28 - candidate.kernel_size + 1
-    conv = candidate.n_conv_layer * side * side * (candidate.kernel_size ** 2 + 1)
-    dense = (candidate.n_conv_layer * side * side + 1) * candidate.n_hidden_layer + (candidate.n_hidden_layer + 1) * 10
+    side = IMAGE_SIZE - candidate.kernel_size + 1
+    conv_weights = candidate.n_conv_layer * (candidate.kernel_size ** 2 + 1)
+    conv = conv_weights * side * side  # multiply-adds: every conv weight at every position
+    dense = candidate.n_weights - conv_weights  # multiply-adds: each dense weight once
     return 2.0 * (2 * conv + 3 * dense)
 
 
@@ -160,10 +163,10 @@ def peak_flops(device: str, size: int = 2048) -> float:
 
 
 def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: int, device: str,
-            threads: int) -> Dict[str, Any]:
+            threads: int, dataset: Any, images: np.ndarray, peaks: Dict[int, float]) -> Dict[str, Any]:
+    """``dataset`` and its training ``images`` resized to 28x28 are loaded once by the caller;
+    ``peaks`` caches ``peak_flops`` per thread count."""
     torch.set_num_threads(threads)
-    dataset = load_dataset("digits")
-    images = resize_images(dataset.x_train)
     data = to_device(dataset, device)
     folds = bootstrap_folds(len(dataset.y_train), 5, seed=0, bootstrap=0)
     training = [fold_indexes(folds, f)[0][:samples] for f in range(5)]
@@ -176,24 +179,13 @@ def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: i
         rates["ours_k1"].append(ours_rate(data, training[:1], candidate))
         rates["ours_k5"].append(ours_rate(data, training, candidate))
     best = {name: max(values) for name, values in rates.items()}
-    peak = peak_flops(device)
+    peak = peaks[threads] = peaks.get(threads) or peak_flops(device)
     return {"model": label, **candidate.as_dict(), "weights": candidate.n_weights, "samples": n, "batch_size": 10,
             "device": device, "threads": threads, "flops_per_sample": training_flops(candidate), "peak_flops": peak,
             "ceiling_speedup": peak / (training_flops(candidate) * best["reference"]),
             "reference_samples_per_s": best["reference"], "ours_k1_samples_per_s": best["ours_k1"],
             "ours_k5_samples_per_s": best["ours_k5"], "speedup_k1": best["ours_k1"] / best["reference"],
             "speedup_k5": best["ours_k5"] / best["reference"], "all_rounds": rates}
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {len(os.sched_getaffinity(0))} cores"
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def time_whole_run(extra: List[str]) -> Dict[str, Any]:
@@ -229,10 +221,12 @@ def main(argv: List[str] = None) -> int:
         models.append((draw_candidate(0, 0, 0), "--seed 0's first candidate", big, 1))
         if cores > 1 and not on_gpu:
             models.append((draw_candidate(0, 0, 0), "--seed 0's first candidate", big, cores))
-    rows = [measure(candidate, label, samples, args.repeats, args.device, threads)
+    dataset = load_dataset("digits")
+    images, peaks = resize_images(dataset.x_train), {}
+    rows = [measure(candidate, label, samples, args.repeats, args.device, threads, dataset, images, peaks)
             for candidate, label, samples, threads in models]
     runs = [] if args.no_run else [time_whole_run(extra) for extra in (GPU_RUNS if on_gpu else RUNS)]
-    device_name = torch.cuda.get_device_name() if on_gpu else cpu_name()
+    device_name = torch.cuda.get_device_name() if on_gpu else f"{cpu_model()}, {cores} cores"
     report = {"benchmark": "mnist_nn", "host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
               "device": args.device, "device_name": device_name, "load_average": os.getloadavg(), "fits": rows,
               "whole_runs": runs}

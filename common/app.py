@@ -75,6 +75,8 @@ class App:
         #: rank 0, set before ``items()``: every result the journal held when the run started
         #: (``--resume``), by key; empty for a fresh run
         self.journaled: Dict[str, Record] = {}
+        #: every rank, set once ``--gpu`` is resolved: the devices this rank's workers run on
+        self.devices: List[Device] = []
 
     # ----- command line (every rank) -----
     @classmethod

@@ -128,6 +128,7 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     app, devices, notice = valid
+    app.devices = devices
     args = app.args
     fingerprint = None
     error = None

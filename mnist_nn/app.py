@@ -50,10 +50,6 @@ class MnistNN(App):
     description = ("Fits an ensemble of conv nets: each is tuned by random search with K-fold cross-validation "
                    "on its own bootstrap (within folds) sample; reports each model's and the ensemble's test error")
 
-    def __init__(self, args: argparse.Namespace):
-        super().__init__(args)
-        self._on_cpu: Optional[bool] = None  # rank 0 only: whether the fits run on CPUs
-
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("n_bootstrap", type=at_least(1), help="number of bootstrap samples (models)")
@@ -107,13 +103,13 @@ class MnistNN(App):
         CPUs (``--gpu cpu``, or no GPU here) only where stacking measured faster (small nets, see
         ``train.CPU_STACK_WEIGHTS``), bigger nets' folds being better spread over the workers.
         Results are the same either way."""
+        from common.devices import parse_gpu_spec
+
         from .train import CPU_STACK_WEIGHTS
 
-        if self._on_cpu is None:
-            from common.devices import parse_gpu_spec, visible_gpus
-
-            self._on_cpu = parse_gpu_spec(self.args.gpu) is None or (self.args.gpu is None and not visible_gpus())
-        if self._on_cpu and candidate.n_weights * self.args.folds > CPU_STACK_WEIGHTS:
+        # the engine's devices; an app built by hand (no devices) goes by --gpu alone
+        on_cpu = not any(d.is_gpu for d in self.devices) if self.devices else parse_gpu_spec(self.args.gpu) is None
+        if on_cpu and candidate.n_weights * self.args.folds > CPU_STACK_WEIGHTS:
             return ""
         return f"b={bootstrap:02d},c={number:02d}"
 
@@ -183,8 +179,6 @@ class MnistNN(App):
         from .sampling import fold_indexes
         from .train import evaluate, fit_group, net_from_state, stack_size
 
-        if any(item.params["kind"] != "fit" for item in items):
-            return [self.run_item(state, item, seed) for item, seed in zip(items, seeds)]
         args, data = self.args, state["data"]
         candidate = Candidate(**items[0].params["hyper"])
         splits = [fold_indexes(self.folds(state, item.params["bootstrap"]), item.params["fold"]) for item in items]

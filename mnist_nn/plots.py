@@ -4,14 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
-import matplotlib
+import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-import numpy as np  # noqa: E402
-
-from common.outputs import save_figure  # noqa: E402
+from common.outputs import new_figure, save_figure
 
 #: how many test images get a certainty figure
 N_CERTAINTY = 4
@@ -20,7 +16,7 @@ N_CERTAINTY = 4
 def plot_ensemble_errors(model_errors: Sequence[float], bootstraps: Sequence[int], ensemble: Mapping[str, float],
                          path: Path) -> None:
     """One bar per model, and the ensemble's two test errors as lines across them."""
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(model_errors) + 2.5), 3.5))
+    fig, ax = new_figure(max(4.0, 0.5 * len(model_errors) + 2.5), 3.5)
     ax.bar(range(len(model_errors)), np.asarray(model_errors) * 100, color="#9bb7d4", label="single model")
     ax.axhline(ensemble["majority_vote"] * 100, color="#c0392b", label="ensemble: majority vote")
     ax.axhline(ensemble["mean_probability"] * 100, color="#27ae60", linestyle="--", label="ensemble: mean probability")
@@ -51,7 +47,7 @@ def plot_certainty(probabilities: np.ndarray, images: np.ndarray, labels: np.nda
     """The reference's certainty figure: per digit, a box plot over models of its probability."""
     names = []
     for index in chosen_images(probabilities, labels):
-        fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2), gridspec_kw={"width_ratios": [1, 2.6], "wspace": 0.3})
+        fig, (left, right) = new_figure(8, 3.2, 1, 2, gridspec_kw={"width_ratios": [1, 2.6], "wspace": 0.3})
         left.imshow(images[index], cmap="gray")
         left.set_axis_off()
         left.set_title(f"test image {index}\nlabel {labels[index]}")
@@ -68,7 +64,7 @@ def plot_certainty(probabilities: np.ndarray, images: np.ndarray, labels: np.nda
 
 def plot_training_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     """Training loss per epoch: every CV fit in grey, each refit in colour."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    fig, ax = new_figure(5.5, 3.5)
     curves: Dict[str, List[Mapping[str, Any]]] = {}
     for row in rows:
         curves.setdefault(row["item"], []).append(row)

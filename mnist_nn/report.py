@@ -20,7 +20,7 @@ from common.data import load_dataset
 from common.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 from .app import cv_scores, decode_array, model_stem, refit_key
-from .model import draw_candidate
+from .model import IMAGE_SIZE, draw_candidate
 
 RESULT_COLUMNS = ["bootstrap", "candidate", "n_conv_layer", "kernel_size", "n_hidden_layer", "learning_rate",
                   "momentum", "cv_loss", "epochs", "training_error", "test_error"]
@@ -45,7 +45,7 @@ def model_rows(refits: Mapping[int, Mapping[str, Any]]) -> List[Dict[str, Any]]:
             for b, r in sorted(refits.items())]
 
 
-def log_rows(app: Any, run: RunInfo) -> List[Dict[str, Any]]:
+def log_rows(run: RunInfo) -> List[Dict[str, Any]]:
     rows = []
     for item in run.items:
         record = run.records.get(item.key)
@@ -61,7 +61,7 @@ def log_rows(app: Any, run: RunInfo) -> List[Dict[str, Any]]:
 
 def cv_rows(app: Any, run: RunInfo, refits: Mapping[int, Mapping[str, Any]]) -> List[Dict[str, Any]]:
     args = app.args
-    results = {key: record.result for key, record in run.records.items()}
+    results = run.results()
     rows = []
     for b in range(args.n_bootstrap):
         scores = cv_scores(results, b, args.n_tuning, args.folds)
@@ -74,15 +74,16 @@ def cv_rows(app: Any, run: RunInfo, refits: Mapping[int, Mapping[str, Any]]) -> 
 def save_model(folder: Path, bootstrap: int, result: Mapping[str, Any], app: Any) -> Dict[str, Any]:
     """models/bootstrap-<i>.pt (state dict) and .json (what is needed to rebuild and feed it)."""
     stem = folder / model_stem(bootstrap)
-    weights = result["weights"]
+    weights, pt = result["weights"], stem.with_suffix(".pt")
     if weights["embedded"] is not None:
-        atomic_write_bytes(stem.with_suffix(".pt"), base64.b64decode(weights["embedded"]))
-    pt = stem.with_suffix(".pt")
-    present = pt.exists() and hashlib.sha256(pt.read_bytes()).hexdigest() == weights["sha256"]
+        atomic_write_bytes(pt, base64.b64decode(weights["embedded"]))
+        present = True
+    else:  # written by the worker: here only if --results is shared with its node
+        present = pt.exists() and hashlib.sha256(pt.read_bytes()).hexdigest() == weights["sha256"]
     params = {"bootstrap": bootstrap, "candidate": result["candidate"], **result["hyper"],
               "cv_loss": result["cv_loss"], "epochs": result["epochs"], "training_error": result["training_error"],
               "test_error": result["test_error"], "dataset": app.args.dataset, "subsample": app.args.subsample,
-              "seed": app.args.seed, "image_size": 28, "normalisation": result["normalisation"],
+              "seed": app.args.seed, "image_size": IMAGE_SIZE, "normalisation": result["normalisation"],
               "state_dict": pt.name, "sha256": weights["sha256"]}
     atomic_write_json(stem.with_suffix(".json"), params)
     return {"bootstrap": bootstrap, "file": f"models/{pt.name}", "present": present}
@@ -106,7 +107,7 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
     refits = {b: run.records[refit_key(b)].result for b in range(args.n_bootstrap) if refit_key(b) in run.records}
     models = model_rows(refits)
     atomic_write_text(folder / "results.csv", csv_text(RESULT_COLUMNS, models))
-    logs = log_rows(app, run)
+    logs = log_rows(run)
     atomic_write_text(folder / "training_log.csv", csv_text(LOG_COLUMNS, logs))
     atomic_write_text(folder / "cv_results.csv", csv_text(CV_COLUMNS, cv_rows(app, run, refits)))
     saved = [save_model(folder / "models", b, result, app) for b, result in sorted(refits.items())]
@@ -121,7 +122,7 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
     plot_training_curves(logs, folder / "training_curves")
     if not refits:
         return summary
-    dataset = load_dataset(args.dataset, args.data_dir, subsample=args.subsample, seed=args.seed)
+    dataset = load_dataset(args.dataset, args.data_dir)  # only its test set is used: never subsampled
     probabilities = np.stack([decode_array(refits[b]["test_probabilities"]) for b in sorted(refits)])
     errors = ensemble_errors(probabilities, dataset.y_test)
     summary["ensemble_test_error"] = errors["majority_vote"]

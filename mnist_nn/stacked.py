@@ -32,9 +32,10 @@ from typing import Dict, Iterable, Optional, Sequence, Union
 
 import torch
 
+from .model import N_CLASSES
+
 #: each parameter block starts at a multiple of this many floats (64 bytes)
 ALIGN = 16
-N_CLASSES = 10
 
 
 def _aligned(n: int) -> int:

@@ -9,17 +9,9 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter
 
-from common.outputs import save_figure
+from common.outputs import new_figure, save_figure
 
 from .grid import Grid, fold_mean
-
-
-def _figure(width: float, height: float, rows: int = 1, columns: int = 1):
-    """A figure outside pyplot's global state, so no display or GUI backend is needed."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height))
-    return fig, fig.subplots(rows, columns, squeeze=False)
 
 
 def plot_heatmap(grid: Grid, table: np.ndarray, best_i_c: int, best_i_gamma: int, path: Path) -> List[Path]:
@@ -30,7 +22,7 @@ def plot_heatmap(grid: Grid, table: np.ndarray, best_i_c: int, best_i_gamma: int
     finite = percent[np.isfinite(percent)]
     # a log colour scale keeps the good corner readable next to the 90 % failures
     norm = LogNorm(vmin=max(float(finite.min()), 0.01), vmax=max(float(finite.max()), 0.02)) if finite.size else None
-    fig, axes = _figure(6.4, 5.0)
+    fig, axes = new_figure(6.4, 5.0, squeeze=False)
     ax = axes[0][0]
     image = ax.imshow(np.clip(percent, 0.01, None), origin="lower", aspect="auto", cmap="viridis_r", norm=norm,
                       extent=_extent(log_c) + _extent(log_gamma))
@@ -66,7 +58,7 @@ def plot_boxplots(grid: Grid, table: np.ndarray, path: Path) -> List[Path]:
     """One panel per gamma: the fold errors at each C, as the reference drew them."""
     columns = min(grid.n_tuning, 4)
     rows = math.ceil(grid.n_tuning / columns)
-    fig, axes = _figure(3.6 * columns, 2.8 * rows, rows, columns)
+    fig, axes = new_figure(3.6 * columns, 2.8 * rows, rows, columns, squeeze=False)
     log_c = np.log10(grid.c_values)
     step = (log_c[-1] - log_c[0]) / (len(log_c) - 1) if len(log_c) > 1 else 1.0
     for i_gamma in range(rows * columns):

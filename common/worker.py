@@ -7,7 +7,6 @@ over a pipe and answers with each result or traceback. Code running inside an it
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -19,6 +18,7 @@ from collections import deque
 from typing import Any, Deque, Dict, Iterator, Optional
 
 from .items import item_seed
+from .linux import die_with_parent
 
 log = logging.getLogger("multinode_gpu.worker")
 
@@ -119,11 +119,7 @@ def acquire(pool: str, count: int = 1, timeout: Optional[float] = None) -> Itera
 
 def _die_with_parent() -> None:
     """Ask Linux to signal us when the rank dies, so no worker outlives its job."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, TERMINATE_SIGNAL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent(TERMINATE_SIGNAL)
 
 
 def _ignore(signum: int, frame: Any) -> None:

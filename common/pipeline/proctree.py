@@ -9,14 +9,14 @@ runs one step at a time, so no other step's processes are mistaken for them.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import time
 from typing import Dict, List, NamedTuple, Optional, Set
 
+from ..linux import PR_SET_CHILD_SUBREAPER, prctl
+
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-PR_SET_CHILD_SUBREAPER = 36
 #: After SIGKILL, how long to wait for the processes to be gone (a few scheduler ticks).
 KILL_SETTLE_SECONDS = 1.0
 
@@ -42,10 +42,7 @@ def _read(pid: int) -> ProcessInfo:
 
 def become_subreaper() -> bool:
     """Make this process adopt its orphaned descendants (Linux 3.4+); whether it worked."""
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except OSError:
-        return False
+    return prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def start_ticks(pid: int) -> Optional[int]:

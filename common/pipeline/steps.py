@@ -12,7 +12,6 @@ before the worker goes. A step dies with SIGKILL if its worker dies first (PR_SE
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
+from ..linux import die_with_parent
 from ..mpi import without_launcher
 from ..worker import TERMINATE_SIGNAL
 from . import proctree
@@ -111,10 +111,7 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
 
 def _die_with_worker() -> None:
     """In the child: SIGKILL it if the worker that started it dies (it is in its own session)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent(signal.SIGKILL)
 
 
 def _open_log(path: Path, attempt: int):

@@ -103,11 +103,16 @@ class _Where:
         return UsageError(": ".join([", ".join(parts), problem]))
 
 
+
+def _did_you_mean(name: str, choices, otherwise: str = "") -> str:
+    """' (did you mean 'x'?)' for the closest of ``choices``, else ``otherwise``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else otherwise
+
 def _check_fields(data: Mapping[str, Any], valid: Tuple[str, ...], where: _Where, what: str) -> None:
     for name in data:
         if name not in valid:
-            close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(valid)})"
+            hint = _did_you_mean(str(name), valid, otherwise=f" (valid: {', '.join(valid)})")
             raise where.error(f"unknown field {name!r} in {what}{hint}")
 
 
@@ -284,8 +289,7 @@ def _pipeline(data: Any, base: Path, where: _Where) -> Pipeline:
         for edge in ("on_fail", "next"):
             target = getattr(step, edge)
             if target is not None and target not in seen:
-                close = difflib.get_close_matches(target, sorted(seen), n=1, cutoff=0.5)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                hint = _did_you_mean(target, sorted(seen))
                 raise _Where(where.source, name, step.id).error(f"{edge} names a missing step {target!r}{hint}")
     pipeline = Pipeline(name=name, steps=tuple(steps),
                         deadline_seconds=_seconds(data.get("deadline_seconds"), "deadline_seconds", where))
@@ -362,8 +366,7 @@ def check_pools(pipelines: List[Pipeline], capacities: Mapping[str, Optional[int
                 where = _Where(source, pipeline.name, step.id)
                 if pool not in capacities:
                     known = sorted(capacities)
-                    close = difflib.get_close_matches(pool, known, n=1, cutoff=0.5)
-                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    hint = _did_you_mean(pool, known)
                     raise where.error(f"unknown pool {pool!r}{hint}; define it with --resource {pool}=N "
                                       f"or PIPELINE_RESOURCE_{pool.upper()}=N (known: {', '.join(known)})")
                 capacity = capacities[pool]

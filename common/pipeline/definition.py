@@ -103,11 +103,11 @@ class _Where:
         return UsageError(": ".join([", ".join(parts), problem]))
 
 
-
 def _did_you_mean(name: str, choices, otherwise: str = "") -> str:
     """' (did you mean 'x'?)' for the closest of ``choices``, else ``otherwise``."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else otherwise
+
 
 def _check_fields(data: Mapping[str, Any], valid: Tuple[str, ...], where: _Where, what: str) -> None:
     for name in data:

@@ -10,7 +10,7 @@ import argparse
 import csv
 import dataclasses
 import io
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
@@ -84,7 +84,9 @@ class MnistSvm(App):
                              f"{smallest_class}; use fewer folds or a larger --subsample")
 
     def items(self) -> list:
-        return grid_items(self.grid)
+        # scikit-learn workers (CPUs, or GPUs without cuML) share a (gamma, fold)'s kernel between its C
+        on_gpu = any(d.is_gpu for d in self.devices) if self.devices else parse_gpu_spec(self.args.gpu) is not None
+        return grid_items(self.grid, share_kernels=not (on_gpu and have_cuml()))
 
     def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
         """The refit item gets the best (C, gamma) by mean validation error."""
@@ -195,8 +197,21 @@ class MnistSvm(App):
             return {"C": params["C"], "gamma": params["gamma"], "test_error": float(np.mean(predicted != truth)),
                     "confusion_matrix": matrix.tolist(), "n_support": backend.n_support(model),
                     "n_train": int(len(rows)), "n_test": int(len(truth)), "backend": backend.name}
+        return self._fit(state, item, None)
+
+    def run_group(self, state: WorkerState, items: List[Item],
+                  seeds: List[np.random.SeedSequence]) -> List[Dict[str, Any]]:
+        """The fits of one (gamma, fold) with different C: the training kernel is computed once
+        (scikit-learn; libsvm reads it, never writes it), the same matrix each fit would make alone."""
+        first = items[0].params
+        kernel = state.backend.train_kernel(first["gamma"], state.folds[first["fold"]][0])
+        return [self._fit(state, item, kernel) for item in items]
+
+    def _fit(self, state: WorkerState, item: Item, kernel: Any) -> Dict[str, Any]:
+        """One (C, gamma, fold) fit, scored on the fold's validation rows."""
+        params, backend = item.params, state.backend
         train, validation = state.folds[params["fold"]]
-        model = backend.fit(params["C"], params["gamma"], train)
+        model = backend.fit(params["C"], params["gamma"], train, kernel)
         predicted = backend.predict(model, "train", validation)
         truth = backend.truth["train"][validation]
         return {"error": float(np.mean(predicted != truth)), "n_support": backend.n_support(model),

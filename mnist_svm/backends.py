@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -71,15 +71,26 @@ class SklearnBackend:
         # libsvm works in float64: convert the rows once here, not again inside fit/predict
         return np.ascontiguousarray(self.x[split][rows], dtype=np.float64)
 
-    def fit(self, c: float, gamma: float, rows: np.ndarray) -> Any:
+    def train_kernel(self, gamma: float, rows: np.ndarray) -> Optional[np.ndarray]:
+        """The RBF kernel of these training rows, to share between fits with other C; None where
+        it is too big to compute up front (``fit`` then uses libsvm's own)."""
         from sklearn.metrics.pairwise import rbf_kernel
+
+        if len(rows) ** 2 * 8 > PRECOMPUTE_MAX_BYTES:
+            return None
+        return rbf_kernel(self._rows("train", rows), gamma=gamma)
+
+    def fit(self, c: float, gamma: float, rows: np.ndarray, kernel: Optional[np.ndarray] = None) -> Any:
+        """``kernel``: ``train_kernel(gamma, rows)`` when the caller already has it."""
         from sklearn.svm import SVC
 
         x, y = self._rows("train", rows), self.y["train"][rows]
-        if len(x) ** 2 * 8 > PRECOMPUTE_MAX_BYTES:
+        if kernel is None:
+            kernel = self.train_kernel(gamma, rows)
+        if kernel is None:
             return SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB).fit(x, y)
         # a precomputed kernel is a lookup: libsvm's default cache is plenty, and saves memory
-        svc = SVC(C=c, kernel="precomputed").fit(rbf_kernel(x, gamma=gamma), y)
+        svc = SVC(C=c, kernel="precomputed").fit(kernel, y)
         return PrecomputedModel(svc, gamma, x[svc.support_], len(x))
 
     def predict(self, model: Any, split: str, rows: Any = slice(None)) -> np.ndarray:
@@ -110,7 +121,11 @@ class CumlBackend:
         self.y = {"train": cp.asarray(data.y_train.astype(np.float32)), "test": cp.asarray(data.y_test.astype(np.float32))}
         self.truth = {"train": data.y_train, "test": data.y_test}  # labels on the host, to score predictions
 
-    def fit(self, c: float, gamma: float, rows: np.ndarray) -> Any:
+    def train_kernel(self, gamma: float, rows: np.ndarray) -> None:
+        """cuML computes its kernel on the GPU itself: nothing to share."""
+        return None
+
+    def fit(self, c: float, gamma: float, rows: np.ndarray, kernel: None = None) -> Any:
         from cuml.svm import SVC
 
         index = self.cp.asarray(rows)

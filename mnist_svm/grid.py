@@ -58,13 +58,17 @@ def expected_cost(c: float, gamma: float) -> float:
     return 1.0 + max(8.0 / (1.0 + c / 0.1), 9.0 * gamma / 1e-2)
 
 
-def grid_items(grid: Grid) -> List[Item]:
-    """Every (C, gamma, fold) fit, then the refit of the best pair that waits for all of them."""
+def grid_items(grid: Grid, share_kernels: bool = False) -> List[Item]:
+    """Every (C, gamma, fold) fit, then the refit of the best pair that waits for all of them.
+
+    ``share_kernels``: the fits of one (gamma, fold) form a group, so one worker computes their
+    training kernel once for every C (``MnistSvm.run_group``)."""
     c_values, gamma_values = grid.c_values, grid.gamma_values
     items = [Item(key=fit_key(i_c, i_gamma, fold),
                   params={"kind": "fit", "C": float(c_values[i_c]), "gamma": float(gamma_values[i_gamma]),
                           "i_C": i_c, "i_gamma": i_gamma, "fold": fold},
-                  cost=expected_cost(c_values[i_c], gamma_values[i_gamma]))
+                  cost=expected_cost(c_values[i_c], gamma_values[i_gamma]),
+                  group=f"gamma={i_gamma:03d},fold={fold}" if share_kernels else "")
              for i_c, i_gamma, fold in grid.points()]
     # the refit trains on folds/(folds-1) times as many rows; kernel work grows with their square
     refit_cost = max(item.cost for item in items) * (grid.folds / max(grid.folds - 1, 1)) ** 2

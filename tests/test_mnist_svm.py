@@ -205,3 +205,24 @@ def test_best_point_prefers_pairs_with_every_fold_done(recwarn):
     best = best_point(grid, table)
     assert (best["i_C"], best["i_gamma"], best["cv_folds"]) == (0, 0, 4)
     assert not [w for w in recwarn if "empty slice" in str(w.message)]  # the pair (1, 0) has no fold at all
+
+
+def test_fits_of_one_gamma_and_fold_share_their_kernel_and_get_the_same_results():
+    """On scikit-learn workers the fits of one (gamma, fold) are a group: one training kernel for
+    every C, and the results of each fit alone, to the bit."""
+    from common.devices import Device
+
+    app = MnistSvm(Namespace(n_tuning=3, folds=3, dataset="digits", data_dir=None, subsample=600, seed=0, gpu="cpu"))
+    app.devices = [Device("cpu", 0)]
+    fits = [item for item in app.items() if item.params["kind"] == "fit"]
+    assert len({item.group for item in fits}) == 3 * 3  # (gamma, fold) pairs, each with 3 values of C
+    state = app.setup_worker(Device("cpu", 0))
+    group = [item for item in fits if item.group == fits[0].group]
+    assert sorted(item.params["i_C"] for item in group) == [0, 1, 2]
+    alone = [app.run_item(state, item, None) for item in group]
+    assert app.run_group(state, group, [None] * len(group)) == alone
+    train = state.folds[group[0].params["fold"]][0]
+    kernel = state.backend.train_kernel(group[0].params["gamma"], train)
+    before = kernel.copy()
+    state.backend.fit(group[0].params["C"], group[0].params["gamma"], train, kernel)
+    assert np.array_equal(kernel, before), "libsvm must only read the shared kernel"

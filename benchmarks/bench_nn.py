@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from common.data import load_dataset, resize_images
-from mnist_nn.model import IMAGE_SIZE, Candidate, draw_candidate
+from mnist_nn.search import IMAGE_SIZE, Candidate, draw_candidate
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
 from mnist_nn.train import fit_group, keep_freed_memory, to_device
 

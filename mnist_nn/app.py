@@ -26,7 +26,7 @@ from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
 
-from .model import Candidate, draw_candidate
+from .search import Candidate, draw_candidate
 
 #: a refit's state dict travels inside its result (the journal) up to this size; a bigger one is
 #: written by the worker straight into ``<results>/models/`` (shared between nodes on a cluster)
@@ -101,15 +101,15 @@ class MnistNN(App):
     def group(self, bootstrap: int, number: int, candidate: Candidate) -> str:
         """The folds of a candidate go to one worker together, to train stacked: always on GPUs; on
         CPUs (``--gpu cpu``, or no GPU here) only where stacking measured faster (small nets, see
-        ``train.CPU_STACK_WEIGHTS``), bigger nets' folds being better spread over the workers.
+        ``stacking.stacks_on_cpu``), bigger nets' folds being better spread over the workers.
         Results are the same either way."""
         from common.devices import parse_gpu_spec
 
-        from .train import CPU_STACK_WEIGHTS
+        from .stacking import stacks_on_cpu
 
         # the engine's devices; an app built by hand (no devices) goes by --gpu alone
         on_cpu = not any(d.is_gpu for d in self.devices) if self.devices else parse_gpu_spec(self.args.gpu) is None
-        if on_cpu and candidate.n_weights * self.args.folds > CPU_STACK_WEIGHTS:
+        if on_cpu and not stacks_on_cpu(candidate, self.args.folds):
             return ""
         return f"b={bootstrap:02d},c={number:02d}"
 
@@ -169,7 +169,7 @@ class MnistNN(App):
     def run_group(self, state: Dict[str, Any], items: List[Item],
                   seeds: List[np.random.SeedSequence]) -> List[Dict[str, Any]]:
         """The folds of one candidate (whichever arrived) train side by side where that is faster
-        (``train.stack_size``), else one after the other or in smaller stacks.
+        (``stacking.stack_size``), else one after the other or in smaller stacks.
 
         A fold's result is the same whichever folds came with it: a stacked net does exactly
         the arithmetic it would do alone (``train.fit_group``).
@@ -177,7 +177,8 @@ class MnistNN(App):
         import torch
 
         from .sampling import fold_indexes
-        from .train import evaluate, fit_group, net_from_state, stack_size
+        from .stacking import stack_size
+        from .train import evaluate, fit_group, net_from_state
 
         args, data = self.args, state["data"]
         candidate = Candidate(**items[0].params["hyper"])

@@ -20,7 +20,7 @@ from common.data import load_dataset
 from common.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 from .app import cv_scores, decode_array, model_stem, refit_key
-from .model import IMAGE_SIZE, draw_candidate
+from .search import IMAGE_SIZE, draw_candidate
 
 RESULT_COLUMNS = ["bootstrap", "candidate", "n_conv_layer", "kernel_size", "n_hidden_layer", "learning_rate",
                   "momentum", "cv_loss", "epochs", "training_error", "test_error"]
@@ -112,7 +112,8 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
     atomic_write_text(folder / "cv_results.csv", csv_text(CV_COLUMNS, cv_rows(app, run, refits)))
     saved = [save_model(folder / "models", b, result, app) for b, result in sorted(refits.items())]
     missing = [s["file"] for s in saved if not s["present"]]
-    summary: Dict[str, Any] = {"models": len(refits), "model_test_errors": [m["test_error"] for m in models],
+    summary: Dict[str, Any] = {"models": len(refits), "chosen_models": models,
+                               "model_test_errors": [m["test_error"] for m in models],
                                "model_training_errors": [m["training_error"] for m in models],
                                "ensemble_test_error": None, "ensemble_test_error_mean_probability": None,
                                "models_missing": missing}
@@ -145,6 +146,7 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
               f"- ensemble test error: majority vote {summary['ensemble_test_error']:.4f}, "
               f"mean probability {summary['ensemble_test_error_mean_probability']:.4f} "
               f"(best single model {min(errors):.4f})", ""]
+    lines += model_table(summary.get("chosen_models") or [])
     if summary.get("models_missing"):
         lines += [f"- model files missing here: {', '.join(summary['models_missing'])} "
                   f"({summary.get('models_missing_note', '')})", ""]
@@ -153,3 +155,17 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
               "![ensemble error](ensemble_error.png)", "", "![training curves](training_curves.png)", ""]
     lines += [f"![certainty]({name}.png)" for name in summary.get("certainty_figures", [])]
     return "\n".join(lines) + "\n"
+
+
+def model_table(models: List[Mapping[str, Any]]) -> List[str]:
+    """summary.md's table: each bootstrap's chosen candidate, its CV loss and its errors."""
+    if not models:
+        return []
+    number = lambda value, form: "n/a" if value is None else format(value, form)  # noqa: E731
+    lines = ["| bootstrap | candidate | conv channels | kernel | hidden | learning rate | momentum | CV loss "
+             "| epochs | training error | test error |", "|---" * 11 + "|"]
+    lines += [f"| {m['bootstrap']} | {m['candidate']} | {m['n_conv_layer']} | {m['kernel_size']} | "
+              f"{m['n_hidden_layer']} | {m['learning_rate']:.3g} | {m['momentum']:.3g} | {number(m['cv_loss'], '.4f')} | "
+              f"{m['epochs']} | {number(m['training_error'], '.4f')} | {number(m['test_error'], '.4f')} |"
+              for m in models]
+    return lines + [""]

@@ -32,7 +32,7 @@ from typing import Dict, Iterable, Optional, Sequence, Union
 
 import torch
 
-from .model import N_CLASSES
+from .search import N_CLASSES
 
 #: each parameter block starts at a multiple of this many floats (64 bytes)
 ALIGN = 16

@@ -20,21 +20,12 @@ import torch.nn.functional as F
 from common.data import Dataset, resize_images
 
 from .blocked import BlockedNet, BlockRunner
-from .model import IMAGE_SIZE, N_CLASSES, Candidate, Net
+from .model import Net
+from .search import IMAGE_SIZE, N_CLASSES, Candidate
 from .stacked import NetStack
 
 #: stop when an epoch's loss is not below this share of the previous epoch's (the reference's rule)
 TOLERANCE = 0.8
-#: on a CPU, K nets train faster stacked than one after the other only while all their weights and
-#: momenta stay in cache (measured, benchmarks/bench_nn.py: 22k-weight nets 1.4x faster as 5, 296k-weight
-#: nets 1.7x slower); past this many weights in all, they train one at a time
-CPU_STACK_WEIGHTS = 250_000
-#: share of a GPU's memory a stack may take (evaluation and the data take the rest)
-GPU_STACK_SHARE = 0.4
-#: GPU bytes per weight of each stacked net at the peak: weights and momentum (8), the trained
-#: net's copy (4), the new store ``keep`` builds while the old one lives (8), a net's saved slot
-#: while others finish their epoch (8, at most)
-GPU_BYTES_PER_WEIGHT = 28
 #: bytes of conv activations one evaluation batch may take
 EVAL_BYTES = 256 * 2 ** 20
 #: most images in one evaluation batch on a CPU, where the batches are shared out over threads
@@ -151,8 +142,8 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
 
     On a CPU every product runs on one BLAS thread, so the bits never depend on the thread count:
     one net trains block by block on the worker's threads (``blocked``); a stack (small nets only,
-    ``stack_size``) trains on one thread, its products batched. A net of one block (up to
-    ``blocked.BLOCK_WEIGHTS`` hidden weights: every net ``stack_size`` stacks on a CPU) gets the
+    ``stacking.stack_size``) trains on one thread, its products batched. A net of one block (up to
+    ``blocked.BLOCK_WEIGHTS`` hidden weights: every net ``stacking.stack_size`` stacks on a CPU) gets the
     bits it would get in a stack. ``batched`` (tests, benchmarks) asks for a plain ``NetStack`` in
     that mode, on torch's threads.
     """
@@ -224,17 +215,6 @@ def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[
                 index = torch.as_tensor(alive, device=device)
                 step_args = {name: t.index_select(1, index).contiguous() for name, t in plan.items()}
     return [(finals[k], logs[k]) for k in range(K)]
-
-
-def stack_size(candidate: Candidate, k: int, device: torch.device) -> int:
-    """How many of ``k`` nets of ``candidate`` to train in one stack: on a CPU all of them while that
-    is faster than one after the other, else 1; on a GPU as many as fit in ``GPU_STACK_SHARE`` of
-    its memory (``GPU_BYTES_PER_WEIGHT``; the activations at batch size 10 are small beside them)."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return k if k * candidate.n_weights <= CPU_STACK_WEIGHTS else 1
-    budget = GPU_STACK_SHARE * torch.cuda.get_device_properties(device).total_memory
-    return int(max(1, min(k, budget // (candidate.n_weights * GPU_BYTES_PER_WEIGHT))))
 
 
 def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidate, max_epochs: int,

@@ -20,7 +20,8 @@ from helpers import assert_usage_error, journal_entries, run, snapshot, start, s
 from common.data import load_dataset
 from common.items import Item
 from mnist_nn.app import MnistNN, cv_scores, fit_key, refit_key
-from mnist_nn.model import draw_candidate, load_saved_model
+from mnist_nn.model import load_saved_model
+from mnist_nn.search import draw_candidate
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
 from mnist_nn.train import predict_logits, to_model_input
 
@@ -65,7 +66,12 @@ def test_a_run_writes_every_output(clean_run):
                  "cv_results.csv", "models/bootstrap-0.json", "models/bootstrap-1.json",
                  *[f"{n}.png" for n in summary["certainty_figures"]]]:
         assert (clean_run / name).exists(), name
-    assert "ensemble test error" in (clean_run / "summary.md").read_text()
+    assert [(m["bootstrap"], m["n_conv_layer"], m["test_error"]) for m in summary["chosen_models"]] == \
+        [(int(r["bootstrap"]), int(r["n_conv_layer"]), float(r["test_error"])) for r in rows]
+    markdown = (clean_run / "summary.md").read_text()
+    assert "ensemble test error" in markdown
+    table = [line for line in markdown.splitlines() if line.startswith("| ") and "bootstrap" not in line]
+    assert [line.split(" | ")[2] for line in table] == [r["n_conv_layer"] for r in rows], table
 
 
 def test_one_rank_and_two_ranks_by_two_workers_of_two_threads_give_identical_results(clean_run, tmp_path):
@@ -152,7 +158,7 @@ def test_folds_are_grouped_to_train_stacked_on_gpus_and_for_small_nets_on_cpus(g
     """On CPUs a big candidate's folds spread over the workers; elsewhere they go to one worker together."""
     import argparse
 
-    from mnist_nn.model import Candidate
+    from mnist_nn.search import Candidate
 
     app = MnistNN(argparse.Namespace(gpu=gpu, seed=0, folds=5))
     small, big = Candidate(2, 3, 16, 0.01, 0.5), Candidate(8, 5, 64, 0.01, 0.5)

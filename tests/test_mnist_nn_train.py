@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from common.data import load_dataset
 from common.items import Item
-from mnist_nn.model import Candidate
+from mnist_nn.search import Candidate
 from mnist_nn.stacked import NetStack
 from mnist_nn import blocked
 from mnist_nn.train import TOLERANCE, fit_group, initial_state, net_from_state, predict_logits, should_stop, to_device

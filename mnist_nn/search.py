@@ -1,0 +1,69 @@
+"""The reference's random search: one point (``Candidate``) and its distribution (``draw_candidate``).
+
+Needs no torch: rank 0 builds the work items from it without importing torch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Dict
+
+import numpy as np
+
+from common.items import item_seed
+
+if TYPE_CHECKING:
+    from .model import Net
+
+IMAGE_SIZE = 28
+N_CLASSES = 10
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the random search: the architecture and the SGD settings."""
+
+    n_conv_layer: int
+    kernel_size: int
+    n_hidden_layer: int
+    learning_rate: float
+    momentum: float
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def build(self) -> Net:
+        from .model import Net  # imports torch: only workers build nets
+
+        return Net(self.n_conv_layer, self.kernel_size, self.n_hidden_layer)
+
+    @property
+    def n_weights(self) -> int:
+        """Number of trainable numbers; the hidden layer dominates for big candidates."""
+        side = IMAGE_SIZE - self.kernel_size + 1
+        features = self.n_conv_layer * side * side
+        return (self.n_conv_layer * (self.kernel_size ** 2 + 1) + (features + 1) * self.n_hidden_layer
+                + (self.n_hidden_layer + 1) * N_CLASSES)
+
+    @property
+    def cost(self) -> float:
+        """Multiply-adds per training sample (forward), to hand out the slowest fits first."""
+        side = IMAGE_SIZE - self.kernel_size + 1
+        conv = self.n_conv_layer * side * side * self.kernel_size ** 2
+        return float(conv + self.n_weights)
+
+
+def draw_candidate(seed: int, bootstrap: int, candidate: int) -> Candidate:
+    """The reference's distribution, drawn from ``--seed`` and the candidate's identity only.
+
+    n_conv_layer ~ U{1..999}, kernel_size ~ U{2..10}, n_hidden_layer ~ U{1..1999},
+    learning rate 10^U(-5,-1), momentum 10^U(-2,0).
+    """
+    rng = np.random.default_rng(item_seed(seed, f"bootstrap={bootstrap},candidate={candidate}"))
+    return Candidate(
+        n_conv_layer=int(rng.integers(1, 1000)),
+        kernel_size=int(rng.integers(2, 11)),
+        n_hidden_layer=int(rng.integers(1, 2000)),
+        learning_rate=float(math.pow(10.0, rng.random() * 4.0 - 5.0)),
+        momentum=float(math.pow(10.0, rng.random() * 2.0 - 2.0)),
+    )

@@ -1,0 +1,40 @@
+"""Which nets of one candidate train side by side (see ``stacked``), and how many at once.
+
+Torch-free where rank 0 uses it (grouping the work items); only ``stack_size`` on a GPU asks
+torch for the GPU's memory.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .search import Candidate
+
+#: on a CPU, K nets train faster stacked than one after the other only while all their weights and
+#: momenta stay in cache (measured, benchmarks/bench_nn.py: 22k-weight nets 1.4x faster as 5, 296k-weight
+#: nets 1.7x slower); past this many weights in all, they train one at a time
+CPU_STACK_WEIGHTS = 250_000
+#: share of a GPU's memory a stack may take (evaluation and the data take the rest)
+GPU_STACK_SHARE = 0.4
+#: GPU bytes per weight of each stacked net at the peak: weights and momentum (8), the trained
+#: net's copy (4), the new store ``keep`` builds while the old one lives (8), a net's saved slot
+#: while others finish their epoch (8, at most)
+GPU_BYTES_PER_WEIGHT = 28
+
+
+def stacks_on_cpu(candidate: Candidate, k: int) -> bool:
+    """Whether ``k`` nets of ``candidate`` train faster together than one after the other on a CPU."""
+    return k * candidate.n_weights <= CPU_STACK_WEIGHTS
+
+
+def stack_size(candidate: Candidate, k: int, device: Any) -> int:
+    """How many of ``k`` nets of ``candidate`` to train in one stack on ``device`` (a torch device):
+    on a CPU all of them where ``stacks_on_cpu``, else 1; on a GPU as many as fit in
+    ``GPU_STACK_SHARE`` of its memory (``GPU_BYTES_PER_WEIGHT``; the activations at batch size 10
+    are small beside them)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cpu":
+        return k if stacks_on_cpu(candidate, k) else 1
+    budget = GPU_STACK_SHARE * torch.cuda.get_device_properties(device).total_memory
+    return int(max(1, min(k, budget // (candidate.n_weights * GPU_BYTES_PER_WEIGHT))))

@@ -54,9 +54,12 @@ def _child_environment(device: Device, threads: int) -> Iterator[None]:
 def _describe_exit(code: Optional[int]) -> str:
     if code is not None and code < 0:
         try:
-            return f"worker died from signal {signal.Signals(-code).name}"
+            name = signal.Signals(-code).name
         except ValueError:
             return f"worker died from signal {-code}"
+        if name == "SIGKILL":  # what users most often meet: the kernel's (or Slurm's) out-of-memory kill
+            return "worker died from signal SIGKILL (out of memory? see dmesg or Slurm's job report)"
+        return f"worker died from signal {name}"
     return f"worker exited with code {code}"
 
 

@@ -81,7 +81,7 @@ def test_a_worker_killed_mid_item_is_replaced_and_the_run_completes(tmp_path, n_
     assert markers(marks)[killed] == 2
     failed_attempts = [e["key"] for e in journal_entries(tmp_path / "r") if e.get("type") == "attempt_failed"]
     assert failed_attempts == [killed], "only the item that was running counts as failed"
-    assert "SIGKILL" in proc.stderr
+    assert "SIGKILL (out of memory?" in proc.stderr  # the likeliest cause, named
     assert summary(tmp_path / "r")["failed_items"] == []
 
 

@@ -32,6 +32,7 @@ def load_saved_model(pt_path) -> tuple:
 
     pt_path = Path(pt_path)
     params = json.loads(pt_path.with_suffix(".json").read_text())
-    net = Net(params["n_conv_layer"], params["kernel_size"], params["n_hidden_layer"], params["image_size"])
-    net.load_state_dict(torch.load(pt_path, weights_only=True))
+    with torch.device("meta"):  # the weights come from the file: no initialisation, no second copy
+        net = Net(params["n_conv_layer"], params["kernel_size"], params["n_hidden_layer"], params["image_size"])
+    net.load_state_dict(torch.load(pt_path, weights_only=True), assign=True)
     return net.eval(), params

@@ -194,27 +194,35 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
     monitor = GpuMonitor(devices)
     monitor.start()
     pool.start()
+    ended = False
     try:
         if comm.rank == 0:
             leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace, stop)
             outcome = leader.run()
         else:
             outcome = Follower(comm, pool, stop).run()
+        ended = True
     finally:
-        pool.shutdown(kill_after=10.0)  # time for an item to end what it started (pipeline steps)
-    if comm.rank == 0:
-        leader.await_byes()
-    else:
-        comm.send(("bye",), 0)
-    gpu_usage = monitor.stop()
-    comm.flush()
-    reports = comm.gather({"rank": comm.rank, "host": host, "gpu": gpu_usage})
-    code = None
-    if comm.rank == 0:
-        progress.close()
-        code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports, started_at)
-        journal.close()
-    return comm.bcast(code)
+        # kill_after: time for an item to end what it started (pipeline steps). Rank 0 writes its
+        # outputs while idle workers exit, and joins them at the end.
+        pool.shutdown(kill_after=10.0, wait=not (ended and comm.rank == 0))
+    try:
+        if comm.rank == 0:
+            leader.await_byes()
+        else:
+            comm.send(("bye",), 0)
+        gpu_usage = monitor.stop()
+        comm.flush()
+        reports = comm.gather({"rank": comm.rank, "host": host, "gpu": gpu_usage})
+        code = None
+        if comm.rank == 0:
+            progress.close()
+            code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
+                           started_at)
+            journal.close()
+        return comm.bcast(code)
+    finally:
+        pool.join()
 
 
 def _default_threads(comm: Any, host: str, workers: int) -> int:

@@ -129,6 +129,7 @@ class WorkerPool:
         self.setup_failures: Dict[str, int] = {}
         self.given_up: Dict[str, str] = {}  # worker name -> why its device was given up
         self.closing = False
+        self._kill_at = 0.0  # set by shutdown: when join kills the workers still alive
         self.selector = selectors.DefaultSelector()
 
     # ----- life cycle -----
@@ -201,20 +202,32 @@ class WorkerPool:
             if len(worker.assigned) > 1:
                 self._send(worker, ("revoke",))
 
-    def shutdown(self, kill_after: float = 5.0) -> None:
-        """Stop every worker: politely if idle, TERMINATE_SIGNAL if busy, SIGKILL after ``kill_after`` s."""
+    def shutdown(self, kill_after: float = 5.0, wait: bool = True) -> None:
+        """Stop every worker: politely if idle, TERMINATE_SIGNAL if busy, SIGKILL after ``kill_after`` s.
+
+        ``wait=False``: when every worker was idle, return at once and leave their exit (an
+        interpreter with torch loaded takes about half a second to end) to ``join``, so the rank
+        can write its outputs meanwhile. Busy or starting workers are always waited for here.
+        """
         self.closing = True
+        busy = False
         for worker in self.workers.values():
             try:
                 if not worker.assigned and worker.ready:
                     worker.conn.send(("stop",))
                 elif worker.process.is_alive():
+                    busy = True
                     os.kill(worker.process.pid, TERMINATE_SIGNAL)
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + kill_after
+        self._kill_at = time.monotonic() + kill_after
+        if wait or busy:
+            self.join()
+
+    def join(self) -> None:
+        """Wait for the workers ``shutdown`` stopped, killing those still alive at its deadline."""
         for worker in self.workers.values():
-            worker.process.join(max(0.0, deadline - time.monotonic()))
+            worker.process.join(max(0.0, self._kill_at - time.monotonic()))
             if worker.process.is_alive():
                 worker.process.kill()
                 worker.process.join(2)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import base64
+import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -31,6 +32,8 @@ from .search import Candidate, draw_candidate
 #: a refit's state dict travels inside its result (the journal) up to this size; a bigger one is
 #: written by the worker straight into ``<results>/models/`` (shared between nodes on a cluster)
 EMBED_LIMIT_BYTES = 64 * 2 ** 20
+
+logger = logging.getLogger(__name__)
 
 
 def fit_key(bootstrap: int, candidate: int, fold: int) -> str:
@@ -189,7 +192,8 @@ class MnistNN(App):
         results: Dict[int, Dict[str, Any]] = {}
         for stack in stacks:  # each stack's nets are scored and let go before the next one trains
             trained = fit_group(data.x_train, data.y_train, [trainings[k] for k in stack], candidate,
-                                args.max_epochs, args.batch_size, [init_seeds[k] for k in stack])
+                                args.max_epochs, args.batch_size, [init_seeds[k] for k in stack],
+                                on_epoch=epoch_logger([items[k].key for k in stack]))
             for k, (weights, log) in zip(stack, trained):
                 rows = torch.from_numpy(splits[k][1]).to(data.device)
                 scores = evaluate(net_from_state(candidate, weights), data.x_train.index_select(0, rows),
@@ -210,7 +214,7 @@ class MnistNN(App):
         b = params["bootstrap"]
         candidate = Candidate(**params["hyper"])
         net, log = fit(data.x_train, data.y_train, bootstrap_sample(self.folds(state, b)), candidate, args.max_epochs,
-                       args.batch_size, torch_seed(seed))
+                       args.batch_size, torch_seed(seed), on_epoch=epoch_logger([item.key]))
         train_scores = evaluate(net, data.x_train, data.y_train)
         logits = predict_logits(net, data.x_test)
         probabilities = torch.softmax(logits.float(), 1).cpu().numpy().astype("<f4")
@@ -251,6 +255,16 @@ def cv_scores(results: Mapping[str, Any], bootstrap: int, n_tuning: int, folds: 
         losses = [math.inf if r["val_loss"] is None else r["val_loss"] for r in found]
         scores[c] = float(np.mean(losses))
     return scores
+
+
+def epoch_logger(keys: Sequence[str]) -> Callable[[int, Dict[str, Any]], None]:
+    """A line in the worker's log (``<results>/logs/``) per epoch of fit k (``keys[k]``), as it
+    ends: ``tail -f`` shows how far a long fit has got."""
+    def on_epoch(k: int, entry: Dict[str, Any]) -> None:
+        loss = "diverged" if entry["loss"] is None else f"{entry['loss']:.4f}"
+        logger.info("%s epoch %d: loss %s, error %.4f, %.0f samples/s", keys[k], entry["epoch"], loss, entry["error"],
+                 entry["samples_per_s"])
+    return on_epoch
 
 
 def finite_or_none(value: float) -> Optional[float]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -26,6 +26,8 @@ from .stacked import NetStack
 
 #: stop when an epoch's loss is not below this share of the previous epoch's (the reference's rule)
 TOLERANCE = 0.8
+#: ``on_epoch(k, entry)``: net k's log entry of the epoch that just ended
+EpochHook = Callable[[int, Dict[str, Any]], None]
 #: bytes of conv activations one evaluation batch may take
 EVAL_BYTES = 256 * 2 ** 20
 #: most images in one evaluation batch on a CPU, where the batches are shared out over threads
@@ -137,8 +139,8 @@ def should_stop(loss: float, previous: float, epoch: int, max_epochs: int) -> bo
 
 
 def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], candidate: Candidate,
-              max_epochs: int, batch_size: int, init_seeds: Sequence[int],
-              batched: Optional[bool] = None) -> List[Tuple[Dict[str, torch.Tensor], List[Dict[str, Any]]]]:
+              max_epochs: int, batch_size: int, init_seeds: Sequence[int], batched: Optional[bool] = None,
+              on_epoch: Optional[EpochHook] = None) -> List[Tuple[Dict[str, torch.Tensor], List[Dict[str, Any]]]]:
     """Train one net per index array (K nets of one candidate) in lockstep; per net (state dict, epoch log).
 
     Net k starts from ``initial_state(candidate, init_seeds[k])``, walks ``x[indexes[k]]`` in
@@ -151,7 +153,8 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
     ``stacking.stack_size``) trains on one thread, its products batched. A net of one block (up to
     ``blocked.BLOCK_WEIGHTS`` hidden weights: every net ``stacking.stack_size`` stacks on a CPU) gets the
     bits it would get in a stack. ``batched`` (tests, benchmarks) asks for a plain ``NetStack`` in
-    that mode, on torch's threads.
+    that mode, on torch's threads. ``on_epoch(k, entry)`` sees each epoch's log entry of net k as
+    soon as the epoch ends (the app logs them: long fits show their progress in the worker's log).
     """
     if x.device.type == "cpu" and batched is None:
         single = len(indexes) == 1
@@ -163,14 +166,15 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
                 stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), len(indexes),
                                  x.shape[-1], batch_size, candidate.learning_rate, candidate.momentum, "cpu",
                                  batched=True)
-            return _train(stack, x, y, indexes, candidate, max_epochs, batch_size)
+            return _train(stack, x, y, indexes, candidate, max_epochs, batch_size, on_epoch)
     stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), len(indexes), x.shape[-1],
                      batch_size, candidate.learning_rate, candidate.momentum, x.device, batched=batched)
-    return _train(stack, x, y, indexes, candidate, max_epochs, batch_size)
+    return _train(stack, x, y, indexes, candidate, max_epochs, batch_size, on_epoch)
 
 
 def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], candidate: Candidate,
-           max_epochs: int, batch_size: int) -> List[Tuple[Dict[str, torch.Tensor], List[Dict[str, Any]]]]:
+           max_epochs: int, batch_size: int,
+           on_epoch: Optional[EpochHook]) -> List[Tuple[Dict[str, torch.Tensor], List[Dict[str, Any]]]]:
     """``fit_group``'s epoch loop on a stack already built."""
     device, K = x.device, len(indexes)
     rows_np, weight_np, valid = epoch_plan(indexes, batch_size)
@@ -208,6 +212,8 @@ def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[
                 logs[k].append({"epoch": epoch, "loss": loss if math.isfinite(loss) else None, "error": error,
                                 "samples_per_s": float(sizes[k] / seconds), "seconds": seconds,
                                 "lr": candidate.learning_rate})
+                if on_epoch is not None:
+                    on_epoch(k, logs[k][-1])
                 if should_stop(loss, previous[k], epoch, max_epochs):
                     finals[k] = stack.state_dict(j)
                     stopped.append(j)
@@ -224,9 +230,9 @@ def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[
 
 
 def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidate, max_epochs: int,
-        batch_size: int, init_seed: int) -> Tuple[Net, List[Dict[str, Any]]]:
+        batch_size: int, init_seed: int, on_epoch: Optional[EpochHook] = None) -> Tuple[Net, List[Dict[str, Any]]]:
     """One net alone: ``fit_group`` with K=1; returns the net (eval mode) and its epoch log."""
-    (state, log), = fit_group(x, y, [index], candidate, max_epochs, batch_size, [init_seed])
+    (state, log), = fit_group(x, y, [index], candidate, max_epochs, batch_size, [init_seed], on_epoch=on_epoch)
     return net_from_state(candidate, state), log
 
 

@@ -225,7 +225,9 @@ class WorkerPool:
             self.join()
 
     def join(self) -> None:
-        """Wait for the workers ``shutdown`` stopped, killing those still alive at its deadline."""
+        """After ``shutdown``: wait for the workers it stopped, killing those still alive at its deadline."""
+        if not self.workers:  # joined already
+            return
         for worker in self.workers.values():
             worker.process.join(max(0.0, self._kill_at - time.monotonic()))
             if worker.process.is_alive():

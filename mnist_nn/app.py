@@ -200,7 +200,7 @@ class MnistNN(App):
                                   data.y_train.index_select(0, rows))
                 results[k] = {"val_loss": finite_or_none(scores["loss"]), "val_error": scores["error"],
                               "epochs": len(log), "log": log}
-            del trained
+            del trained, weights  # the last net's state too: the next stack's budget has no room for it
         return [results[k] for k in range(len(items))]
 
     def refit(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:

@@ -1,7 +1,7 @@
 """Which nets of one candidate train side by side (see ``stacked``), and how many at once.
 
-Torch-free where rank 0 uses it (grouping the work items); only ``stack_size`` on a GPU asks
-torch for the GPU's memory.
+Torch-free where rank 0 uses it (``stacks_on_cpu``, to group the work items); ``stack_size``,
+called on workers, imports torch (and asks it for a GPU's memory).
 """
 from __future__ import annotations
 

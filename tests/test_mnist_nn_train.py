@@ -100,9 +100,12 @@ def test_momentum_over_many_steps_follows_torch_sgd(data):
 @pytest.mark.parametrize("batched", [True, False])
 def test_a_stack_of_three_gives_each_net_the_bits_it_gets_alone(data, one_thread, batched):
     index = indexes(len(data.y_train))
-    group = fit_group(data.x_train, data.y_train, index, CANDIDATE, 8, 10, [1, 2, 3], batched=batched)
+    seen = []  # the on_epoch hook: each epoch of net k as it ends
+    group = fit_group(data.x_train, data.y_train, index, CANDIDATE, 8, 10, [1, 2, 3], batched=batched,
+                      on_epoch=lambda k, entry: seen.append((k, entry)))
     epochs = [len(log) for _, log in group]
     assert len(set(epochs)) > 1, f"the nets should stop at different epochs to test freezing: {epochs}"
+    assert [[entry for j, entry in seen if j == k] for k in range(3)] == [log for _, log in group]
     for _, log in group:  # each net went on while its loss fell below 0.8 x the previous, and no longer
         losses = [entry["loss"] for entry in log]
         assert all(later < TOLERANCE * earlier for earlier, later in zip(losses, losses[1:-1]))

@@ -163,12 +163,11 @@ def peak_flops(device: str, size: int = 2048) -> float:
 
 
 def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: int, device: str,
-            threads: int, dataset: Any, images: np.ndarray, peaks: Dict[int, float]) -> Dict[str, Any]:
-    """``dataset`` and its training ``images`` resized to 28x28 are loaded once by the caller;
-    ``peaks`` caches ``peak_flops`` per thread count."""
+            threads: int, dataset: Any, images: np.ndarray, data: Any, folds: List[np.ndarray],
+            peaks: Dict[int, float]) -> Dict[str, Any]:
+    """``dataset``, its training ``images`` resized to 28x28, ``data`` (the same on ``device``) and
+    its ``folds`` are made once by the caller; ``peaks`` caches ``peak_flops`` per thread count."""
     torch.set_num_threads(threads)
-    data = to_device(dataset, device)
-    folds = bootstrap_folds(len(dataset.y_train), 5, seed=0, bootstrap=0)
     training = [fold_indexes(folds, f)[0][:samples] for f in range(5)]
     n = len(training[0])
     reference = Subset(PilDataset(images, dataset.y_train, ToTensorNormalize(data.mean, data.std)), training[0])
@@ -223,7 +222,8 @@ def main(argv: List[str] = None) -> int:
             models.append((draw_candidate(0, 0, 0), "--seed 0's first candidate", big, cores))
     dataset = load_dataset("digits")
     images, peaks = resize_images(dataset.x_train), {}
-    rows = [measure(candidate, label, samples, args.repeats, args.device, threads, dataset, images, peaks)
+    data, folds = to_device(dataset, args.device), bootstrap_folds(len(dataset.y_train), 5, seed=0, bootstrap=0)
+    rows = [measure(candidate, label, samples, args.repeats, args.device, threads, dataset, images, data, folds, peaks)
             for candidate, label, samples, threads in models]
     runs = [] if args.no_run else [time_whole_run(extra) for extra in (GPU_RUNS if on_gpu else RUNS)]
     device_name = torch.cuda.get_device_name() if on_gpu else f"{cpu_model()}, {cores} cores"

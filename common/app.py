@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
@@ -77,6 +77,13 @@ class App:
         self.journaled: Dict[str, Record] = {}
         #: every rank, set once ``--gpu`` is resolved: the devices this rank's workers run on
         self.devices: List[Device] = []
+
+    def on_gpu(self) -> bool:
+        """Whether this rank's workers run on GPUs: the engine's devices, or for an app built by
+        hand (no devices) what ``--gpu`` asks for."""
+        from .devices import parse_gpu_spec
+
+        return any(d.is_gpu for d in self.devices) if self.devices else parse_gpu_spec(self.args.gpu) is not None
 
     # ----- command line (every rank) -----
     @classmethod

@@ -26,9 +26,6 @@ class ResourceBroker:
     def __init__(self, capacities: Dict[str, int]):
         self.pools = {name: Pool(int(capacity)) for name, capacity in capacities.items()}
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.pools
-
     def request(self, name: str, requester: Hashable, count: int) -> List[Hashable]:
         """Queue a request; returns the requesters granted now (possibly this one)."""
         pool = self.pools[name]

@@ -129,7 +129,6 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
         return EXIT_USAGE
     app, devices, notice = valid
     app.devices = devices
-    args = app.args
     fingerprint = None
     error = None
     if comm.rank == 0:
@@ -143,7 +142,7 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return _run(comm, app, devices, notice, fingerprint, argv, stop)
+        return _run(comm, app, notice, fingerprint, argv, stop)
     except Exception:
         if comm.size > 1:  # the other ranks would wait for this one for ever: end the whole job
             log.exception("unexpected error; aborting all %d ranks", comm.size)
@@ -152,9 +151,9 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
         raise
 
 
-def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
+def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
          stop: "_StopFlag") -> int:
-    args = app.args
+    args, devices = app.args, app.devices
     host = socket.gethostname().split(".")[0]
     results: Path = args.results
     if notice and comm.rank == 0:
@@ -194,19 +193,16 @@ def _run(comm: Any, app: App, devices: list, notice: Optional[str], fingerprint:
     monitor = GpuMonitor(devices)
     monitor.start()
     pool.start()
-    ended = False
-    try:
-        if comm.rank == 0:
-            leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace, stop)
-            outcome = leader.run()
-        else:
-            outcome = Follower(comm, pool, stop).run()
-        ended = True
-    finally:
-        # kill_after: time for an item to end what it started (pipeline steps). Rank 0 writes its
-        # outputs while idle workers exit, and joins them at the end.
-        pool.shutdown(kill_after=10.0, wait=not (ended and comm.rank == 0))
-    try:
+    try:  # pool.join() at the very end: rank 0 writes its outputs while its idle workers exit
+        try:
+            if comm.rank == 0:
+                leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
+                                stop)
+                outcome = leader.run()
+            else:
+                outcome = Follower(comm, pool, stop).run()
+        finally:  # kill_after: time for an item to end what it started (pipeline steps)
+            pool.shutdown(kill_after=10.0, wait=comm.rank != 0)
         if comm.rank == 0:
             leader.await_byes()
         else:

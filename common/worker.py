@@ -117,11 +117,6 @@ def acquire(pool: str, count: int = 1, timeout: Optional[float] = None) -> Itera
         _inbox.conn.send(("release", pool, request))
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to signal us when the rank dies, so no worker outlives its job."""
-    die_with_parent(TERMINATE_SIGNAL)
-
-
 def _ignore(signum: int, frame: Any) -> None:
     """The rank decides when work stops (Ctrl-C, walltime warning and SIGTERM go to it)."""
 
@@ -166,7 +161,7 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     """Entry point of the spawned process."""
     global _inbox
     _inbox = inbox = _Inbox(conn)
-    _die_with_parent()
+    die_with_parent(TERMINATE_SIGNAL)  # no worker outlives its rank
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
     for ignored in (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM):
         # A handler that does nothing, not SIG_IGN: programs the item starts get the defaults back.

@@ -315,11 +315,11 @@ class WorkerPool:
         verb, pool = message[0], message[1]
         request = message[3] if verb == "acquire" else message[2]
         requester = self._requester(worker, request)
+        count = message[2] if verb == "acquire" else 0
         if pool in self.global_pools:
-            count = message[2] if verb == "acquire" else 0
             events.append(Event("pool", message=(verb, requester, pool, count)))
             return
-        for who, reply in self.node_resources.handle(verb, pool, requester, message[2] if verb == "acquire" else 0):
+        for who, reply in self.node_resources.handle(verb, pool, requester, count):
             self.deliver(who, reply)
 
     def deliver(self, requester: tuple, message: tuple) -> None:
@@ -350,10 +350,11 @@ class WorkerPool:
             except (KeyError, ValueError):
                 pass
         worker.conn.close()
-        for who, reply in self.node_resources.handle("gone", "", (self.rank, worker.name, worker.process.pid, 0)):
+        owner = (self.rank, worker.name, worker.process.pid)
+        for who, reply in self.node_resources.handle("gone", "", owner):
             self.deliver(who, reply)
         if self.global_pools:
-            events.append(Event("pool", message=("gone", (self.rank, worker.name, worker.process.pid), "", 0)))
+            events.append(Event("pool", message=("gone", owner, "", 0)))
         why = _describe_exit(worker.process.exitcode)
         if worker.assigned:
             running = worker.assigned.popleft()

@@ -16,7 +16,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -28,6 +28,10 @@ from common.errors import UsageError
 from common.items import Item, torch_seed
 
 from .search import Candidate, draw_candidate
+from .stacking import stacks_on_cpu
+
+if TYPE_CHECKING:
+    from .train import EpochHook
 
 #: a refit's state dict travels inside its result (the journal) up to this size; a bigger one is
 #: written by the worker straight into ``<results>/models/`` (shared between nodes on a cluster)
@@ -106,13 +110,7 @@ class MnistNN(App):
         CPUs (``--gpu cpu``, or no GPU here) only where stacking measured faster (small nets, see
         ``stacking.stacks_on_cpu``), bigger nets' folds being better spread over the workers.
         Results are the same either way."""
-        from common.devices import parse_gpu_spec
-
-        from .stacking import stacks_on_cpu
-
-        # the engine's devices; an app built by hand (no devices) goes by --gpu alone
-        on_cpu = not any(d.is_gpu for d in self.devices) if self.devices else parse_gpu_spec(self.args.gpu) is None
-        if on_cpu and not stacks_on_cpu(candidate, self.args.folds):
+        if not self.on_gpu() and not stacks_on_cpu(candidate, self.args.folds):
             return ""
         return f"b={bootstrap:02d},c={number:02d}"
 
@@ -257,13 +255,13 @@ def cv_scores(results: Mapping[str, Any], bootstrap: int, n_tuning: int, folds: 
     return scores
 
 
-def epoch_logger(keys: Sequence[str]) -> Callable[[int, Dict[str, Any]], None]:
+def epoch_logger(keys: Sequence[str]) -> EpochHook:
     """A line in the worker's log (``<results>/logs/``) per epoch of fit k (``keys[k]``), as it
     ends: ``tail -f`` shows how far a long fit has got."""
     def on_epoch(k: int, entry: Dict[str, Any]) -> None:
         loss = "diverged" if entry["loss"] is None else f"{entry['loss']:.4f}"
         logger.info("%s epoch %d: loss %s, error %.4f, %.0f samples/s", keys[k], entry["epoch"], loss, entry["error"],
-                 entry["samples_per_s"])
+                    entry["samples_per_s"])
     return on_epoch
 
 

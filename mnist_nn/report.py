@@ -146,7 +146,7 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
               f"- ensemble test error: majority vote {summary['ensemble_test_error']:.4f}, "
               f"mean probability {summary['ensemble_test_error_mean_probability']:.4f} "
               f"(best single model {min(errors):.4f})", ""]
-    lines += model_table(summary.get("chosen_models") or [])
+    lines += model_table(summary["chosen_models"])
     if summary.get("models_missing"):
         lines += [f"- model files missing here: {', '.join(summary['models_missing'])} "
                   f"({summary.get('models_missing_note', '')})", ""]
@@ -159,8 +159,6 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
 
 def model_table(models: List[Mapping[str, Any]]) -> List[str]:
     """summary.md's table: each bootstrap's chosen candidate, its CV loss and its errors."""
-    if not models:
-        return []
     number = lambda value, form: "n/a" if value is None else format(value, form)  # noqa: E731
     lines = ["| bootstrap | candidate | conv channels | kernel | hidden | learning rate | momentum | CV loss "
              "| epochs | training error | test error |", "|---" * 11 + "|"]

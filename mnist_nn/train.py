@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from common.data import Dataset, resize_images
 
 from .blocked import BlockedNet, BlockRunner
-from .model import Net
+from .model import Net, net_holding
 from .search import IMAGE_SIZE, N_CLASSES, Candidate
 from .stacked import NetStack
 
@@ -99,16 +100,10 @@ def initial_state(candidate: Candidate, init_seed: int, device: torch.device) ->
 
 
 def net_from_state(candidate: Candidate, state: Dict[str, torch.Tensor]) -> Net:
-    """A Net in eval mode, for scoring, whose parameters are ``state``'s tensors themselves (same
-    device, no copy, no gradients: a trained state is made of inference tensors).
-
-    Built on the meta device: no random initialisation to throw away and no second copy of the
-    weights, which matters for the biggest candidates (1.4 billion weights, 5.8 GB each).
-    """
-    with torch.device("meta"):
-        net = candidate.build().requires_grad_(False)
-    net.load_state_dict(state, assign=True)
-    return net.eval()
+    """A Net in eval mode, for scoring, holding ``state``'s tensors themselves (``model.net_holding``),
+    without gradients: a trained state is made of inference tensors."""
+    return net_holding(state, candidate.n_conv_layer, candidate.kernel_size, candidate.n_hidden_layer,
+                       trainable=False).eval()
 
 
 def epoch_plan(indexes: Sequence[np.ndarray], batch_size: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -156,20 +151,16 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
     that mode, on torch's threads. ``on_epoch(k, entry)`` sees each epoch's log entry of net k as
     soon as the epoch ends (the app logs them: long fits show their progress in the worker's log).
     """
-    if x.device.type == "cpu" and batched is None:
-        single = len(indexes) == 1
-        with BlockRunner(torch.get_num_threads() if single else 1) as runner:
-            if single:
-                stack = BlockedNet(initial_state(candidate, init_seeds[0], "cpu"), x.shape[-1], batch_size,
-                                   candidate.learning_rate, candidate.momentum, runner)
-            else:
-                stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), len(indexes),
-                                 x.shape[-1], batch_size, candidate.learning_rate, candidate.momentum, "cpu",
-                                 batched=True)
-            return _train(stack, x, y, indexes, candidate, max_epochs, batch_size, on_epoch)
-    stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), len(indexes), x.shape[-1],
-                     batch_size, candidate.learning_rate, candidate.momentum, x.device, batched=batched)
-    return _train(stack, x, y, indexes, candidate, max_epochs, batch_size, on_epoch)
+    cpu, single = x.device.type == "cpu" and batched is None, len(indexes) == 1
+    with (BlockRunner(torch.get_num_threads() if single else 1) if cpu else nullcontext()) as runner:
+        if cpu and single:
+            stack = BlockedNet(initial_state(candidate, init_seeds[0], "cpu"), x.shape[-1], batch_size,
+                               candidate.learning_rate, candidate.momentum, runner)
+        else:
+            stack = NetStack((initial_state(candidate, seed, "cpu") for seed in init_seeds), len(indexes),
+                             x.shape[-1], batch_size, candidate.learning_rate, candidate.momentum, x.device,
+                             batched=True if cpu else batched)
+        return _train(stack, x, y, indexes, candidate, max_epochs, batch_size, on_epoch)
 
 
 def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], candidate: Candidate,

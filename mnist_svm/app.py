@@ -85,8 +85,7 @@ class MnistSvm(App):
 
     def items(self) -> list:
         # scikit-learn workers (CPUs, or GPUs without cuML) share a (gamma, fold)'s kernel between its C
-        on_gpu = any(d.is_gpu for d in self.devices) if self.devices else parse_gpu_spec(self.args.gpu) is not None
-        return grid_items(self.grid, share_kernels=not (on_gpu and have_cuml()))
+        return grid_items(self.grid, share_kernels=not (self.on_gpu() and have_cuml()))
 
     def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
         """The refit item gets the best (C, gamma) by mean validation error."""

@@ -84,14 +84,14 @@ class SklearnBackend:
         """``kernel``: ``train_kernel(gamma, rows)`` when the caller already has it."""
         from sklearn.svm import SVC
 
-        x, y = self._rows("train", rows), self.y["train"][rows]
+        y = self.y["train"][rows]
         if kernel is None:
             kernel = self.train_kernel(gamma, rows)
         if kernel is None:
-            return SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB).fit(x, y)
+            return SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB).fit(self._rows("train", rows), y)
         # a precomputed kernel is a lookup: libsvm's default cache is plenty, and saves memory
         svc = SVC(C=c, kernel="precomputed").fit(kernel, y)
-        return PrecomputedModel(svc, gamma, x[svc.support_], len(x))
+        return PrecomputedModel(svc, gamma, self._rows("train", rows[svc.support_]), len(rows))
 
     def predict(self, model: Any, split: str, rows: Any = slice(None)) -> np.ndarray:
         from sklearn.metrics.pairwise import rbf_kernel

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = str(REPO / "tests" / "toy_app.py")

@@ -49,8 +49,9 @@ def test_gpu_workers_are_pinned_one_gpu_each_in_pci_order(tmp_path, monkeypatch)
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     proc = run([TOY, "12", "--sleep", "0.1", "--gpu", "all", "--results", str(tmp_path / "r"), "--no-progress"])
     assert proc.returncode == 0, proc.stderr
-    results = [e for e in journal_entries(tmp_path / "r") if e.get("type") == "result"]
-    start = next(e for e in journal_entries(tmp_path / "r") if e.get("type") == "start")
+    entries = journal_entries(tmp_path / "r")
+    results = [e for e in entries if e.get("type") == "result"]
+    start = next(e for e in entries if e.get("type") == "start")
     assert len(start["layout"][0]["devices"]) == 2
     assert {r["result"]["cuda_visible"] for r in results} == {"5", "7"}
     assert {r["result"]["cuda_order"] for r in results} == {"PCI_BUS_ID"}

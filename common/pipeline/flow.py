@@ -194,18 +194,17 @@ class PipelineRunner:
             return result, queued
 
     def _status(self, step: Step, status: str, reason: str, attempts: int, started: Optional[float],
-                ended: Optional[float], seconds: float, exit_code: Optional[int] = None, ran: bool = True,
-                **extra: Any) -> Dict[str, Any]:
+                ended: Optional[float], seconds: float, exit_code: Optional[int] = None, **extra: Any) -> Dict[str, Any]:
         return {"step": step.id, "run": self.layout.run_id, "status": status, "reason": reason,
                 "exit_code": exit_code, "attempts": attempts, "started": started, "ended": ended,
-                "seconds": seconds, **extra, "gpu": self.gpu if ran and step.gpu else None}
+                "seconds": seconds, **extra, "gpu": self.gpu if step.gpu and status != "skipped" else None}
 
     def _write_status(self, step: Step, status: Dict[str, Any]) -> None:
         self.layout.step_dir(step.id).mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.layout.status_path(step.id), status)
 
     def _skip(self, walk: _Walk, step: Step, reason: str) -> None:
-        status = self._status(step, "skipped", reason, walk.runs.get(step.id, 0), None, None, 0.0, ran=False)
+        status = self._status(step, "skipped", reason, walk.runs.get(step.id, 0), None, None, 0.0)
         if step.id not in walk.statuses:  # a step that ran earlier in a loop keeps its record
             walk.statuses[step.id] = status
             self._write_status(step, status)

@@ -28,12 +28,5 @@ def run_dir() -> Path:
     return Path(os.environ.get("PIPELINE_RUN_DIR", "."))
 
 
-def write_json(path: Path, value: Dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())

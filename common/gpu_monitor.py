@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .devices import Device
 
@@ -29,14 +29,8 @@ class GpuMonitor:
             return  # no NVML: nothing to sample, the run goes on
         handles = {}
         for device in self.devices:
-            # a number is an NVML index: workers see GPUs in PCI order too (worker_pool sets
-            # CUDA_DEVICE_ORDER=PCI_BUS_ID); a GPU NVML cannot reach is left out, not the others
-            ident = device.physical or str(device.index)
-            try:
-                if ident.isdigit():
-                    handles[str(device)] = pynvml.nvmlDeviceGetHandleByIndex(int(ident))
-                else:
-                    handles[str(device)] = pynvml.nvmlDeviceGetHandleByUUID(ident)
+            try:  # a GPU NVML cannot reach is left out, not the others
+                handles[str(device)] = nvml_handle(pynvml, device.physical or str(device.index))
             except Exception:
                 continue
         if not handles:
@@ -47,15 +41,23 @@ class GpuMonitor:
         self._thread.start()
 
     def _run(self) -> None:
-        nvml = self._nvml
         while not self._stop.wait(self.interval):
             for name, handle in self._handles.items():
-                try:
-                    util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
-                    memory = nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-                except Exception:
-                    continue
-                self.samples.setdefault(name, []).append((util, memory))
+                self.samples.setdefault(name, []).append(self._sample(handle))
+
+    def _sample(self, handle: Any) -> Tuple[Optional[float], Optional[float]]:
+        """(utilisation %, memory used MiB), each None where NVML does not give it: a MIG slice
+        has no utilisation, but its memory is still worth reporting."""
+        nvml, util, memory = self._nvml, None, None
+        try:
+            util = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except Exception:
+            pass
+        try:
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+        except Exception:
+            pass
+        return util, memory
 
     def stop(self) -> Dict[str, Dict[str, float]]:
         if self._thread is None:
@@ -66,11 +68,33 @@ class GpuMonitor:
             self._nvml.nvmlShutdown()
         except Exception:
             pass
-        report = {}
-        for name, samples in self.samples.items():
-            utils = [s[0] for s in samples]
-            memory = [s[1] for s in samples]
-            report[name] = {"samples": len(samples), "util_mean_percent": sum(utils) / len(utils),
-                            "util_peak_percent": max(utils), "memory_mean_mib": sum(memory) / len(memory),
-                            "memory_peak_mib": max(memory)}
-        return report
+        return {name: usage_report(samples) for name, samples in self.samples.items()}
+
+
+def usage_report(samples: List[Tuple[Optional[float], Optional[float]]]) -> Dict[str, Optional[float]]:
+    """Mean and peak of each measure over the samples that have it (None where none has)."""
+    report: Dict[str, Optional[float]] = {"samples": len(samples)}
+    for position, measure in ((0, "util"), (1, "memory")):
+        values = [sample[position] for sample in samples if sample[position] is not None]
+        unit = "percent" if measure == "util" else "mib"
+        report[f"{measure}_mean_{unit}"] = sum(values) / len(values) if values else None
+        report[f"{measure}_peak_{unit}"] = max(values) if values else None
+    return report
+
+
+def nvml_handle(nvml: Any, ident: str) -> Any:
+    """The NVML handle of a GPU named as CUDA_VISIBLE_DEVICES names it: an index (NVML's PCI order,
+    which workers see too: worker_pool sets CUDA_DEVICE_ORDER=PCI_BUS_ID), a UUID, or the start of
+    one (CUDA accepts ``GPU-8932f937``; NVML wants the whole UUID)."""
+    if ident.isdigit():
+        return nvml.nvmlDeviceGetHandleByIndex(int(ident))
+    try:
+        return nvml.nvmlDeviceGetHandleByUUID(ident)
+    except Exception:
+        pass
+    for index in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        if (uuid.decode() if isinstance(uuid, bytes) else uuid).startswith(ident):
+            return handle
+    raise LookupError(f"no GPU with UUID {ident}")

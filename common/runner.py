@@ -291,8 +291,9 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
         lines += ["Stopped before the end. Finish with:", "", f"    {summary['resume_command']}", ""]
     if summary["gpu_usage"]:
         lines += ["| GPU | utilisation mean % | peak % | memory mean MiB | peak MiB |", "|---|---|---|---|---|"]
-        lines += [f"| {name} | {s['util_mean_percent']:.0f} | {s['util_peak_percent']:.0f} | "
-                  f"{s['memory_mean_mib']:.0f} | {s['memory_peak_mib']:.0f} |" for name, s in summary["gpu_usage"].items()]
+        measures = ("util_mean_percent", "util_peak_percent", "memory_mean_mib", "memory_peak_mib")
+        lines += [f"| {name} | " + " | ".join("n/a" if s[m] is None else f"{s[m]:.0f}" for m in measures) + " |"
+                  for name, s in summary["gpu_usage"].items()]
         lines.append("")
     if summary["failed_items"]:
         lines += ["## Failed items", "", "| item | error |", "|---|---|"]

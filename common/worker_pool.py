@@ -41,8 +41,9 @@ def _child_environment(device: Device, threads: int) -> Iterator[None]:
         os.environ.clear()
         os.environ.update(child)
         os.environ["CUDA_VISIBLE_DEVICES"] = device.physical if device.is_gpu else ""
-        # GPU numbers mean what NVML and Slurm mean by them (PCI order), not CUDA's fastest-first order
-        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        # GPU numbers mean what NVML and Slurm mean by them (PCI order), whatever order the user's
+        # environment asks CUDA for: the monitor and the summary name GPUs by those numbers
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         for name in _THREAD_VARIABLES:
             os.environ[name] = str(threads)
         yield

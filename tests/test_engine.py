@@ -44,9 +44,10 @@ def test_one_by_one_and_two_ranks_by_two_workers_give_identical_results(tmp_path
 
 def test_gpu_workers_are_pinned_one_gpu_each_in_pci_order(tmp_path, monkeypatch):
     """As under Slurm with GPUs 5 and 7 of a node: one worker per GPU, each seeing only its own (the
-    toy app never touches CUDA, so this runs without a GPU), numbered as NVML numbers them."""
+    toy app never touches CUDA, so this runs without a GPU), numbered as NVML numbers them, whatever
+    order the user's environment asked CUDA for."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
-    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")  # a user's order must not renumber the GPUs
     proc = run([TOY, "12", "--sleep", "0.1", "--gpu", "all", "--results", str(tmp_path / "r"), "--no-progress"])
     assert proc.returncode == 0, proc.stderr
     entries = journal_entries(tmp_path / "r")

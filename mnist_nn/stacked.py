@@ -36,10 +36,14 @@ from .search import N_CLASSES
 
 #: each parameter block starts at a multiple of this many floats (64 bytes)
 ALIGN = 16
+#: each net's parameter row and momentum row start at a multiple of this many floats (256 bytes, as
+#: ``_new_per_net``'s buffers): net k of a stack then has each block as aligned as a net alone, and
+#: cuBLAS(Lt), which picks its kernel by the pointers' alignment, computes the same way for both
+ROW_ALIGN = 64
 
 
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+def _aligned(n: int, align: int = ALIGN) -> int:
+    return -(-n // align) * align
 
 
 def prefer_batched(device: torch.device) -> bool:
@@ -74,7 +78,7 @@ class NetStack:
         for name, shape in self.shapes.items():
             self.offsets[name] = offset
             offset += _aligned(shape[0] * shape[1])
-        self.width = offset
+        self.width = _aligned(offset, ROW_ALIGN)
         self._bind(torch.zeros(count, 2, self.width, device=self.device))
         for k in range(count):
             state = first if k == 0 else next(states)

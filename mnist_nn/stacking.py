@@ -29,12 +29,15 @@ def stacks_on_cpu(candidate: Candidate, k: int) -> bool:
 def stack_size(candidate: Candidate, k: int, device: Any) -> int:
     """How many of ``k`` nets of ``candidate`` to train in one stack on ``device`` (a torch device):
     on a CPU all of them where ``stacks_on_cpu``, else 1; on a GPU as many as fit in
-    ``GPU_STACK_SHARE`` of its memory (``GPU_BYTES_PER_WEIGHT``; the activations at batch size 10
-    are small beside them)."""
+    ``GPU_STACK_SHARE`` of the memory this process can have (``GPU_BYTES_PER_WEIGHT``; the
+    activations at batch size 10 are small beside them): what the driver has free, plus what
+    torch's allocator holds unused, so another process on the GPU is left its share."""
     import torch
 
     device = torch.device(device)
     if device.type == "cpu":
         return k if stacks_on_cpu(candidate, k) else 1
-    budget = GPU_STACK_SHARE * torch.cuda.get_device_properties(device).total_memory
+    free, _ = torch.cuda.mem_get_info(device)
+    held_unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    budget = GPU_STACK_SHARE * (free + held_unused)
     return int(max(1, min(k, budget // (candidate.n_weights * GPU_BYTES_PER_WEIGHT))))

@@ -133,6 +133,13 @@ def should_stop(loss: float, previous: float, epoch: int, max_epochs: int) -> bo
     return not math.isfinite(loss) or loss >= previous * TOLERANCE or epoch >= max_epochs
 
 
+def idle_nets(steps: np.ndarray, device: torch.device) -> Dict[int, torch.Tensor]:
+    """For each step some stacked nets sit out (they have fewer batches), their stack rows, on the
+    device: made before the epoch's loop, so no index crosses to a GPU (a sync) inside it."""
+    return {s: torch.as_tensor(np.flatnonzero(steps <= s), device=device)
+            for s in range(int(steps.min()), int(steps.max()))}
+
+
 def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], candidate: Candidate,
               max_epochs: int, batch_size: int, init_seeds: Sequence[int], batched: Optional[bool] = None,
               on_epoch: Optional[EpochHook] = None) -> List[Tuple[Dict[str, torch.Tensor], List[Dict[str, Any]]]]:
@@ -185,14 +192,14 @@ def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[
         for epoch in range(1, max_epochs + 1):
             picked = torch.empty(n_steps, len(alive), batch_size, 1, device=device)
             predicted = torch.empty(n_steps, len(alive), batch_size, dtype=torch.long, device=device)
+            idle = idle_nets(steps_of[alive], device)
             start = time.perf_counter()
             for s in range(max(steps_of[k] for k in alive)):
-                idle = [j for j, k in enumerate(alive) if s >= steps_of[k]]
-                saved = stack.store[idle] if idle else None  # indexing with a list copies
+                saved = stack.store.index_select(0, idle[s]) if s in idle else None
                 stack.step(x, step_args["rows"][s].view(-1), step_args["onehot"][s], step_args["weight"][s],
                            step_args["label"][s], picked[s], predicted[s])
-                if idle:
-                    stack.store[idle] = saved
+                if saved is not None:  # a net past its last batch keeps its state: put it back
+                    stack.store.index_copy_(0, idle[s], saved)
             log_prob, guess = picked.squeeze(-1).cpu().numpy(), predicted.cpu().numpy()
             seconds = time.perf_counter() - start
             stopped = []

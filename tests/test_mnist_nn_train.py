@@ -118,6 +118,23 @@ def test_a_stack_of_three_gives_each_net_the_bits_it_gets_alone(data, one_thread
         assert strip(log) == strip(group[k][1])
 
 
+@pytest.mark.parametrize("candidate", [CANDIDATE, Candidate(3, 4, 7, 0.01, 0.5)])
+def test_each_net_of_an_unbatched_stack_has_its_blocks_as_aligned_as_a_net_alone(candidate):
+    """Unbatched (as on CUDA), each net's products are issued alone; cuBLAS picks its kernel by the
+    pointers' alignment, so net k of a stack must see the alignment a net alone sees."""
+    def offsets(stack, k):  # byte offset of each block from the store's start, modulo 256
+        base = stack.store.data_ptr()
+        return [(views[name][k].data_ptr() - base) % 256 for views in (stack.params, stack.velocity)
+                for name in sorted(views)]
+
+    states = [initial_state(candidate, seed, "cpu") for seed in (1, 2, 3)]
+    alone = offsets(NetStack(states[:1], 1, 28, 10, 0.01, 0.5, "cpu", batched=False), 0)
+    stack = NetStack(states, 3, 28, 10, 0.01, 0.5, "cpu", batched=False)
+    assert [offsets(stack, k) for k in range(3)] == [alone] * 3
+    stack.keep([2, 0])  # the rows left after nets stop are repacked: still aligned
+    assert [offsets(stack, k) for k in range(2)] == [alone] * 2
+
+
 def test_padded_last_batches_and_stopped_nets_match_their_own_reference_run(data):
     """Nets whose epochs have fewer steps or that stopped earlier are not moved by the others' steps."""
     index = indexes(len(data.y_train))

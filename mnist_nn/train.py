@@ -24,6 +24,7 @@ from .blocked import BlockedNet, BlockRunner
 from .model import Net, net_holding
 from .search import IMAGE_SIZE, N_CLASSES, Candidate
 from .stacked import NetStack
+from .stacking import require_gpu_room
 
 #: stop when an epoch's loss is not below this share of the previous epoch's (the reference's rule)
 TOLERANCE = 0.8
@@ -159,6 +160,8 @@ def fit_group(x: torch.Tensor, y: torch.Tensor, indexes: Sequence[np.ndarray], c
     soon as the epoch ends (the app logs them: long fits show their progress in the worker's log).
     """
     cpu, single = x.device.type == "cpu" and batched is None, len(indexes) == 1
+    if x.device.type == "cuda":
+        require_gpu_room(candidate, x.device)
     with (BlockRunner(torch.get_num_threads() if single else 1) if cpu else nullcontext()) as runner:
         if cpu and single:
             stack = BlockedNet(initial_state(candidate, init_seeds[0], "cpu"), x.shape[-1], batch_size,

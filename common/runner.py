@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import signal
 import socket
@@ -35,19 +36,30 @@ log = logging.getLogger("multinode_gpu")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
+#: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
+#: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
+ECHO_SECONDS = 2.0
+
+
 class _StopFlag:
     """Set by SIGTERM/SIGUSR1/SIGINT; the distribution loop looks at it between events.
-    A second signal means: do not wait for running items any longer."""
+    A second signal (``ECHO_SECONDS`` or more after the first) means: do not wait for running
+    items any longer."""
 
     def __init__(self) -> None:
         self.why: Optional[str] = None
         self.count = 0
+        self._last = -math.inf
 
     def install(self) -> None:
         for number in _STOP_SIGNALS:
             signal.signal(number, self._handle)
 
     def _handle(self, number: int, frame: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < ECHO_SECONDS:
+            return
+        self._last = now
         self.count += 1
         self.why = self.why or f"received {signal.Signals(number).name}"
         if self.count >= 3 and number == signal.SIGINT:

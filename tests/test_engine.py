@@ -4,12 +4,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from helpers import TOY, assert_usage_error, journal_entries, run, snapshot, start, stop_run
+from helpers import TOY, assert_usage_error, journal_entries, rank_pids, run, snapshot, start, stop_run
 
 
 def values(results: Path) -> dict:
@@ -233,6 +234,27 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly_without_failures(tmp_p
     assert summary(tmp_path / "r")["failed_items"] == []
     # Running items were given their grace period: the journal holds more than the first result.
     assert sum(1 for e in entries if e.get("type") == "result") >= 3
+
+
+def test_a_signal_passed_on_twice_still_gives_running_items_their_grace(tmp_path):
+    """Under ``srun apptainer exec`` the rank gets Slurm's USR1 twice, a moment apart: from
+    slurmstepd and again from Apptainer's runtime. That is one request, not a second signal."""
+    args = [TOY, "6", "--sleep", "3", "--workers", "2", "--retries", "0", "--grace", "30",
+            "--results", str(tmp_path / "r"), "--no-progress"]
+    process = start(args)
+    from helpers import wait_for_results
+    wait_for_results(tmp_path / "r", 2)
+    time.sleep(0.5)  # the next two items are running
+    rank = rank_pids(tmp_path / "r")[0]
+    os.kill(rank, signal.SIGUSR1)
+    time.sleep(0.3)
+    os.kill(rank, signal.SIGUSR1)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 75, err
+    entries = journal_entries(tmp_path / "r")
+    assert not [e for e in entries if e.get("type") in ("attempt_failed", "failed")], err
+    # the two items running at the signal finished in their grace period instead of being abandoned
+    assert sum(1 for e in entries if e.get("type") == "result") == 4, err
 
 
 def test_resume_takes_no_value_for_ordinary_apps(tmp_path):

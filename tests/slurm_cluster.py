@@ -7,6 +7,7 @@ it prints ``export SLURM_CONF=...`` and stops when you press Enter.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -186,6 +187,9 @@ class SlurmCluster:
             "MailProg=/bin/true",
             "SchedulerParameters=sched_interval=2,bf_interval=1",  # start requeued jobs promptly
             "KillWait=5",
+            # job ids unlike any earlier cluster's: MPICH names its shared-memory segments after the
+            # PMI job id, and a segment a SIGKILLed rank left in /dev/shm must not meet a new job 2
+            f"FirstJobId={random.randint(1_000, 60_000_000)}",
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         ]

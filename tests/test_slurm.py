@@ -154,35 +154,42 @@ def test_cpu_script_runs_two_ranks_with_the_results_of_a_plain_run(slurm, tmp_pa
         assert summary[key] == expected[key], key
 
 
-def test_walltime_signal_requeues_the_job_which_resumes_without_recomputing(slurm, tmp_path):  # noqa: F811
-    n_items = 24
-    results, markers, reference = tmp_path / "toy", tmp_path / "markers", tmp_path / "plain"
+def signal_toy_job(slurm, tmp_path: Path, name: str, n_items: int, signal_name: str):
+    """Submit the toy app on 2 ranks (the CPU variant of the template, as ``--submit`` hands it to
+    sbatch), send ``signal_name`` to the batch shell once 4 items are done, as Slurm's
+    ``--signal=B:...`` and ``scancel --batch`` do, and wait for the job: (submit process, job id, log)."""
+    results, markers = tmp_path / "toy", tmp_path / "markers"
     markers.mkdir()
     env = dict(submit_env(slurm), SBATCH_WAIT="1", SBATCH_OUTPUT=f"{tmp_path}/%x-%j.out")
-    # The CPU variant from the same template as slurm/*-cpu.sbatch, handed to sbatch by --submit.
     submit = subprocess.Popen(
         [*GENERATOR, "--nodes", "1", "--cpu", "--ntasks-per-node", "2", "--time", "00:30:00",
-         "--job-name", "requeue-test", "--submit", "--", os.path.relpath(TOY, REPO), str(n_items), "--sleep", "1",
+         "--job-name", name, "--submit", "--", os.path.relpath(TOY, REPO), str(n_items), "--sleep", "1",
          "--marker-dir", str(markers), "--no-progress", "--results", str(results)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job = ""
     try:
         deadline = time.monotonic() + 30
         while not job and time.monotonic() < deadline:
-            job = subprocess.run(["squeue", "-h", "-n", "requeue-test", "-o", "%i"], env=env,
+            job = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], env=env,
                                  capture_output=True, text=True).stdout.strip()
             time.sleep(0.2)
         assert job, "the job was not submitted"
         wait_for_results(results, 4, timeout=90)
-        # What Slurm does at --signal=B:USR1@300: signal the batch shell only.
-        subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True)
-        out, err = submit.communicate(timeout=150)
+        subprocess.run(["scancel", f"--signal={signal_name}", "--batch", job], env=env, check=True)
+        submit.communicate(timeout=150)
     finally:
         if submit.poll() is None:
             subprocess.run(["scancel", job], env=env)
             submit.kill()
-    log = job_log(tmp_path)
-    assert submit.returncode == 0, err + log
+    return submit, job, job_log(tmp_path)
+
+
+def test_walltime_signal_requeues_the_job_which_resumes_without_recomputing(slurm, tmp_path):  # noqa: F811
+    n_items = 24
+    results, markers, reference = tmp_path / "toy", tmp_path / "markers", tmp_path / "plain"
+    # What Slurm does at --signal=B:USR1@300: signal the batch shell only.
+    submit, job, log = signal_toy_job(slurm, tmp_path, "requeue-test", n_items, "USR1")
+    assert submit.returncode == 0, log
     assert int(slurm.job_field(job, "Restarts")) >= 1
     assert "got SIGUSR1" in log and "requeueing" in log and "start 2" in log and "finished" in log
 
@@ -196,3 +203,19 @@ def test_walltime_signal_requeues_the_job_which_resumes_without_recomputing(slur
     plain = run([TOY, str(n_items), "--gpu", "cpu", "--no-progress", "--results", str(reference)])
     assert plain.returncode == 0, plain.stderr
     assert json.loads((results / "values.json").read_text()) == json.loads((reference / "values.json").read_text())
+
+
+def test_sigterm_to_the_batch_shell_stops_the_run_gracefully_without_requeueing(slurm, tmp_path):  # noqa: F811
+    """``scancel --signal=TERM --batch``: srun answers a SIGTERM of its own by SIGKILLing every task,
+    so the script must not pass TERM on; the run gets USR1, finishes its running items, and the job
+    ends stopped (exit 75), not requeued."""
+    results, markers = tmp_path / "toy", tmp_path / "markers"
+    submit, job, log = signal_toy_job(slurm, tmp_path, "cancel-test", 40, "TERM")
+    assert submit.returncode == 75, log
+    assert "got SIGTERM" in log and "not requeueing" in log, log
+    assert int(slurm.job_field(job, "Restarts")) == 0
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["status"] == "stopped" and summary["failed_items"] == []
+    journaled = {entry["key"] for entry in journal_entries(results) if entry.get("type") == "result"}
+    started = {path.name for path in markers.iterdir()}
+    assert journaled == started, "an item that started was abandoned instead of finishing in its grace"

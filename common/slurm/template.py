@@ -41,12 +41,14 @@ add_default --resume  # last; on a results folder without a journal it simply st
 # Walltime: Slurm sends USR1 to this shell {{warning}} s before the end (--signal=B:USR1@{{warning}}).
 # Forward it to the run, which stops handing out work, finishes running items for up to
 # --grace seconds, flushes its journal and exits {{exit_stopped}}; then requeue this job.
+# TERM here (scancel --signal=TERM --batch: stop for good) goes to the run as USR1 too: srun
+# answers a TERM of its own by SIGKILLing every task; only the decision not to requeue differs.
 step=""
 stop_signal=""
 forward() {
     stop_signal=$1
     log "got SIG$1: asking the run to stop and save its journal"
-    if [ -n "$step" ]; then kill -s "$1" "$step" 2>/dev/null; fi
+    if [ -n "$step" ]; then kill -s USR1 "$step" 2>/dev/null; fi
 }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
@@ -121,8 +123,8 @@ def _defaults(spec: JobSpec) -> str:
 def _srun_options(spec: JobSpec) -> str:
     options = [f"--mpi={spec.mpi}", '--nodes="$SLURM_JOB_NUM_NODES"',
                f"--ntasks-per-node={spec.ntasks_per_node}", '--cpus-per-task="$SLURM_CPUS_PER_TASK"']
-    if not spec.cpu:
-        options.append(f"--gpus-per-node={spec.gpus_per_node}")
+    if not spec.cpu:  # as many as the job got: an sbatch --gpus-per-node on the command line wins
+        options.append(f'--gpus-per-node="${{SLURM_GPUS_PER_NODE:-{spec.gpus_per_node}}}"')
     # Ranks stop at slightly different times after a signal; never let Slurm kill rank 0 mid-flush.
     options.append("--kill-on-bad-exit=0")
     return " ".join(options)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from common.pipeline import proctree
 from helpers import REPO, alive, journal_entries, rank_pids, run, start
 
 EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
@@ -198,6 +199,28 @@ def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_p
         time.sleep(0.05)
     assert not alive(child), f"the step's child {child} outlived the stopped run"
     assert step_status(results, "long", "hold")["reason"] == "interrupted: the run was stopped"
+
+
+def test_slurms_walltime_warning_to_every_process_lets_the_running_step_finish(tmp_path):
+    """Slurm signals every process of a job step: the rank, its workers and the steps they run.
+    A step must live through its --grace, not die of the USR1 meant for the rank."""
+    definition = write(tmp_path / "warned.json", {"name": "warned", "steps": [
+        {"id": "work", "command": "touch $PIPELINE_SHARED/started; sleep 3; echo ok > $PIPELINE_SHARED/done"}]})
+    results = tmp_path / "results"
+    process = start(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
+                     "--grace", "60", "--no-progress"])
+    started = results / "warned" / "shared" / "started"
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), "the step did not start"
+    everyone = [info.pid for info in proctree.members(rank_pids(results)[0])] + [rank_pids(results)[0]]
+    for pid in set(everyone):  # what slurmstepd does with a signal for the step
+        os.kill(pid, signal.SIGUSR1)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode in (0, 75), err
+    assert step_status(results, "warned", "work")["status"] == "ok", err
+    assert (results / "warned" / "shared" / "done").read_text() == "ok\n"
 
 
 def test_the_summary_shows_every_pipeline_with_its_newest_run(tmp_path):

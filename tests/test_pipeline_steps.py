@@ -290,6 +290,19 @@ def wait_dead(pid: int, seconds: float = 5) -> bool:
 
 
 @pytest.mark.timeout(60)
+def test_the_memory_limit_counts_a_grandchild_in_a_session_of_its_own(tmp_path):
+    """The step's shell runs a shell whose child left the session (setsid) but still has that
+    parent: it is found through its parent (neither a session member nor an orphan to adopt)."""
+    greedy = f'{sys.executable} -c "import time; x = bytes(range(256)) * (300 * 4096); time.sleep(60)"'
+    inner = f"setsid {greedy} & echo $! > $PIPELINE_SHARED/greedy.pid; wait"
+    result, layout = run_pipeline(tmp_path, [{"id": "hold", "memory": "100m", "timeout": 20,
+                                              "command": f"sh -c '{inner}'; true"}])
+    assert "memory limit 100.0 MiB exceeded" in result["steps"]["hold"]["reason"], result["steps"]["hold"]
+    pid = int((layout.shared / "greedy.pid").read_text())
+    assert wait_dead(pid), f"the grandchild {pid} outlived its step"
+
+
+@pytest.mark.timeout(60)
 def test_limits_reach_processes_that_detach_completely(tmp_path):
     greedy = f'{sys.executable} -c "import time; x = bytes(range(256)) * (300 * 4096); time.sleep(60)"'
     result, layout = run_pipeline(tmp_path, [

@@ -86,13 +86,15 @@ def members(root: int, processes: Dict[int, ProcessInfo] = None,
     children: Dict[int, List[int]] = {}
     for info in processes.values():
         children.setdefault(info.ppid, []).append(info.pid)
-    found: Set[int] = {pid for pid, info in processes.items() if info.session == root}
-    stack = [root, *_adopted(root, processes, adopted_since)]
-    while stack:
+    in_session = [pid for pid, info in processes.items() if info.session == root]
+    found: Set[int] = set()
+    stack = [root, *in_session, *_adopted(root, processes, adopted_since)]
+    while stack:  # each of them and all their descendants (a child may have left the session)
         pid = stack.pop()
-        if pid in processes:
-            found.add(pid)
-        stack.extend(child for child in children.get(pid, []) if child not in found)
+        if pid in found or pid not in processes:
+            continue
+        found.add(pid)
+        stack.extend(children.get(pid, []))
     return [processes[pid] for pid in sorted(found) if pid in processes and not processes[pid].zombie]
 
 

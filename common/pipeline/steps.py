@@ -110,8 +110,14 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
 
 
 def _die_with_worker() -> None:
-    """In the child: SIGKILL it if the worker that started it dies (it is in its own session)."""
+    """In the child: SIGKILL it if the worker that started it dies (it is in its own session).
+
+    Slurm passes the walltime warning (USR1) to every process of the job step, steps included;
+    by default it would kill the step at once. Ignored, the step runs on through the run's --grace
+    (a program that wants the warning, to checkpoint, installs its own handler); the run ends a
+    step that must stop with TERM, then KILL."""
     die_with_parent(signal.SIGKILL)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def _open_log(path: Path, attempt: int):

@@ -17,14 +17,14 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from .app import Record
 from .devices import Device
 from .items import Item
 from .mpi import without_launcher
 from .resources import ResourceBroker
-from .worker import TERMINATE_SIGNAL, worker_main
+from .worker import IGNORED_SIGNALS, TERMINATE_SIGNAL, worker_main
 
 log = logging.getLogger("multinode_gpu")
 
@@ -50,6 +50,19 @@ def _child_environment(device: Device, threads: int) -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+@contextmanager
+def signals_blocked(signals: Iterable[int]) -> Iterator[None]:
+    """``signals`` blocked in this thread meanwhile. A child started then inherits the block through
+    fork and exec: Slurm's walltime warning, which reaches every process of the job step, waits in a
+    starting worker (still importing torch) until ``worker_main`` has its handlers, instead of
+    killing it."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _describe_exit(code: Optional[int]) -> str:
@@ -145,7 +158,7 @@ class WorkerPool:
         process = self.context.Process(
             target=worker_main, name=name, daemon=True,
             args=(child_end, self.app, device, name, str(log_path), self.seed, self.threads))
-        with _child_environment(device, self.threads):
+        with _child_environment(device, self.threads), signals_blocked(IGNORED_SIGNALS):
             process.start()
         child_end.close()
         worker = WorkerHandle(name, device, process, parent_end)

@@ -257,6 +257,25 @@ def test_a_signal_passed_on_twice_still_gives_running_items_their_grace(tmp_path
     assert sum(1 for e in entries if e.get("type") == "result") == 4, err
 
 
+def test_a_worker_still_starting_lives_through_a_stop_signal_to_every_process(tmp_path, monkeypatch):
+    """Slurm's walltime warning reaches every process of the job step, workers still importing
+    their libraries included: it must wait for their handlers, not kill them."""
+    monkeypatch.setenv("TOY_IMPORT_SLEEP", "3")
+    results = tmp_path / "r"
+    process = start([TOY, "4", "--sleep", "0.5", "--workers", "2", "--grace", "30", "--results", str(results),
+                     "--no-progress"])
+    deadline = time.monotonic() + 60
+    while not list(results.glob("logs/rank0.log")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the workers are started, and asleep in their import
+    assert not list(results.glob("logs/rank0-*.log")), "the workers got past their import too soon"
+    os.killpg(process.pid, signal.SIGUSR1)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 75, err
+    logs = err + "".join(path.read_text() for path in results.glob("logs/*.log"))
+    assert "died" not in logs and "setup" not in logs, logs
+
+
 def test_resume_takes_no_value_for_ordinary_apps(tmp_path):
     assert_usage_error(run([TOY, "4", "--resume", "x", "--results", str(tmp_path / "r")]), "--resume takes no value")
 

@@ -15,6 +15,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# a slow import (the tests' stand-in for a worker importing torch), in the rank and in each worker
+time.sleep(float(os.environ.get("TOY_IMPORT_SLEEP", "0")))
+
 from common.app import App, RunInfo  # noqa: E402
 from common.items import Item  # noqa: E402
 from common.outputs import atomic_write_json  # noqa: E402

@@ -36,6 +36,13 @@ class Device:
         return f"gpu{self.index}" if self.is_gpu else f"cpu{self.index}"
 
 
+def slurm_gave_no_gpu() -> bool:
+    """Inside a Slurm job that was given no GPU: Slurm sets CUDA_VISIBLE_DEVICES for every job it
+    gives GPUs, so unset there means the node's GPUs (which NVML still lists where devices are not
+    constrained) belong to other jobs."""
+    return "SLURM_JOB_ID" in os.environ and "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
 def visible_gpus() -> List[str]:
     """Physical ids of the GPUs this process may use, found without initialising CUDA."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -43,6 +50,8 @@ def visible_gpus() -> List[str]:
         ids = [part.strip() for part in env.split(",") if part.strip()]
         # "-1" or "" (as Slurm and users write it) means: no GPU.
         return [] if not ids or ids[0] in ("-1", "none", "NoDevFiles") else ids
+    if slurm_gave_no_gpu():
+        return []
     try:
         import pynvml  # provided by nvidia-ml-py
 
@@ -92,6 +101,10 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
         indexes, notice = None, "no GPU found: running on CPU (use --gpu cpu to silence this)"
     if indexes is None:
         return [Device("cpu", i) for i in range(workers)], notice
+    if not gpus and slurm_gave_no_gpu():
+        raise UsageError(f"--gpu {spec}: Slurm gave this job no GPU on {os.uname().nodename} "
+                         "(CUDA_VISIBLE_DEVICES is unset); ask for them with --gpus-per-node or --gres=gpu:N, "
+                         "set CUDA_VISIBLE_DEVICES where whole nodes come without GPU resources, or use --gpu cpu")
     if not gpus:
         raise UsageError(f"--gpu {spec}: this node ({os.uname().nodename}) has no GPU; use --gpu cpu")
     if indexes == []:

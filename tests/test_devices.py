@@ -1,0 +1,37 @@
+"""``--gpu`` and the GPUs a rank may use: CUDA_VISIBLE_DEVICES as Slurm and users set it."""
+import pytest
+
+from common.devices import Device, resolve_devices, visible_gpus
+from common.errors import UsageError
+
+
+@pytest.mark.parametrize("value, gpus", [("2,3", ["2", "3"]), ("GPU-8932f937, GPU-1c2d", ["GPU-8932f937", "GPU-1c2d"]),
+                                         ("", []), ("-1", []), ("NoDevFiles", [])])
+def test_cuda_visible_devices_names_the_gpus(monkeypatch, value, gpus):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert visible_gpus() == gpus
+
+
+def test_gpu_all_gives_one_worker_per_visible_gpu_numbered_as_the_user_sees_them():
+    devices, notice = resolve_devices("all", 1, gpus=["5", "7"])
+    assert devices == [Device("cuda", 0, "5"), Device("cuda", 1, "7")] and notice is None
+    assert resolve_devices("1", 1, gpus=["5", "7"])[0] == [Device("cuda", 1, "7")]
+
+
+def test_no_gpu_falls_back_to_cpu_by_default_and_is_an_error_when_asked_for():
+    devices, notice = resolve_devices(None, 2, gpus=[])
+    assert devices == [Device("cpu", 0), Device("cpu", 1)] and "no GPU found" in notice
+    with pytest.raises(UsageError, match="has no GPU"):
+        resolve_devices("all", 1, gpus=[])
+
+
+def test_in_a_slurm_job_given_no_gpu_the_nodes_gpus_are_not_taken(monkeypatch):
+    """NVML lists every GPU of the node where Slurm does not constrain devices; they are other jobs'."""
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpus() == []
+    assert resolve_devices(None, 1)[0] == [Device("cpu", 0)]
+    with pytest.raises(UsageError, match="Slurm gave this job no GPU .* --gpus-per-node"):
+        resolve_devices("all", 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # a job given two GPUs
+    assert visible_gpus() == ["0", "1"]

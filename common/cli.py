@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from .errors import UsageError
+
+#: seeds are handed to numpy and scikit-learn, which take 32-bit ones
+MAX_SEED = 2 ** 32 - 1
+#: torch/BLAS threads per worker: past this, thread stacks and per-thread buffers exhaust memory
+MAX_THREADS = 1024
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -35,8 +41,8 @@ class Parser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
-def at_least(minimum: float, kind: Callable = int) -> Callable[[str], Any]:
-    """An argparse type: a number no smaller than ``minimum``."""
+def at_least(minimum: float, kind: Callable = int, maximum: float = math.inf) -> Callable[[str], Any]:
+    """An argparse type: a number no smaller than ``minimum`` (and no larger than ``maximum``)."""
 
     def convert(text: str) -> Any:
         try:
@@ -44,11 +50,25 @@ def at_least(minimum: float, kind: Callable = int) -> Callable[[str], Any]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, got {text!r}")
         if not value >= minimum:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be at least {_plain(minimum)}, got {text}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {_plain(maximum)}, got {text}")
         return value
 
     convert.__name__ = kind.__name__
     return convert
+
+
+def _plain(number: float) -> str:
+    """4294967295, not 4.29497e+09; 0.5 as 0.5."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+def folder(text: str) -> Path:
+    """An argparse type: a folder path, never empty (an empty path would mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got an empty path")
+    return Path(text)
 
 
 def build_parser(app_class: Any, quiet: bool = False) -> Parser:
@@ -61,18 +81,18 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                              "(default: GPU 0 where there is one, else CPU)")
     engine.add_argument("--workers", type=at_least(1), default=1,
                         help="worker processes per rank when running on CPU")
-    engine.add_argument("--threads", type=at_least(1), default=None,
+    engine.add_argument("--threads", type=at_least(1, maximum=MAX_THREADS), default=None,
                         help="torch/BLAS threads per worker (default: the rank's cores / its workers / ranks sharing them)")
     engine.add_argument("--batch", type=at_least(1), default=None,
                         help="replace a worker by a fresh process after this many items (frees leaked GPU memory)")
-    engine.add_argument("--seed", type=at_least(0), default=0, help="seed of every item's randomness")
+    engine.add_argument("--seed", type=at_least(0, maximum=MAX_SEED), default=0, help="seed of every item's randomness")
     engine.add_argument("--resume", nargs="?", const=True, default=False, metavar="TARGET",
                         help="continue the run in --results, skipping every item its journal holds")
     engine.add_argument("--retries", type=at_least(0), default=app_class.default_retries,
                         help="extra attempts for an item that fails")
     engine.add_argument("--grace", type=at_least(0, float), default=60.0,
                         help="seconds to let running items finish after SIGTERM/SIGUSR1")
-    engine.add_argument("--results", type=Path, default=Path("results") / app_class.name,
+    engine.add_argument("--results", type=folder, default=Path("results") / app_class.name,
                         help="results folder")
     engine.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser

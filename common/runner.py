@@ -107,18 +107,27 @@ def _check_results_folder(app: App) -> Dict[str, Any]:
             raise UsageError(f"{folder} already holds the journal of an earlier run; pass --resume to continue it "
                              f"or choose another --results")
         header, app.journaled = read_journal(journal_path)
-        old = (header or {}).get("fingerprint", {})
+        old = header.get("fingerprint") if isinstance(header, dict) else None
+        if not isinstance(old, dict):
+            raise UsageError(f"cannot resume {folder}: its journal's first line is not a run's header "
+                             f"(damaged?); use another --results")
         if old != fingerprint:
             raise UsageError(f"cannot resume {folder}: it was made with other arguments "
                              f"({describe_difference(old, fingerprint)}); use the same arguments or another --results")
     elif folder.exists() and not folder.is_dir():
         raise UsageError(f"--results {folder}: exists and is not a folder")
     app.prepare()
+    if folder.is_dir() and not journal_path.exists():
+        others = sorted(path.name for path in folder.iterdir() if path.name != "logs")
+        if others:  # someone's files, or results whose journal is gone: never overwrite them
+            raise UsageError(f"--results {folder}: holds files but no journal of a run ({', '.join(others[:3])}"
+                             f"{', ...' if len(others) > 3 else ''}); choose a new or empty folder")
     try:
-        (folder / "logs").mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        for place in (folder, folder / "logs"):
+            place.mkdir(parents=True, exist_ok=True)
+            probe = place / ".write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
     except OSError as error:
         raise UsageError(f"--results {folder}: cannot write there ({error.strerror or error})") from None
     return fingerprint

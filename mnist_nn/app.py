@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 #: a refit's state dict travels inside its result (the journal) up to this size; a bigger one is
 #: written by the worker straight into ``<results>/models/`` (shared between nodes on a cluster)
 EMBED_LIMIT_BYTES = 64 * 2 ** 20
+#: the reference's 12 12 is 732 fits of about a minute each on an A100; past this many the item
+#: list alone takes rank 0 minutes and gigabytes, and the run would take years
+MAX_FITS = 100_000
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +71,12 @@ class MnistNN(App):
 
     # ----- every rank -----
     def validate(self) -> None:
-        check_data_arguments(self.args)
+        args = self.args
+        fits = args.n_bootstrap * (args.n_tuning * args.folds + 1)
+        if fits > MAX_FITS:
+            raise UsageError(f"{args.n_bootstrap} bootstraps x ({args.n_tuning} candidates x {args.folds} folds + 1 "
+                             f"refit) is {fits:,} fits; at most {MAX_FITS:,} (the reference's 12 12 is 732)")
+        check_data_arguments(args)
 
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args
@@ -84,6 +92,8 @@ class MnistNN(App):
         if len(dataset.y_train) < 2 * args.folds:
             raise UsageError(f"{args.dataset}: {len(dataset.y_train)} training images are too few for "
                              f"--folds {args.folds}")
+        if args.batch_size > len(dataset.y_train):
+            raise UsageError(f"--batch-size {args.batch_size} is more than the {len(dataset.y_train)} training images")
 
     def candidates(self, bootstrap: int) -> List[Candidate]:
         return [draw_candidate(self.args.seed, bootstrap, c) for c in range(self.args.n_tuning)]

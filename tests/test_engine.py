@@ -169,6 +169,8 @@ def test_longest_items_start_first(tmp_path):
     (["--gpu", "7"], "--gpu 7"),
     (["--workers", "0"], "--workers"),
     (["--threads", "x"], "--threads"),
+    (["--threads", "100000"], "at most 1024"),
+    (["--seed", "4294967296"], "at most 4294967295"),
     (["0"], "n_items"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, extra, fragment):
@@ -185,6 +187,26 @@ def test_unwritable_results_folder_is_refused(tmp_path):
     blocker.write_text("not a folder")
     proc = run([TOY, "4", "--results", str(blocker / "r")], ranks=2)
     assert_usage_error(proc, "cannot write")
+
+
+def test_a_folder_of_other_files_or_an_empty_path_is_never_written_into(tmp_path):
+    """Results whose journal is gone, or a user's own folder: refused, left as they were."""
+    results = tmp_path / "r"
+    assert run([TOY, "4", "--results", str(results), "--no-progress"]).returncode == 0
+    (results / "journal.jsonl").unlink()
+    before = snapshot(results)
+    for extra in ([], ["--resume"]):
+        assert_usage_error(run([TOY, "4", "--results", str(results), *extra]), "holds files but no journal")
+    assert snapshot(results) == before
+    assert_usage_error(run([TOY, "4", "--results", ""], cwd=tmp_path), "empty path")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["r"]
+
+
+def test_a_damaged_journal_header_is_refused_in_one_line(tmp_path):
+    results = tmp_path / "r"
+    results.mkdir()
+    (results / "journal.jsonl").write_text('{"type": "header", "fingerprint": null}\n')
+    assert_usage_error(run([TOY, "4", "--results", str(results), "--resume"]), "not a run's header")
 
 
 def test_existing_journal_needs_resume_and_resume_needs_the_same_arguments(tmp_path):

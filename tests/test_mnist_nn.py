@@ -139,6 +139,9 @@ def test_a_saved_model_reloads_and_reproduces_its_test_error(clean_run):
     (["1", "1", "--max-epochs", "-1"], "--max-epochs"),
     (["1", "1", "--dataset", "nope"], "nope"),
     (["1", "1", "--dataset", "digits", "--subsample", "5"], "--subsample"),
+    (["100000000", "100000000", "--dataset", "digits"], "at most 100,000"),
+    (["1", "1", "--dataset", "digits", "--subsample", "200", "--batch-size", "100000"], "more than the 200"),
+    (["1", "1", "--dataset", "digits", "--seed", str(2 ** 32)], "--seed"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
     results = tmp_path / "bad"

@@ -27,6 +27,8 @@ from .report import statuses_on_disk, summary_markdown
 
 RESOURCE_ENV_PREFIX = "PIPELINE_RESOURCE_"
 QUEUE_TIMEOUT_ENV = "PIPELINE_QUEUE_TIMEOUT"
+#: a year: longer waits are no limit at all, and past ~1e11 s the clock's arithmetic overflows
+MAX_QUEUE_TIMEOUT = 365 * 24 * 3600
 GPU_POOL = "gpu"
 
 
@@ -70,8 +72,8 @@ def queue_timeout(flag: Optional[float], environ: Mapping[str, str]) -> Optional
             flag = float(text)
         except ValueError:
             raise UsageError(f"{QUEUE_TIMEOUT_ENV}={text!r}: expected a number of seconds") from None
-    if flag is not None and not (flag > 0 and flag != float("inf")):
-        raise UsageError(f"{where}: must be a positive number of seconds, got {flag:g}")
+    if flag is not None and not (0 < flag <= MAX_QUEUE_TIMEOUT):
+        raise UsageError(f"{where}: must be a positive number of seconds up to {MAX_QUEUE_TIMEOUT:,}, got {flag:g}")
     return flag
 
 

@@ -18,6 +18,8 @@ from .loops import unbounded_cycle
 from .sizes import parse_memory
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+#: pipeline names and step ids name folders: well under the file systems' 255 bytes a name
+MAX_NAME_LENGTH = 100
 POOL_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PYTHON_TARGET_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
@@ -140,7 +142,9 @@ def _short(value: Any, limit: int = 60) -> str:
 
 def _name(value: Any, what: str, where: _Where) -> str:
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise where.error(f"{what} {value!r} is malformed: use letters, digits, '-' and '_' only")
+        raise where.error(f"{what} {_short(value)} is malformed: use letters, digits, '-' and '_' only")
+    if len(value) > MAX_NAME_LENGTH:  # it names a folder (and a file inside it)
+        raise where.error(f"{what} {_short(value)} is longer than {MAX_NAME_LENGTH} characters")
     return value
 
 
@@ -178,6 +182,8 @@ def _env(value: Any, where: _Where) -> Dict[str, str]:
             raise where.error(f"env name {name!r} is not a valid variable name")
         if isinstance(text, bool) or not isinstance(text, (str, int, float)):
             raise where.error(f"env {name}: value must be a string or a number, got {text!r}")
+        if "\0" in str(text):
+            raise where.error(f"env {name}: value holds a NUL character, which no environment can carry")
         env[str(name)] = str(text)
     return env
 
@@ -241,6 +247,8 @@ def _step(data: Any, base: Path, where: _Where) -> Step:
         raise where.error("give exactly one of 'command' (a shell command) or 'python' (module:function)")
     if command is not None and (not isinstance(command, str) or not command.strip()):
         raise where.error(f"command must be a non-empty string, got {command!r}")
+    if command is not None and "\0" in command:
+        raise where.error("command holds a NUL character, which no shell command can carry")
     if python is not None and (not isinstance(python, str) or not PYTHON_TARGET_PATTERN.fullmatch(python)):
         raise where.error(f"python must be 'module:function', got {python!r}")
     gpu = data.get("gpu", False)

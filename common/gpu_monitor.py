@@ -74,9 +74,8 @@ class GpuMonitor:
 def usage_report(samples: List[Tuple[Optional[float], Optional[float]]]) -> Dict[str, Optional[float]]:
     """Mean and peak of each measure over the samples that have it (None where none has)."""
     report: Dict[str, Optional[float]] = {"samples": len(samples)}
-    for position, measure in ((0, "util"), (1, "memory")):
+    for position, measure, unit in ((0, "util", "percent"), (1, "memory", "mib")):
         values = [sample[position] for sample in samples if sample[position] is not None]
-        unit = "percent" if measure == "util" else "mib"
         report[f"{measure}_mean_{unit}"] = sum(values) / len(values) if values else None
         report[f"{measure}_peak_{unit}"] = max(values) if values else None
     return report

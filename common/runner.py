@@ -30,11 +30,10 @@ from .outputs import atomic_write_json, atomic_write_text
 from .progress import Progress
 from .scheduler import Scheduler
 from .timeline import plot_timeline
+from .worker import STOP_SIGNALS
 from .worker_pool import WorkerPool
 
 log = logging.getLogger("multinode_gpu")
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
 
 #: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
 #: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
@@ -52,7 +51,7 @@ class _StopFlag:
         self._last = -math.inf
 
     def install(self) -> None:
-        for number in _STOP_SIGNALS:
+        for number in STOP_SIGNALS:
             signal.signal(number, self._handle)
 
     def _handle(self, number: int, frame: Any) -> None:

@@ -31,9 +31,10 @@ class PoolTimeout(Exception):
 # ignored: Slurm and terminals signal the whole process group, and it is the rank that decides
 # whether running items get their --grace period.
 TERMINATE_SIGNAL = signal.SIGUSR2
-#: what the rank decides on, so a worker ignores them: Ctrl-C, Slurm's walltime warning, SIGTERM.
-#: The pool starts a worker with them blocked (``signals_blocked``), until its handlers are in place.
-IGNORED_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
+#: the signals that ask a run to stop (Ctrl-C, Slurm's walltime warning, SIGTERM): the rank acts on
+#: them, a worker ignores them. The pool starts a worker with them blocked (``signals_blocked``),
+#: until its handlers are in place.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
 
 
 class _Terminated(BaseException):
@@ -166,11 +167,11 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     _inbox = inbox = _Inbox(conn)
     die_with_parent(TERMINATE_SIGNAL)  # no worker outlives its rank
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
-    for ignored in IGNORED_SIGNALS:
+    for ignored in STOP_SIGNALS:
         # A handler that does nothing, not SIG_IGN: programs the item starts get the defaults back.
         signal.signal(ignored, _ignore)
     signal.signal(TERMINATE_SIGNAL, _on_terminate)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, IGNORED_SIGNALS)  # blocked since the pool started us
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the pool started us
     handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter(f"%(asctime)s [{name}] %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)

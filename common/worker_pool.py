@@ -24,7 +24,7 @@ from .devices import Device
 from .items import Item
 from .mpi import without_launcher
 from .resources import ResourceBroker
-from .worker import IGNORED_SIGNALS, TERMINATE_SIGNAL, worker_main
+from .worker import STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
 
 log = logging.getLogger("multinode_gpu")
 
@@ -158,7 +158,7 @@ class WorkerPool:
         process = self.context.Process(
             target=worker_main, name=name, daemon=True,
             args=(child_end, self.app, device, name, str(log_path), self.seed, self.threads))
-        with _child_environment(device, self.threads), signals_blocked(IGNORED_SIGNALS):
+        with _child_environment(device, self.threads), signals_blocked(STOP_SIGNALS):
             process.start()
         child_end.close()
         worker = WorkerHandle(name, device, process, parent_end)

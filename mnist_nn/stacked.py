@@ -127,7 +127,7 @@ class NetStack:
         if self.batched:
             return torch.empty(*shape, device=self.device)
         per_net = math.prod(shape[1:])
-        padded = -(-per_net // 64) * 64
+        padded = _aligned(per_net, ROW_ALIGN)
         return torch.empty(shape[0], padded, device=self.device)[:, :per_net].view(*shape)
 
     def _views(self, flat: torch.Tensor) -> Dict[str, torch.Tensor]:

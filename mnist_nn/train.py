@@ -136,7 +136,7 @@ def should_stop(loss: float, previous: float, epoch: int, max_epochs: int) -> bo
 
 def idle_nets(steps: np.ndarray, device: torch.device) -> Dict[int, torch.Tensor]:
     """For each step some stacked nets sit out (they have fewer batches), their stack rows, on the
-    device: made before the epoch's loop, so no index crosses to a GPU (a sync) inside it."""
+    device: made outside the epochs' loops, so no index crosses to a GPU (a sync) inside them."""
     return {s: torch.as_tensor(np.flatnonzero(steps <= s), device=device)
             for s in range(int(steps.min()), int(steps.max()))}
 
@@ -188,6 +188,7 @@ def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[
     step_args = plan
     alive = list(range(K))  # original number of each stacked net
     steps_of = -(-sizes // batch_size)
+    idle = idle_nets(steps_of[alive], device)
     logs: List[List[Dict[str, Any]]] = [[] for _ in range(K)]
     finals: List[Optional[Dict[str, torch.Tensor]]] = [None] * K
     previous = np.full(K, math.inf)
@@ -195,7 +196,6 @@ def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[
         for epoch in range(1, max_epochs + 1):
             picked = torch.empty(n_steps, len(alive), batch_size, 1, device=device)
             predicted = torch.empty(n_steps, len(alive), batch_size, dtype=torch.long, device=device)
-            idle = idle_nets(steps_of[alive], device)
             start = time.perf_counter()
             for s in range(max(steps_of[k] for k in alive)):
                 saved = stack.store.index_select(0, idle[s]) if s in idle else None
@@ -227,6 +227,7 @@ def _train(stack: NetStack, x: torch.Tensor, y: torch.Tensor, indexes: Sequence[
                 stack.keep(keep)
                 index = torch.as_tensor(alive, device=device)
                 step_args = {name: t.index_select(1, index).contiguous() for name, t in plan.items()}
+                idle = idle_nets(steps_of[alive], device)
     return [(finals[k], logs[k]) for k in range(K)]
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = str(REPO / "tests" / "toy_app.py")
@@ -44,6 +44,16 @@ def journal_entries(results: Path) -> List[dict]:
         except json.JSONDecodeError:
             pass
     return entries
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 60, every: float = 0.05) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` s pass; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every)
+    return True
 
 
 def wait_for_results(results: Path, count: int, timeout: float = 120) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TOY, assert_usage_error, journal_entries, rank_pids, run, snapshot, start, stop_run
+from helpers import TOY, assert_usage_error, journal_entries, rank_pids, run, snapshot, start, stop_run, wait_until
 
 
 def values(results: Path) -> dict:
@@ -286,9 +286,7 @@ def test_a_worker_still_starting_lives_through_a_stop_signal_to_every_process(tm
     results = tmp_path / "r"
     process = start([TOY, "4", "--sleep", "0.5", "--workers", "2", "--grace", "30", "--results", str(results),
                      "--no-progress"])
-    deadline = time.monotonic() + 60
-    while not list(results.glob("logs/rank0.log")) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until((results / "logs" / "rank0.log").exists)
     time.sleep(0.5)  # the workers are started, and asleep in their import
     assert not list(results.glob("logs/rank0-*.log")), "the workers got past their import too soon"
     os.killpg(process.pid, signal.SIGUSR1)

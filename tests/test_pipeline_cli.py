@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from common.pipeline import proctree
-from helpers import REPO, alive, journal_entries, rank_pids, run, start
+from helpers import REPO, alive, journal_entries, rank_pids, run, start, wait_until
 
 EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
 TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
@@ -20,6 +20,12 @@ TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
 def pipeline_cli(definition: Path, results: Path, *extra: str, ranks: int = 1, timeout: float = 240):
     return run(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu", "--threads", "1",
                 "--no-progress", *extra], ranks=ranks, timeout=timeout)
+
+
+def start_pipeline(definition: Path, results: Path, *extra: str):
+    """The pipeline CLI in the background, on CPU (to signal it while it runs)."""
+    return start(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
+                  "--no-progress", *extra])
 
 
 def write(path: Path, data) -> Path:
@@ -181,12 +187,9 @@ def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_p
     definition = write(tmp_path / "long.json", {"name": "long", "steps": [
         {"id": "hold", "command": "trap '' TERM; sleep 300 & echo $! > $PIPELINE_SHARED/child.pid; wait"}]})
     results = tmp_path / "results"
-    process = start(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
-                     "--grace", "1", "--no-progress"])
+    process = start_pipeline(definition, results, "--grace", "1")
     child_file = results / "long" / "shared" / "child.pid"
-    deadline = time.monotonic() + 60
-    while not (child_file.exists() and child_file.read_text().strip()) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: child_file.exists() and child_file.read_text().strip())
     child = int(child_file.read_text())
     os.kill(rank_pids(results)[0], signal.SIGTERM)
     stopped = time.monotonic()
@@ -194,10 +197,7 @@ def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_p
     assert process.returncode == 75, err
     assert time.monotonic() - stopped < 30
     assert "--resume" in err
-    deadline = time.monotonic() + 5
-    while alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(child), f"the step's child {child} outlived the stopped run"
+    assert wait_until(lambda: not alive(child), 5), f"the step's child {child} outlived the stopped run"
     assert step_status(results, "long", "hold")["reason"] == "interrupted: the run was stopped"
 
 
@@ -207,13 +207,8 @@ def test_slurms_walltime_warning_to_every_process_lets_the_running_step_finish(t
     definition = write(tmp_path / "warned.json", {"name": "warned", "steps": [
         {"id": "work", "command": "touch $PIPELINE_SHARED/started; sleep 3; echo ok > $PIPELINE_SHARED/done"}]})
     results = tmp_path / "results"
-    process = start(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
-                     "--grace", "60", "--no-progress"])
-    started = results / "warned" / "shared" / "started"
-    deadline = time.monotonic() + 60
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert started.exists(), "the step did not start"
+    process = start_pipeline(definition, results, "--grace", "60")
+    assert wait_until((results / "warned" / "shared" / "started").exists), "the step did not start"
     everyone = [info.pid for info in proctree.members(rank_pids(results)[0])] + [rank_pids(results)[0]]
     for pid in set(everyone):  # what slurmstepd does with a signal for the step
         os.kill(pid, signal.SIGUSR1)

@@ -14,6 +14,9 @@ Each block's hidden weights (about ``BLOCK_WEIGHTS``) stay in cache from the pro
 them to the update that writes them. The blocks are fixed by the net's shape, never by the thread
 count, and every operation runs on one BLAS thread; threads only share out whole blocks. So a net
 gets the same bits on 1 thread or 16 (``tests/test_mnist_nn_train.py`` checks it).
+
+The hidden layer's products are ``kernels``' where they can be had (2-3x faster than MKL's on these
+skinny shapes: the backward pass's three are one pass over the block); else torch's.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from .kernels import HiddenKernels, hidden_kernels
 from .stacked import NetStack
 
 #: hidden-layer weights per block (2 MB, 4 MB with their momentum): measured fastest among 2^17..2^21
@@ -80,13 +84,17 @@ def _run_share(fn: Callable[[int], None], lo: int, hi: int) -> None:
 class BlockedNet(NetStack):
     """One net (a stack of K=1) on a CPU whose step runs block by block on ``runner``'s threads.
 
-    Same layout, state dicts and step arguments as ``NetStack``; only the step differs.
+    Same layout, state dicts and step arguments as ``NetStack``; only the step differs. The hidden
+    layer's products are ``kernels``' (by default this CPU's, ``kernels.hidden_kernels``), or
+    torch's where that is None.
     """
 
     def __init__(self, state: Dict[str, torch.Tensor], image_size: int, batch_size: int, learning_rate: float,
-                 momentum: float, runner: BlockRunner):
+                 momentum: float, runner: BlockRunner, kernels: Optional[HiddenKernels] = None,
+                 use_kernels: bool = True):
         super().__init__([state], 1, image_size, batch_size, learning_rate, momentum, "cpu", batched=True)
         self.runner = runner
+        self.kernels = (kernels or hidden_kernels()) if use_kernels else None
         C, L, H = self.channels, self.positions, self.hidden
         per_block = max(1, BLOCK_WEIGHTS // (L * H))
         self.blocks = [(a, min(C, a + per_block)) for a in range(0, C, per_block)]
@@ -98,8 +106,11 @@ class BlockedNet(NetStack):
         L = self.positions
         torch.mm(self.params["conv"][0, a:b], self.patches[0], out=self.conv_out[0, a:b])
         torch.clamp_min(self.conv_out_4d[0, a:b], 0, out=self.hidden_in_4d[0, a:b])
-        torch.mm(self.hidden_in[0, :, a * L:b * L], self.params["hidden_w"][0, :, a * L:b * L].t(),
-                 out=self.partials[j])
+        hidden_in, weight = self.hidden_in[0, :, a * L:b * L], self.params["hidden_w"][0, :, a * L:b * L]
+        if self.kernels is not None:
+            self.kernels.forward(hidden_in, weight, self.partials[j])
+        else:
+            torch.mm(hidden_in, weight.t(), out=self.partials[j])
 
     def _backward_block(self, j: int) -> None:
         a, b = self.blocks[j]
@@ -107,9 +118,13 @@ class BlockedNet(NetStack):
         m, lr = self.momentum, self.learning_rate
         grad = self.grad_output_in[0]
         weight, velocity = self.params["hidden_w"][0, :, columns], self.velocity["hidden_w"][0, :, columns]
-        torch.mm(grad, weight, out=self.grad_hidden_in[0, :, columns])
-        velocity.addmm_(grad.t(), self.hidden_in[0, :, columns], beta=m, alpha=lr)
-        weight.sub_(velocity)
+        hidden_in, grad_hidden_in = self.hidden_in[0, :, columns], self.grad_hidden_in[0, :, columns]
+        if self.kernels is not None:
+            self.kernels.backward(hidden_in, grad, weight, velocity, grad_hidden_in, m, lr)
+        else:
+            torch.mm(grad, weight, out=grad_hidden_in)
+            velocity.addmm_(grad.t(), hidden_in, beta=m, alpha=lr)
+            weight.sub_(velocity)
         torch.ops.aten.threshold_backward.grad_input(self.grad_hidden_in_4d[0, a:b], self.conv_out_4d[0, a:b], 0,
                                                      grad_input=self.grad_conv_out_4d[0, a:b])
         conv_velocity = self.velocity["conv"][0, a:b]

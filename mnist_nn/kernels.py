@@ -1,0 +1,149 @@
+"""The hidden layer's CPU kernels (``hidden_kernels.c``): built on first use, loaded with ctypes.
+
+They are compiled with the machine's C compiler (``$CC``, else ``cc``) into a per-user cache,
+once per source, compiler and instruction set, so a source checkout, an installed package and
+a read-only container image all get them. Where they cannot be had (no compiler, a CPU
+without AVX2 and FMA, not x86-64 Linux, or ``MNIST_NN_CPU_KERNELS=0``), ``blocked`` runs the
+same step with torch's products: slower, and not the same bits.
+
+The AVX-512 and AVX2 builds give the same bits (``tests/test_mnist_nn_kernels.py``), so every
+node of a cluster trains a net the same way whichever of the two its CPU has.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+
+SOURCE = Path(__file__).with_name("hidden_kernels.c")
+#: compiler flags per instruction set; -ffp-contract=off: only the source's own fused multiply-adds
+ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
+COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC"]
+#: set to 0 to train with torch's products instead
+SWITCH = "MNIST_NN_CPU_KERNELS"
+
+
+def cpu_isa() -> Optional[str]:
+    """The best of ``ISA_FLAGS`` this CPU runs (Linux x86-64 only), or None."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    except OSError:
+        return None
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags and "fma" in flags:
+        return "avx2"
+    return None
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/multinode-gpu`` (``~/.cache``), or a per-user temporary folder where that
+    cannot be written (a read-only home in a container)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multinode-gpu"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        if os.access(base, os.W_OK):
+            return base
+    except OSError:
+        pass
+    fallback = Path(tempfile.gettempdir()) / f"multinode-gpu-{os.getuid()}"
+    fallback.mkdir(mode=0o700, exist_ok=True)
+    return fallback
+
+
+def build(isa: str, compiler: Optional[str] = None) -> Path:
+    """The shared library for ``isa``, compiled unless the cache has it (a failed compile raises
+    ``subprocess.CalledProcessError``). Written under a temporary name and renamed, so workers
+    building at once never load a half-written file."""
+    compiler = compiler or os.environ.get("CC") or "cc"
+    path = shutil.which(compiler)
+    if path is None:
+        raise FileNotFoundError(f"no C compiler {compiler!r}")
+    flags = COMMON_FLAGS + ISA_FLAGS[isa]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([path] + flags).encode()).hexdigest()[:16]
+    target = cache_dir() / f"hidden_kernels-{isa}-{key}.so"
+    if not target.exists():
+        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            subprocess.run([path, *flags, str(SOURCE), "-o", partial], check=True, capture_output=True, timeout=300)
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    return target
+
+
+class HiddenKernels:
+    """``hidden_forward`` and ``hidden_backward`` of one build. Arguments are 2-D float32 CPU
+    tensors (views of a block's columns) whose rows are contiguous; ctypes lets other threads
+    run meanwhile."""
+
+    def __init__(self, library: Path, isa: str):
+        self.isa = isa
+        self.library = library
+        lib = ctypes.CDLL(str(library))
+        i, n, p, f = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_float
+        self._forward = lib.hidden_forward
+        self._forward.argtypes = [i, i, n, p, n, p, n, p, n]
+        self._forward.restype = None
+        self._backward = lib.hidden_backward
+        self._backward.argtypes = [i, i, n, p, n, p, n, p, p, n, p, n, f, f]
+        self._backward.restype = None
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
+        """out (B, H) = x (B, n) @ w (H, n).T"""
+        (B, n), (H, _) = _rows(x), _rows(w)
+        _rows(out)
+        assert w.shape[1] == n and out.shape == (B, H)
+        self._forward(B, H, n, x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), out.data_ptr(), out.stride(0))
+
+    def backward(self, x: torch.Tensor, dz: torch.Tensor, w: torch.Tensor, v: torch.Tensor, gi: torch.Tensor,
+                 momentum: float, learning_rate: float) -> None:
+        """gi (B, n) = dz (B, H) @ w (H, n), then v = momentum * v + learning_rate * dz.T @ x; w -= v."""
+        (B, n), (H, _) = _rows(x), _rows(w)
+        for t in (dz, v, gi):
+            _rows(t)
+        assert dz.shape == (B, H) and v.shape == w.shape == (H, n) and gi.shape == (B, n) and v.stride() == w.stride()
+        self._backward(B, H, n, x.data_ptr(), x.stride(0), dz.data_ptr(), dz.stride(0), w.data_ptr(), v.data_ptr(),
+                       w.stride(0), gi.data_ptr(), gi.stride(0), momentum, learning_rate)
+
+
+def _rows(t: torch.Tensor) -> Tuple[int, int]:
+    if t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 2 or t.stride(1) != 1:
+        raise ValueError(f"need a 2-D float32 CPU tensor with contiguous rows, not {t.dtype} {tuple(t.stride())}")
+    return t.shape[0], t.shape[1]
+
+
+@functools.lru_cache(maxsize=None)
+def load(isa: Optional[str] = None) -> Tuple[Optional[HiddenKernels], str]:
+    """(kernels, a line saying which) for this CPU, or for ``isa`` (tests); kernels is None, and the
+    line says why, where they cannot be had."""
+    if isa is None and os.environ.get(SWITCH, "1") == "0":
+        return None, f"CPU kernels off ({SWITCH}=0): torch's products"
+    isa = isa or cpu_isa()
+    if isa is None:
+        return None, "CPU kernels need x86-64 Linux with AVX2 and FMA: torch's products"
+    try:
+        library = build(isa)
+    except (OSError, subprocess.SubprocessError) as error:
+        lines = (getattr(error, "stderr", b"") or b"").decode(errors="replace").splitlines()
+        reason = next((line.strip() for line in lines if "error" in line), str(error))
+        return None, f"CPU kernels could not be built ({reason}): torch's products"
+    return HiddenKernels(library, isa), f"CPU kernels: {isa} ({library})"
+
+
+def hidden_kernels() -> Optional[HiddenKernels]:
+    """This CPU's kernels, or None."""
+    return load()[0]

@@ -63,15 +63,17 @@ def cache_dir() -> Path:
 
 
 def build(isa: str, compiler: Optional[str] = None) -> Path:
-    """The shared library for ``isa``, compiled unless the cache has it (a failed compile raises
-    ``subprocess.CalledProcessError``). Written under a temporary name and renamed, so workers
-    building at once never load a half-written file."""
+    """The shared library for ``isa``, compiled unless the cache has it for this source, compiler
+    (path and version) and flags; a failed compile raises ``subprocess.CalledProcessError``. It is
+    written under a temporary name and renamed, so workers building at once never load a
+    half-written file."""
     compiler = compiler or os.environ.get("CC") or "cc"
     path = shutil.which(compiler)
     if path is None:
         raise FileNotFoundError(f"no C compiler {compiler!r}")
     flags = COMMON_FLAGS + ISA_FLAGS[isa]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([path] + flags).encode()).hexdigest()[:16]
+    version = subprocess.run([path, "--version"], capture_output=True, timeout=60).stdout.split(b"\n")[0]
+    key = hashlib.sha256(SOURCE.read_bytes() + version + " ".join([path] + flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"hidden_kernels-{isa}-{key}.so"
     if not target.exists():
         fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)

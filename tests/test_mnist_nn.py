@@ -70,6 +70,7 @@ def test_a_run_writes_every_output(clean_run):
         [(int(r["bootstrap"]), int(r["n_conv_layer"]), float(r["test_error"])) for r in rows]
     worker_log = (clean_run / "logs" / "rank0-cpu0.log").read_text()  # each epoch as it ends, for tail -f
     assert f"{fit_key(0, 0, 0)} epoch 1: loss " in worker_log and f"{refit_key(1)} epoch 1: loss " in worker_log
+    assert "CPU kernels" in worker_log  # which hidden-layer products this worker trains with (mnist_nn.kernels)
     markdown = (clean_run / "summary.md").read_text()
     assert "ensemble test error" in markdown
     table = [line for line in markdown.splitlines() if line.startswith("| ") and "bootstrap" not in line]

@@ -1,12 +1,16 @@
 """The hidden layer's CPU kernels (mnist_nn/hidden_kernels.c): built with this machine's compiler,
 checked against torch's products, and the AVX-512 and AVX2 builds against each other, bit for bit."""
+import os
+import shutil
+
 import pytest
 import torch
 
 from mnist_nn import kernels
 from mnist_nn.kernels import build, cpu_isa, load
 
-pytestmark = pytest.mark.skipif(cpu_isa() is None, reason="the kernels need x86-64 Linux with AVX2 and FMA")
+pytestmark = [pytest.mark.skipif(cpu_isa() is None, reason="the kernels need x86-64 Linux with AVX2 and FMA"),
+              pytest.mark.skipif(shutil.which(os.environ.get("CC") or "cc") is None, reason="no C compiler")]
 
 #: (batch, hidden rows, columns, first column): tails of every length, odd rows, more rows than
 #: the backward pass does at once, batches past the forward pass's registers, unaligned starts

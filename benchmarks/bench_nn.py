@@ -9,7 +9,8 @@ and fold index wrappers, read through ``DataLoader(batch_size=10)``, autograd an
 transforms are written out with the same torch operations.) Ours: the data set is one
 normalised tensor on the device, batches are index gathers, and the step is written by hand
 without autograd (``mnist_nn.train.fit_group``): one net alone (K=1, as a refit trains), and
-the 5 folds of a candidate stacked (K=5, total samples/s of the 5 nets).
+the 5 folds of a candidate stacked (K=5, total samples/s of the 5 nets). For a net split into
+blocks on a CPU, ours alone also runs with torch's products instead of ``mnist_nn.kernels``.
 
 All train the same net from the same initial weights with SGD, for two epochs over (a prefix
 of) each fold's training set (digits), with the same number of torch threads (one, and for the
@@ -41,6 +42,9 @@ import numpy as np
 import torch
 
 from common.data import load_dataset, resize_images
+from mnist_nn.blocked import BLOCK_WEIGHTS
+from mnist_nn.kernels import SWITCH as kernel_switch
+from mnist_nn.kernels import hidden_kernels, load
 from mnist_nn.search import IMAGE_SIZE, Candidate, draw_candidate
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
 from mnist_nn.train import fit_group, keep_freed_memory, to_device
@@ -127,16 +131,30 @@ def reference_epochs(dataset: torch.utils.data.Dataset, candidate: Candidate, ep
 
 
 # ----- measuring -----
-def ours_rate(data: Any, indexes: List[np.ndarray], candidate: Candidate) -> float:
-    """Total samples/s of the second epoch of ``fit_group`` over ``indexes`` (early stop lifted)."""
+def ours_rate(data: Any, indexes: List[np.ndarray], candidate: Candidate, kernels: bool = True) -> float:
+    """Total samples/s of the second epoch of ``fit_group`` over ``indexes`` (early stop lifted);
+    ``kernels`` off: with torch's products (``MNIST_NN_CPU_KERNELS=0``)."""
     import mnist_nn.train as train
 
     saved, train.TOLERANCE = train.TOLERANCE, math.inf
+    saved_switch = os.environ.get(kernel_switch)
+    if not kernels:
+        os.environ[kernel_switch] = "0"
     try:
         fits = fit_group(data.x_train, data.y_train, indexes, candidate, 2, 10, list(range(len(indexes))))
     finally:
         train.TOLERANCE = saved
+        if saved_switch is None:
+            os.environ.pop(kernel_switch, None)
+        else:
+            os.environ[kernel_switch] = saved_switch
     return sum(len(index) for index in indexes) / fits[0][1][-1]["seconds"]
+
+
+def hidden_weights(candidate: Candidate) -> int:
+    """The hidden layer's weights (what ``blocked.BLOCK_WEIGHTS`` counts)."""
+    side = IMAGE_SIZE - candidate.kernel_size + 1
+    return candidate.n_conv_layer * side * side * candidate.n_hidden_layer
 
 
 def training_flops(candidate: Candidate) -> float:
@@ -172,10 +190,16 @@ def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: i
     n = len(training[0])
     reference = Subset(PilDataset(images, dataset.y_train, ToTensorNormalize(data.mean, data.std)), training[0])
     rates: Dict[str, List[float]] = {"reference": [], "ours_k1": [], "ours_k5": []}
+    # a net split into blocks on a CPU, where the kernels can be had: also with torch's products
+    blocked = device == "cpu" and hidden_weights(candidate) > BLOCK_WEIGHTS and hidden_kernels() is not None
+    if blocked:
+        rates["ours_k1_torch_products"] = []
     for _ in range(repeats):
         torch.manual_seed(0)
         rates["reference"].append(n / reference_epochs(reference, candidate, epochs=2, device=device)[-1])
         rates["ours_k1"].append(ours_rate(data, training[:1], candidate))
+        if blocked:
+            rates["ours_k1_torch_products"].append(ours_rate(data, training[:1], candidate, kernels=False))
         rates["ours_k5"].append(ours_rate(data, training, candidate))
     best = {name: max(values) for name, values in rates.items()}
     peak = peaks[threads] = peaks.get(threads) or peak_flops(device)
@@ -184,6 +208,7 @@ def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: i
             "ceiling_speedup": peak / (training_flops(candidate) * best["reference"]),
             "reference_samples_per_s": best["reference"], "ours_k1_samples_per_s": best["ours_k1"],
             "ours_k5_samples_per_s": best["ours_k5"], "speedup_k1": best["ours_k1"] / best["reference"],
+            "ours_k1_torch_products_samples_per_s": best.get("ours_k1_torch_products"),
             "speedup_k5": best["ours_k5"] / best["reference"], "all_rounds": rates}
 
 
@@ -227,20 +252,24 @@ def main(argv: List[str] = None) -> int:
             for candidate, label, samples, threads in models]
     runs = [] if args.no_run else [time_whole_run(extra) for extra in (GPU_RUNS if on_gpu else RUNS)]
     device_name = torch.cuda.get_device_name() if on_gpu else f"{cpu_model()}, {cores} cores"
+    kernels_line = "" if on_gpu else load()[1]
     report = {"benchmark": "mnist_nn", "host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
-              "device": args.device, "device_name": device_name, "load_average": os.getloadavg(), "fits": rows,
+              "device": args.device, "device_name": device_name, "cpu_kernels": kernels_line,
+              "load_average": os.getloadavg(), "fits": rows,
               "whole_runs": runs}
     OUT.mkdir(exist_ok=True)
     (OUT / "bench_nn.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"device: {args.device} ({device_name})\n")
+    print(f"device: {args.device} ({device_name}){'; ' + kernels_line if kernels_line else ''}\n")
     print("| model | weights | samples/fold | threads | reference samples/s | ours K=1 | speedup | ours K=5 (total) "
-          "| speedup | ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| speedup | ceiling | ours K=1, torch's products |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
+        torch_products = row["ours_k1_torch_products_samples_per_s"]
         print(f"| {row['model']} | {row['weights']:,} | {row['samples']} | {row['threads']} | "
               f"{row['reference_samples_per_s']:,.0f} | "
               f"{row['ours_k1_samples_per_s']:,.0f} | {row['speedup_k1']:.1f}x | {row['ours_k5_samples_per_s']:,.0f} | "
-              f"{row['speedup_k5']:.1f}x | {row['ceiling_speedup']:.1f}x |")
+              f"{row['speedup_k5']:.1f}x | {row['ceiling_speedup']:.1f}x | "
+              f"{'-' if torch_products is None else f'{torch_products:,.0f}'} |")
     print("\nceiling: the speedup a step running the net's arithmetic at the peak of a big square product on"
           " this device (same threads) would reach: peak FLOP/s / (FLOP per sample x reference samples/s)")
     for run in runs:

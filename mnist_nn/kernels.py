@@ -59,6 +59,10 @@ def cache_dir() -> Path:
         pass
     fallback = Path(tempfile.gettempdir()) / f"multinode-gpu-{os.getuid()}"
     fallback.mkdir(mode=0o700, exist_ok=True)
+    status = fallback.lstat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o022 or not fallback.is_dir() or fallback.is_symlink():
+        # someone else's folder: a library found there could be anything
+        raise PermissionError(f"{fallback} is not this user's own folder")
     return fallback
 
 

@@ -2,6 +2,7 @@
 checked against torch's products, and the AVX-512 and AVX2 builds against each other, bit for bit."""
 import os
 import shutil
+import tempfile
 
 import pytest
 import torch
@@ -117,3 +118,15 @@ def test_the_blocked_step_gives_nearly_the_same_net_with_kernels_or_torch():
             states.append(net.state_dict(0))
     for name in states[0]:
         torch.testing.assert_close(states[0][name], states[1][name], rtol=1e-4, atol=1e-6)
+
+
+def test_where_the_cache_cannot_be_written_a_private_temporary_folder_is_used(tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked / "cache"))  # under a file: cannot be made
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    private = tmp_path / f"multinode-gpu-{os.getuid()}"
+    assert build("avx2").parent == private and private.stat().st_mode & 0o777 == 0o700
+    private.chmod(0o777)  # a folder others can write into: never loaded from
+    with pytest.raises(PermissionError, match="not this user's own folder"):
+        build("avx2")

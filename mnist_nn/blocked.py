@@ -85,16 +85,15 @@ class BlockedNet(NetStack):
     """One net (a stack of K=1) on a CPU whose step runs block by block on ``runner``'s threads.
 
     Same layout, state dicts and step arguments as ``NetStack``; only the step differs. The hidden
-    layer's products are ``kernels``' (by default this CPU's, ``kernels.hidden_kernels``), or
-    torch's where that is None.
+    layer's products are this CPU's ``kernels.hidden_kernels`` where they can be had and
+    ``use_kernels``, else torch's.
     """
 
     def __init__(self, state: Dict[str, torch.Tensor], image_size: int, batch_size: int, learning_rate: float,
-                 momentum: float, runner: BlockRunner, kernels: Optional[HiddenKernels] = None,
-                 use_kernels: bool = True):
+                 momentum: float, runner: BlockRunner, use_kernels: bool = True):
         super().__init__([state], 1, image_size, batch_size, learning_rate, momentum, "cpu", batched=True)
         self.runner = runner
-        self.kernels = (kernels or hidden_kernels()) if use_kernels else None
+        self.kernels: Optional[HiddenKernels] = hidden_kernels() if use_kernels else None
         C, L, H = self.channels, self.positions, self.hidden
         per_block = max(1, BLOCK_WEIGHTS // (L * H))
         self.blocks = [(a, min(C, a + per_block)) for a in range(0, C, per_block)]

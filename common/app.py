@@ -6,7 +6,7 @@ Subclass :class:`App`, override what you need, and start it with
 
 Where each method runs:
   every rank     ``add_arguments`` (class method), ``validate``, ``fingerprint``
-  rank 0         ``prepare``, ``items``, ``complete``, ``finish``
+  rank 0         ``prepare``, ``check_result``, ``items``, ``complete``, ``finish``
   worker process ``setup_worker`` once, then ``run_item`` per item (never MPI here)
 The instance is pickled into the spawned workers, so keep big data out of ``__init__``;
 load it in ``setup_worker``.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple, Union
 
 import numpy as np
 
@@ -113,6 +113,12 @@ class App:
         """
         return item
 
+    def check_result(self, key: str, result: Any) -> None:
+        """Rank 0, for each result read back from the journal by ``--resume``: raise ValueError,
+        saying what is wrong, where ``result`` is not what this app's item ``key`` returns (a
+        journal edited or damaged by hand); the run then stops with a one-line error before any
+        work, instead of failing in ``finish``. ``check_fields`` does the usual checks."""
+
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         """Rank 0, after all items: write the app's outputs; return extra fields for summary.json."""
         return {}
@@ -141,3 +147,23 @@ class App:
         the result of an item must not depend on which others came with it. If this raises, every
         item of the group has failed this attempt."""
         return [self.run_item(state, item, seed) for item, seed in zip(items, seeds)]
+
+
+#: ``check_fields`` types: a number (not a bool), or a number or None (JSON null)
+NUMBER = (int, float)
+NUMBER_OR_NONE = (int, float, type(None))
+
+
+def check_fields(result: Any, fields: Mapping[str, Union[type, Tuple[type, ...]]]) -> None:
+    """Raise ValueError unless ``result`` is a JSON object holding each of ``fields`` with a
+    value of its type(s) (``NUMBER`` for numbers: bool is no number here)."""
+    if not isinstance(result, dict):
+        raise ValueError(f"a {type(result).__name__}, not a JSON object")
+    for name, types in fields.items():
+        if name not in result:
+            raise ValueError(f"no {name!r}")
+        value = result[name]
+        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+            raise ValueError(f"{name!r} is {value!r}")
+        if not isinstance(value, types):
+            raise ValueError(f"{name!r} is a {type(value).__name__}")

@@ -113,6 +113,12 @@ def _check_results_folder(app: App) -> Dict[str, Any]:
         if old != fingerprint:
             raise UsageError(f"cannot resume {folder}: it was made with other arguments "
                              f"({describe_difference(old, fingerprint)}); use the same arguments or another --results")
+        for key, record in app.journaled.items():
+            try:
+                app.check_result(key, record.result)
+            except ValueError as problem:
+                raise UsageError(f"cannot resume {folder}: its journal's result of {key} is not one {app.name} "
+                                 f"writes ({problem}): the journal is damaged; use another --results") from None
     elif folder.exists() and not folder.is_dir():
         raise UsageError(f"--results {folder}: exists and is not a folder")
     app.prepare()

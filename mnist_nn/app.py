@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from common.app import App, RunInfo
+from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields
 from common.cli import at_least
 from common.data import add_data_arguments, check_data_arguments, ensure_available, load_dataset
 from common.devices import Device
@@ -29,6 +29,14 @@ from common.items import Item, torch_seed
 
 from .search import Candidate, draw_candidate
 from .stacking import stacks_on_cpu
+
+#: what a fold's fit and a refit return, and each entry of their epoch logs (``check_result``)
+LOG_FIELDS = {"epoch": int, "loss": NUMBER_OR_NONE, "error": NUMBER, "samples_per_s": NUMBER, "seconds": NUMBER,
+              "lr": NUMBER}
+FIT_FIELDS = {"val_loss": NUMBER_OR_NONE, "val_error": NUMBER, "epochs": int, "log": list}
+REFIT_FIELDS = {"candidate": int, "hyper": dict, "cv_loss": NUMBER_OR_NONE, "epochs": int, "log": list,
+                "training_error": NUMBER, "training_loss": NUMBER_OR_NONE, "test_error": NUMBER,
+                "test_probabilities": dict, "weights": dict, "normalisation": dict}
 
 if TYPE_CHECKING:
     from .train import EpochHook
@@ -134,6 +142,15 @@ class MnistNN(App):
         params = dict(item.params, candidate=best, hyper=draw_candidate(self.args.seed, b, best).as_dict(),
                       cv_loss=None if math.isinf(scores[best]) else scores[best])
         return Item(item.key, params, cost=item.cost, after=item.after)
+
+    def check_result(self, key: str, result: Any) -> None:
+        check_fields(result, REFIT_FIELDS if key.endswith(",refit") else FIT_FIELDS)
+        for entry in result["log"]:
+            check_fields(entry, LOG_FIELDS)
+        if key.endswith(",refit"):
+            check_fields(result["test_probabilities"], {"shape": list, "float32_base64": str})
+            check_fields(result["weights"], {"sha256": str, "bytes": int, "embedded": (str, type(None))})
+            check_fields(result["normalisation"], {"mean": NUMBER, "std": NUMBER})
 
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         from .report import write_outputs

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
-from common.app import App, RunInfo
+from common.app import NUMBER, App, RunInfo, check_fields
 from common.data import Dataset, add_data_arguments, check_data_arguments, ensure_available, load_dataset
 from common.devices import Device, parse_gpu_spec
 from common.errors import UsageError
@@ -24,6 +24,11 @@ from common.outputs import atomic_write_bytes, atomic_write_text
 from .backends import have_cuml, make_backend
 from .grid import REFIT_KEY, Grid, best_point, error_table, grid_items
 from .plots import plot_boxplots, plot_heatmap
+
+#: what a (C, gamma, fold) fit and the refit return (``check_result``)
+FIT_FIELDS = {"error": NUMBER, "n_support": int, "backend": str}
+REFIT_FIELDS = {"C": NUMBER, "gamma": NUMBER, "test_error": NUMBER, "confusion_matrix": list, "n_support": int,
+                "n_train": int, "n_test": int, "backend": str}
 
 # 24 x 24 x 5 (the reference) is 2,880 fits; past this many the run would take days even on many
 # GPUs, and the journal and fits.csv grow past use: n_tuning 141 with 5 folds, or 100 with 10
@@ -91,6 +96,9 @@ class MnistSvm(App):
         """The refit item gets the best (C, gamma) by mean validation error."""
         best = best_point(self.grid, error_table(self.grid, results))
         return dataclasses.replace(item, params={**item.params, **best})
+
+    def check_result(self, key: str, result: Any) -> None:
+        check_fields(result, REFIT_FIELDS if key == REFIT_KEY else FIT_FIELDS)
 
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         grid, folder = self.grid, run.results_dir

@@ -1,6 +1,8 @@
 """The engine's bookkeeping pieces on their own: scheduler, resource pools, journal."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from common.errors import UsageError
@@ -75,3 +77,17 @@ def test_a_resumed_later_wave_item_runs_again_when_its_inputs_changed():
     # Everything finished, but sum ran with other params than complete() builds now: run it again.
     changed = Scheduler(items, {"x": 1, "y": 2, "sum": 1}, 0, complete, {"sum": {"total": 1}})
     assert changed.stale == ["sum"] and changed.ready_count == 1
+
+
+def test_check_fields_says_what_is_wrong_with_a_result():
+    from common.app import NUMBER, NUMBER_OR_NONE, check_fields
+
+    fields = {"error": NUMBER, "loss": NUMBER_OR_NONE, "log": list}
+    check_fields({"error": 0.5, "loss": None, "log": [], "extra": 1}, fields)
+    check_fields({"error": 1, "loss": 2.0, "log": [1]}, fields)
+    for result, problem in [([], "a list, not a JSON object"), ({"loss": 1, "log": []}, "no 'error'"),
+                            ({"error": "0.5", "loss": 1, "log": []}, "'error' is a str"),
+                            ({"error": True, "loss": 1, "log": []}, "'error' is True"),
+                            ({"error": 0.5, "loss": 1, "log": {}}, "'log' is a dict")]:
+        with pytest.raises(ValueError, match=re.escape(problem)):
+            check_fields(result, fields)

@@ -6,8 +6,10 @@ its two candidates are small (1.8M weights at most), so a whole run takes second
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -107,6 +109,25 @@ def test_a_run_stopped_in_the_first_wave_resumes_to_the_same_results(clean_run, 
     summary = json.loads((results / "summary.json").read_text())
     assert summary["items_resumed"] == len(done) and summary["items_this_run"] == FIRST_WAVE + 2 - len(done)
     assert (results / "results.csv").read_text() == (clean_run / "results.csv").read_text()
+
+
+def test_resume_accepts_every_result_a_run_writes_and_refuses_a_damaged_one(clean_run):
+    """``check_result`` on the clean run's journal: each fit and refit passes; a damaged epoch log,
+    probability array or weights record is named (the run then stops in one line, exit 2)."""
+    app = MnistNN(argparse.Namespace(seed=0))
+    results = {e["key"]: e["result"] for e in journal_entries(clean_run) if e.get("type") == "result"}
+    assert any(key.endswith("refit") for key in results) and len(results) == FIRST_WAVE + 2
+    for key, result in results.items():
+        app.check_result(key, result)
+    refit = results[refit_key(0)]
+    for damaged, problem in [({**refit, "log": [{**refit["log"][0], "loss": "x"}]}, "'loss' is a str"),
+                             ({**refit, "test_probabilities": {"shape": [3]}}, "no 'float32_base64'"),
+                             ({**refit, "weights": {**refit["weights"], "bytes": None}}, "'bytes' is a NoneType"),
+                             ({k: v for k, v in refit.items() if k != "test_error"}, "no 'test_error'")]:
+        with pytest.raises(ValueError, match=re.escape(problem)):
+            app.check_result(refit_key(0), damaged)
+    with pytest.raises(ValueError, match="no 'val_error'"):
+        app.check_result(fit_key(0, 0, 0), {"val_loss": 0.1, "epochs": 1, "log": []})
 
 
 def test_rank_0_never_imports_torch(tmp_path):

@@ -5,6 +5,7 @@ import csv
 import gzip
 import importlib.util
 import json
+import shutil
 import signal
 import struct
 from argparse import Namespace
@@ -107,6 +108,28 @@ def test_stopped_run_resumes_to_the_same_results_as_other_layouts(two_rank_run, 
 
 
 # ----- bad input: one line, exit code 2, nothing written -----
+@pytest.mark.parametrize("damage, problem", [
+    (lambda result: "garbage", "a str, not a JSON object"),
+    (lambda result: {k: v for k, v in result.items() if k != "error"}, "no 'error'"),
+    (lambda result: {**result, "n_support": "many"}, "'n_support' is a str"),
+], ids=["not-an-object", "missing-field", "wrong-type"])
+def test_a_journal_with_a_damaged_result_is_refused_and_left_as_it_was(two_rank_run, tmp_path, damage, problem):
+    """A result edited or damaged in the journal: --resume says which, in one line, exit 2, instead of
+    failing in the report with a traceback."""
+    results = tmp_path / "r"
+    shutil.copytree(two_rank_run, results)
+    journal = results / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    index = next(i for i, line in enumerate(lines) if json.loads(line).get("key") == fit_key(1, 2, 3))
+    entry = json.loads(lines[index])
+    lines[index] = json.dumps({**entry, "result": damage(entry["result"])})
+    journal.write_text("\n".join(lines) + "\n")
+    before = snapshot(results)
+    proc = run(svm(str(N_TUNING), "--dataset", "digits", "--results", str(results), "--resume"))
+    assert_usage_error(proc, f"result of {fit_key(1, 2, 3)} is not one mnist_svm writes ({problem})")
+    assert snapshot(results) == before
+
+
 def write_idx(path: Path, array: np.ndarray) -> None:
     header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
     path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))

@@ -89,10 +89,14 @@ def parse_gpu_spec(spec: Optional[str]) -> Optional[List[int]]:
     return indexes
 
 
-def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]] = None) -> tuple:
+def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]] = None, position: int = 0,
+                    sharing: int = 1) -> tuple:
     """The devices of this rank's workers, and a notice for the user (or ``None``).
 
-    ``spec`` None is the default: GPU 0 where there is one, else CPU with a notice.
+    ``spec`` None is the default: GPU 0 where there is one, else CPU with a notice. ``sharing``
+    ranks of this node see the same ``gpus`` (``mpirun -n 8`` over two 4-GPU nodes, with no GPU
+    bound to each task), this rank being number ``position`` of them: they share the GPUs out
+    (``share_gpus``) instead of each starting workers on all of them.
     """
     indexes = parse_gpu_spec(spec)
     gpus = visible_gpus() if gpus is None else gpus
@@ -112,4 +116,20 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
     missing = [i for i in indexes if i >= len(gpus)]
     if missing:
         raise UsageError(f"--gpu {spec}: no GPU {missing[0]} on {os.uname().nodename}, which has {len(gpus)} (0-{len(gpus) - 1})")
+    if sharing > 1:
+        indexes = share_gpus(spec, indexes, len(gpus), position, sharing)
     return [Device("cuda", i, gpus[i]) for i in indexes], notice
+
+
+def share_gpus(spec: Optional[str], indexes: List[int], count: int, position: int, sharing: int) -> List[int]:
+    """Rank ``position`` of ``sharing`` ranks on one node that see the same ``count`` GPUs: its
+    share of the ``--gpu`` list ``indexes``, a contiguous slice, so that no GPU gets two ranks'
+    workers. With the default ``--gpu`` (GPU 0), rank i takes GPU i, and where there are fewer
+    GPUs than ranks they take turns (``mpiexec -n 2`` on a one-GPU machine shares GPU 0, as before)."""
+    if spec is None:
+        return [position % count]
+    if len(indexes) < sharing:
+        raise UsageError(f"--gpu {spec}: {sharing} ranks on {os.uname().nodename} would share its {len(indexes)} "
+                         f"GPU(s); start at most {len(indexes)} rank(s) per node (one rank drives all of its "
+                         "node's GPUs) or give each rank its own GPUs (srun --gpus-per-task)")
+    return indexes[position * len(indexes) // sharing:(position + 1) * len(indexes) // sharing]

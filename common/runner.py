@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 from .app import App, RunInfo
 from .cli import build_parser, module_command
-from .devices import resolve_devices
+from .devices import resolve_devices, visible_gpus
 from .distribute import Follower, Leader
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from .gpu_monitor import GpuMonitor
@@ -80,12 +80,15 @@ def _agree(comm: Any, error: Optional[str]) -> Optional[str]:
 
 def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
     """Parse and check arguments and devices on every rank; returns (app, devices, notice) or an error."""
+    gpus, host = visible_gpus(), socket.gethostname()
+    peers = [rank for rank, seen in enumerate(comm.allgather((host, gpus))) if seen == (host, gpus)]
     try:
         args = build_parser(app_class, quiet=comm.rank != 0).parse_args(argv)
         if isinstance(args.resume, str) and not app_class.resume_target:
             raise UsageError(f"--resume takes no value here (got {args.resume!r}); put it after the other arguments")
         app = app_class(args)
-        devices, notice = resolve_devices(args.gpu, args.workers)
+        # ranks of one node that see the same GPUs share them out
+        devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers))
         app.validate()
         return (app, devices, notice), None
     except UsageError as error:

@@ -35,3 +35,17 @@ def test_in_a_slurm_job_given_no_gpu_the_nodes_gpus_are_not_taken(monkeypatch):
         resolve_devices("all", 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # a job given two GPUs
     assert visible_gpus() == ["0", "1"]
+
+
+def test_ranks_of_one_node_that_see_the_same_gpus_share_them_out():
+    """mpirun -n 8 over two 4-GPU nodes, no GPU bound to each task: each rank takes its own share."""
+    gpus = ["0", "1", "2", "3"]
+    shares = [resolve_devices("all", 1, gpus, position, 2)[0] for position in (0, 1)]
+    assert shares == [[Device("cuda", 0, "0"), Device("cuda", 1, "1")], [Device("cuda", 2, "2"), Device("cuda", 3, "3")]]
+    assert [resolve_devices("1,2,3", 1, gpus, p, 3)[0] for p in range(3)] == [[Device("cuda", i, str(i))] for i in (1, 2, 3)]
+    # the default (GPU 0 alone): rank i takes GPU i, and ranks past the GPUs take turns
+    assert [resolve_devices(None, 1, gpus, p, 4)[0][0].index for p in range(4)] == [0, 1, 2, 3]
+    assert [resolve_devices(None, 1, ["0"], p, 2)[0][0].index for p in range(2)] == [0, 0]
+    with pytest.raises(UsageError, match="2 ranks on .* would share its 1 GPU"):
+        resolve_devices("3", 1, gpus, 1, 2)
+    assert resolve_devices("cpu", 2, gpus, 1, 2)[0] == [Device("cpu", 0), Device("cpu", 1)]

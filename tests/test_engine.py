@@ -219,6 +219,24 @@ def test_existing_journal_needs_resume_and_resume_needs_the_same_arguments(tmp_p
     assert snapshot(results) == before
 
 
+def test_two_ranks_on_a_node_share_its_gpus_out(tmp_path, monkeypatch):
+    """mpiexec -n 2 on one node whose four GPUs both ranks see: two workers each, each pinned to its
+    own GPU (the toy items report their CUDA_VISIBLE_DEVICES; they need no CUDA, which this machine
+    lacks); asking both for one GPU is refused in one line."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    results = tmp_path / "r"
+    proc = run([TOY, "12", "--gpu", "all", "--results", str(results), "--no-progress"], ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    start = next(e for e in journal_entries(results) if e.get("type") == "start")
+    assert [rank["devices"] for rank in start["layout"]] == [["gpu0", "gpu1"], ["gpu2", "gpu3"]]
+    seen = {(e["rank"], e["device"], e["result"]["cuda_visible"]) for e in journal_entries(results)
+            if e.get("type") == "result" and e["key"].startswith("item-")}
+    assert seen <= {(0, "gpu0", "0"), (0, "gpu1", "1"), (1, "gpu2", "2"), (1, "gpu3", "3")}
+    assert_usage_error(run([TOY, "4", "--gpu", "2", "--results", str(tmp_path / "s")], ranks=2),
+                       "2 ranks on", "would share its 1 GPU")
+    assert not (tmp_path / "s").exists()
+
+
 def test_workers_that_cannot_start_fail_the_run_instead_of_hanging(tmp_path):
     proc = run([TOY, "5", "--workers", "2", "--broken-setup", "--results", str(tmp_path / "r"), "--no-progress"],
                ranks=2, timeout=120)

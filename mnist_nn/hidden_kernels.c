@@ -42,19 +42,21 @@ static inline void vspill(float *p, vf a) { _mm512_storeu_ps(p, a); }
 const char hidden_kernels_isa[] = "avx512";
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef struct { __m256 lo, hi; } vf;
-static inline __m256i mask8(long k) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 static inline vf vzero(void) { return (vf){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 static inline vf vset(float s) { return (vf){_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
 static inline vf vload(const float *p) { return (vf){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 static inline void vstore(float *p, vf a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+/* Tails go through a zeroed buffer: AMD leaves it to the CPU whether VMASKMOVPS may fault on
+ * masked-off elements. The lanes past k hold zeros, as AVX-512's masked loads give. */
 static inline vf vload_n(const float *p, long k) {
-    return (vf){_mm256_maskload_ps(p, mask8(k)), _mm256_maskload_ps(p + 8, mask8(k - 8))};
+    float t[LANES] = {0};
+    for (long l = 0; l < k; l++) t[l] = p[l];
+    return vload(t);
 }
 static inline void vstore_n(float *p, vf a, long k) {
-    _mm256_maskstore_ps(p, mask8(k), a.lo);
-    _mm256_maskstore_ps(p + 8, mask8(k - 8), a.hi);
+    float t[LANES];
+    vstore(t, a);
+    for (long l = 0; l < k; l++) p[l] = t[l];
 }
 static inline vf vfma(vf a, vf b, vf c) { return (vf){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
 static inline vf vmul(vf a, vf b) { return (vf){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
@@ -84,9 +86,14 @@ INLINE void forward_pair(const int nb, long n, const float *x, long ldx, const f
     for (int b = 0; b < MAX_NB; b++) if (b < nb) a0[b] = a1[b] = vzero();
     long d = 0;
     for (; d + LANES <= n; d += LANES) {
-        long p = d + AHEAD;  /* past the row's end: the start of the next pair's rows */
-        _mm_prefetch((const char *)(p < n ? w0 + p : next0 + (p - n)), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p < n ? w1 + p : next1 + (p - n)), _MM_HINT_T0);
+        long p = d + AHEAD;  /* past the row's end: the start of the next pair's rows (within them) */
+        if (p < n) {
+            _mm_prefetch((const char *)(w0 + p), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w1 + p), _MM_HINT_T0);
+        } else if (p - n < n) {
+            _mm_prefetch((const char *)(next0 + (p - n)), _MM_HINT_T0);
+            _mm_prefetch((const char *)(next1 + (p - n)), _MM_HINT_T0);
+        }
         vf u0 = vload(w0 + d), u1 = vload(w1 + d);
 #pragma GCC unroll 16
         for (int b = 0; b < MAX_NB; b++) if (b < nb) {

@@ -12,22 +12,25 @@ node of a cluster trains a net the same way whichever of the two its CPU has.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 SOURCE = Path(__file__).with_name("hidden_kernels.c")
-#: compiler flags per instruction set; -ffp-contract=off: only the source's own fused multiply-adds
+#: compiler flags per instruction set; no fast-math and -ffp-contract=off: only the source's own
+#: fused multiply-adds, and no reordered sums
 ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
-COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-shared", "-fPIC"]
+COMMON_FLAGS = ["-O3", "-fno-fast-math", "-ffp-contract=off", "-shared", "-fPIC"]
 #: set to 0 to train with torch's products instead
 SWITCH = "MNIST_NN_CPU_KERNELS"
 
@@ -66,29 +69,37 @@ def cache_dir() -> Path:
     return fallback
 
 
-def build(isa: str, compiler: Optional[str] = None) -> Path:
+def build(isa: str, compiler: Optional[str] = None, fresh: bool = False) -> Path:
     """The shared library for ``isa``, compiled unless the cache has it for this source, compiler
-    (path and version) and flags; a failed compile raises ``subprocess.CalledProcessError``. It is
-    written under a temporary name and renamed, so workers building at once never load a
-    half-written file."""
-    compiler = compiler or os.environ.get("CC") or "cc"
-    path = shutil.which(compiler)
+    (path and version) and flags, or ``fresh``; a failed compile raises
+    ``subprocess.CalledProcessError``. Workers building at once take turns on a lock (one compiles,
+    the others then find its library), and it is written under a temporary name and renamed, so
+    no one loads a half-written file."""
+    command = shlex.split(compiler or os.environ.get("CC") or "cc")  # CC may be "ccache gcc"
+    path = shutil.which(command[0]) if command else None
     if path is None:
-        raise FileNotFoundError(f"no C compiler {compiler!r}")
+        raise FileNotFoundError(f"no C compiler {compiler or os.environ.get('CC') or 'cc'!r}")
+    command[0] = path
     flags = COMMON_FLAGS + ISA_FLAGS[isa]
-    version = subprocess.run([path, "--version"], capture_output=True, timeout=60).stdout.split(b"\n")[0]
-    key = hashlib.sha256(SOURCE.read_bytes() + version + " ".join([path] + flags).encode()).hexdigest()[:16]
+    version = _run(command + ["--version"], timeout=60).stdout.split(b"\n")[0]
+    key = hashlib.sha256(SOURCE.read_bytes() + version + " ".join(command + flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"hidden_kernels-{isa}-{key}.so"
-    if not target.exists():
-        fd, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            subprocess.run([path, *flags, str(SOURCE), "-o", partial], check=True, capture_output=True, timeout=300)
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
+    with open(target.parent / "hidden_kernels.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if fresh or not target.exists():
+            fd, partial = tempfile.mkstemp(prefix=".partial-", suffix=".so", dir=target.parent)
+            os.close(fd)
+            try:
+                _run(command + flags + [str(SOURCE), "-o", partial], timeout=300, check=True)
+                os.replace(partial, target)
+            finally:
+                if os.path.exists(partial):
+                    os.unlink(partial)
     return target
+
+
+def _run(command: List[str], timeout: float, check: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=check)
 
 
 class HiddenKernels:
@@ -112,7 +123,7 @@ class HiddenKernels:
         """out (B, H) = x (B, n) @ w (H, n).T"""
         (B, n), (H, _) = _rows(x), _rows(w)
         _rows(out)
-        assert w.shape[1] == n and out.shape == (B, H)
+        _shapes(w.shape[1] == n and out.shape == (B, H), x, w, out)
         self._forward(B, H, n, x.data_ptr(), x.stride(0), w.data_ptr(), w.stride(0), out.data_ptr(), out.stride(0))
 
     def backward(self, x: torch.Tensor, dz: torch.Tensor, w: torch.Tensor, v: torch.Tensor, gi: torch.Tensor,
@@ -121,7 +132,8 @@ class HiddenKernels:
         (B, n), (H, _) = _rows(x), _rows(w)
         for t in (dz, v, gi):
             _rows(t)
-        assert dz.shape == (B, H) and v.shape == w.shape == (H, n) and gi.shape == (B, n) and v.stride() == w.stride()
+        _shapes(dz.shape == (B, H) and v.shape == w.shape == (H, n) and gi.shape == (B, n) and v.stride() == w.stride(),
+                x, dz, w, v, gi)
         self._backward(B, H, n, x.data_ptr(), x.stride(0), dz.data_ptr(), dz.stride(0), w.data_ptr(), v.data_ptr(),
                        w.stride(0), gi.data_ptr(), gi.stride(0), momentum, learning_rate)
 
@@ -129,25 +141,39 @@ class HiddenKernels:
 def _rows(t: torch.Tensor) -> Tuple[int, int]:
     if t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 2 or t.stride(1) != 1:
         raise ValueError(f"need a 2-D float32 CPU tensor with contiguous rows, not {t.dtype} {tuple(t.stride())}")
+    if t.shape[0] >= 2 ** 31:
+        raise ValueError(f"{t.shape[0]} rows: the kernels take fewer than 2^31")
     return t.shape[0], t.shape[1]
+
+
+def _shapes(fit: bool, *tensors: torch.Tensor) -> None:
+    """The kernels write through raw pointers: shapes that do not fit would write out of bounds."""
+    if not fit:
+        raise ValueError(f"shapes that do not fit: {', '.join(str(tuple(t.shape)) for t in tensors)}")
 
 
 @functools.lru_cache(maxsize=None)
 def load(isa: Optional[str] = None) -> Tuple[Optional[HiddenKernels], str]:
     """(kernels, a line saying which) for this CPU, or for ``isa`` (tests); kernels is None, and the
-    line says why, where they cannot be had."""
+    line says why, where they cannot be had. Where AVX-512's build fails, AVX2's is tried; a cached
+    library that will not load (damaged) is built again once."""
     if isa is None and os.environ.get(SWITCH, "1") == "0":
         return None, f"CPU kernels off ({SWITCH}=0): torch's products"
-    isa = isa or cpu_isa()
-    if isa is None:
+    choices = [isa] if isa else {"avx512": ["avx512", "avx2"], "avx2": ["avx2"], None: []}[cpu_isa()]
+    if not choices:
         return None, "CPU kernels need x86-64 Linux with AVX2 and FMA: torch's products"
-    try:
-        library = build(isa)
-    except (OSError, subprocess.SubprocessError) as error:
-        lines = (getattr(error, "stderr", b"") or b"").decode(errors="replace").splitlines()
-        reason = next((line.strip() for line in lines if "error" in line), str(error))
-        return None, f"CPU kernels could not be built ({reason}): torch's products"
-    return HiddenKernels(library, isa), f"CPU kernels: {isa} ({library})"
+    reason = ""
+    for choice in choices:
+        for fresh in (False, True):
+            try:
+                library = build(choice, fresh=fresh)
+                return HiddenKernels(library, choice), f"CPU kernels: {choice} ({library})"
+            except (OSError, subprocess.SubprocessError) as error:
+                lines = (getattr(error, "stderr", b"") or b"").decode(errors="replace").splitlines()
+                reason = next((line.strip() for line in lines if "error" in line), str(error))
+                if not isinstance(error, OSError) or isinstance(error, FileNotFoundError):
+                    break  # a compile that failed, or no compiler: building again will not help
+    return None, f"CPU kernels could not be built or loaded ({reason}): torch's products"
 
 
 def hidden_kernels() -> Optional[HiddenKernels]:

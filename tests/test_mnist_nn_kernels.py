@@ -72,13 +72,13 @@ def test_a_build_is_cached_and_reused(tmp_path, monkeypatch):
     assert first.parent == tmp_path / "multinode-gpu" and first.exists()
     built_at = first.stat().st_mtime_ns
     assert build("avx2") == first and first.stat().st_mtime_ns == built_at
-    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temporary file left
+    assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, "hidden_kernels.lock"])
 
 
 def test_without_a_compiler_or_switched_off_training_falls_back_to_torch(monkeypatch):
     uncached = load.__wrapped__
     monkeypatch.setenv("CC", "no-such-compiler")
-    assert uncached("avx2") == (None, "CPU kernels could not be built (no C compiler 'no-such-compiler'): "
+    assert uncached("avx2") == (None, "CPU kernels could not be built or loaded (no C compiler 'no-such-compiler'): "
                                       "torch's products")
     monkeypatch.setenv(kernels.SWITCH, "0")
     hidden, line = uncached()
@@ -92,6 +92,21 @@ def test_kernels_refuse_tensors_they_cannot_read():
         hidden.forward(torch.zeros(8, 2).t(), w, out)
     with pytest.raises(ValueError, match="float32"):
         hidden.forward(torch.zeros(2, 8, dtype=torch.float64), w, out)
+    with pytest.raises(ValueError, match="shapes that do not fit"):  # would write past ``out``
+        hidden.forward(torch.zeros(4, 8), w, out)
+    with pytest.raises(ValueError, match="shapes that do not fit"):
+        hidden.backward(torch.zeros(2, 8), torch.zeros(2, 3), w, torch.zeros(3, 9)[:, :8], torch.zeros(2, 8), 0.9, 0.1)
+
+
+def test_a_damaged_cached_library_is_built_again_and_cc_may_carry_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "cc -DCC_MAY_CARRY_FLAGS")
+    library = build("avx2")
+    library.write_bytes(b"not a shared library")
+    hidden, line = load.__wrapped__("avx2")
+    assert hidden is not None and line == f"CPU kernels: avx2 ({library})"
+    assert library.stat().st_size > 1000
+    assert sorted(p.name for p in library.parent.iterdir()) == sorted([library.name, "hidden_kernels.lock"])
 
 
 def test_the_blocked_step_gives_nearly_the_same_net_with_kernels_or_torch():

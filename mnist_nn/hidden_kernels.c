@@ -9,7 +9,8 @@
  * Bits: every output element is computed by the same sequence of IEEE single-precision
  * operations (fused multiply-adds in a fixed order, then a fixed scalar sum over 16 lanes),
  * whether built for AVX-512 (one 16-float register) or AVX2 (two 8-float registers), and
- * whatever the block's alignment. Built with -ffp-contract=off so the compiler adds no fusing.
+ * whatever the block's alignment. Built with -fno-fast-math -ffp-contract=off (kernels.py), so
+ * the compiler neither fuses nor reorders anything itself.
  *
  * Shapes (row-major, leading dimensions in floats):
  *   x  (B, n)  the block's inputs (ReLU'd conv outputs), row stride ldx

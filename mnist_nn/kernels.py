@@ -69,16 +69,17 @@ def cache_dir() -> Path:
     return fallback
 
 
-def build(isa: str, compiler: Optional[str] = None, fresh: bool = False) -> Path:
+def build(isa: str, fresh: bool = False) -> Path:
     """The shared library for ``isa``, compiled unless the cache has it for this source, compiler
     (path and version) and flags, or ``fresh``; a failed compile raises
     ``subprocess.CalledProcessError``. Workers building at once take turns on a lock (one compiles,
     the others then find its library), and it is written under a temporary name and renamed, so
     no one loads a half-written file."""
-    command = shlex.split(compiler or os.environ.get("CC") or "cc")  # CC may be "ccache gcc"
+    compiler = os.environ.get("CC") or "cc"
+    command = shlex.split(compiler)  # CC may be "ccache gcc"
     path = shutil.which(command[0]) if command else None
     if path is None:
-        raise FileNotFoundError(f"no C compiler {compiler or os.environ.get('CC') or 'cc'!r}")
+        raise FileNotFoundError(f"no C compiler {compiler!r}")
     command[0] = path
     flags = COMMON_FLAGS + ISA_FLAGS[isa]
     version = _run(command + ["--version"], timeout=60).stdout.split(b"\n")[0]

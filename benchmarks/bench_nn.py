@@ -37,15 +37,16 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+from unittest.mock import patch
 
 import numpy as np
 import torch
 
 from common.data import load_dataset, resize_images
-from mnist_nn.blocked import BLOCK_WEIGHTS
+from mnist_nn.blocked import channel_blocks
 from mnist_nn.kernels import SWITCH as kernel_switch
 from mnist_nn.kernels import hidden_kernels, load
-from mnist_nn.search import IMAGE_SIZE, Candidate, draw_candidate
+from mnist_nn.search import Candidate, draw_candidate
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
 from mnist_nn.train import fit_group, keep_freed_memory, to_device
 
@@ -137,33 +138,20 @@ def ours_rate(data: Any, indexes: List[np.ndarray], candidate: Candidate, kernel
     import mnist_nn.train as train
 
     saved, train.TOLERANCE = train.TOLERANCE, math.inf
-    saved_switch = os.environ.get(kernel_switch)
-    if not kernels:
-        os.environ[kernel_switch] = "0"
     try:
-        fits = fit_group(data.x_train, data.y_train, indexes, candidate, 2, 10, list(range(len(indexes))))
+        with patch.dict(os.environ, {} if kernels else {kernel_switch: "0"}):
+            fits = fit_group(data.x_train, data.y_train, indexes, candidate, 2, 10, list(range(len(indexes))))
     finally:
         train.TOLERANCE = saved
-        if saved_switch is None:
-            os.environ.pop(kernel_switch, None)
-        else:
-            os.environ[kernel_switch] = saved_switch
     return sum(len(index) for index in indexes) / fits[0][1][-1]["seconds"]
-
-
-def hidden_weights(candidate: Candidate) -> int:
-    """The hidden layer's weights (what ``blocked.BLOCK_WEIGHTS`` counts)."""
-    side = IMAGE_SIZE - candidate.kernel_size + 1
-    return candidate.n_conv_layer * side * side * candidate.n_hidden_layer
 
 
 def training_flops(candidate: Candidate) -> float:
     """Floating-point operations of one training sample: the forward's multiply-adds, and the
     backward's two products per dense layer (weights' and input's gradient) and one for the conv
     (its weights'; the image needs no gradient)."""
-    side = IMAGE_SIZE - candidate.kernel_size + 1
     conv_weights = candidate.n_conv_layer * (candidate.kernel_size ** 2 + 1)
-    conv = conv_weights * side * side  # multiply-adds: every conv weight at every position
+    conv = conv_weights * candidate.conv_side ** 2  # multiply-adds: every conv weight at every position
     dense = candidate.n_weights - conv_weights  # multiply-adds: each dense weight once
     return 2.0 * (2 * conv + 3 * dense)
 
@@ -191,7 +179,8 @@ def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: i
     reference = Subset(PilDataset(images, dataset.y_train, ToTensorNormalize(data.mean, data.std)), training[0])
     rates: Dict[str, List[float]] = {"reference": [], "ours_k1": [], "ours_k5": []}
     # a net split into blocks on a CPU, where the kernels can be had: also with torch's products
-    blocked = device == "cpu" and hidden_weights(candidate) > BLOCK_WEIGHTS and hidden_kernels() is not None
+    blocks = channel_blocks(candidate.n_conv_layer, candidate.conv_side ** 2, candidate.n_hidden_layer)
+    blocked = device == "cpu" and len(blocks) > 1 and hidden_kernels() is not None
     if blocked:
         rates["ours_k1_torch_products"] = []
     for _ in range(repeats):

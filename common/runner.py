@@ -80,8 +80,8 @@ def _agree(comm: Any, error: Optional[str]) -> Optional[str]:
 
 def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
     """Parse and check arguments and devices on every rank; returns (app, devices, notice) or an error."""
-    gpus, host = visible_gpus(), socket.gethostname()
-    peers = [rank for rank, seen in enumerate(comm.allgather((host, gpus))) if seen == (host, gpus)]
+    gpus = visible_gpus()
+    peers = _same_node_peers(comm, socket.gethostname(), gpus)
     try:
         args = build_parser(app_class, quiet=comm.rank != 0).parse_args(argv)
         if isinstance(args.resume, str) and not app_class.resume_target:
@@ -254,9 +254,13 @@ def _default_threads(comm: Any, host: str, workers: int) -> int:
     """The rank's cores divided by its workers, and by the other ranks on the same node when
     they share those cores (mpiexec -n 2 on one machine; not srun with --cpus-per-task)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    sharing = sum(1 for other_host, other_cores in comm.allgather((host, cores))
-                  if other_host == host and other_cores == cores)
-    return max(1, len(cores) // (workers * sharing))
+    return max(1, len(cores) // (workers * len(_same_node_peers(comm, host, cores))))
+
+
+def _same_node_peers(comm: Any, host: str, what: Any) -> List[int]:
+    """The ranks on ``host`` that report the same ``what`` as this one (its GPUs, its cores), in
+    rank order, this one included: those that must share them out. A collective call."""
+    return [rank for rank, seen in enumerate(comm.allgather((host, what))) if seen == (host, what)]
 
 
 def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: Leader, journal: Journal, resumed: dict,

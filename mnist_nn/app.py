@@ -144,10 +144,11 @@ class MnistNN(App):
         return Item(item.key, params, cost=item.cost, after=item.after)
 
     def check_result(self, key: str, result: Any) -> None:
-        check_fields(result, REFIT_FIELDS if key.endswith(",refit") else FIT_FIELDS)
+        refit = key.endswith(",refit")
+        check_fields(result, REFIT_FIELDS if refit else FIT_FIELDS)
         for entry in result["log"]:
             check_fields(entry, LOG_FIELDS)
-        if key.endswith(",refit"):
+        if refit:
             check_fields(result["test_probabilities"], {"shape": list, "float32_base64": str})
             check_fields(result["weights"], {"sha256": str, "bytes": int, "embedded": (str, type(None))})
             check_fields(result["normalisation"], {"mean": NUMBER, "std": NUMBER})

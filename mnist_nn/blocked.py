@@ -33,6 +33,13 @@ from .stacked import NetStack
 BLOCK_WEIGHTS = 2 ** 19
 
 
+def channel_blocks(channels: int, positions: int, hidden: int) -> List[Tuple[int, int]]:
+    """The blocks of conv channels [a, b) a net's step is split into: about ``BLOCK_WEIGHTS``
+    hidden weights each (``positions`` x ``hidden`` a channel), fixed by the net's shape alone."""
+    per_block = max(1, BLOCK_WEIGHTS // (positions * hidden))
+    return [(a, min(channels, a + per_block)) for a in range(0, channels, per_block)]
+
+
 class BlockRunner:
     """Runs ``fn(j)`` for every block j on ``threads`` threads, thread i doing a fixed contiguous
     share, with torch (MKL, OpenMP) limited to one thread per caller meanwhile.
@@ -95,8 +102,7 @@ class BlockedNet(NetStack):
         self.runner = runner
         self.kernels: Optional[HiddenKernels] = hidden_kernels() if use_kernels else None
         C, L, H = self.channels, self.positions, self.hidden
-        per_block = max(1, BLOCK_WEIGHTS // (L * H))
-        self.blocks = [(a, min(C, a + per_block)) for a in range(0, C, per_block)]
+        self.blocks = channel_blocks(C, L, H)
         self.partials = torch.empty(len(self.blocks), batch_size, H)
         self.tail = slice(self.offsets["hidden_b"], self.width)  # hidden bias and output layer: updated whole
 

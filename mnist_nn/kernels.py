@@ -158,7 +158,7 @@ def load(isa: Optional[str] = None) -> Tuple[Optional[HiddenKernels], str]:
     """(kernels, a line saying which) for this CPU, or for ``isa`` (tests); kernels is None, and the
     line says why, where they cannot be had. Where AVX-512's build fails, AVX2's is tried; a cached
     library that will not load (damaged) is built again once."""
-    if isa is None and os.environ.get(SWITCH, "1") == "0":
+    if isa is None and switched_off():
         return None, f"CPU kernels off ({SWITCH}=0): torch's products"
     choices = [isa] if isa else {"avx512": ["avx512", "avx2"], "avx2": ["avx2"], None: []}[cpu_isa()]
     if not choices:
@@ -179,4 +179,9 @@ def load(isa: Optional[str] = None) -> Tuple[Optional[HiddenKernels], str]:
 
 def hidden_kernels() -> Optional[HiddenKernels]:
     """This CPU's kernels, or None (also while ``MNIST_NN_CPU_KERNELS=0``, read at each call)."""
-    return None if os.environ.get(SWITCH, "1") == "0" else load()[0]
+    return None if switched_off() else load()[0]
+
+
+def switched_off() -> bool:
+    """Whether ``MNIST_NN_CPU_KERNELS=0`` asks for torch's products."""
+    return os.environ.get(SWITCH, "1") == "0"

@@ -38,18 +38,21 @@ class Candidate:
         return Net(self.n_conv_layer, self.kernel_size, self.n_hidden_layer)
 
     @property
+    def conv_side(self) -> int:
+        """Side of each conv channel's output on a 28x28 image (no padding)."""
+        return IMAGE_SIZE - self.kernel_size + 1
+
+    @property
     def n_weights(self) -> int:
         """Number of trainable numbers; the hidden layer dominates for big candidates."""
-        side = IMAGE_SIZE - self.kernel_size + 1
-        features = self.n_conv_layer * side * side
+        features = self.n_conv_layer * self.conv_side ** 2
         return (self.n_conv_layer * (self.kernel_size ** 2 + 1) + (features + 1) * self.n_hidden_layer
                 + (self.n_hidden_layer + 1) * N_CLASSES)
 
     @property
     def cost(self) -> float:
         """Multiply-adds per training sample (forward), to hand out the slowest fits first."""
-        side = IMAGE_SIZE - self.kernel_size + 1
-        conv = self.n_conv_layer * side * side * self.kernel_size ** 2
+        conv = self.n_conv_layer * self.conv_side ** 2 * self.kernel_size ** 2
         return float(conv + self.n_weights)
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TOY, assert_usage_error, journal_entries, rank_pids, run, snapshot, start, stop_run, wait_until
+from helpers import (TOY, assert_usage_error, journal_entries, rank_pids, run, snapshot, start, stop_run,
+                     wait_for_results, wait_until)
 
 
 def values(results: Path) -> dict:
@@ -282,7 +283,6 @@ def test_a_signal_passed_on_twice_still_gives_running_items_their_grace(tmp_path
     args = [TOY, "6", "--sleep", "3", "--workers", "2", "--retries", "0", "--grace", "30",
             "--results", str(tmp_path / "r"), "--no-progress"]
     process = start(args)
-    from helpers import wait_for_results
     wait_for_results(tmp_path / "r", 2)
     time.sleep(0.5)  # the next two items are running
     rank = rank_pids(tmp_path / "r")[0]

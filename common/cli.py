@@ -14,6 +14,8 @@ from .errors import UsageError
 MAX_SEED = 2 ** 32 - 1
 #: torch/BLAS threads per worker: past this, thread stacks and per-thread buffers exhaust memory
 MAX_THREADS = 1024
+#: worker processes on one GPU: each holds a CUDA context (about 300-500 MiB) and a copy of its data
+MAX_WORKERS_PER_GPU = 64
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -81,6 +83,8 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                              "(default: GPU 0 where there is one, else CPU)")
     engine.add_argument("--workers", type=at_least(1), default=1,
                         help="worker processes per rank when running on CPU")
+    engine.add_argument("--workers-per-gpu", type=at_least(1, maximum=MAX_WORKERS_PER_GPU), default=1,
+                        help="worker processes sharing each GPU, each pinned to it (small items leave a big GPU idle)")
     engine.add_argument("--threads", type=at_least(1, maximum=MAX_THREADS), default=None,
                         help="torch/BLAS threads per worker (default: the rank's cores / its workers / ranks sharing them)")
     engine.add_argument("--batch", type=at_least(1), default=None,

@@ -22,6 +22,7 @@ class Device:
     kind: str  # "cuda" or "cpu"
     index: int  # GPU index as the user numbers them on this node, or CPU worker number
     physical: Optional[str] = None
+    slot: Optional[int] = None  # which of the --workers-per-gpu workers sharing this GPU (None: it has it alone)
 
     @property
     def is_gpu(self) -> bool:
@@ -32,8 +33,15 @@ class Device:
         """Inside the worker its one GPU is always ``cuda:0``."""
         return "cuda:0" if self.is_gpu else "cpu"
 
+    @property
+    def gpu_name(self) -> str:
+        """The GPU's own name (``gpu0``), the same for every worker sharing it."""
+        return f"gpu{self.index}"
+
     def __str__(self) -> str:
-        return f"gpu{self.index}" if self.is_gpu else f"cpu{self.index}"
+        if not self.is_gpu:
+            return f"cpu{self.index}"
+        return self.gpu_name if self.slot is None else f"{self.gpu_name}.{self.slot}"
 
 
 def slurm_gave_no_gpu() -> bool:
@@ -90,8 +98,10 @@ def parse_gpu_spec(spec: Optional[str]) -> Optional[List[int]]:
 
 
 def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]] = None, position: int = 0,
-                    sharing: int = 1) -> tuple:
+                    sharing: int = 1, per_gpu: int = 1) -> tuple:
     """The devices of this rank's workers, and a notice for the user (or ``None``).
+
+    ``per_gpu`` workers share each GPU (``--workers-per-gpu``): devices ``gpu0.0``, ``gpu0.1``, ...
 
     ``spec`` None is the default: GPU 0 where there is one, else CPU with a notice. ``sharing``
     ranks of this node see the same ``gpus`` (``mpirun -n 8`` over two 4-GPU nodes, with no GPU
@@ -118,6 +128,8 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
         raise UsageError(f"--gpu {spec}: no GPU {missing[0]} on {os.uname().nodename}, which has {len(gpus)} (0-{len(gpus) - 1})")
     if sharing > 1:
         indexes = share_gpus(spec, indexes, len(gpus), position, sharing)
+    if per_gpu > 1:
+        return [Device("cuda", i, gpus[i], slot) for i in indexes for slot in range(per_gpu)], notice
     return [Device("cuda", i, gpus[i]) for i in indexes], notice
 
 

@@ -11,7 +11,8 @@ class GpuMonitor:
     """Samples every ``interval`` s; ``stop()`` returns mean and peak per GPU (empty without NVML)."""
 
     def __init__(self, devices: List[Device], interval: float = 1.0):
-        self.devices = [d for d in devices if d.is_gpu]
+        # one entry per GPU, however many workers share it (--workers-per-gpu)
+        self.devices = list({d.gpu_name: d for d in devices if d.is_gpu}.values())
         self.interval = interval
         self.samples: Dict[str, List[tuple]] = {}
         self._stop = threading.Event()
@@ -30,7 +31,7 @@ class GpuMonitor:
         handles = {}
         for device in self.devices:
             try:  # a GPU NVML cannot reach is left out, not the others
-                handles[str(device)] = nvml_handle(pynvml, device.physical or str(device.index))
+                handles[device.gpu_name] = nvml_handle(pynvml, device.physical or str(device.index))
             except Exception:
                 continue
         if not handles:

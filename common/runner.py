@@ -88,7 +88,8 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
             raise UsageError(f"--resume takes no value here (got {args.resume!r}); put it after the other arguments")
         app = app_class(args)
         # ranks of one node that see the same GPUs share them out
-        devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers))
+        devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers),
+                                          args.workers_per_gpu)
         app.validate()
         return (app, devices, notice), None
     except UsageError as error:

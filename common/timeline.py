@@ -10,9 +10,11 @@ from .outputs import new_figure, save_figure
 def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:
     """``bars``: dicts with worker, start, end (epoch seconds) and ok (bool)."""
     def row_order(name: str) -> tuple:
+        """rank0-cpu2 < rank0-cpu10 < rank1-gpu0.0 < rank1-gpu0.1 < rank1-gpu1.0 (--workers-per-gpu)."""
         rank, _, device = name.partition("-")
-        digits = "".join(ch for ch in device if ch.isdigit()) or "0"
-        return (int(rank[4:] or 0) if rank[4:].isdigit() else 0, device.rstrip("0123456789"), int(digits))
+        kind = device.rstrip("0123456789.")
+        numbers = [int(part) for part in device[len(kind):].split(".") if part.isdigit()]
+        return (int(rank[4:]) if rank[4:].isdigit() else 0, kind, numbers)
 
     workers = sorted({bar["worker"] for bar in bars}, key=row_order)
     rows = {name: index for index, name in enumerate(workers)}

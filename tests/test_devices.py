@@ -49,3 +49,16 @@ def test_ranks_of_one_node_that_see_the_same_gpus_share_them_out():
     with pytest.raises(UsageError, match="2 ranks on .* would share its 1 GPU"):
         resolve_devices("3", 1, gpus, 1, 2)
     assert resolve_devices("cpu", 2, gpus, 1, 2)[0] == [Device("cpu", 0), Device("cpu", 1)]
+
+
+def test_workers_per_gpu_gives_each_gpu_several_workers_and_the_monitor_counts_it_once():
+    """--workers-per-gpu 2 over GPUs 5 and 7: four workers, two pinned to each; one NVML entry per GPU."""
+    from common.gpu_monitor import GpuMonitor
+
+    devices, _ = resolve_devices("all", 1, gpus=["5", "7"], per_gpu=2)
+    assert [(str(d), d.physical) for d in devices] == [("gpu0.0", "5"), ("gpu0.1", "5"), ("gpu1.0", "7"), ("gpu1.1", "7")]
+    assert [d.gpu_name for d in GpuMonitor(devices).devices] == ["gpu0", "gpu1"]
+    assert resolve_devices("all", 1, gpus=["5", "7"], per_gpu=1)[0] == [Device("cuda", 0, "5"), Device("cuda", 1, "7")]
+    assert resolve_devices("cpu", 2, gpus=["5"], per_gpu=3)[0] == [Device("cpu", 0), Device("cpu", 1)]
+    shares = [resolve_devices("all", 1, ["0", "1"], position, 2, per_gpu=2)[0] for position in (0, 1)]
+    assert [[str(d) for d in share] for share in shares] == [["gpu0.0", "gpu0.1"], ["gpu1.0", "gpu1.1"]]

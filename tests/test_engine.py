@@ -62,6 +62,31 @@ def test_gpu_workers_are_pinned_one_gpu_each_in_pci_order(tmp_path, monkeypatch)
         assert {"gpu0": "5", "gpu1": "7"}[r["device"]] == r["result"]["cuda_visible"], r
 
 
+def test_workers_per_gpu_pins_several_workers_to_each_gpu(tmp_path, monkeypatch):
+    """--workers-per-gpu 2 over GPUs 5 and 7 (fake: the toy app never touches CUDA): four workers,
+    each seeing only its own GPU; results as with one worker per GPU."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    results = tmp_path / "r"
+    proc = run([TOY, "16", "--sleep", "0.2", "--gpu", "all", "--workers-per-gpu", "2", "--results", str(results),
+                "--no-progress"])
+    assert proc.returncode == 0, proc.stderr
+    entries = journal_entries(results)
+    start = next(e for e in entries if e.get("type") == "start")
+    assert start["layout"][0]["devices"] == ["gpu0.0", "gpu0.1", "gpu1.0", "gpu1.1"]
+    done = [e for e in entries if e.get("type") == "result"]
+    for e in done:
+        assert {"gpu0": "5", "gpu1": "7"}[e["device"].split(".")[0]] == e["result"]["cuda_visible"], e
+    assert len({e["device"] for e in done}) == 4, "every worker should have run items"
+    assert len({e["result"]["pid"] for e in done}) == 4
+    for name in ("rank0-gpu0.0", "rank0-gpu0.1", "rank0-gpu1.0", "rank0-gpu1.1"):
+        assert "CUDA_VISIBLE_DEVICES=" + {"0": "5", "1": "7"}[name[9]] in (results / "logs" / f"{name}.log").read_text()
+    one = run([TOY, "16", "--gpu", "all", "--results", str(tmp_path / "one"), "--no-progress"])
+    assert one.returncode == 0, one.stderr
+    assert values(results) == values(tmp_path / "one")
+    assert_usage_error(run([TOY, "4", "--workers-per-gpu", "0", "--results", str(tmp_path / "bad")]),
+                       "--workers-per-gpu")
+
+
 def test_groups_run_together_and_give_the_same_results(tmp_path):
     plain = run([TOY, "20", "--results", str(tmp_path / "plain"), "--no-progress"])
     grouped = run([TOY, "20", "--group", "4", "--sleep", "0.05", "--workers", "2", "--results", str(tmp_path / "grouped"),

@@ -12,6 +12,9 @@ from .errors import UsageError
 
 #: seeds are handed to numpy and scikit-learn, which take 32-bit ones
 MAX_SEED = 2 ** 32 - 1
+#: a rank silent for this long is lost; the default beats Slurm's own node-failure handling
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+MAX_HEARTBEAT_TIMEOUT = 24 * 3600.0
 #: torch/BLAS threads per worker: past this, thread stacks and per-thread buffers exhaust memory
 MAX_THREADS = 1024
 #: worker processes on one GPU: each holds a CUDA context (about 300-500 MiB) and a copy of its data
@@ -96,6 +99,10 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                         help="extra attempts for an item that fails")
     engine.add_argument("--grace", type=at_least(0, float), default=60.0,
                         help="seconds to let running items finish after SIGTERM/SIGUSR1")
+    engine.add_argument("--heartbeat-timeout", type=at_least(1, float, maximum=MAX_HEARTBEAT_TIMEOUT),
+                        default=DEFAULT_HEARTBEAT_TIMEOUT,
+                        help="seconds of silence after which a rank is declared lost (its items go to the others; "
+                             "a rank that loses rank 0 stops)")
     engine.add_argument("--results", type=folder, default=Path("results") / app_class.name,
                         help="results folder")
     engine.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,34 +1,34 @@
 """Handing items out across ranks: rank 0 leads (and works), every other rank follows.
 
-Protocol (pickled tuples over MPI, one tag):
-  follower -> leader  ("request", need, prefetch)   need: idle workers without a queued item
-                      ("result", Record) / ("failed", Record without result, error, traceback)
-                      ("pool", verb, requester, pool, count)   global resource pools
-                      ("dropped", [keys])   handed out but not started when a stop came
-                      ("stop_request", why) / ("broken", why)
-                      ("bye",)  after "done"/"halt", once its workers are stopped
-  leader -> follower  ("items", [bundle, ...], plenty)   a bundle: [(item, attempt, avoid), ...] of one
-                      group (usually one item); plenty: prefetch is welcome
-                      ("pool_reply", requester, message)
-                      ("stop",) stop starting items;  ("halt",) stop now;  ("done",) all work is done
-A follower asks again whenever one of its workers is idle with nothing queued, so fast nodes
-simply get more items; the leader defers a request it cannot serve until something is ready.
+The messages are the typed records of :mod:`common.messages`. A follower sends a ``Request`` whenever
+one of its workers is idle with nothing queued, so fast nodes simply get more items; the leader
+defers a request it cannot serve until something is ready. Results stream back as they finish.
+
+Liveness: every rank hears from its peers at least every ``heartbeat_timeout / 4`` seconds (a
+``Heartbeat`` goes out only when nothing else did). The leader declares a follower silent for
+``heartbeat_timeout`` seconds lost: its items go back to the others and the run ends without it.
+A follower that hears nothing from the leader that long stops by itself. Neither waits forever.
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .app import Record
+from .cli import DEFAULT_HEARTBEAT_TIMEOUT
+from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from .journal import Journal
+from .messages import (Broken, Bye, Dropped, End, Failed, Heartbeat, Items, PoolCall, PoolReply, Request, Result,
+                       Stop, StopRequest)
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
 from .worker_pool import Event, WorkerPool
 
 log = logging.getLogger("multinode_gpu")
+
 
 
 class _Backoff:
@@ -65,16 +65,48 @@ class _ItemPace:
         return self.seconds < SHORT_ITEM_SECONDS
 
 
+class Liveness:
+    """When each peer was last heard from and last sent to: who needs a heartbeat, who is silent."""
+
+    def __init__(self, peers: List[int], timeout: float, now: Optional[float] = None):
+        now = time.monotonic() if now is None else now
+        self.timeout = timeout
+        self.interval = timeout / 4
+        self.heard = {peer: now for peer in peers}
+        self.sent = {peer: now for peer in peers}
+
+    def heard_from(self, peer: int, now: float) -> None:
+        if peer in self.heard:
+            self.heard[peer] = now
+
+    def sent_to(self, peer: int, now: float) -> None:
+        if peer in self.sent:
+            self.sent[peer] = now
+
+    def forget(self, peer: int) -> None:
+        self.heard.pop(peer, None)
+        self.sent.pop(peer, None)
+
+    def due(self, now: float) -> List[int]:
+        """Peers nothing was sent to for ``interval`` seconds."""
+        return [peer for peer, at in self.sent.items() if now - at >= self.interval]
+
+    def silent(self, now: float) -> List[int]:
+        """Peers not heard from for ``timeout`` seconds."""
+        return [peer for peer, at in self.heard.items() if now - at > self.timeout]
+
+
 def _avoided(bundle: List[tuple]) -> Tuple[str, ...]:
     """Workers that already failed some item of the bundle."""
     return tuple(worker for _, _, avoid in bundle for worker in avoid)
 
 
 class Leader:
-    """Rank 0: the scheduler, the journal, the global pools, and its own workers."""
+    """Rank 0: the scheduler, the journal, the global pools, its own workers, the others' liveness."""
 
     def __init__(self, comm: Any, pool: WorkerPool, scheduler: Scheduler, journal: Journal, progress: Progress,
-                 global_pools: Dict[str, int], total_capacity: int, grace: float, stop_signal: Callable[[], Optional[str]]):
+                 global_pools: Dict[str, int], total_capacity: int, grace: float, stop_signal: Callable[[], Optional[str]],
+                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, hosts: Optional[Dict[int, str]] = None):
         self.comm, self.pool, self.scheduler, self.journal = comm, pool, scheduler, journal
         self.progress, self.grace, self.stop_signal = progress, grace, stop_signal
         self.global_resources = ResourceBroker(global_pools)
@@ -86,9 +118,20 @@ class Leader:
         self.stopping: Optional[str] = None
         self.deadline = 0.0
         self.pace = _ItemPace()
+        self.hosts = hosts or {}
+        self.followers = list(range(1, comm.size))
+        self.liveness = Liveness(self.followers, heartbeat_timeout)
+        self.holding: Dict[int, Set[str]] = {rank: set() for rank in self.followers}  # keys a follower holds
+        self.lost: Dict[int, Dict[str, Any]] = {}  # rank -> what happened, for the summary
+        self.code = EXIT_OK
+
+    @property
+    def live(self) -> List[int]:
+        return [rank for rank in self.followers if rank not in self.lost]
 
     def run(self) -> str:
-        """Until every item is resolved ("complete") or a stop is finished ("stopped")."""
+        """Until every item is resolved ("complete") or a stop is finished ("stopped"); then every
+        live follower is told to end, with the run's exit code."""
         backoff = _Backoff(0.0002 if self.comm.size > 1 else 0.05, 0.05)
         cap = 0.002 if self.comm.size > 1 else 0.05  # followers' requests must be answered fast
         timeout = backoff.low
@@ -98,6 +141,7 @@ class Leader:
             for event in self.pool.poll(timeout):
                 active = True
                 self._local_event(event)
+            self._watch_followers()
             why = self.stop_signal()
             if why and not self.stopping:
                 self._begin_stop(why)
@@ -108,28 +152,72 @@ class Leader:
                 self._check_workers_left()
             self.journal.maybe_sync()
             if not self.stopping and self.scheduler.all_resolved():
-                self._broadcast(("done",))
-                return "complete"
+                return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
             if self.stopping and (not self.scheduler.in_flight or time.monotonic() > self.deadline):
-                self._broadcast(("halt",))
-                return "stopped"
+                return self._end("stopped", EXIT_STOPPED)
             timeout = backoff.next(active, cap)
 
-    def await_byes(self) -> None:
-        """After "done"/"halt": read until every follower has said "bye", keeping results that
-        were finished before the news reached it (MPI sends then complete on both sides)."""
-        waiting = set(range(1, self.comm.size))
-        while waiting:
+    def _end(self, outcome: str, code: int) -> str:
+        self.code = code
+        self._broadcast(End("done" if outcome == "complete" else "halt", code))
+        return outcome
+
+    def await_byes(self, wait: float) -> Dict[int, Dict[str, Any]]:
+        """After :class:`End`: each live follower's report, keeping results that were finished
+        before the news reached it. A follower silent for ``wait`` seconds is declared lost."""
+        reports: Dict[int, Dict[str, Any]] = {}
+        waiting = set(self.live)
+        deadline = time.monotonic() + wait
+        while waiting and time.monotonic() < deadline:
             incoming = self.comm.poll()
             if incoming is None:
                 time.sleep(0.001)
                 continue
             source, message = incoming
-            if message[0] == "bye":
+            if isinstance(message, Bye):
                 waiting.discard(source)
-            elif message[0] == "result":
-                self._finished(message[1])
+                reports[source] = message.report
+            elif isinstance(message, Result):
+                self._finished(message.record)
+        for rank in sorted(waiting):
+            self._lose(rank, f"no answer {wait:.0f} s after the end of the run")
         self.journal.maybe_sync()
+        return reports
+
+    # ----- liveness -----
+    def _send(self, message: Any, rank: int) -> None:
+        self.comm.send(message, rank)
+        self.liveness.sent_to(rank, time.monotonic())
+
+    def _broadcast(self, message: Any) -> None:
+        for rank in self.live:
+            self._send(message, rank)
+
+    def _watch_followers(self) -> None:
+        now = time.monotonic()
+        for rank in self.liveness.due(now):
+            self._send(Heartbeat(), rank)
+        for rank in self.liveness.silent(now):
+            self._lose(rank, f"no message for {now - self.liveness.heard[rank]:.0f} s")
+
+    def _lose(self, rank: int, why: str) -> None:
+        """Carry on without ``rank``: what it held goes back to the others (attempts not counted)."""
+        keys = sorted(self.holding.pop(rank, set()))
+        for key in keys:
+            if key in self.scheduler.in_flight:
+                self.scheduler.give_back(key)
+        self.liveness.forget(rank)
+        self.requests.pop(rank, None)
+        self.broken.pop(rank, None)
+        for _, who in self.global_resources.release_all((rank,)):
+            self._pool_reply(who, ("granted", who[3]))
+        host = self.hosts.get(rank, "?")
+        self.lost[rank] = {"rank": rank, "host": host, "why": why, "items_reassigned": len(keys),
+                           "time": time.time()}
+        self.journal.add_event("rank_lost", rank=rank, host=host, why=why, items=keys, time=time.time())
+        self.progress.write(f"[rank 0] lost rank {rank} on {host} ({why}); "
+                            f"{len(keys)} of its item(s) go to the other ranks")
+        log.error("lost rank %d on %s (%s); %d item(s) handed to the others", rank, host, why, len(keys))
 
     # ----- stopping -----
     def _begin_stop(self, why: str) -> None:
@@ -140,16 +228,13 @@ class Leader:
                             f"for {running} running item(s)")
         self.journal.add_event("stop", why=why, time=time.time())
         self.pool.revoke_queued()
-        self._broadcast(("stop",))
-
-    def _broadcast(self, message: tuple) -> None:
-        for rank in range(1, self.comm.size):
-            self.comm.send(message, rank)
+        self._broadcast(Stop())
 
     # ----- results -----
     def _finished(self, record: Record) -> None:
         if record.rank == 0:
             self.pace.observe(record.seconds)
+        self.holding.get(record.rank, set()).discard(record.key)
         self.bars.append({"worker": record.worker, "start": record.start, "end": record.end, "ok": True})
         item = self.scheduler.items.get(record.key)
         if item is not None and item.after:
@@ -163,6 +248,7 @@ class Leader:
     def _attempt_failed(self, record: Record, error: str, text: str) -> None:
         """``record`` says where and when the attempt ran (its result is None)."""
         key, worker = record.key, record.worker
+        self.holding.get(record.rank, set()).discard(key)
         self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False})
         if self.stopping:  # killed by the stop itself: it will simply run again on --resume
             self.scheduler.dropped(key)
@@ -188,31 +274,47 @@ class Leader:
 
     def _drain_messages(self) -> bool:
         active = False
+        now = time.monotonic()
         while True:
             incoming = self.comm.poll()
             if incoming is None:
                 return active
             active = True
-            self._on_message(*incoming)
+            source, message = incoming
+            if source in self.lost:
+                self._from_lost(source, message)
+                continue
+            self.liveness.heard_from(source, now)
+            self._on_message(source, message)
 
-    def _on_message(self, source: int, message: tuple) -> None:
-        """One message of the protocol from rank ``source`` (0: an event of this rank's own workers)."""
-        verb = message[0]
-        if verb == "request":
-            self.requests[source] = (message[1], message[2])
-        elif verb == "result":
-            self._finished(message[1])
-        elif verb == "failed":
-            self._attempt_failed(*message[1:])
-        elif verb == "pool":
-            self._pool(*message[1:])
-        elif verb == "dropped":
-            for key in message[1]:
+    def _from_lost(self, source: int, message: Any) -> None:
+        """A rank declared lost speaks again (its network came back): keep its finished work, and
+        tell it once to end, since its items went to others."""
+        if isinstance(message, Result):
+            self._finished(message.record)
+        if not self.lost[source].get("told_to_end"):
+            self.lost[source]["told_to_end"] = True
+            self.comm.send(End("halt", EXIT_STOPPED), source)
+
+    def _on_message(self, source: int, message: Any) -> None:
+        """One message from rank ``source`` (0: an event of this rank's own workers)."""
+        if isinstance(message, Request):
+            self.requests[source] = (message.need, message.prefetch)
+        elif isinstance(message, Result):
+            self._finished(message.record)
+        elif isinstance(message, Failed):
+            self._attempt_failed(message.record, message.error, message.traceback)
+        elif isinstance(message, PoolCall):
+            for who, reply in self.global_resources.handle(message.verb, message.pool, message.requester, message.count):
+                self._pool_reply(who, reply)
+        elif isinstance(message, Dropped):
+            for key in message.keys:
+                self.holding.get(source, set()).discard(key)
                 self.scheduler.give_back(key)
-        elif verb == "stop_request" and not self.stopping:
-            self._begin_stop(message[1])
-        elif verb == "broken":
-            self.broken[source] = message[1]
+        elif isinstance(message, StopRequest) and not self.stopping:
+            self._begin_stop(message.why)
+        elif isinstance(message, Broken):
+            self.broken[source] = message.why
             self.requests.pop(source, None)
 
     # ----- handing out -----
@@ -240,9 +342,10 @@ class Leader:
                 bundle = self.scheduler.take(self._chunk())
                 for item, _, _ in bundle:
                     self.scheduler.handed(item.key)
+                    self.holding[rank].add(item.key)
                 batch.append(bundle)
             if batch or need == 0:
-                self.comm.send(("items", batch, plenty), rank)
+                self._send(Items(batch, plenty), rank)
                 del self.requests[rank]
                 handed = True
         return handed
@@ -257,27 +360,26 @@ class Leader:
     def _check_workers_left(self) -> None:
         """If no rank can run anything any more, fail what is left instead of waiting forever."""
         local_dead = self.pool.capacity == 0 and bool(self.pool.given_up)
-        if local_dead and len(self.broken) == self.comm.size - 1 and not self.scheduler.all_resolved():
-            reasons = "; ".join(sorted(set(self.pool.given_up.values()) | set(self.broken.values())))
-            self.scheduler.fail_remaining(f"no worker could start: {reasons}")
+        live = self.live
+        if local_dead and all(rank in self.broken for rank in live) and not self.scheduler.all_resolved():
+            reasons = set(self.pool.given_up.values()) | {self.broken[rank] for rank in live}
+            if self.lost:
+                reasons.add(f"rank(s) {', '.join(str(r) for r in self.lost)} lost")
+            self.scheduler.fail_remaining(f"no worker could start: {'; '.join(sorted(reasons))}")
             self.report_failures()
-
-    # ----- global resource pools -----
-    def _pool(self, verb: str, requester: tuple, name: str, count: int) -> None:
-        for who, reply in self.global_resources.handle(verb, name, requester, count):
-            self._pool_reply(who, reply)
 
     def _pool_reply(self, requester: tuple, message: tuple) -> None:
         if requester[0] == 0:
             self.pool.deliver(requester, message)
-        else:
-            self.comm.send(("pool_reply", requester, message), requester[0])
+        elif requester[0] not in self.lost:
+            self._send(PoolReply(requester, message), requester[0])
 
 
 class Follower:
     """Every rank but 0: runs what the leader hands it and streams results back."""
 
-    def __init__(self, comm: Any, pool: WorkerPool, stop_signal: Callable[[], Optional[str]]):
+    def __init__(self, comm: Any, pool: WorkerPool, stop_signal: Callable[[], Optional[str]],
+                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT):
         self.comm, self.pool, self.stop_signal = comm, pool, stop_signal
         self.buffer: Deque[List[Tuple[Any, int, tuple]]] = deque()  # bundles
         self.asked = False
@@ -290,29 +392,43 @@ class Follower:
         self.pace = _ItemPace()
         self.round_trip = 0.001
         self.asked_at = 0.0
+        self.liveness = Liveness([0], heartbeat_timeout)
+        self.end: Optional[End] = None
+        self.silence = 0.0  # how long rank 0 had been silent when it was given up
 
     def run(self) -> str:
+        """Until the leader's :class:`End` ("done" or "halt"), or "lost" when rank 0 fell silent."""
         backoff = _Backoff(0.0002, 0.05)
         timeout = backoff.low
         while True:
             active, ending = self._drain_messages()
             if ending:
                 return ending
+            now = time.monotonic()
+            if self.liveness.silent(now):
+                self.silence = now - self.liveness.heard[0]
+                return "lost"
+            if self.liveness.due(now):
+                self._send(Heartbeat())
             for event in self.pool.poll(timeout):
                 active = True
                 self._send_event(event)
             why = self.stop_signal()
             if why and not self.told_stop:
                 self.told_stop = True
-                self.comm.send(("stop_request", why), 0)
+                self._send(StopRequest(why))
             if not self.stopping:
                 active |= self._start_buffered()
                 self._ask()
             if self.pool.capacity == 0 and self.pool.given_up and not self.told_broken:
                 self.told_broken = True
-                self.comm.send(("broken", "; ".join(sorted(set(self.pool.given_up.values())))), 0)
+                self._send(Broken("; ".join(sorted(set(self.pool.given_up.values())))))
                 self._drop_buffer()
             timeout = backoff.next(active, 0.001 if self.asked else 0.02)
+
+    def _send(self, message: Any) -> None:
+        self.comm.send(message, 0)
+        self.liveness.sent_to(0, time.monotonic())
 
     def _drain_messages(self) -> Tuple[bool, Optional[str]]:
         active = False
@@ -321,28 +437,29 @@ class Follower:
             if incoming is None:
                 return active, None
             active = True
+            self.liveness.heard_from(0, time.monotonic())
             message = incoming[1]
-            verb = message[0]
-            if verb == "items" and self.told_broken:  # crossed our "broken": give them back
-                self.comm.send(("dropped", [entry[0].key for bundle in message[1] for entry in bundle]), 0)
+            if isinstance(message, Items) and self.told_broken:  # crossed our "broken": give them back
+                self._send(Dropped([entry[0].key for bundle in message.bundles for entry in bundle]))
                 self.asked = False
-            elif verb == "items":
-                self.buffer.extend(message[1])
-                self.plenty = message[2]
+            elif isinstance(message, Items):
+                self.buffer.extend(message.bundles)
+                self.plenty = message.plenty
                 self.asked = False
                 self.round_trip = 0.8 * self.round_trip + 0.2 * (time.monotonic() - self.asked_at)
-            elif verb == "pool_reply":
-                self.pool.deliver(message[1], message[2])
-            elif verb == "stop":
+            elif isinstance(message, PoolReply):
+                self.pool.deliver(message.requester, message.message)
+            elif isinstance(message, Stop):
                 self.stopping = True
                 self.pool.revoke_queued()
                 self._drop_buffer()
-            elif verb in ("halt", "done"):
-                return True, verb
+            elif isinstance(message, End):
+                self.end = message
+                return True, message.outcome
 
     def _drop_buffer(self) -> None:
         if self.buffer:
-            self.comm.send(("dropped", [entry[0].key for bundle in self.buffer for entry in bundle]), 0)
+            self._send(Dropped([entry[0].key for bundle in self.buffer for entry in bundle]))
             self.buffer.clear()
 
     def _send_event(self, event: Event) -> None:
@@ -354,7 +471,7 @@ class Follower:
         self.handed.pop(event.key, None)
         if event.kind == "done":
             self.pace.observe(event.record.seconds)
-        self.comm.send(event.as_message(), 0)
+        self._send(event.as_message())
 
     def _start_buffered(self) -> bool:
         started = False
@@ -378,6 +495,6 @@ class Follower:
         ahead = 1 + min(64, int(self.round_trip / max(self.pace.seconds, 1e-5)) + 1) if self.pace.short else 0
         prefetch = max(0, self.pool.capacity * (1 + ahead) - self.pool.queued - len(self.buffer) - need)
         if need > 0 or (self.plenty and prefetch > 0):
-            self.comm.send(("request", need, prefetch), 0)
+            self._send(Request(need, prefetch))
             self.asked = True
             self.asked_at = time.monotonic()

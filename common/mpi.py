@@ -4,9 +4,14 @@ Without mpi4py, or with ``MULTINODE_GPU_NO_MPI=1``, the job is a single rank and
 """
 from __future__ import annotations
 
+import logging
+import math
 import multiprocessing
 import os
+import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+log = logging.getLogger("multinode_gpu")
 
 # Variables through which a child process would find (and re-join) the rank's MPI job.
 LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "MPI_LOCAL", "OMPI_", "PRTE_", "I_MPI_",
@@ -25,6 +30,7 @@ class SingleRank:
     """A world of one: what a run without a launcher (or without mpi4py) sees."""
 
     rank, size = 0, 1
+    finalize = True
 
     def allgather(self, value: Any) -> List[Any]:
         return [value]
@@ -41,8 +47,8 @@ class SingleRank:
     def poll(self) -> Optional[Tuple[int, Any]]:
         return None
 
-    def flush(self) -> None:
-        pass
+    def flush(self, timeout: float = 0.0) -> bool:
+        return True
 
     def abort(self, code: int) -> None:
         os._exit(code)
@@ -59,6 +65,8 @@ class MpiWorld:
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._sends: List[Any] = []
         self._status = mpi.Status()
+        self._poll_failed = False
+        self.finalize = True  # False: a peer is gone; leave without MPI_Finalize
 
     def allgather(self, value: Any) -> List[Any]:
         return self.comm.allgather(value)
@@ -70,22 +78,39 @@ class MpiWorld:
         return self.comm.bcast(value, root=0)
 
     def send(self, value: Any, dest: int) -> None:
-        """Non-blocking: two ranks sending to each other at once can never deadlock."""
-        self._sends.append(self.comm.isend(value, dest=dest, tag=self.TAG))
-        if len(self._sends) > 64:
-            self._sends = [r for r in self._sends if not r.Test()]
+        """Non-blocking: two ranks sending to each other at once can never deadlock. A send to a
+        rank that is gone may fail (mpi4py raises MPI errors): liveness decides about that rank."""
+        try:
+            self._sends.append(self.comm.isend(value, dest=dest, tag=self.TAG))
+            if len(self._sends) > 64:
+                self._sends = [r for r in self._sends if not r.Test()]
+        except self.MPI.Exception as error:
+            log.warning("sending to rank %d failed: %s", dest, error)
 
     def poll(self) -> Optional[Tuple[int, Any]]:
         """The next message for this rank as (source, message), or None."""
-        if not self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.TAG, status=self._status):
+        try:
+            if not self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.TAG, status=self._status):
+                return None
+            source = self._status.Get_source()
+            return source, self.comm.recv(source=source, tag=self.TAG)
+        except self.MPI.Exception as error:  # a peer's connection broke: liveness finds out which
+            if not self._poll_failed:
+                self._poll_failed = True
+                log.warning("receiving failed: %s", error)
             return None
-        source = self._status.Get_source()
-        return source, self.comm.recv(source=source, tag=self.TAG)
 
-    def flush(self) -> None:
-        """Wait until every message sent has left (before the final collectives)."""
-        self.MPI.Request.Waitall(self._sends)
-        self._sends = []
+    def flush(self, timeout: float = math.inf) -> bool:
+        """Wait up to ``timeout`` s until every message sent has left; False if some never did
+        (its receiver is gone)."""
+        deadline = time.monotonic() + timeout
+        while self._sends and time.monotonic() < deadline:
+            try:
+                self._sends = [r for r in self._sends if not r.Test()]
+            except self.MPI.Exception:
+                return False
+            time.sleep(0.001)
+        return not self._sends
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)

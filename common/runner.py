@@ -21,6 +21,7 @@ from .app import App, RunInfo
 from .cli import build_parser, module_command
 from .devices import resolve_devices, visible_gpus
 from .distribute import Follower, Leader
+from .messages import Bye
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from .gpu_monitor import GpuMonitor
 from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
@@ -34,6 +35,9 @@ from .worker import STOP_SIGNALS
 from .worker_pool import WorkerPool
 
 log = logging.getLogger("multinode_gpu")
+
+#: seconds a busy worker gets to end what it started (pipeline steps) once the run is over
+WORKER_KILL_AFTER = 10.0
 
 #: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
 #: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
@@ -172,13 +176,19 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return _run(comm, app, notice, fingerprint, argv, stop)
+        code = _run(comm, app, notice, fingerprint, argv, stop)
     except Exception:
         if comm.size > 1:  # the other ranks would wait for this one for ever: end the whole job
             log.exception("unexpected error; aborting all %d ranks", comm.size)
             logging.shutdown()
             comm.abort(1)
         raise
+    if not comm.finalize:  # a rank is gone: MPI_Finalize could wait for it forever, or crash
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
@@ -226,29 +236,44 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     try:  # pool.join() at the very end: rank 0 writes its outputs while its idle workers exit
         try:
             if comm.rank == 0:
+                hosts = {entry["rank"]: entry["host"] for entry in layout}
                 leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
-                                stop)
+                                stop, args.heartbeat_timeout, hosts)
                 outcome = leader.run()
             else:
-                outcome = Follower(comm, pool, stop).run()
+                follower = Follower(comm, pool, stop, args.heartbeat_timeout)
+                outcome = follower.run()
         finally:  # kill_after: time for an item to end what it started (pipeline steps)
-            pool.shutdown(kill_after=10.0, wait=comm.rank != 0)
-        if comm.rank == 0:
-            leader.await_byes()
-        else:
-            comm.send(("bye",), 0)
-        gpu_usage = monitor.stop()
-        comm.flush()
-        reports = comm.gather({"rank": comm.rank, "host": host, "gpu": gpu_usage})
-        code = None
-        if comm.rank == 0:
-            progress.close()
-            code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
-                           started_at)
-            journal.close()
-        return comm.bcast(code)
+            pool.shutdown(kill_after=WORKER_KILL_AFTER, wait=comm.rank != 0)
+        report = {"rank": comm.rank, "host": host, "gpu": monitor.stop()}
+        if comm.rank != 0:
+            return _follower_end(comm, follower, outcome, report, layout[0]["host"])
+        byes = leader.await_byes(args.heartbeat_timeout + WORKER_KILL_AFTER)
+        reports = [report] + [byes[rank] for rank in sorted(byes)]
+        if not comm.flush(args.heartbeat_timeout) or leader.lost:
+            comm.finalize = False  # MPI_Finalize would wait for a rank that is gone
+        progress.close()
+        code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports, started_at)
+        journal.close()
+        return code
     finally:
         pool.join()
+
+
+def _follower_end(comm: Any, follower: Follower, outcome: str, report: dict, leader_host: str) -> int:
+    """A follower's last words: its report to rank 0, or, when rank 0 fell silent, a stop of its own."""
+    if outcome == "lost":
+        comm.finalize = False
+        message = (f"rank {comm.rank}: lost rank 0 on {leader_host} (no message for {follower.silence:.0f} s); "
+                   f"stopped this rank's workers and exiting; finished items are in rank 0's journal: "
+                   f"rerun with --resume to finish")
+        log.error(message)
+        print(message, file=sys.stderr)
+        return EXIT_STOPPED
+    comm.send(Bye(report), 0)
+    if not comm.flush(follower.liveness.timeout):
+        comm.finalize = False
+    return follower.end.code
 
 
 def _default_threads(comm: Any, host: str, workers: int) -> int:
@@ -293,6 +318,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         "item_seconds_total": round(sum(r.seconds for r in this_run), 3),
         "item_seconds_mean": round(sum(r.seconds for r in this_run) / len(this_run), 4) if this_run else None,
         "gpu_usage": gpu,
+        "lost_ranks": [{k: v for k, v in lost.items() if k != "told_to_end"} for lost in leader.lost.values()],
     }
     if leader.bars:
         plot_timeline(leader.bars, results / "timeline")
@@ -321,6 +347,9 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
              + ", ".join(f"{w['host']} [{', '.join(w['devices'])}]" for w in summary["workers"]),
              f"- wall time: {summary['wall_seconds']:.1f} s; item time: {summary['item_seconds_total']:.1f} s",
              ""]
+    for lost in summary.get("lost_ranks", []):
+        lines += [f"- **lost rank {lost['rank']} on {lost['host']}** ({lost['why']}): its "
+                  f"{lost['items_reassigned']} item(s) ran on the other ranks", ""]
     if summary.get("resume_command"):
         lines += ["Stopped before the end. Finish with:", "", f"    {summary['resume_command']}", ""]
     if summary["gpu_usage"]:

@@ -173,6 +173,9 @@ class Scheduler:
         self.in_flight.discard(key)
         if key in self.results or key in self.failed:
             return False
+        self._ready_keys.discard(key)  # given back by a rank that was lost, yet its result came
+        if self.items[key].group:
+            self._ready_groups.get(self.items[key].group, set()).discard(key)
         self.results[key] = result
         self._release_dependents(key)
         return True

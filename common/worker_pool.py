@@ -22,6 +22,7 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 from .app import Record
 from .devices import Device
 from .items import Item
+from .messages import Dropped, Failed, PoolCall, Result
 from .mpi import without_launcher
 from .resources import ResourceBroker
 from .worker import STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
@@ -118,15 +119,15 @@ class Event:
     def key(self) -> str:
         return self.record.key if self.record else ""
 
-    def as_message(self) -> tuple:
-        """The event as rank 0 receives it (see distribute's protocol)."""
+    def as_message(self) -> Any:
+        """The event as rank 0 receives it (a record of :mod:`common.messages`)."""
         if self.kind == "done":
-            return ("result", self.record)
+            return Result(self.record)
         if self.kind == "failed":
-            return ("failed", self.record, self.error, self.traceback)
+            return Failed(self.record, self.error, self.traceback)
         if self.kind == "returned":
-            return ("dropped", list(self.keys))
-        return ("pool",) + tuple(self.message)
+            return Dropped(list(self.keys))
+        return PoolCall(*self.message)
 
 
 class WorkerPool:

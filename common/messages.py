@@ -1,0 +1,110 @@
+"""The messages between ranks, one typed record each (pickled over MPI, one tag).
+
+Follower -> leader: :class:`Request`, :class:`Result`, :class:`Failed`, :class:`PoolCall`,
+:class:`Dropped`, :class:`StopRequest`, :class:`Broken`, :class:`Bye`.
+Leader -> follower: :class:`Items`, :class:`PoolReply`, :class:`Stop`, :class:`End`.
+Both ways: :class:`Heartbeat`, sent only when nothing else went to that rank for a while.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+from .app import Record
+
+
+# ----- follower -> leader -----
+@dataclass
+class Request:
+    """``need``: idle workers with nothing queued; ``prefetch``: more it would queue if there is plenty."""
+
+    need: int
+    prefetch: int
+
+
+@dataclass
+class Result:
+    record: Record
+
+
+@dataclass
+class Failed:
+    """One attempt failed; ``record`` says where and when it ran (its result is None)."""
+
+    record: Record
+    error: str
+    traceback: str = ""
+
+
+@dataclass
+class PoolCall:
+    """A worker's acquire/cancel/release of a global resource pool, or "gone" when it died."""
+
+    verb: str
+    requester: tuple
+    pool: str
+    count: int
+
+
+@dataclass
+class Dropped:
+    """Items handed to this rank that it never started (a stop, or its workers are gone)."""
+
+    keys: List[str]
+
+
+@dataclass
+class StopRequest:
+    """A signal reached this rank: the leader stops the whole run."""
+
+    why: str
+
+
+@dataclass
+class Broken:
+    """No worker of this rank can start: hand it nothing more."""
+
+    why: str
+
+
+@dataclass
+class Bye:
+    """After :class:`End`: the rank's workers are stopped; ``report`` is its end-of-run report."""
+
+    report: Dict[str, Any] = field(default_factory=dict)
+
+
+# ----- leader -> follower -----
+@dataclass
+class Items:
+    """Bundles to run, each [(item, attempt, workers to avoid), ...] of one group or a chunk;
+    ``plenty``: prefetching is welcome."""
+
+    bundles: List[List[Tuple[Any, int, tuple]]]
+    plenty: bool
+
+
+@dataclass
+class PoolReply:
+    requester: tuple
+    message: tuple
+
+
+@dataclass
+class Stop:
+    """Start no more items; running ones may finish."""
+
+
+@dataclass
+class End:
+    """The distribution is over ("done": every item resolved; "halt": stopped). ``code`` is the
+    run's exit code, which every rank returns."""
+
+    outcome: str
+    code: int
+
+
+# ----- both ways -----
+@dataclass
+class Heartbeat:
+    """Proof of life when no other message went out for a while."""

@@ -1,10 +1,67 @@
-"""Per-GPU utilisation and memory, sampled with NVML in a background thread of each rank."""
+"""Per-GPU utilisation, memory, temperature and power, sampled with NVML in a background thread of
+each rank: exact mean and peak for the summary, a bounded series for gpu_usage.png/.csv, and the
+last minute for the status file."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+import time
+from collections import deque
+from typing import Any, Deque, Dict, List, NamedTuple, Optional
 
 from .devices import Device
+
+#: a series longer than this is halved (neighbours averaged): a week at 1 s stays a few hundred kB
+MAX_POINTS = 4000
+#: the status file shows each GPU's last sample and its mean over this many seconds
+RECENT_SECONDS = 60.0
+
+
+class Sample(NamedTuple):
+    """One reading of one GPU; a measure NVML does not give (a MIG slice's utilisation) is None."""
+
+    time: float
+    util_percent: Optional[float]
+    memory_mib: Optional[float]
+    memory_total_mib: Optional[float]
+    temperature_c: Optional[float]
+    power_w: Optional[float]
+
+
+MEASURES = ("util_percent", "memory_mib", "temperature_c", "power_w")
+#: summary key prefix and unit of each measure (util_mean_percent, memory_peak_mib, ...)
+_REPORT_NAMES = {"util_percent": ("util", "percent"), "memory_mib": ("memory", "mib"),
+                 "temperature_c": ("temperature", "c"), "power_w": ("power", "w")}
+
+
+def _mean_sample(samples: List[Sample]) -> Sample:
+    """The average of neighbouring samples (each measure over those that have it)."""
+    def mean(values: List[Optional[float]]) -> Optional[float]:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    return Sample(*(mean([s[i] for s in samples]) for i in range(len(Sample._fields))))
+
+
+class _Series:
+    """Samples kept at a resolution that halves whenever ``MAX_POINTS`` are reached."""
+
+    def __init__(self) -> None:
+        self.points: List[Sample] = []
+        self.stride = 1
+        self._pending: List[Sample] = []
+
+    def add(self, sample: Sample) -> None:
+        self._pending.append(sample)
+        if len(self._pending) < self.stride:
+            return
+        self.points.append(_mean_sample(self._pending) if self.stride > 1 else sample)
+        self._pending = []
+        if len(self.points) >= MAX_POINTS:
+            self.points = [_mean_sample(self.points[i:i + 2]) for i in range(0, len(self.points), 2)]
+            self.stride *= 2
+
+    def all(self) -> List[Sample]:
+        return self.points + ([_mean_sample(self._pending)] if self._pending else [])
 
 
 class GpuMonitor:
@@ -14,10 +71,15 @@ class GpuMonitor:
         # one entry per GPU, however many workers share it (--workers-per-gpu)
         self.devices = list({d.gpu_name: d for d in devices if d.is_gpu}.values())
         self.interval = interval
-        self.samples: Dict[str, List[tuple]] = {}
+        self._series: Dict[str, _Series] = {}
+        self._recent: Dict[str, Deque[Sample]] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._nvml = None
+        self._handles: Dict[str, Any] = {}
+        self._physical: Dict[str, str] = {}
+        self._totals: Dict[str, Dict[str, list]] = {}  # name -> measure -> [sum, count, peak]
 
     def start(self) -> None:
         if not self.devices:
@@ -32,6 +94,7 @@ class GpuMonitor:
         for device in self.devices:
             try:  # a GPU NVML cannot reach is left out, not the others
                 handles[device.gpu_name] = nvml_handle(pynvml, device.physical or str(device.index))
+                self._physical[device.gpu_name] = device.physical or str(device.index)
             except Exception:
                 continue
         if not handles:
@@ -43,22 +106,63 @@ class GpuMonitor:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            now = time.time()
             for name, handle in self._handles.items():
-                self.samples.setdefault(name, []).append(self._sample(handle))
+                self._add(name, self._sample(handle, now))
 
-    def _sample(self, handle: Any) -> Tuple[Optional[float], Optional[float]]:
-        """(utilisation %, memory used MiB), each None where NVML does not give it: a MIG slice
-        has no utilisation, but its memory is still worth reporting."""
-        nvml, util, memory = self._nvml, None, None
+    def _add(self, name: str, sample: Sample) -> None:
+        with self._lock:
+            self._series.setdefault(name, _Series()).add(sample)
+            recent = self._recent.setdefault(name, deque(maxlen=max(2, int(RECENT_SECONDS / self.interval) + 1)))
+            recent.append(sample)
+            totals = self._totals.setdefault(name, {"samples": [0], **{m: [0.0, 0, None] for m in MEASURES}})
+            totals["samples"][0] += 1
+            for measure in MEASURES:
+                value = getattr(sample, measure)
+                if value is not None:
+                    entry = totals[measure]
+                    entry[0] += value
+                    entry[1] += 1
+                    entry[2] = value if entry[2] is None else max(entry[2], value)
+
+    def _sample(self, handle: Any, now: float) -> Sample:
+        """Each measure NVML gives for this GPU; one it refuses is None, not an error."""
+        nvml = self._nvml
+
+        def read(call: Any) -> Optional[float]:
+            try:
+                return float(call())
+            except Exception:
+                return None
+
+        memory = None
         try:
-            util = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         except Exception:
             pass
-        try:
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-        except Exception:
-            pass
-        return util, memory
+        return Sample(now,
+                      read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+                      None if memory is None else memory.used / 2**20,
+                      None if memory is None else memory.total / 2**20,
+                      read(lambda: nvml.nvmlDeviceGetTemperature(handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))),
+                      read(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0))  # milliwatts
+
+    def recent(self) -> List[Dict[str, Any]]:
+        """Each GPU's last sample and its means over the last ``RECENT_SECONDS`` (status file)."""
+        with self._lock:
+            windows = {name: list(samples) for name, samples in self._recent.items()}
+        views = []
+        for name, samples in sorted(windows.items()):
+            mean = _mean_sample(samples)
+            views.append({"gpu": name, "physical": self._physical.get(name), **samples[-1]._asdict(),
+                          "util_recent_percent": mean.util_percent, "memory_recent_mib": mean.memory_mib})
+        return views
+
+    def series(self) -> Dict[str, Dict[str, Any]]:
+        """name -> {"physical", "samples": [Sample as a tuple, ...]}: what rank 0 plots."""
+        with self._lock:
+            return {name: {"physical": self._physical.get(name), "samples": [tuple(s) for s in series.all()]}
+                    for name, series in self._series.items()}
 
     def stop(self) -> Dict[str, Dict[str, float]]:
         if self._thread is None:
@@ -69,17 +173,27 @@ class GpuMonitor:
             self._nvml.nvmlShutdown()
         except Exception:
             pass
-        return {name: usage_report(samples) for name, samples in self.samples.items()}
+        with self._lock:
+            return {name: _report(totals) for name, totals in self._totals.items()}
 
 
-def usage_report(samples: List[Tuple[Optional[float], Optional[float]]]) -> Dict[str, Optional[float]]:
-    """Mean and peak of each measure over the samples that have it (None where none has)."""
-    report: Dict[str, Optional[float]] = {"samples": len(samples)}
-    for position, measure, unit in ((0, "util", "percent"), (1, "memory", "mib")):
-        values = [sample[position] for sample in samples if sample[position] is not None]
-        report[f"{measure}_mean_{unit}"] = sum(values) / len(values) if values else None
-        report[f"{measure}_peak_{unit}"] = max(values) if values else None
+def _report(totals: Dict[str, list]) -> Dict[str, Optional[float]]:
+    report: Dict[str, Optional[float]] = {"samples": totals["samples"][0]}
+    for measure in MEASURES:
+        total, count, peak = totals[measure]
+        prefix, unit = _REPORT_NAMES[measure]
+        report[f"{prefix}_mean_{unit}"] = total / count if count else None
+        report[f"{prefix}_peak_{unit}"] = peak
     return report
+
+
+def usage_report(samples: List[Sample]) -> Dict[str, Optional[float]]:
+    """Mean and peak of each measure over the samples that have it (None where none has)."""
+    totals: Dict[str, list] = {"samples": [len(samples)]}
+    for measure in MEASURES:
+        values = [getattr(sample, measure) for sample in samples if getattr(sample, measure) is not None]
+        totals[measure] = [sum(values), len(values), max(values) if values else None]
+    return _report(totals)
 
 
 def nvml_handle(nvml: Any, ident: str) -> Any:

@@ -1,11 +1,23 @@
-"""The GPU monitor's pure parts: naming a GPU to NVML, and the usage report.
+"""The GPU monitor: naming a GPU to NVML, sampling it over time, the usage report and figure.
 
 NVML needs an NVIDIA driver, which this machine lacks; ``FakeNvml`` answers the few NVML calls
-``nvml_handle`` makes, as the driver would for two GPUs.
+``nvml_handle`` makes, as the driver would for two GPUs, and ``tests/fake_nvml/pynvml.py`` stands in
+for the whole ``pynvml`` module (the monitor imports it as it would the real one).
 """
+import csv
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from common.gpu_monitor import nvml_handle, usage_report
+from common import gpu_monitor
+from common.devices import Device
+from common.gpu_monitor import GpuMonitor, Sample, nvml_handle, usage_report
+from common.gpu_usage import write_gpu_usage
+
+FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml" / "pynvml.py"
 
 
 class FakeNvml:
@@ -39,11 +51,78 @@ def test_an_unknown_uuid_is_not_matched():
         nvml_handle(FakeNvml(), "GPU-ffff")
 
 
+def sample(util, memory, temperature=None, power=None, at=0.0):
+    return Sample(at, util, memory, 40960.0, temperature, power)
+
+
 def test_a_measure_nvml_cannot_give_is_reported_as_none_and_the_others_still_are():
     # a MIG slice: no utilisation, memory known
-    report = usage_report([(None, 100.0), (None, 300.0)])
+    report = usage_report([sample(None, 100.0), sample(None, 300.0)])
     assert report == {"samples": 2, "util_mean_percent": None, "util_peak_percent": None,
-                      "memory_mean_mib": 200.0, "memory_peak_mib": 300.0}
-    report = usage_report([(50.0, 10.0), (None, 30.0), (70.0, None)])
+                      "memory_mean_mib": 200.0, "memory_peak_mib": 300.0, "temperature_mean_c": None,
+                      "temperature_peak_c": None, "power_mean_w": None, "power_peak_w": None}
+    report = usage_report([sample(50.0, 10.0, 60.0, 250.0), sample(None, 30.0), sample(70.0, None, 70.0, 150.0)])
     assert report["util_mean_percent"] == 60.0 and report["util_peak_percent"] == 70.0
     assert report["memory_mean_mib"] == 20.0 and report["memory_peak_mib"] == 30.0
+    assert report["temperature_mean_c"] == 65.0 and report["power_peak_w"] == 250.0
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    return module
+
+
+def test_samples_over_time_with_a_fake_nvml(fake_nvml):
+    """Two GPUs, the second a MIG-like slice without utilisation, temperature or power."""
+    monitor = GpuMonitor([Device("cuda", 0, "0"), Device("cuda", 1, "1"), Device("cpu", 0)], interval=0.02)
+    monitor.start()
+    time.sleep(0.5)
+    recent = {view["gpu"]: view for view in monitor.recent()}
+    series = monitor.series()
+    report = monitor.stop()
+    assert set(report) == set(series) == set(recent) == {"gpu0", "gpu1"}
+    full, mig = report["gpu0"], report["gpu1"]
+    assert full["samples"] >= 5 and full["samples"] == len(series["gpu0"]["samples"])
+    assert 25 <= full["util_mean_percent"] <= full["util_peak_percent"] <= 95
+    assert 6000 <= full["memory_mean_mib"] <= full["memory_peak_mib"] <= 10000
+    assert 45 <= full["temperature_peak_c"] <= 65 and 120 <= full["power_peak_w"] <= 280
+    assert mig["util_mean_percent"] is None and mig["power_mean_w"] is None and mig["memory_peak_mib"] > 0
+    times = [s[0] for s in series["gpu0"]["samples"]]
+    assert times == sorted(times) and times[-1] - times[0] >= 0.2
+    assert recent["gpu0"]["memory_total_mib"] == 40960 and recent["gpu0"]["util_recent_percent"] is not None
+    assert recent["gpu1"]["util_percent"] is None and recent["gpu1"]["physical"] == "1"
+
+
+def test_a_long_run_keeps_a_bounded_series_with_exact_mean_and_peak(fake_nvml, monkeypatch):
+    monkeypatch.setattr(gpu_monitor, "MAX_POINTS", 100)
+    monitor = GpuMonitor([Device("cuda", 0, "0")])
+    for second in range(1000):
+        monitor._add("gpu0", sample(float(second % 100), 1000.0 + second, at=float(second)))
+    points = monitor.series()["gpu0"]["samples"]
+    assert 50 <= len(points) <= 100, len(points)
+    assert points[0][0] < 10 and points[-1][0] > 990  # still the whole run
+    assert sum(p[1] for p in points) / len(points) == pytest.approx(49.5, abs=1.0)
+    totals = gpu_monitor._report(monitor._totals["gpu0"])
+    assert totals["samples"] == 1000 and totals["util_peak_percent"] == 99.0 and totals["memory_peak_mib"] == 1999.0
+
+
+def test_gpu_usage_figure_and_csv_from_every_rank(tmp_path):
+    reports = [{"rank": rank, "host": f"node{rank}", "gpu_series": {
+        f"gpu{index}": {"physical": str(index), "samples": [tuple(sample(10.0 * t + index, 500.0 + t, 50.0, 200.0,
+                                                                           at=1000.0 + t)) for t in range(20)]}
+        for index in range(2)}} for rank in range(2)]
+    reports.append({"rank": 2, "host": "node2", "gpu_series": {}})  # a CPU-only rank
+    assert write_gpu_usage(reports, tmp_path) == "gpu_usage.png"
+    for suffix, magic in ((".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")):
+        assert (tmp_path / f"gpu_usage{suffix}").read_bytes().startswith(magic), suffix
+    rows = list(csv.DictReader((tmp_path / "gpu_usage.csv").open()))
+    assert len(rows) == 2 * 2 * 20
+    assert {row["gpu"] for row in rows} == {"rank0-gpu0", "rank0-gpu1", "rank1-gpu0", "rank1-gpu1"}
+    assert {row["host"] for row in rows} == {"node0", "node1"}
+    first = next(row for row in rows if row["gpu"] == "rank1-gpu1")
+    assert float(first["util_percent"]) == 1.0 and float(first["power_w"]) == 200.0
+    assert write_gpu_usage([{"rank": 0, "host": "a", "gpu_series": {}}], tmp_path / "none") is None

@@ -1,0 +1,75 @@
+"""gpu_usage.png/.svg/.pdf and gpu_usage.csv: every GPU of every node over the whole run, from the
+series each rank's ``GpuMonitor`` kept and rank 0 gathered."""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+from .gpu_monitor import Sample
+from .outputs import atomic_write_bytes, atomic_write_text, new_figure, save_figure
+
+CSV_NAME = "gpu_usage.csv"
+PLOT_NAME = "gpu_usage"
+_PANELS = (("util_percent", "utilisation %"), ("memory_mib", "memory used, MiB"),
+           ("temperature_c", "temperature, °C"), ("power_w", "power, W"))
+
+
+def gathered_series(reports: List[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """"rank0-gpu1" -> {"host", "physical", "samples": [Sample, ...]} from every rank's report."""
+    series = {}
+    for report in reports:
+        for name, entry in (report.get("gpu_series") or {}).items():
+            samples = [Sample(*values) for values in entry["samples"]]
+            if samples:
+                series[f"rank{report['rank']}-{name}"] = {"host": report["host"], "physical": entry.get("physical"),
+                                                          "samples": samples}
+    return series
+
+
+def write_gpu_usage(reports: List[Mapping[str, Any]], results: Path) -> Optional[str]:
+    """Write the CSV and the figure where any GPU was sampled; the figure's PNG name, else None."""
+    series = gathered_series(reports)
+    if not series:
+        return None
+    atomic_write_text(Path(results) / CSV_NAME, _csv(series))
+    _plot(series, Path(results) / PLOT_NAME)
+    return f"{PLOT_NAME}.png"
+
+
+def _csv(series: Mapping[str, Mapping[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["time", "gpu", "host", "physical", *Sample._fields[1:]])
+    rows = [(sample.time, name, entry["host"], entry["physical"], *sample[1:])
+            for name, entry in series.items() for sample in entry["samples"]]
+    for row in sorted(rows, key=lambda row: (row[0], row[1])):
+        writer.writerow(["" if value is None else round(value, 3) if isinstance(value, float) else value
+                         for value in row])
+    return buffer.getvalue()
+
+
+def _plot(series: Mapping[str, Mapping[str, Any]], path_without_suffix: Path) -> None:
+    panels = [(field, label) for field, label in _PANELS
+              if any(getattr(s, field) is not None for entry in series.values() for s in entry["samples"])]
+    if not panels:  # sampled, but NVML gave no measure at all: the CSV says so
+        panels = [_PANELS[0]]
+    origin = min(entry["samples"][0].time for entry in series.values())
+    fig, axes = new_figure(10, 0.6 + 2.0 * len(panels), len(panels), 1, squeeze=False, sharex=True)
+    for ax, (field, label) in zip(axes[:, 0], panels):
+        for name, entry in sorted(series.items()):
+            points = [(s.time - origin, getattr(s, field)) for s in entry["samples"] if getattr(s, field) is not None]
+            if points:
+                ax.plot(*zip(*points), linewidth=1.0, label=f"{name} ({entry['host']})")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if field == "util_percent":
+            ax.set_ylim(0, 105)
+    axes[-1, 0].set_xlabel("seconds since the first sample")
+    axes[0, 0].set_title(f"GPU use: {len(series)} GPU(s) on {len({e['host'] for e in series.values()})} node(s)")
+    axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="pdf", bbox_inches="tight")
+    atomic_write_bytes(Path(path_without_suffix).with_suffix(".pdf"), buffer.getvalue())
+    save_figure(fig, path_without_suffix)

@@ -1,0 +1,281 @@
+"""``python -m common.status RESULTS [--watch [S]]``: what a job is doing, from its results folder.
+
+Made for the login node, which sees the results folder but cannot reach the compute nodes: it reads
+``status.json`` (rank 0 rewrites it every few seconds) and the journal (newer by up to those few
+seconds), and says when the status file has gone stale, that is, when the job is gone.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, TextIO
+
+from .journal import JOURNAL_NAME
+from .progress import format_seconds
+from .status_file import STATUS_NAME, STATUS_SECONDS
+
+#: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals
+STALE_INTERVALS = 4
+STALE_MINIMUM_SECONDS = 20.0
+#: a rank whose snapshot is older than this many intervals is shown as silent
+SILENT_INTERVALS = 3
+FINAL_STATES = ("complete", "failed", "stopped")
+
+
+class NotAResultsFolder(Exception):
+    pass
+
+
+class JournalCounts:
+    """Items done and failed according to the journal, read incrementally (``--watch`` rereads
+    only what was appended)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.done: set = set()
+        self.failed: Dict[str, str] = {}
+        self.header: Optional[dict] = None
+        self.start: Optional[dict] = None  # the last start event (this run's, on a resumed job)
+        self.stops: List[dict] = []
+        self.lost: Dict[int, dict] = {}
+
+    def update(self) -> None:
+        try:
+            with open(self.path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size < self.offset:  # a new journal: start again
+                    self.__init__(self.path)
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except OSError:
+            return
+        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next read
+        self.offset += end
+        for raw in chunk[:end].splitlines():
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(entry, dict):
+                continue
+            kind = entry.get("type")
+            if kind == "header":
+                self.header = entry
+            elif kind == "result" and "key" in entry:
+                self.done.add(entry["key"])
+                self.failed.pop(entry["key"], None)
+            elif kind == "failed" and "key" in entry:
+                self.failed[entry["key"]] = ((entry.get("error") or "").splitlines() or [""])[-1]
+            elif kind == "start":  # a resumed run retries what failed before
+                self.start, self.stops, self.failed = entry, [], {}
+            elif kind == "stop":
+                self.stops.append(entry)
+            elif kind == "rank_lost":
+                self.lost[entry.get("rank")] = entry
+
+
+def read_status(path: Path) -> Optional[dict]:
+    """The status file, or None where there is none (a job from before it, or not yet started).
+    It is replaced atomically, so a read never sees half of one; a damaged one counts as absent."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _when(epoch: Optional[float]) -> str:
+    if not epoch:
+        return "?"
+    return datetime.datetime.fromtimestamp(epoch).isoformat(sep=" ", timespec="seconds")
+
+
+def _ago(epoch: Optional[float], now: float) -> str:
+    return "?" if not epoch else f"{format_seconds(max(0.0, now - epoch))} ago"
+
+
+def _number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def describe(results: Path, status: Optional[dict], journal: JournalCounts, now: float) -> str:
+    """The report as text: what ``python -m common.status`` prints."""
+    if status is None and journal.header is None:
+        raise NotAResultsFolder(f"{results}: no {STATUS_NAME} and no {JOURNAL_NAME}: not the results folder "
+                                f"of a run (or the run has not started yet)")
+    summary = read_status(results / "summary.json") if (results / "summary.json").exists() else None
+    lines: List[str] = []
+    if status is None:  # a run from before the status file: the journal alone
+        app = (journal.header or {}).get("fingerprint", {}).get("app", "?")
+        state = summary.get("status") if summary else "unknown (no status file)"
+        lines.append(f"{app}: {state}")
+        lines.append(f"items    {len(journal.done)} done, {len(journal.failed)} failed (from the journal; the total "
+                     f"is not known without {STATUS_NAME})")
+        lines += _failures([{"key": k, "error": e} for k, e in journal.failed.items()], len(journal.failed))
+        return "\n".join(lines) + "\n"
+
+    every = float(status.get("every") or STATUS_SECONDS)
+    state = status.get("state", "?")
+    age = now - float(status.get("updated") or 0)
+    stale_after = max(STALE_INTERVALS * every, STALE_MINIMUM_SECONDS)
+    if state in ("running", "stopping") and age > stale_after:
+        shown = (f"GONE? the status file has not been refreshed for {format_seconds(age)} (every {every:g} s while "
+                 f"the job runs): the job was probably killed; rerun it with --resume to finish")
+    elif state == "finishing":
+        shown = f"finishing: writing the outputs since {_ago(status.get('updated'), now)}"
+    else:
+        shown = state
+        if state == "stopping" and status.get("stopping"):
+            shown += f" ({status['stopping']})"
+    lines.append(f"{status.get('app', '?')}: {shown}")
+    lines.append(f"command  {status.get('command', '')}")
+    lines.append(f"status   updated {_ago(status.get('updated'), now)} by rank 0 on {status.get('host', '?')} "
+                 f"(pid {status.get('pid', '?')})")
+
+    total = int(status.get("items_total") or 0)
+    done = max(int(status.get("items_done") or 0), len(journal.done))  # the journal may be a moment ahead
+    done = min(done, total) if total else done
+    failed = max(int(status.get("items_failed") or 0), len(journal.failed))
+    share = f" ({100.0 * done / total:.1f}%)" if total else ""
+    running = status.get("items_running", 0) if state not in FINAL_STATES else 0
+    resumed = int(status.get("items_resumed") or 0)
+    lines.append(f"items    {done} of {total} done{share}, {failed} failed, {running} running"
+                 + (f"; {resumed} from an earlier run" if resumed else ""))
+    elapsed = (float(status.get("updated") or now) if state in FINAL_STATES else now) - float(status.get("started") or now)
+    rate = status.get("rate_per_second")
+    if state in FINAL_STATES:
+        lines.append(f"time     started {_when(status.get('started'))}, ran {format_seconds(elapsed)}")
+    else:
+        eta = status.get("eta_seconds")
+        lines.append(f"rate     {_number(rate, ' items/s', 3)}, ETA {format_seconds(eta)}; "
+                     f"started {_when(status.get('started'))}, {format_seconds(elapsed)} ago")
+    if state == "stopped" and summary and summary.get("resume_command"):
+        lines.append(f"resume   {summary['resume_command']}")
+
+    lines += _ranks(status, journal, every, now)
+    if state not in FINAL_STATES:
+        lines += _workers(status, now)
+    lines += _gpus(status)
+    lines += _failures(status.get("failures") or [{"key": k, "error": e} for k, e in journal.failed.items()], failed)
+    if state in FINAL_STATES and (results / "report.html").exists():
+        lines.append(f"report   {results / 'report.html'}")
+    return "\n".join(lines) + "\n"
+
+
+def _ranks(status: dict, journal: JournalCounts, every: float, now: float) -> List[str]:
+    ranks = status.get("ranks") or []
+    lost = {entry.get("rank"): entry for entry in journal.lost.values()}
+    parts = []
+    for rank in ranks:
+        number, host = rank.get("rank"), rank.get("host", "?")
+        if number in lost:
+            parts.append(f"rank {number} on {host}: LOST ({lost[number].get('why', '')})")
+        elif rank.get("broken"):
+            parts.append(f"rank {number} on {host}: no worker could start ({rank['broken']})")
+        elif status.get("state") in ("running", "stopping") and rank.get("heard") \
+                and now - rank["heard"] > SILENT_INTERVALS * every + every:
+            parts.append(f"rank {number} on {host}: silent for {format_seconds(now - rank['heard'])}")
+        else:
+            parts.append(f"rank {number} on {host}: ok")
+    if not parts:
+        return []
+    lost_count = sum(1 for p in parts if not p.endswith(": ok"))
+    head = f"ranks    {len(parts)}" + (f", {lost_count} not ok" if lost_count else "")
+    return [head] + [f"  {part}" for part in parts]
+
+
+def _workers(status: dict, now: float) -> List[str]:
+    workers = status.get("workers") or []
+    if not workers:
+        return []
+    busy = sum(1 for w in workers if w.get("state") == "running")
+    lines = [f"workers  {len(workers)}, {busy} running an item"]
+    width = max(len(w.get("worker", "")) for w in workers)
+    for w in workers:
+        where = f"{w.get('worker', '?'):<{width}}  {w.get('host', '?')}"
+        if w.get("state") == "running":
+            extra = f" (+{w['together'] - 1} run with it)" if w.get("together", 1) > 1 else ""
+            attempt = f", attempt {w['attempt']}" if (w.get("attempt") or 1) > 1 else ""
+            lines.append(f"  {where}  {w.get('key')}{extra} for {format_seconds(now - w['since'])}{attempt}")
+        elif w.get("state") == "given up":
+            lines.append(f"  {where}  given up: {w.get('error', '')}")
+        else:
+            lines.append(f"  {where}  {w.get('state', '?')}")
+    return lines
+
+
+def _gpus(status: dict) -> List[str]:
+    gpus = status.get("gpus") or []
+    if not gpus:
+        return []
+    lines = ["GPUs     last sample (mean of the last minute)"]
+    for g in gpus:
+        memory = _number(g.get("memory_mib"), digits=0)
+        if g.get("memory_total_mib"):
+            memory += f"/{g['memory_total_mib']:.0f}"
+        lines.append(f"  rank{g.get('rank')}-{g.get('gpu')}  {g.get('host', '?')}  "
+                     f"util {_number(g.get('util_percent'), '%')} ({_number(g.get('util_recent_percent'), '%')})  "
+                     f"memory {memory} MiB ({_number(g.get('memory_recent_mib'))})  "
+                     f"{_number(g.get('temperature_c'), ' C')}  {_number(g.get('power_w'), ' W')}")
+    return lines
+
+
+def _failures(failures: List[dict], count: int) -> List[str]:
+    if not count:
+        return []
+    lines = [f"failed   {count}" + (f" (the last {len(failures)} listed)" if len(failures) < count else "")]
+    lines += [f"  {f.get('key')}: {f.get('error', '')}" for f in failures]
+    return lines
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m common.status", description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="the job's results folder (--results)")
+    parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="S",
+                        help="refresh every S seconds (default 2) until the job ends; Ctrl-C to leave")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
+    args = _parser().parse_args(argv)
+    if args.watch is not None and not args.watch > 0:
+        print(f"python -m common.status: error: --watch takes a positive number of seconds, got {args.watch:g}",
+              file=sys.stderr)
+        return 2
+    results: Path = args.results
+    if not results.is_dir():
+        print(f"python -m common.status: error: {results}: no such folder", file=sys.stderr)
+        return 2
+    journal = JournalCounts(results / JOURNAL_NAME)
+    clear = args.watch is not None and out.isatty()
+    try:
+        while True:
+            journal.update()
+            status = read_status(results / STATUS_NAME)
+            try:
+                text = describe(results, status, journal, time.time())
+            except NotAResultsFolder as problem:
+                if args.watch is None:
+                    print(f"python -m common.status: error: {problem}", file=sys.stderr)
+                    return 2
+                text = f"waiting: {problem}\n"
+            if clear:
+                out.write("\x1b[H\x1b[2J")
+            elif args.watch is not None:
+                out.write(f"--- {_when(time.time())}\n")
+            out.write(text)
+            out.flush()
+            if args.watch is None or (status or {}).get("state") in FINAL_STATES:
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

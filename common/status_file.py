@@ -1,0 +1,158 @@
+"""status.json: what a running job is doing, for ``python -m common.status`` on a login node, which
+sees the results folder (a shared filesystem) but cannot reach the compute nodes.
+
+Every rank but 0 sends rank 0 a small snapshot of its workers and GPUs every ``STATUS_SECONDS``
+(one MPI message); rank 0 adds its own and the run's counts and rewrites the file atomically at the
+same pace, from its distribution loop (so a file that stops changing means rank 0 stopped).
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+from .outputs import atomic_write_json
+
+STATUS_NAME = "status.json"
+FORMAT_VERSION = 1
+#: how often the file is rewritten (and followers report); MULTINODE_GPU_STATUS_SECONDS overrides it
+STATUS_SECONDS = 5.0
+#: the rate (and so the ETA) is measured over this much recent time
+RATE_WINDOW_SECONDS = 300.0
+#: failures listed in the file (the count is always complete)
+MAX_FAILURES_LISTED = 20
+
+
+def status_seconds() -> float:
+    try:
+        value = float(os.environ.get("MULTINODE_GPU_STATUS_SECONDS", STATUS_SECONDS))
+    except ValueError:
+        return STATUS_SECONDS
+    return value if value > 0 else STATUS_SECONDS
+
+
+class _WorkerClock:
+    """Since when each worker runs its current item. A bundle queued behind the running one was
+    handed over before it started, so an item first seen running after another is dated no earlier
+    than the snapshot that still showed the other one."""
+
+    def __init__(self) -> None:
+        self.seen: Dict[str, Tuple[str, float]] = {}  # worker -> (key, since)
+        self.last = 0.0
+
+    def since(self, worker: str, key: str, handed: float, now: float) -> float:
+        previous = self.seen.get(worker)
+        if previous and previous[0] == key:
+            return previous[1]
+        since = handed if previous is None else max(handed, self.last)
+        self.seen[worker] = (key, since)
+        return since
+
+
+def rank_snapshot(pool: Any, monitor: Any, clock: _WorkerClock) -> Dict[str, Any]:
+    """This rank's workers (the item each runs and since when) and its GPUs' recent use."""
+    now = time.time()
+    workers = []
+    for name, worker in sorted(pool.workers.items()):
+        running = worker.assigned[0] if worker.assigned else None
+        entry = running.entries[0] if running and running.entries else None
+        state = "running" if entry else "idle" if worker.ready else "starting"
+        view = {"worker": name, "device": str(worker.device), "pid": worker.process.pid, "state": state}
+        if entry is not None:
+            item, attempt, handed = entry
+            view.update(key=item.key, attempt=attempt, since=clock.since(name, item.key, handed, now),
+                        together=len(running.entries) if running.together else 1)
+        else:
+            clock.seen.pop(name, None)
+        workers.append(view)
+    clock.last = now
+    return {"rank": pool.rank, "host": pool.host, "time": now, "workers": workers,
+            "given_up": dict(pool.given_up), "gpus": monitor.recent()}
+
+
+class RankReporter:
+    """A follower's side: its snapshot to rank 0 every ``every`` s (``tick`` from its loop)."""
+
+    def __init__(self, comm: Any, pool: Any, monitor: Any, every: Optional[float] = None):
+        self.comm, self.pool, self.monitor = comm, pool, monitor
+        self.every = every or status_seconds()
+        self.clock = _WorkerClock()
+        self._next = 0.0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.every
+            self.comm.send(("status", rank_snapshot(self.pool, self.monitor, self.clock)), 0)
+
+
+class StatusWriter:
+    """Rank 0's side: gathers the snapshots and keeps ``status.json`` current."""
+
+    def __init__(self, results: Path, *, app: str, command: str, layout: List[dict], items_total: int,
+                 items_resumed: int, started_at: float, pool: Any, monitor: Any, every: Optional[float] = None):
+        self.path = Path(results) / STATUS_NAME
+        self.every = every or status_seconds()
+        self.header = {"format": FORMAT_VERSION, "app": app, "command": command, "host": layout[0]["host"],
+                       "pid": os.getpid(), "started": started_at, "every": self.every,
+                       "items_total": items_total, "items_resumed": items_resumed}
+        self.layout = layout
+        self.pool, self.monitor = pool, monitor
+        self.clock = _WorkerClock()
+        self.snapshots: Dict[int, Dict[str, Any]] = {}  # rank -> its last snapshot
+        self.heard: Dict[int, float] = {entry["rank"]: started_at for entry in layout}
+        # (time, items done this run) over the rate window
+        self.done: Deque[Tuple[float, int]] = deque([(started_at, 0)])
+        self._next = 0.0
+
+    def absorb(self, rank: int, snapshot: Dict[str, Any]) -> None:
+        """A follower's snapshot (its "status" message)."""
+        self.snapshots[rank] = snapshot
+        self.heard[rank] = time.time()
+
+    def tick(self, leader: Any) -> None:
+        """From rank 0's loop: rewrite the file when it is due."""
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.every
+            self.write(leader, "stopping" if leader.stopping else "running")
+
+    def write(self, leader: Any, state: str) -> None:
+        now = time.time()
+        self.snapshots[0] = rank_snapshot(self.pool, self.monitor, self.clock)
+        self.heard[0] = now
+        scheduler = leader.scheduler
+        this_run = len(leader.records)
+        self.done.append((now, this_run))
+        while len(self.done) > 2 and self.done[1][0] <= now - RATE_WINDOW_SECONDS:
+            self.done.popleft()
+        (first_time, first_done), span = self.done[0], now - self.done[0][0]
+        rate = (this_run - first_done) / span if span > 0 else 0.0
+        remaining = scheduler.unresolved
+        failed = list(scheduler.failed.items())
+        status = {
+            **self.header, "updated": now, "state": state, "stopping": leader.stopping,
+            "items_done": len(scheduler.results), "items_this_run": this_run, "items_failed": len(failed),
+            "items_running": len(scheduler.in_flight), "items_remaining": remaining,
+            "rate_per_second": rate, "eta_seconds": remaining / rate if rate > 0 and remaining else None,
+            "failures": [{"key": key, "error": (error.splitlines() or [""])[-1]}
+                         for key, error in failed[-MAX_FAILURES_LISTED:]],
+            "ranks": [{"rank": entry["rank"], "host": entry["host"], "heard": self.heard.get(entry["rank"]),
+                       "broken": leader.broken.get(entry["rank"])} for entry in self.layout],
+            "workers": [w for rank in sorted(self.snapshots) for w in self._workers(rank)],
+            "gpus": [{"rank": rank, "host": snap["host"], **gpu}
+                     for rank, snap in sorted(self.snapshots.items()) for gpu in snap["gpus"]],
+        }
+        try:
+            atomic_write_json(self.path, status)
+        except OSError:
+            pass  # a full disk shows elsewhere (the journal); the status file simply goes stale
+
+    def _workers(self, rank: int) -> List[Dict[str, Any]]:
+        snapshot = self.snapshots[rank]
+        given_up = [{"worker": name, "state": "given up", "error": error}
+                    for name, error in snapshot.get("given_up", {}).items()]
+        return [{"rank": rank, "host": snapshot["host"], **w} for w in snapshot["workers"] + given_up]
+

@@ -112,7 +112,7 @@ def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path
         return (tmp_path / "argv").read_text().splitlines()
 
     launch = ["--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8", "--gpus-per-node=2",
-              "--kill-on-bad-exit=0", "apptainer", "exec", "--nv", "--bind", "/data:/data", "img.sif",
+              "--kill-on-bad-exit=0", "--no-kill", "apptainer", "exec", "--nv", "--bind", "/data:/data", "img.sif",
               "python", "-m", "mnist_nn"]
     assert srun_argv() == launch + ["1", "1", "--gpu", "all", "--grace", "240", "--resume"]
     # Arguments after the script replace the defaults; flags they set are not added again.

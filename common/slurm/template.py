@@ -98,8 +98,10 @@ def header(spec: JobSpec) -> List[str]:
         options.append(f"--partition={spec.partition}")
     if spec.account:
         options.append(f"--account={spec.account}")
+    # --no-kill: a failed node does not end the job; the run gives that node's items to the others
+    # (--heartbeat-timeout). If the batch host itself fails, Slurm requeues the job (--requeue).
     options += ["--output=%x-%j.out", "--open-mode=append",
-                f"--signal=B:USR1@{spec.warning}", "--requeue"]
+                f"--signal=B:USR1@{spec.warning}", "--requeue", "--no-kill"]
     return [f"#SBATCH {option}" for option in options]
 
 
@@ -126,7 +128,8 @@ def _srun_options(spec: JobSpec) -> str:
     if not spec.cpu:  # as many as the job got: an sbatch --gpus-per-node on the command line wins
         options.append(f'--gpus-per-node="${{SLURM_GPUS_PER_NODE:-{spec.gpus_per_node}}}"')
     # Ranks stop at slightly different times after a signal; never let Slurm kill rank 0 mid-flush.
-    options.append("--kill-on-bad-exit=0")
+    # A rank that dies, or a node that fails, leaves the step running: the run carries on without it.
+    options += ["--kill-on-bad-exit=0", "--no-kill"]
     return " ".join(options)
 
 

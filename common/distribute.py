@@ -21,7 +21,7 @@ from .cli import DEFAULT_HEARTBEAT_TIMEOUT
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from .journal import Journal
 from .messages import (Broken, Bye, Dropped, End, Failed, Heartbeat, Items, PoolCall, PoolReply, Request, Result,
-                       Stop, StopRequest)
+                       Status, Stop, StopRequest)
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
@@ -124,6 +124,7 @@ class Leader:
         self.holding: Dict[int, Set[str]] = {rank: set() for rank in self.followers}  # keys a follower holds
         self.lost: Dict[int, Dict[str, Any]] = {}  # rank -> what happened, for the summary
         self.code = EXIT_OK
+        self.status: Optional[Any] = None  # common.status_file.StatusWriter, set by the runner
 
     @property
     def live(self) -> List[int]:
@@ -151,6 +152,8 @@ class Leader:
                 active |= self._dispatch()
                 self._check_workers_left()
             self.journal.maybe_sync()
+            if self.status is not None:
+                self.status.tick(self)
             if not self.stopping and self.scheduler.all_resolved():
                 return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
             if self.stopping and (not self.scheduler.in_flight or time.monotonic() > self.deadline):
@@ -316,6 +319,8 @@ class Leader:
         elif isinstance(message, Broken):
             self.broken[source] = message.why
             self.requests.pop(source, None)
+        elif isinstance(message, Status) and self.status is not None:
+            self.status.absorb(source, message.snapshot)
 
     # ----- handing out -----
     def _dispatch(self) -> bool:
@@ -395,6 +400,7 @@ class Follower:
         self.liveness = Liveness([0], heartbeat_timeout)
         self.end: Optional[End] = None
         self.silence = 0.0  # how long rank 0 had been silent when it was given up
+        self.status: Optional[Any] = None  # common.status_file.RankReporter, set by the runner
 
     def run(self) -> str:
         """Until the leader's :class:`End` ("done" or "halt"), or "lost" when rank 0 fell silent."""
@@ -413,6 +419,8 @@ class Follower:
             for event in self.pool.poll(timeout):
                 active = True
                 self._send_event(event)
+            if self.status is not None and self.status.due():
+                self._send(Status(self.status.snapshot()))
             why = self.stop_signal()
             if why and not self.told_stop:
                 self.told_stop = True

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from .gpu_monitor import Sample
 from .outputs import atomic_write_bytes, atomic_write_text, new_figure, save_figure
+
+log = logging.getLogger("multinode_gpu")
 
 CSV_NAME = "gpu_usage.csv"
 PLOT_NAME = "gpu_usage"
@@ -33,8 +36,12 @@ def write_gpu_usage(reports: List[Mapping[str, Any]], results: Path) -> Optional
     series = gathered_series(reports)
     if not series:
         return None
-    atomic_write_text(Path(results) / CSV_NAME, _csv(series))
-    _plot(series, Path(results) / PLOT_NAME)
+    try:
+        atomic_write_text(Path(results) / CSV_NAME, _csv(series))
+        _plot(series, Path(results) / PLOT_NAME)
+    except Exception as error:  # noqa: BLE001 - the figure must never cost the run its summary
+        log.warning("gpu_usage.png not written: %s: %s", type(error).__name__, error)
+        return None
     return f"{PLOT_NAME}.png"
 
 

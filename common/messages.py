@@ -1,7 +1,7 @@
 """The messages between ranks, one typed record each (pickled over MPI, one tag).
 
 Follower -> leader: :class:`Request`, :class:`Result`, :class:`Failed`, :class:`PoolCall`,
-:class:`Dropped`, :class:`StopRequest`, :class:`Broken`, :class:`Bye`.
+:class:`Dropped`, :class:`StopRequest`, :class:`Broken`, :class:`Status`, :class:`Bye`.
 Leader -> follower: :class:`Items`, :class:`PoolReply`, :class:`Stop`, :class:`End`.
 Both ways: :class:`Heartbeat`, sent only when nothing else went to that rank for a while.
 """
@@ -102,6 +102,13 @@ class End:
 
     outcome: str
     code: int
+
+
+@dataclass
+class Status:
+    """Every few seconds: this rank's workers and GPUs, for rank 0's status file (common.status_file)."""
+
+    snapshot: Dict[str, Any]
 
 
 # ----- both ways -----

@@ -10,12 +10,15 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from .journal import JOURNAL_NAME
 from .outputs import atomic_write_text
+
+log = logging.getLogger("multinode_gpu")
 
 REPORT_NAME = "report.html"
 #: an SVG larger than this is inlined as its PNG instead (thousands of shapes are slow to draw)
@@ -112,8 +115,16 @@ def _cards(summary: Mapping[str, Any]) -> str:
 
 
 def write_report(results: Path) -> Optional[Path]:
-    """Write report.html from summary.json, summary.md and the figures beside them."""
-    results = Path(results)
+    """Write report.html from summary.json, summary.md and the figures beside them. A failure is a
+    warning in the log: the summary, already written, is what counts."""
+    try:
+        return _write_report(Path(results))
+    except Exception as error:  # noqa: BLE001 - a report must never cost the run its exit code
+        log.warning("report.html not written: %s: %s", type(error).__name__, error)
+        return None
+
+
+def _write_report(results: Path) -> Optional[Path]:
     try:
         summary = json.loads((results / "summary.json").read_text())
         text = (results / "summary.md").read_text()

@@ -24,12 +24,15 @@ from .distribute import Follower, Leader
 from .messages import Bye
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from .gpu_monitor import GpuMonitor
+from .gpu_usage import write_gpu_usage
 from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
 from .logs import add_file_log, setup_logging
 from .mpi import world
 from .outputs import atomic_write_json, atomic_write_text
 from .progress import Progress
+from .report_html import write_report
 from .scheduler import Scheduler
+from .status_file import RankReporter, StatusWriter
 from .timeline import plot_timeline
 from .worker import STOP_SIGNALS
 from .worker_pool import WorkerPool
@@ -233,19 +236,27 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     monitor = GpuMonitor(devices)
     monitor.start()
     pool.start()
+    if comm.rank == 0:  # status.json for python -m common.status
+        status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
+                              items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor)
+    else:
+        status = RankReporter(pool, monitor)
     try:  # pool.join() at the very end: rank 0 writes its outputs while its idle workers exit
         try:
             if comm.rank == 0:
                 hosts = {entry["rank"]: entry["host"] for entry in layout}
                 leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
                                 stop, args.heartbeat_timeout, hosts)
+                leader.status = status
                 outcome = leader.run()
+                status.write(leader, "finishing")
             else:
                 follower = Follower(comm, pool, stop, args.heartbeat_timeout)
+                follower.status = status
                 outcome = follower.run()
         finally:  # kill_after: time for an item to end what it started (pipeline steps)
             pool.shutdown(kill_after=WORKER_KILL_AFTER, wait=comm.rank != 0)
-        report = {"rank": comm.rank, "host": host, "gpu": monitor.stop()}
+        report = {"rank": comm.rank, "host": host, "gpu": monitor.stop(), "gpu_series": monitor.series()}
         if comm.rank != 0:
             return _follower_end(comm, follower, outcome, report, layout[0]["host"])
         byes = leader.await_byes(args.heartbeat_timeout + WORKER_KILL_AFTER)
@@ -254,6 +265,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
             comm.finalize = False  # MPI_Finalize would wait for a rank that is gone
         progress.close()
         code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports, started_at)
+        status.finished(leader, code)
         journal.close()
         return code
     finally:
@@ -322,6 +334,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     }
     if leader.bars:
         plot_timeline(leader.bars, results / "timeline")
+    summary["gpu_usage_plot"] = write_gpu_usage(reports, results)
     if outcome == "stopped":
         summary["resume_command"] = module_command([a for a in argv if a != "--resume"] + ["--resume"])
     else:
@@ -329,6 +342,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary.update(app.finish(run) or {})
     atomic_write_json(results / "summary.json", summary)
     atomic_write_text(results / "summary.md", _summary_markdown(app, summary))
+    write_report(results)
     if outcome == "stopped":
         print(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
               f"finish with the same launcher and: {summary['resume_command']}", file=sys.stderr)
@@ -358,6 +372,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
         lines += [f"| {name} | " + " | ".join("n/a" if s[m] is None else f"{s[m]:.0f}" for m in measures) + " |"
                   for name, s in summary["gpu_usage"].items()]
         lines.append("")
+    if summary.get("gpu_usage_plot"):
+        lines += [f"![GPU use over time]({summary['gpu_usage_plot']})", ""]
     if summary["failed_items"]:
         lines += ["## Failed items", "", "| item | error |", "|---|---|"]
         lines += [f"| {f['key']} | {f['error'].splitlines()[-1] if f['error'] else ''} |" for f in summary["failed_items"]]

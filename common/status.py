@@ -173,8 +173,8 @@ def _ranks(status: dict, journal: JournalCounts, every: float, now: float) -> Li
     parts = []
     for rank in ranks:
         number, host = rank.get("rank"), rank.get("host", "?")
-        if number in lost:
-            parts.append(f"rank {number} on {host}: LOST ({lost[number].get('why', '')})")
+        if rank.get("lost") or number in lost:
+            parts.append(f"rank {number} on {host}: LOST ({rank.get('lost') or lost[number].get('why', '')})")
         elif rank.get("broken"):
             parts.append(f"rank {number} on {host}: no worker could start ({rank['broken']})")
         elif status.get("state") in ("running", "stopping") and rank.get("heard") \

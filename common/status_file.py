@@ -13,6 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
+from .errors import EXIT_OK, EXIT_STOPPED
 from .outputs import atomic_write_json
 
 STATUS_NAME = "status.json"
@@ -73,19 +74,23 @@ def rank_snapshot(pool: Any, monitor: Any, clock: _WorkerClock) -> Dict[str, Any
 
 
 class RankReporter:
-    """A follower's side: its snapshot to rank 0 every ``every`` s (``tick`` from its loop)."""
+    """A follower's side: its loop asks ``due()`` and, when it is, sends ``snapshot()`` to rank 0."""
 
-    def __init__(self, comm: Any, pool: Any, monitor: Any, every: Optional[float] = None):
-        self.comm, self.pool, self.monitor = comm, pool, monitor
+    def __init__(self, pool: Any, monitor: Any, every: Optional[float] = None):
+        self.pool, self.monitor = pool, monitor
         self.every = every or status_seconds()
         self.clock = _WorkerClock()
         self._next = 0.0
 
-    def tick(self) -> None:
+    def due(self) -> bool:
         now = time.monotonic()
-        if now >= self._next:
-            self._next = now + self.every
-            self.comm.send(("status", rank_snapshot(self.pool, self.monitor, self.clock)), 0)
+        if now < self._next:
+            return False
+        self._next = now + self.every
+        return True
+
+    def snapshot(self) -> Dict[str, Any]:
+        return rank_snapshot(self.pool, self.monitor, self.clock)
 
 
 class StatusWriter:
@@ -140,7 +145,8 @@ class StatusWriter:
             "failures": [{"key": key, "error": (error.splitlines() or [""])[-1]}
                          for key, error in failed[-MAX_FAILURES_LISTED:]],
             "ranks": [{"rank": entry["rank"], "host": entry["host"], "heard": self.heard.get(entry["rank"]),
-                       "broken": leader.broken.get(entry["rank"])} for entry in self.layout],
+                       "broken": leader.broken.get(entry["rank"]),
+                       "lost": _lost(leader, entry["rank"])} for entry in self.layout],
             "workers": [w for rank in sorted(self.snapshots) for w in self._workers(rank)],
             "gpus": [{"rank": rank, "host": snap["host"], **gpu}
                      for rank, snap in sorted(self.snapshots.items()) for gpu in snap["gpus"]],
@@ -150,9 +156,19 @@ class StatusWriter:
         except OSError:
             pass  # a full disk shows elsewhere (the journal); the status file simply goes stale
 
+    def finished(self, leader: Any, code: int) -> None:
+        """The last write, with the run's outcome from its exit code."""
+        self.write(leader, {EXIT_OK: "complete", EXIT_STOPPED: "stopped"}.get(code, "failed"))
+
     def _workers(self, rank: int) -> List[Dict[str, Any]]:
         snapshot = self.snapshots[rank]
         given_up = [{"worker": name, "state": "given up", "error": error}
                     for name, error in snapshot.get("given_up", {}).items()]
         return [{"rank": rank, "host": snapshot["host"], **w} for w in snapshot["workers"] + given_up]
 
+
+
+def _lost(leader: Any, rank: int) -> Optional[str]:
+    """Why rank 0 carried on without ``rank`` (no message for --heartbeat-timeout s), else None."""
+    lost = leader.lost.get(rank)
+    return lost.get("why", "lost") if lost else None

@@ -58,24 +58,33 @@ def _csv(series: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def _plot(series: Mapping[str, Mapping[str, Any]], path_without_suffix: Path) -> None:
+    from matplotlib.lines import Line2D
+
     panels = [(field, label) for field, label in _PANELS
               if any(getattr(s, field) is not None for entry in series.values() for s in entry["samples"])]
     if not panels:  # sampled, but NVML gave no measure at all: the CSV says so
         panels = [_PANELS[0]]
     origin = min(entry["samples"][0].time for entry in series.values())
+    names = sorted(series)
+    colours = {name: f"C{index % 10}" for index, name in enumerate(names)}
+    styles = {name: ("-", "--", ":", "-.")[index // 10 % 4] for index, name in enumerate(names)}
     fig, axes = new_figure(10, 0.6 + 2.0 * len(panels), len(panels), 1, squeeze=False, sharex=True)
     for ax, (field, label) in zip(axes[:, 0], panels):
-        for name, entry in sorted(series.items()):
-            points = [(s.time - origin, getattr(s, field)) for s in entry["samples"] if getattr(s, field) is not None]
+        for name in names:
+            points = [(s.time - origin, getattr(s, field)) for s in series[name]["samples"]
+                      if getattr(s, field) is not None]
             if points:
-                ax.plot(*zip(*points), linewidth=1.0, label=f"{name} ({entry['host']})")
+                ax.plot(*zip(*points), linewidth=1.0, color=colours[name], linestyle=styles[name])
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         if field == "util_percent":
             ax.set_ylim(0, 105)
     axes[-1, 0].set_xlabel("seconds since the first sample")
     axes[0, 0].set_title(f"GPU use: {len(series)} GPU(s) on {len({e['host'] for e in series.values()})} node(s)")
-    axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    # one entry per GPU, even one that NVML gives only some measures of (a MIG slice)
+    handles = [Line2D([], [], color=colours[name], linestyle=styles[name], label=f"{name} ({series[name]['host']})")
+               for name in names]
+    axes[0, 0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="pdf", bbox_inches="tight")
     atomic_write_bytes(Path(path_without_suffix).with_suffix(".pdf"), buffer.getvalue())

@@ -19,9 +19,10 @@ from .journal import JOURNAL_NAME
 from .progress import format_seconds
 from .status_file import STATUS_NAME, STATUS_SECONDS
 
-#: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals
+#: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals, plus a
+#: margin for a shared filesystem's attribute caching and the nodes' clocks
 STALE_INTERVALS = 4
-STALE_MINIMUM_SECONDS = 20.0
+STALE_MARGIN_SECONDS = 5.0
 #: a rank whose snapshot is older than this many intervals is shown as silent
 SILENT_INTERVALS = 3
 FINAL_STATES = ("complete", "failed", "stopped")
@@ -122,7 +123,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     every = float(status.get("every") or STATUS_SECONDS)
     state = status.get("state", "?")
     age = now - float(status.get("updated") or 0)
-    stale_after = max(STALE_INTERVALS * every, STALE_MINIMUM_SECONDS)
+    stale_after = STALE_INTERVALS * every + STALE_MARGIN_SECONDS
     if state in ("running", "stopping") and age > stale_after:
         shown = (f"GONE? the status file has not been refreshed for {format_seconds(age)} (every {every:g} s while "
                  f"the job runs): the job was probably killed; rerun it with --resume to finish")
@@ -248,7 +249,7 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
               file=sys.stderr)
         return 2
     results: Path = args.results
-    if not results.is_dir():
+    if not results.is_dir() and args.watch is None:
         print(f"python -m common.status: error: {results}: no such folder", file=sys.stderr)
         return 2
     journal = JournalCounts(results / JOURNAL_NAME)
@@ -258,6 +259,8 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             journal.update()
             status = read_status(results / STATUS_NAME)
             try:
+                if not results.is_dir():  # --watch started before the job: wait for it
+                    raise NotAResultsFolder(f"{results}: no such folder yet")
                 text = describe(results, status, journal, time.time())
             except NotAResultsFolder as problem:
                 if args.watch is None:

@@ -1,0 +1,185 @@
+"""Watching a job: python -m common.status on a running, finished, stopped and killed job (real
+mpiexec, real signals), progress lines where stderr is not a terminal, GPU use from a fake NVML."""
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, TOY, rank_pids, run, start, wait_for_results, wait_until
+
+FAKE_NVML = str(REPO / "tests" / "fake_nvml")
+
+
+def status(results: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run(["-m", "common.status", str(results), *extra], timeout=60)
+
+
+def status_file(results: Path) -> dict:
+    try:
+        return json.loads((Path(results) / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.fixture
+def quick_status(monkeypatch):
+    """Status every second and progress lines every second, so a test of seconds sees several."""
+    monkeypatch.setenv("MULTINODE_GPU_STATUS_SECONDS", "1")
+    monkeypatch.setenv("MULTINODE_GPU_PROGRESS_SECONDS", "1")
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """Four GPUs that NVML (tests/fake_nvml/pynvml.py) reports on; GPU 1 is a MIG-like slice."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([FAKE_NVML, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+
+
+def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quick_status, fake_gpus):
+    results = tmp_path / "r"
+    job = start([TOY, "16", "--sleep", "1.0", "--gpu", "all", "--fail-key", "item-0003", "--retries", "0",
+                 "--results", str(results)], ranks=2)
+    watcher = subprocess.Popen([sys.executable, "-m", "common.status", str(results), "--watch", "0.5"], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: status_file(results).get("state") == "running" and any(
+            w.get("rank") == 1 and w.get("state") == "running" for w in status_file(results).get("workers", [])),
+            timeout=90), status_file(results)
+        shown = status(results)
+        assert shown.returncode == 0, shown.stderr
+        text = shown.stdout
+        print(text)
+        assert text.startswith("toy: running"), text
+        assert re.search(r"items +\d+ of 16 done", text), text
+        assert "rank 0 on" in text and "rank 1 on" in text
+        # each worker's current item and for how long: two GPUs on each rank (they share the four out)
+        running = re.findall(r"^  (rank\d-gpu\d) .* (item-\d{4}) for (\d+)s", text, re.M)
+        assert {worker[:5] for worker, _, _ in running} == {"rank0", "rank1"}, text
+        assert all(int(seconds) < 30 for _, _, seconds in running), text
+        gpus = re.findall(r"^  (rank\d-gpu\d) .* util (\S+) .* memory (\d+)/40960 MiB", text, re.M)
+        assert len(gpus) == 4, text
+        assert {util for name, util, _ in gpus if name.endswith("gpu1")} == {"n/a"}  # NVML gives none for it
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 1, err
+    # the watcher stops by itself once the job has ended, the last report being the final one
+    watched, _ = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0
+    assert watched.count("--- ") >= 2 and watched.rstrip().splitlines()[-1].startswith("report"), watched
+    final = status(results).stdout
+    assert final.startswith("toy: failed"), final
+    assert "15 of 16 done (93.8%), 1 failed, 0 running" in final
+    assert "item-0003: RuntimeError: item item-0003 always fails" in final
+    assert f"report   {results / 'report.html'}" in final
+
+    # progress in a pipe: plain lines, each with done/total, rate and ETA, and never a carriage return
+    assert "\r" not in err
+    lines = re.findall(r"^toy: (\d+)/16 items done \(\d+%\)(, 1 failed)?, \S+ items/s, ETA \S+, elapsed \S+$", err, re.M)
+    assert len(lines) >= 3, err
+    assert lines[-1] == ("15", ", 1 failed")
+
+    # GPU use over the run: every GPU of both ranks, sampled over time, in the CSV, the figure and the summary
+    rows = list(csv.DictReader((results / "gpu_usage.csv").open()))
+    assert {row["gpu"] for row in rows} == {"rank0-gpu0", "rank0-gpu1", "rank1-gpu2", "rank1-gpu3"}, rows[:3]
+    for name in ("rank0-gpu0", "rank1-gpu3"):
+        times = [float(row["time"]) for row in rows if row["gpu"] == name]
+        assert len(times) >= 3 and times == sorted(times)
+    assert all(row["util_percent"] == "" for row in rows if row["gpu"] == "rank0-gpu1")
+    for suffix in (".png", ".svg", ".pdf"):
+        assert (results / f"gpu_usage{suffix}").stat().st_size > 1000
+    summary = json.loads((results / "summary.json").read_text())
+    usage = summary["gpu_usage"]
+    assert set(usage) == {"rank0-gpu0", "rank0-gpu1", "rank1-gpu2", "rank1-gpu3"}
+    assert 25 <= usage["rank1-gpu2"]["util_mean_percent"] <= usage["rank1-gpu2"]["util_peak_percent"] <= 95
+    assert usage["rank0-gpu1"]["util_mean_percent"] is None and usage["rank0-gpu1"]["memory_peak_mib"] > 0
+    markdown = (results / "summary.md").read_text()
+    assert "![GPU use over time](gpu_usage.png)" in markdown and "| rank0-gpu1 | n/a | n/a |" in markdown
+
+
+def test_a_stopped_job_says_how_to_finish_it(tmp_path, quick_status):
+    results = tmp_path / "r"
+    job = start([TOY, "40", "--sleep", "0.5", "--workers", "2", "--gpu", "cpu", "--grace", "5",
+                 "--results", str(results)])
+    try:
+        wait_for_results(results, 4)
+        os.kill(rank_pids(results)[0], signal.SIGTERM)
+        job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 75
+    text = status(results).stdout
+    assert text.startswith("toy: stopped"), text
+    assert re.search(r"items +\d+ of 40 done", text) and "resume   python" in text and "--resume" in text, text
+
+
+def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, quick_status):
+    results = tmp_path / "r"
+    job = start([TOY, "40", "--sleep", "0.5", "--gpu", "cpu", "--results", str(results)])
+    try:
+        wait_for_results(results, 3)
+        assert wait_until(lambda: status_file(results).get("state") == "running", timeout=30)
+        os.killpg(job.pid, signal.SIGKILL)  # the node is gone: nothing gets to write anything
+        job.wait()
+        fresh = status(results).stdout
+        assert fresh.startswith("toy: running"), fresh
+        # status every 1 s: stale after 4 intervals and a 5 s margin
+        assert wait_until(lambda: status(results).stdout.startswith("toy: GONE?"), timeout=30, every=1.0)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    text = status(results).stdout
+    assert "has not been refreshed for" in text and "--resume" in text, text
+    done = sum(1 for line in (results / "journal.jsonl").read_text().splitlines() if '"type":"result"' in line)
+    assert re.search(rf"items +{done} of 40 done", text), (done, text)
+
+
+def test_a_folder_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
+    for folder, fragment in ((tmp_path / "missing", "no such folder"), (tmp_path, "not the results folder")):
+        proc = status(folder)
+        assert proc.returncode == 2 and proc.stdout == "", proc
+        assert len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr, proc.stderr
+    proc = status(tmp_path, "--watch", "0")
+    assert proc.returncode == 2 and "--watch" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_progress_in_a_terminal_is_a_bar(tmp_path):
+    """A real pseudo-terminal as stderr: tqdm's bar, redrawn with carriage returns, no plain lines."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal has a size
+    proc = subprocess.Popen([sys.executable, TOY, "6", "--sleep", "0.3", "--gpu", "cpu",
+                             "--results", str(tmp_path / "r")], cwd=REPO, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=follower,
+                            env=dict(os.environ, MULTINODE_GPU_PROGRESS_SECONDS="0.2"))
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed: the program ended
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    shown = b"".join(chunks).decode(errors="replace")
+    assert "\r" in shown and "6/6" in shown, shown
+    assert "items done (" not in shown, shown

@@ -51,12 +51,14 @@ class _Inbox:
         self.items: Deque[tuple] = deque()
         self.replies: Dict[int, tuple] = {}
         self.stopped = False
+        self.stopping = False  # the rank is stopping (a walltime signal): start nothing new
 
     def _take(self, message: tuple) -> None:
         verb = message[0]
         if verb == "items":  # a bundle: ([(item, attempt), ...], together)
             self.items.append((message[1], message[2]))
         elif verb == "revoke":  # the rank is stopping: give back what has not started
+            self.stopping = True
             keys = [item.key for bundle, _ in self.items for item, _ in bundle]
             self.items.clear()
             self.conn.send(("revoked", keys))
@@ -119,6 +121,15 @@ def acquire(pool: str, count: int = 1, timeout: Optional[float] = None) -> Itera
         yield
     finally:
         _inbox.conn.send(("release", pool, request))
+
+
+def stop_requested() -> bool:
+    """Whether the rank is stopping (walltime, Ctrl-C): an item that runs many steps or retries
+    starts no new one. False outside the engine."""
+    if _inbox is None:
+        return False
+    _inbox.pump()
+    return _inbox.stopping
 
 
 def _ignore(signum: int, frame: Any) -> None:

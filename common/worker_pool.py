@@ -212,9 +212,10 @@ class WorkerPool:
         return best
 
     def revoke_queued(self) -> None:
-        """Ask every worker to give back the items waiting in its inbox (a stop)."""
+        """Ask every busy worker to give back the items waiting in its inbox (a stop); the one
+        running hears of the stop too (``worker.stop_requested``)."""
         for worker in self.workers.values():
-            if len(worker.assigned) > 1:
+            if worker.assigned:
                 self._send(worker, ("revoke",))
 
     def shutdown(self, kill_after: float = 5.0, wait: bool = True) -> None:

@@ -72,7 +72,7 @@ def test_retries_in_place_until_success_or_max_retries(tmp_path):
     ok, layout = run_pipeline(tmp_path, [{"id": "flaky", "command": flaky(3), "max_retries": 2}], name="ok")
     assert statuses(ok) == {"flaky": "ok"} and ok["steps"]["flaky"]["attempts"] == 3
     log = (layout.step_dir("flaky") / "stdout.log").read_text()
-    assert "run 1" in log and "----- attempt 3 -----" in log and "run 3" in log
+    assert "run 1" in log and "----- attempt 3 (" in log and "run 3" in log
     assert [h["status"] for h in ok["steps"]["flaky"]["history"]] == ["failed", "failed", "ok"]
     failed, _ = run_pipeline(tmp_path, [{"id": "flaky", "command": flaky(3), "max_retries": 1}], name="failed")
     assert failed["status"] == "failed" and failed["steps"]["flaky"]["attempts"] == 2
@@ -147,16 +147,21 @@ def test_a_passed_deadline_ends_the_running_step_and_skips_the_rest(tmp_path):
 
 
 def test_the_step_environment(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # commands run in the folder the pipeline was started from
+    monkeypatch.chdir(tmp_path)
     result, layout = run_pipeline(tmp_path, [
         {"id": "gpu-step", "gpu": True, "command": "echo \"$CUDA_VISIBLE_DEVICES|$PIPELINE_STEP_ID|$OUT\" > out.txt; "
-                                                    "env > $PIPELINE_STEP_DIR/env.txt",
+                                                    "env > $PIPELINE_STEP_DIR/env.txt; pwd -P > cwd.txt",
          "env": {"OUT": "$PIPELINE_SHARED/x"}},
-        {"id": "cpu-step", "command": "echo \"[$CUDA_VISIBLE_DEVICES]\" > $PIPELINE_STEP_DIR/out.txt"},
+        {"id": "cpu-step", "command": "echo \"[$CUDA_VISIBLE_DEVICES]\" > out.txt"},
         {"id": "py-step", "python": "json:dumps"},
     ], gpu="3")
     shared = layout.shared.resolve()
-    gpu_line = (tmp_path / "out.txt").read_text().strip()
+    # each step runs in its own folder: relative outputs land there, never in the caller's folder
+    assert not (tmp_path / "out.txt").exists()
+    gpu_dir = layout.step_dir("gpu-step").resolve()
+    assert (gpu_dir / "cwd.txt").read_text().strip() == str(gpu_dir)
+    assert f"PIPELINE_LAUNCH_DIR={tmp_path.resolve()}" in (gpu_dir / "env.txt").read_text()
+    gpu_line = (gpu_dir / "out.txt").read_text().strip()
     assert gpu_line == f"3|gpu-step|{shared}/x"
     assert (layout.step_dir("cpu-step") / "out.txt").read_text().strip() == "[]"
     assert result["steps"]["gpu-step"]["gpu"] == "3" and result["steps"]["cpu-step"]["gpu"] is None
@@ -171,7 +176,7 @@ def test_a_python_step_returns_its_result(tmp_path, monkeypatch):
                       "def train():\n"
                       "    pathlib.Path(os.environ['PIPELINE_SHARED'], 'model.txt').write_text('w')\n"
                       "    return {'loss': 0.5, 'seed': os.environ['PIPELINE_SEED']}\n")
-    monkeypatch.chdir(tmp_path)  # steps run in the folder the pipeline was started from
+    monkeypatch.chdir(tmp_path)  # python steps import modules of the folder the pipeline was started from
     result, layout = run_pipeline(tmp_path, [{"id": "train", "python": "my_steps:train"}])
     assert result["status"] == "ok", (layout.step_dir("train") / "stderr.log").read_text()
     assert json.loads((layout.step_dir("train") / "result.json").read_text()) == {"loss": 0.5, "seed": "0"}

@@ -20,13 +20,19 @@ from ..app import App, RunInfo
 from ..devices import Device, visible_gpus
 from ..errors import UsageError
 from ..items import Item, torch_seed
+from . import nodelock
 from .container import find_apptainer
 from .definition import POOL_PATTERN, Pipeline, check_pools, load_definition
-from .flow import PipelineRunner, RunLayout
-from .report import statuses_on_disk, summary_markdown
+from .flow import PipelineRunner, RunLayout, RunStopping, read_progress
+from .report import plan_text, statuses_on_disk, summary_markdown
+from .text import short
 
 RESOURCE_ENV_PREFIX = "PIPELINE_RESOURCE_"
 QUEUE_TIMEOUT_ENV = "PIPELINE_QUEUE_TIMEOUT"
+#: the names the pipeline format itself uses, read beside ours (ours win where both are set)
+SWARM_RESOURCE_PREFIX = "SWARM_RESOURCE_"
+SWARM_QUEUE_TIMEOUT_ENV = "SWARM_QUEUE_TIMEOUT"
+AGENT_ENV = "PIPELINE_AGENT"
 #: a year: longer waits are no limit at all, and past ~1e11 s the clock's arithmetic overflows
 MAX_QUEUE_TIMEOUT = 365 * 24 * 3600
 GPU_POOL = "gpu"
@@ -47,14 +53,16 @@ def _capacity(text: str, where: str) -> int:
 
 
 def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> Dict[str, int]:
-    """Pool capacities from ``PIPELINE_RESOURCE_<NAME>=N``, then ``--resource NAME=N`` (which wins)."""
+    """Pool capacities from ``SWARM_RESOURCE_<name>=N``, then ``PIPELINE_RESOURCE_<NAME>=N``, then
+    ``--resource NAME=N`` (each later one wins)."""
     pools = {}
-    for name, value in sorted(environ.items()):
-        if name.startswith(RESOURCE_ENV_PREFIX) and len(name) > len(RESOURCE_ENV_PREFIX):
-            pool = name[len(RESOURCE_ENV_PREFIX):].lower()
-            if not POOL_PATTERN.fullmatch(pool):
-                raise UsageError(f"{name}: pool name is malformed: a letter, then letters, digits, '_'")
-            pools[pool] = _capacity(value, name)
+    for prefix in (SWARM_RESOURCE_PREFIX, RESOURCE_ENV_PREFIX):
+        for name, value in sorted(environ.items()):
+            if name.startswith(prefix) and len(name) > len(prefix):
+                pool = name[len(prefix):].lower()
+                if not POOL_PATTERN.fullmatch(pool):
+                    raise UsageError(f"{name}: pool name is malformed: a letter, then letters, digits, '_'")
+                pools[pool] = _capacity(value, name)
     for flag in resource_flags:
         pool, _, value = flag.partition("=")
         if not _ or not POOL_PATTERN.fullmatch(pool):
@@ -64,15 +72,17 @@ def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> D
 
 
 def queue_timeout(flag: Optional[float], environ: Mapping[str, str]) -> Optional[float]:
-    """Seconds a step may wait for its pools: ``--queue-timeout``, else ``PIPELINE_QUEUE_TIMEOUT``."""
+    """Seconds a step may wait for its pools: ``--queue-timeout``, else ``PIPELINE_QUEUE_TIMEOUT``,
+    else ``SWARM_QUEUE_TIMEOUT``."""
     where = "--queue-timeout"
-    if flag is None and environ.get(QUEUE_TIMEOUT_ENV):
-        where, text = QUEUE_TIMEOUT_ENV, environ[QUEUE_TIMEOUT_ENV]
+    variable = next((name for name in (QUEUE_TIMEOUT_ENV, SWARM_QUEUE_TIMEOUT_ENV) if environ.get(name)), None)
+    if flag is None and variable:
+        where, text = variable, environ[variable]
         try:
             flag = float(text)
         except ValueError:
-            raise UsageError(f"{QUEUE_TIMEOUT_ENV}={text!r}: expected a number of seconds") from None
-    if flag is not None and not (0 < flag <= MAX_QUEUE_TIMEOUT):
+            raise UsageError(f"{variable}={short(text)}: expected a number of seconds") from None
+    if flag is not None and not (0 < flag <= MAX_QUEUE_TIMEOUT):  # also refuses nan
         raise UsageError(f"{where}: must be a positive number of seconds up to {MAX_QUEUE_TIMEOUT:,}, got {flag:g}")
     return flag
 
@@ -95,11 +105,29 @@ def parse_resume_target(value: Any, pipelines: List[Pipeline]) -> Optional[Tuple
     return run_id, step_id
 
 
+def agent_command(flag: Optional[str], environ: Mapping[str, str], pipelines: List[Pipeline], source: str) -> Optional[str]:
+    """The shell command that runs prompt steps: ``--agent``, else ``PIPELINE_AGENT``. A prompt
+    step with neither is refused before anything runs."""
+    agent = flag if flag is not None else environ.get(AGENT_ENV)
+    if agent is not None and not agent.strip():
+        raise UsageError(f"{'--agent' if flag is not None else AGENT_ENV}: the agent command is empty")
+    if agent is None:
+        for pipeline in pipelines:
+            for step in pipeline.steps:
+                if step.prompt is not None:
+                    raise UsageError(f"{source}, pipeline {pipeline.name!r}, step {step.id!r}: a prompt step needs an "
+                                     f"agent command: pass --agent 'CMD' or set {AGENT_ENV} (it reads the prompt on "
+                                     "its standard input)")
+    return agent
+
+
 @dataclass
 class WorkerState:
     gpu: Optional[str]  # the physical GPU of this worker, or None on a CPU worker
     acquire: Callable[..., Any]
     host: str
+    node_slots: List[str]  # the node-wide slot files a GPU step may take (nodelock)
+    stop_asked: Callable[[], bool]
 
 
 class PipelineApp(App):
@@ -117,8 +145,17 @@ class PipelineApp(App):
                             help="capacity of a resource pool (repeatable); also PIPELINE_RESOURCE_<NAME>=N. "
                                  "The gpu pool is per node and defaults to its GPUs (its workers without GPU)")
         parser.add_argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
-                            help="fail a step that waits longer for its pools (also PIPELINE_QUEUE_TIMEOUT); "
-                                 "default: wait as long as it takes")
+                            help="fail a step that waits longer for its pools (also PIPELINE_QUEUE_TIMEOUT or "
+                                 "SWARM_QUEUE_TIMEOUT); default: wait as long as it takes")
+        parser.add_argument("--agent", default=None, metavar="CMD",
+                            help="shell command that runs prompt steps: the prompt on its standard input, "
+                                 "PIPELINE_MODEL and PIPELINE_TOOLS in its environment, its standard output "
+                                 "saved as the step's output.md (also PIPELINE_AGENT)")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="check the definition, print the plan (pipelines, steps, pools, conditions) "
+                                 "and exit without running or writing anything")
+        parser.add_argument("--schema", action="store_true",
+                            help="print the definition format as JSON Schema (for editors) and exit")
 
     # ----- every rank -----
     def validate(self) -> None:
@@ -133,7 +170,38 @@ class PipelineApp(App):
             raise UsageError(f"{self.args.definition}: a step runs in a container, but neither apptainer nor "
                              "singularity is on PATH (or set PIPELINE_APPTAINER)")
         self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
+        self.agent = agent_command(self.args.agent, os.environ, self.pipelines, str(self.args.definition))
         self.results = Path(self.args.results).absolute()
+        self.explicit_gpu_pool = GPU_POOL in self.capacities
+        if self.args.dry_run:
+            from ..mpi import world
+
+            if world().rank == 0:
+                print(self.plan(), end="", flush=True)
+            raise SystemExit(0)
+
+    def plan(self) -> str:
+        """What a run would do, for --dry-run: read-only (with --resume, where each pipeline goes on)."""
+        starts = {}
+        if self.resume_from:
+            starts[self.resume_from[0]] = f"resume from step {self.resume_from[1]!r}"
+        elif self.args.resume:
+            for pipeline in self.pipelines:
+                point = self.resume_point(pipeline)
+                starts[pipeline.name] = f"--resume goes on at step {point!r}" if point else "--resume: from the first step, unless finished"
+        capacities = dict(self.capacities)
+        capacities.setdefault(GPU_POOL, None)
+        return plan_text(self.pipelines, capacities, self.queue_timeout, self.agent, starts, self.results)
+
+    def resume_point(self, pipeline: Pipeline) -> Optional[str]:
+        """The step where a plain --resume goes on with an unfinished pipeline (its progress.json),
+        or None to run it from its first step."""
+        layout = RunLayout(self.results, pipeline.name)
+        progress = read_progress(layout)
+        if not progress or progress.get("state") == "ok" or not layout.shared.is_dir():
+            return None
+        point = progress.get("resume_at")
+        return point if isinstance(point, str) and point in pipeline.step_ids else None
 
     def fingerprint(self) -> Dict[str, Any]:
         # Definitions are meant to be edited between a failure and a resume (fix a step, resume
@@ -144,6 +212,7 @@ class PipelineApp(App):
         gpu = self.capacities.get(GPU_POOL) or len(visible_gpus()) or self.args.workers
         pools = {name: (capacity, "global") for name, capacity in self.capacities.items() if name != GPU_POOL}
         pools[GPU_POOL] = (gpu, "node")
+        self.gpu_capacity = gpu  # for the workers' node-wide slots (a worker sees only its own GPU)
         return pools
 
     # ----- rank 0 -----
@@ -179,8 +248,12 @@ class PipelineApp(App):
         for pipeline in self.pipelines:
             # A pipeline finished by a resume from a step counts as finished: its newest record stands.
             key = self._newest_key(pipeline.name, journaled) or pipeline.name
-            items.append(Item(key=key, params={"run_id": pipeline.name, "start": None},
-                              cost=float(1 + sum(s.gpu for s in pipeline.steps))))
+            params: Dict[str, Any] = {"run_id": pipeline.name, "start": None}
+            if self.args.resume and key not in journaled:  # unfinished: go on where it stopped, shared/ as it is
+                start = self.resume_point(pipeline)
+                if start is not None:
+                    params = {"run_id": pipeline.name, "start": start, "keep_shared": True}
+            items.append(Item(key=key, params=params, cost=float(1 + sum(s.gpu for s in pipeline.steps))))
         return items
 
     def finish(self, run: RunInfo) -> Dict[str, Any]:
@@ -214,16 +287,27 @@ class PipelineApp(App):
 
     # ----- worker -----
     def setup_worker(self, device: Device) -> WorkerState:
-        from ..worker import acquire
+        from .. import worker
 
-        return WorkerState(gpu=device.physical if device.is_gpu else None, acquire=acquire,
-                           host=socket.gethostname().split(".")[0])
+        gpu = device.physical if device.is_gpu else None
+        gpus_here = sum(1 for d in self.devices if d.is_gpu)
+        capacity = getattr(self, "gpu_capacity", 1)
+        # Node-wide: always a GPU; on a node without GPU only a gpu pool sized on purpose (--resource gpu=N)
+        slots = nodelock.slot_names(gpu, gpus_here, capacity) if gpu is not None or self.explicit_gpu_pool else []
+        stop_asked = getattr(worker, "stop_requested", lambda: False)
+        return WorkerState(gpu=gpu, acquire=worker.acquire, host=socket.gethostname().split(".")[0],
+                           node_slots=slots, stop_asked=stop_asked)
 
     def run_item(self, state: WorkerState, item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
         run_id, start = item.params["run_id"], item.params["start"]
         runner = PipelineRunner(self.by_name[run_id], RunLayout(self.results, run_id), acquire=state.acquire,
-                                queue_timeout=self.queue_timeout, gpu=state.gpu, seed=torch_seed(seed))
-        result = runner.run(start)
+                                queue_timeout=self.queue_timeout, gpu=state.gpu, seed=torch_seed(seed),
+                                agent=self.agent, node_slots=state.node_slots, stop_asked=state.stop_asked)
+        try:
+            result = runner.run(start, keep_shared=item.params.get("keep_shared", False))
+        except RunStopping as stopped:
+            raise PipelineFailed(f"pipeline {run_id}: the run is stopping; step {stopped} did not start "
+                                 "(or retry); --resume goes on from there") from None
         result["host"] = state.host
         if result["status"] != "ok":
             raise PipelineFailed(f"pipeline {run_id}: {result['reason']}")

@@ -1,13 +1,17 @@
 """Pipeline definitions: read a JSON (or YAML) file and check every field before anything runs.
 
-Every problem becomes a :class:`common.errors.UsageError` with one line that names the file,
-the pipeline and the step, so the engine can print it and exit 2 without writing anything.
+The format is one JSON Schema (schema.py); here are what a schema cannot say: ``matrix``
+expansion, steps named by ``next``/``on_fail`` exist, loops are bounded, memory sizes, image
+files, commands the system can start. Every problem becomes a :class:`common.errors.UsageError`
+with one line that names the file, the pipeline and the step, so the engine can print it and
+exit 2 without writing anything.
 """
 from __future__ import annotations
 
-import difflib
+import itertools
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,26 +19,21 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import UsageError
 from .loops import unbounded_cycle
+from .schema import (CONDITIONS, MAX_MATRIX, MAX_NAME_LENGTH, MAX_RETRIES, MAX_RETRY_DELAY, NAME, POOL,
+                     check_matrix,
+                     did_you_mean, first_error)
 from .sizes import parse_memory
+from .text import short
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
-#: pipeline names and step ids name folders: well under the file systems' 255 bytes a name
-MAX_NAME_LENGTH = 100
-POOL_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-PYTHON_TARGET_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
-CONDITIONS = ("prev.ok", "prev.error")
-#: A step id may not name the run's shared folder.
-RESERVED_STEP_IDS = ("shared",)
-#: A pipeline name may not name what the engine writes beside the runs.
-RESERVED_PIPELINE_NAMES = ("logs",)
+__all__ = ["CONDITIONS", "MAX_NAME_LENGTH", "MAX_RETRIES", "Mount", "Pipeline", "Step", "check_pools",
+           "load_definition", "parse_definition"]
+
+POOL_PATTERN = re.compile(POOL[1:-1])
+NAME_PATTERN = re.compile(NAME[1:-1])
 IMAGE_URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
-
-FILE_FIELDS = ("pipelines",)
-PIPELINE_FIELDS = ("name", "deadline_seconds", "steps")
-STEP_FIELDS = ("id", "command", "python", "gpu", "resources", "timeout", "on_fail", "condition", "next",
-               "max_retries", "env", "memory", "container", "mounts")
-MOUNT_FIELDS = ("host_path", "container_path", "readonly")
+#: Linux's MAX_ARG_STRLEN (32 pages): the longest single argument or NAME=value, its NUL included
+MAX_ARG_STRLEN = 32 * 4096
+MATRIX_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,9 @@ class Step:
     id: str
     command: Optional[str] = None
     python: Optional[str] = None
+    prompt: Optional[str] = None
+    model: Optional[str] = None
+    tools: Tuple[str, ...] = ()
     gpu: bool = False
     resources: Mapping[str, int] = field(default_factory=dict)
     timeout: Optional[float] = None
@@ -58,11 +60,17 @@ class Step:
     condition: Optional[str] = None
     next: Optional[str] = None
     max_retries: Optional[int] = None
+    retry_delay: float = 0.0
     env: Mapping[str, str] = field(default_factory=dict)
     memory: Optional[int] = None
     memory_text: Optional[str] = None
     container: Optional[str] = None
     mounts: Tuple[Mount, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """'command', 'python' or 'prompt'."""
+        return "command" if self.command is not None else "python" if self.python is not None else "prompt"
 
     @property
     def pools(self) -> Dict[str, int]:
@@ -72,12 +80,18 @@ class Step:
             pools["gpu"] = 1
         return pools
 
+    def retry_wait(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (1, 2, ...): ``retry_delay``, doubled each time."""
+        return min(self.retry_delay * 2.0 ** min(retry - 1, 64), float(MAX_RETRY_DELAY))
+
 
 @dataclass(frozen=True)
 class Pipeline:
     name: str
     steps: Tuple[Step, ...]
     deadline_seconds: Optional[float] = None
+    budget: Optional[float] = None
+    matrix: Mapping[str, str] = field(default_factory=dict)  # this pipeline's values, when expanded from one
 
     def index(self, step_id: str) -> int:
         for position, step in enumerate(self.steps):
@@ -105,66 +119,102 @@ class _Where:
         return UsageError(": ".join([", ".join(parts), problem]))
 
 
-def _did_you_mean(name: str, choices, otherwise: str = "") -> str:
-    """' (did you mean 'x'?)' for the closest of ``choices``, else ``otherwise``."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else otherwise
+def _valid_name(value: Any) -> Optional[str]:
+    return value if isinstance(value, str) and NAME_PATTERN.fullmatch(value) and len(value) <= MAX_NAME_LENGTH else None
 
 
-def _check_fields(data: Mapping[str, Any], valid: Tuple[str, ...], where: _Where, what: str) -> None:
-    for name in data:
-        if name not in valid:
-            hint = _did_you_mean(str(name), valid, otherwise=f" (valid: {', '.join(valid)})")
-            raise where.error(f"unknown field {name!r} in {what}{hint}")
+# ----- matrix -----
+def _slug(value: Any) -> str:
+    """A matrix value as it may appear in a name: 0.02 -> '0_02'."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", _text(value))
 
 
-def _seconds(value: Any, name: str, where: _Where) -> Optional[float]:
+def _text(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def _substitute(value: Any, values: Mapping[str, Any], in_name: bool = False) -> Any:
+    """``${name}`` of the matrix replaced in a string (other ``${...}``, such as shell variables, kept)."""
+    if not isinstance(value, str):
+        return value
+    convert = _slug if in_name else _text
+    return MATRIX_REFERENCE.sub(lambda m: convert(values[m.group(1)]) if m.group(1) in values else m.group(0), value)
+
+
+def _expand_matrix(raw: Any, where: _Where) -> List[Tuple[Any, Dict[str, str]]]:
+    """One pipeline per combination of its ``matrix`` values, ``${name}`` substituted in its name,
+    step ids, ``next``/``on_fail``, commands, prompts, models, tools and env values."""
+    if not isinstance(raw, dict) or "matrix" not in raw:
+        return [(raw, {})]
+    matrix = raw["matrix"]
+    problem = check_matrix(matrix)
+    if problem:
+        raise where.error(problem)
+    count = math.prod(len(values) for values in matrix.values())
+    if count > MAX_MATRIX:
+        raise where.error(f"matrix makes {count:,} pipelines, more than {MAX_MATRIX}")
+    names = list(matrix)
+    expanded = []
+    for combination in itertools.product(*matrix.values()):
+        values = dict(zip(names, combination))
+        copy = {key: value for key, value in raw.items() if key != "matrix"}
+        name = raw.get("name")
+        if isinstance(name, str):
+            copy["name"] = (_substitute(name, values, in_name=True) if MATRIX_REFERENCE.search(name) else
+                            "-".join([name] + [f"{key}{_slug(value)}" for key, value in values.items()]))
+        if isinstance(raw.get("steps"), list):
+            copy["steps"] = [_substitute_step(step, values) for step in raw["steps"]]
+        expanded.append((copy, {key: _text(value) for key, value in values.items()}))
+    return expanded
+
+
+def _substitute_step(step: Any, values: Mapping[str, Any]) -> Any:
+    if not isinstance(step, dict):
+        return step
+    step = dict(step)
+    for key in ("id", "next", "on_fail", "command", "prompt", "model", "container"):
+        if key in step:
+            step[key] = _substitute(step[key], values, in_name=key in ("id", "next", "on_fail"))
+    if isinstance(step.get("tools"), list):
+        step["tools"] = [_substitute(tool, values) for tool in step["tools"]]
+    if isinstance(step.get("env"), dict):
+        step["env"] = {name: _substitute(text, values) for name, text in step["env"].items()}
+    return step
+
+
+# ----- one step -----
+def _argument_limits(command: Optional[str], env: Mapping[str, str], where: _Where) -> None:
+    """A command or variable longer than the kernel takes would fail only when the step starts."""
+    for what, text in ([("command", command)] if command else []) + [(f"env {k}", f"{k}={v}") for k, v in env.items()]:
+        size = len(text.encode("utf-8", "surrogatepass")) + 1
+        if size > MAX_ARG_STRLEN:
+            raise where.error(f"{what} is {size - 1:,} bytes; the system passes at most {MAX_ARG_STRLEN - 1:,} bytes "
+                              "in one argument or variable (write it to a script, or a file the step reads)")
+    total = sum(len(text.encode("utf-8", "surrogatepass")) + 1 for text in [command or ""] +
+                [f"{k}={v}" for k, v in env.items()])
+    room = os.sysconf("SC_ARG_MAX") - sum(len(k) + len(v) + 2 for k, v in os.environ.items()) - 8192
+    if total > room:
+        raise where.error(f"command and env take {total:,} bytes, more than the system's limit on a command line "
+                          f"and its environment leaves ({room:,} bytes with this environment)")
+
+
+def _number(data: Mapping[str, Any], name: str, where: _Where, default: Optional[float] = None) -> Optional[float]:
+    """A number the schema accepted, refused if NaN (which passes every comparison)."""
+    value = data.get(name)
     if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise where.error(f"{name} must be a number of seconds, got {value!r}")
-    try:
-        finite = math.isfinite(value)
-    except OverflowError:  # an integer too large for a float
-        finite = False
-    if not finite:
-        raise where.error(f"{name} must be a finite number of seconds, got {_short(value)}")
-    if value <= 0:
-        raise where.error(f"{name} must be positive, got {value!r}")
+        return default
+    if not math.isfinite(value):
+        raise where.error(f"{name} must be a finite number, got {short(value)}")
     return float(value)
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    """``repr`` of a value, cut to one readable line (a 400-digit number stays one line)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def _name(value: Any, what: str, where: _Where) -> str:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise where.error(f"{what} {_short(value)} is malformed: use letters, digits, '-' and '_' only")
-    if len(value) > MAX_NAME_LENGTH:  # it names a folder (and a file inside it)
-        raise where.error(f"{what} {_short(value)} is longer than {MAX_NAME_LENGTH} characters")
-    return value
 
 
 def _resources(value: Any, where: _Where) -> Dict[str, int]:
     if value is None:
         return {}
-    if isinstance(value, list):
-        if not all(isinstance(name, str) for name in value):
-            raise where.error(f"resources must be pool names or {{name: count}}, got {value!r}")
-        if len(set(value)) != len(value):
-            raise where.error(f"resources lists a pool twice: {value!r}")
-        value = {name: 1 for name in value}
-    if not isinstance(value, dict):
-        raise where.error(f"resources must be a list of pool names or {{name: count}}, got {value!r}")
-    pools = {}
-    for name, count in value.items():
-        if not isinstance(name, str) or not POOL_PATTERN.fullmatch(name):
-            raise where.error(f"pool name {name!r} is malformed: a letter, then letters, digits, '_'")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise where.error(f"pool {name!r}: count must be a positive integer, got {count!r}")
+    pools: Dict[str, int] = {}
+    for name, count in ({name: 1 for name in value} if isinstance(value, list) else value).items():
+        if name.lower() in pools:
+            raise where.error(f"resources name pool {name.lower()!r} twice (pool names ignore case)")
         pools[name.lower()] = count
     if pools.get("gpu", 1) != 1:
         raise where.error("a step holds at most one GPU (resources gpu: 1, or gpu: true)")
@@ -172,122 +222,76 @@ def _resources(value: Any, where: _Where) -> Dict[str, int]:
 
 
 def _env(value: Any, where: _Where) -> Dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise where.error(f"env must be an object of NAME: value, got {value!r}")
     env = {}
-    for name, text in value.items():
-        if not ENV_NAME_PATTERN.fullmatch(str(name)):
-            raise where.error(f"env name {name!r} is not a valid variable name")
-        if isinstance(text, bool) or not isinstance(text, (str, int, float)):
-            raise where.error(f"env {name}: value must be a string or a number, got {text!r}")
+    for name, text in (value or {}).items():
         if "\0" in str(text):
             raise where.error(f"env {name}: value holds a NUL character, which no environment can carry")
-        env[str(name)] = str(text)
+        env[name] = _text(text)
     return env
 
 
-def _image(value: Any, base: Path, where: _Where) -> Optional[str]:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise where.error(f"container must be the path of an image, got {value!r}")
-    if IMAGE_URI.match(value):  # docker://, library://, oras://: apptainer fetches it
+def _image(value: Optional[str], base: Path, where: _Where) -> Optional[str]:
+    if value is None or IMAGE_URI.match(value):  # docker://, library://, oras://: apptainer fetches it
         return value
     path = Path(value).expanduser()
     path = path if path.is_absolute() else base / path
     if not path.is_file():
-        raise where.error(f"container image {value!r} does not exist (looked for {path})")
+        raise where.error(f"container image {short(value)} does not exist (looked for {short(str(path), 200)})")
     return str(path.resolve())
 
 
-def _mounts(value: Any, container: Optional[str], base: Path, where: _Where) -> Tuple[Mount, ...]:
-    if value is None:
-        return ()
-    if container is None:
-        raise where.error("mounts are given but no container")
-    if not isinstance(value, list):
-        raise where.error(f"mounts must be a list of {{host_path, container_path, readonly}}, got {value!r}")
+def _mounts(value: Any, base: Path, where: _Where) -> Tuple[Mount, ...]:
     mounts = []
-    for entry in value:
-        if not isinstance(entry, dict):
-            raise where.error(f"a mount must be an object {{host_path, container_path, readonly}}, got {entry!r}")
-        _check_fields(entry, MOUNT_FIELDS, where, "a mount")
-        host, inside, readonly = entry.get("host_path"), entry.get("container_path"), entry.get("readonly", False)
-        if not isinstance(host, str) or not host:
-            raise where.error(f"mount host_path must be a path, got {host!r}")
-        if not isinstance(inside, str) or not inside.startswith("/") or ":" in inside or ":" in host:
-            raise where.error(f"mount container_path must be an absolute path without ':', got {inside!r}")
-        if not isinstance(readonly, bool):
-            raise where.error(f"mount readonly must be true or false, got {readonly!r}")
+    for entry in value or ():
+        host = entry["host_path"]
+        if ":" in host:
+            raise where.error(f"mount host_path must be a path without ':', got {short(host)}")
         host_path = Path(host).expanduser()
         host_path = host_path if host_path.is_absolute() else base / host_path
-        mounts.append(Mount(str(host_path), inside, readonly))
+        mounts.append(Mount(str(host_path), entry["container_path"], entry.get("readonly", False)))
     return tuple(mounts)
 
 
-def _named_object(data: Any, field: str, what: str, reserved: Tuple[str, ...], why_reserved: str,
-                  where: _Where) -> str:
-    """The checked name of a step or pipeline object (a dict with a valid, unreserved name)."""
-    if not isinstance(data, dict):
-        raise where.error(f"a {what} must be an object with {field}, got {type(data).__name__}")
-    name = _name(data.get(field), f"{what} {field}", where)
-    if name in reserved:
-        raise where.error(f"{what} {field} {name!r} is reserved ({why_reserved})")
-    return name
-
-
-def _step(data: Any, base: Path, where: _Where) -> Step:
-    step_id = _named_object(data, "id", "step", RESERVED_STEP_IDS, "the run's shared folder", where)
-    where = _Where(where.source, where.pipeline, step_id)
-    _check_fields(data, STEP_FIELDS, where, "a step")
-    command, python = data.get("command"), data.get("python")
-    if (command is None) == (python is None):
-        raise where.error("give exactly one of 'command' (a shell command) or 'python' (module:function)")
-    if command is not None and (not isinstance(command, str) or not command.strip()):
-        raise where.error(f"command must be a non-empty string, got {command!r}")
-    if command is not None and "\0" in command:
-        raise where.error("command holds a NUL character, which no shell command can carry")
-    if python is not None and (not isinstance(python, str) or not PYTHON_TARGET_PATTERN.fullmatch(python)):
-        raise where.error(f"python must be 'module:function', got {python!r}")
-    gpu = data.get("gpu", False)
-    if not isinstance(gpu, bool):
-        raise where.error(f"gpu must be true or false, got {gpu!r}")
+def _step(data: Dict[str, Any], base: Path, where: _Where) -> Step:
+    """A step the schema accepted, with what the schema cannot check."""
+    where = _Where(where.source, where.pipeline, data["id"])
+    command, python, prompt = data.get("command"), data.get("python"), data.get("prompt")
+    for what, text in (("command", command), ("prompt", prompt)):
+        if text is not None and "\0" in text:
+            raise where.error(f"{what} holds a NUL character, which no shell command can carry")
+    env = _env(data.get("env"), where)
+    _argument_limits(command, env, where)
     resources = _resources(data.get("resources"), where)
-    gpu = gpu or "gpu" in resources
+    gpu = data.get("gpu", False) or "gpu" in resources
     resources.pop("gpu", None)
-    condition = data.get("condition")
-    if condition is not None and condition not in CONDITIONS:
-        raise where.error(f"condition must be one of {', '.join(CONDITIONS)}, got {condition!r}")
-    retries = data.get("max_retries")
-    if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
-        raise where.error(f"max_retries must be a whole number >= 0, got {retries!r}")
-    for edge in ("on_fail", "next"):
-        if data.get(edge) is not None and not isinstance(data[edge], str):
-            raise where.error(f"{edge} must name a step, got {data[edge]!r}")
     memory_text = data.get("memory")
     try:
         memory = None if memory_text is None else parse_memory(memory_text)
     except ValueError as error:
         raise where.error(str(error)) from None
-    container = _image(data.get("container"), base, where)
-    return Step(id=step_id, command=command, python=python, gpu=gpu, resources=resources,
-                timeout=_seconds(data.get("timeout"), "timeout", where), on_fail=data.get("on_fail"),
-                condition=condition, next=data.get("next"), max_retries=retries, env=_env(data.get("env"), where),
-                memory=memory, memory_text=None if memory_text is None else str(memory_text),
-                container=container, mounts=_mounts(data.get("mounts"), container, base, where))
+    return Step(id=data["id"], command=command, python=python, prompt=prompt, model=data.get("model"),
+                tools=tuple(data.get("tools", ())), gpu=gpu, resources=resources,
+                timeout=_number(data, "timeout", where), on_fail=data.get("on_fail"),
+                condition=data.get("condition"), next=data.get("next"), max_retries=data.get("max_retries"),
+                retry_delay=_number(data, "retry_delay", where, 0.0), env=env, memory=memory,
+                memory_text=None if memory_text is None else str(memory_text),
+                container=_image(data.get("container"), base, where), mounts=_mounts(data.get("mounts"), base, where))
 
 
-def _pipeline(data: Any, base: Path, where: _Where) -> Pipeline:
-    name = _named_object(data, "name", "pipeline", RESERVED_PIPELINE_NAMES,
-                         "the engine writes that folder in the results folder", where)
-    where = _Where(where.source, name)
-    _check_fields(data, PIPELINE_FIELDS, where, "a pipeline")
-    raw_steps = data.get("steps")
-    if not isinstance(raw_steps, list) or not raw_steps:
-        raise where.error("steps must be a non-empty list")
-    steps = [_step(raw, base, where) for raw in raw_steps]
+def _pipeline(data: Any, base: Path, where: _Where, matrix: Dict[str, str]) -> Pipeline:
+    name = _valid_name(data.get("name")) if isinstance(data, dict) else None
+    if name is not None:
+        where = _Where(where.source, name)
+    found = first_error("pipeline", data)
+    if found is not None:
+        path, problem = found
+        step_where = where
+        if len(path) >= 2 and path[0] == "steps":
+            raw_step = data["steps"][path[1]]
+            step_id = _valid_name(raw_step.get("id")) if isinstance(raw_step, dict) else None
+            step_where = _Where(where.source, where.pipeline, step_id)
+        raise step_where.error(problem)
+    steps = [_step(raw, base, where) for raw in data["steps"]]
     seen = set()
     for step in steps:
         if step.id in seen:
@@ -297,15 +301,49 @@ def _pipeline(data: Any, base: Path, where: _Where) -> Pipeline:
         for edge in ("on_fail", "next"):
             target = getattr(step, edge)
             if target is not None and target not in seen:
-                hint = _did_you_mean(target, sorted(seen))
-                raise _Where(where.source, name, step.id).error(f"{edge} names a missing step {target!r}{hint}")
-    pipeline = Pipeline(name=name, steps=tuple(steps),
-                        deadline_seconds=_seconds(data.get("deadline_seconds"), "deadline_seconds", where))
+                hint = did_you_mean(target, sorted(seen))
+                raise _Where(where.source, name, step.id).error(f"{edge} names a missing step {short(target)}{hint}")
+    pipeline = Pipeline(name=name, steps=tuple(steps), deadline_seconds=_number(data, "deadline_seconds", where),
+                        budget=_number(data, "budget", where), matrix=matrix)
     cycle = unbounded_cycle(pipeline)
     if cycle:
         raise where.error(f"loop that can run forever: {' -> '.join(cycle + cycle[:1])}; "
                           "give one of its steps without a condition max_retries to bound it")
     return pipeline
+
+
+# ----- files -----
+def _unique_keys(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
+    """A JSON object, refusing a key given twice (the last one would silently win)."""
+    found: Dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"duplicate key {short(key)} in an object (the later one would silently win)")
+        found[key] = value
+    return found
+
+
+def _yaml_loader():
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """PyYAML's safe loader, refusing a key given twice in one mapping."""
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {short(key)} (the later one would silently win)", key_node.start_mark)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
 
 
 def _read(path: Path) -> Any:
@@ -321,14 +359,16 @@ def _read(path: Path) -> Any:
         except ImportError:
             raise UsageError(f"{path}: YAML needs PyYAML (pip install 'multinode-gpu[yaml]'), or write JSON") from None
         try:
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_yaml_loader())
         except yaml.YAMLError as error:
             raise UsageError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
         except RecursionError:
             raise UsageError(f"{path}: not valid YAML: nested too deeply") from None
+        except ValueError as error:  # an integer over Python's digit limit
+            raise UsageError(f"{path}: not valid YAML: {' '.join(str(error).split())[:200]}") from None
     try:
-        return json.loads(text)
-    except ValueError as error:  # JSONDecodeError, or an integer over Python's digit limit
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except ValueError as error:  # JSONDecodeError, a duplicate key, or an integer over Python's digit limit
         raise UsageError(f"{path}: not valid JSON: {' '.join(str(error).split())}") from None
     except RecursionError:
         raise UsageError(f"{path}: not valid JSON: nested too deeply") from None
@@ -338,16 +378,24 @@ def parse_definition(data: Any, source: str = "<definition>", base: Path = Path(
     """Check an already-loaded definition: one pipeline, or ``{"pipelines": [...]}``."""
     where = _Where(source)
     if isinstance(data, dict) and "pipelines" in data:
-        _check_fields(data, FILE_FIELDS, where, "the file (it holds 'pipelines')")
         raw = data["pipelines"]
+        extra = [key for key in data if key != "pipelines"]
+        if extra:
+            raise where.error(f"unknown field {short(extra[0])} in the file (it holds 'pipelines')"
+                              f"{did_you_mean(str(extra[0]), ['pipelines'])}")
         if not isinstance(raw, list) or not raw:
             raise where.error("pipelines must be a non-empty list")
     elif isinstance(data, dict):
         raw = [data]
     else:
         raise where.error("expected a pipeline object or {\"pipelines\": [...]}")
-    pipelines = [_pipeline(entry, base, _Where(source, f"#{number + 1}" if len(raw) > 1 else None))
-                 for number, entry in enumerate(raw)]
+    pipelines = []
+    for number, entry in enumerate(raw):
+        entry_where = _Where(source, f"#{number + 1}" if len(raw) > 1 else None)
+        for expanded, values in _expand_matrix(entry, entry_where):
+            pipelines.append(_pipeline(expanded, base, entry_where, values))
+        if len(pipelines) > MAX_MATRIX:
+            raise where.error(f"the file makes more than {MAX_MATRIX} pipelines")
     names = set()
     for pipeline in pipelines:
         if pipeline.name in names:
@@ -374,7 +422,7 @@ def check_pools(pipelines: List[Pipeline], capacities: Mapping[str, Optional[int
                 where = _Where(source, pipeline.name, step.id)
                 if pool not in capacities:
                     known = sorted(capacities)
-                    hint = _did_you_mean(pool, known)
+                    hint = did_you_mean(pool, known)
                     raise where.error(f"unknown pool {pool!r}{hint}; define it with --resource {pool}=N "
                                       f"or PIPELINE_RESOURCE_{pool.upper()}=N (known: {', '.join(known)})")
                 capacity = capacities[pool]

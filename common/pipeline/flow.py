@@ -14,22 +14,36 @@ The rules (also in docs/pipelines.md):
 - A run from the first step moves an earlier run's ``shared/`` aside (``shared.previous-N``), so no
   step reads a stale file (a metrics file that this run's training never wrote).
 - ``deadline_seconds``: when passed, the running step is ended (status timeout) and the rest skipped.
+- ``retry_delay``: the wait before a step's first retry, doubled before each later one. No retry
+  (and no step) starts once the run is stopping, or once the steps' reported costs passed ``budget``.
+- Each step runs in its own folder RUN_ID/STEP_ID (logs appended, never overwritten); a prompt
+  step's answer (the agent's standard output) is its ``output.md`` there.
+- ``progress.json`` in the run's folder says where the run stopped: a plain ``--resume`` starts
+  there again (the step that was running, or the first failure left without ``on_fail``).
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Dict, List, Optional
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 
-from ..outputs import atomic_write_json
+from ..outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
 from ..worker import PoolTimeout
+from . import nodelock
 from .container import find_apptainer
 from .definition import Pipeline, Step
 from .steps import STOP_SIGNALS, Attempt, held_signals, run_attempt, step_argv, step_environment
+
+#: A line of a step's standard output reporting what it cost: {"pipeline_cost": 0.0123}
+COST_KEY = "pipeline_cost"
+PROGRESS_FILE = "progress.json"
+#: attempts kept in a step's status.json (its logs keep them all)
+MAX_HISTORY = 200
 
 #: acquire(pool, count, timeout) -> context manager; raises on waiting longer than timeout.
 Acquire = Callable[[str, int, Optional[float]], ContextManager[Any]]
@@ -80,6 +94,44 @@ class RunLayout:
     def status_path(self, step_id: str) -> Path:
         return self.step_dir(step_id) / "status.json"
 
+    @property
+    def progress_path(self) -> Path:
+        return self.run_dir / PROGRESS_FILE
+
+
+def read_progress(layout: RunLayout) -> Optional[Dict[str, Any]]:
+    """The run's progress.json (where it stopped), or None."""
+    try:
+        progress = json.loads(layout.progress_path.read_text())
+    except (OSError, ValueError):
+        return None
+    return progress if isinstance(progress, dict) else None
+
+
+def read_cost_and_output(stdout_log: Path, offset: int, output: Optional[Path]) -> float:
+    """The costs an attempt reported (COST_KEY lines of its stdout from ``offset``); with
+    ``output``, the rest of that stdout is written there (a prompt step's output.md)."""
+    cost, kept = 0.0, []
+    try:
+        with open(stdout_log, "rb") as handle:
+            handle.seek(offset)
+            for line in handle:
+                if COST_KEY.encode() in line and len(line) < 4096 and line.lstrip().startswith(b"{"):
+                    try:
+                        value = json.loads(line).get(COST_KEY)
+                    except (ValueError, AttributeError):
+                        value = None
+                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                        cost += max(0.0, float(value))
+                        continue
+                if output is not None:
+                    kept.append(line)
+    except OSError:
+        pass
+    if output is not None:
+        atomic_write_bytes(output, b"".join(kept))
+    return cost
+
 
 def read_status(layout: RunLayout, step_id: str) -> Optional[Dict[str, Any]]:
     try:
@@ -95,23 +147,32 @@ class _Walk:
     prev_ok: Optional[bool] = None  # outcome of the last step that ran; None before any
     failed: bool = False  # an unhandled failure happened
     reason: str = ""
+    resume_at: Optional[str] = None  # where a plain --resume starts again: the first unhandled failure
+    spent: float = 0.0  # the costs the steps reported
     runs: Dict[str, int] = field(default_factory=dict)
     arrivals: Dict[str, int] = field(default_factory=dict)  # each time the walk reached a step
     statuses: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     order: List[str] = field(default_factory=list)
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, at: str) -> None:
+        """An unhandled failure at step ``at`` (the first one is where a plain --resume starts)."""
         if not self.failed:
             self.failed, self.reason = True, reason
+        self.resume_at = self.resume_at or at
 
-    def end_loop(self, reason: str) -> None:
+    def end_loop(self, reason: str, at: str) -> None:
         """A bounded step reached once too often: the walk ends here, whatever failed before."""
         if self.failed:
             self.reason = f"{self.reason}; then {reason}"
-        self.fail(reason)
+        self.fail(reason, at)
 
 
 INTERRUPTED = "interrupted: the run was stopped"
+STOPPING = "not started: the run is stopping"
+
+
+class RunStopping(Exception):
+    """The run was asked to stop (walltime): the pipeline starts nothing more; --resume goes on."""
 
 
 def _signals_held():
@@ -139,11 +200,16 @@ class PipelineRunner:
 
     def __init__(self, pipeline: Pipeline, layout: RunLayout, *, acquire: Acquire = no_pools,
                  queue_timeout: Optional[float] = None, gpu: Optional[str] = None, seed: int = 0,
-                 base_env: Optional[Dict[str, str]] = None):
+                 base_env: Optional[Dict[str, str]] = None, agent: Optional[str] = None,
+                 node_slots: Sequence[str] = (), stop_asked: Callable[[], bool] = lambda: False,
+                 launch_dir: Optional[Path] = None):
         self.pipeline, self.layout, self.acquire = pipeline, layout, acquire
         self.queue_timeout, self.gpu, self.seed = queue_timeout, gpu, seed
         self.base_env = dict(os.environ if base_env is None else base_env)
+        self.agent, self.node_slots, self.stop_asked = agent, list(node_slots), stop_asked
+        self.launch_dir = Path(launch_dir or os.getcwd()).resolve()
         self.deadline: Optional[float] = None  # time.monotonic() instant
+        self.run_started = time.time()
 
     # ----- one step -----
     def _pipeline_vars(self, step: Step, attempt: int) -> Dict[str, str]:
@@ -151,18 +217,23 @@ class PipelineRunner:
                 "PIPELINE_RUN_DIR": str(self.layout.run_dir.resolve()),
                 "PIPELINE_SHARED": str(self.layout.shared.resolve()), "PIPELINE_STEP_ID": step.id,
                 "PIPELINE_STEP_DIR": str(self.layout.step_dir(step.id).resolve()),
-                "PIPELINE_ATTEMPT": str(attempt), "PIPELINE_SEED": str(self.seed)}
+                "PIPELINE_ATTEMPT": str(attempt), "PIPELINE_SEED": str(self.seed),
+                "PIPELINE_LAUNCH_DIR": str(self.launch_dir)}
+
+    def _wait_limit(self, began: float) -> tuple:
+        """(seconds left to wait for a pool, why the wait ends): the queue timeout or the deadline."""
+        limits = []
+        if self.queue_timeout is not None:
+            limits.append((began + self.queue_timeout - time.monotonic(), f"queue timeout {self.queue_timeout:g} s"))
+        if self.deadline is not None:
+            limits.append((self.deadline - time.monotonic(), "pipeline deadline passed"))
+        return min(limits) if limits else (None, "")
 
     def _hold_pools(self, stack: contextlib.ExitStack, step: Step) -> float:
         """Acquire the step's pools (sorted by name, so no two steps deadlock); seconds waited."""
         began = time.monotonic()
         for pool, count in sorted(step.pools.items()):
-            limits = []
-            if self.queue_timeout is not None:
-                limits.append((began + self.queue_timeout - time.monotonic(), f"queue timeout {self.queue_timeout:g} s"))
-            if self.deadline is not None:
-                limits.append((self.deadline - time.monotonic(), "pipeline deadline passed"))
-            wait, why = min(limits) if limits else (None, "")
+            wait, why = self._wait_limit(began)
             if wait is not None and wait <= 0:
                 raise QueueTimeout(f"{why} while waiting for pool {pool!r}")
             try:
@@ -171,6 +242,16 @@ class PipelineRunner:
                 raise QueueTimeout(f"{why} while waiting for pool {pool!r}") from None
             except Exception as error:
                 raise PoolRefused(f"pool {pool!r} refused: {error}") from None
+        if step.gpu and self.node_slots:  # last: it is held while nothing else is waited for
+            wait, why = self._wait_limit(began)
+            if wait is not None and wait <= 0:
+                raise QueueTimeout(f"{why} while waiting for a node-wide GPU slot")
+            try:
+                stack.enter_context(nodelock.hold_slot(self.node_slots, wait))
+            except nodelock.SlotTimeout as error:
+                raise QueueTimeout(f"{why} while waiting for a node-wide GPU slot ({error})") from None
+            except OSError as error:
+                raise PoolRefused(f"node-wide GPU slot: {error}") from None
         return time.monotonic() - began
 
     def _attempt(self, step: Step, attempt: int) -> tuple:
@@ -185,12 +266,22 @@ class PipelineRunner:
             gpu = self.gpu if step.gpu else None
             env = step_environment(self.base_env, self._pipeline_vars(step, attempt), step, gpu)
             apptainer = find_apptainer() if step.container else None
-            if step.container and apptainer is None:
+            step_dir = self.layout.step_dir(step.id)
+            try:
+                if step.container and apptainer is None:
+                    raise ValueError("apptainer (or singularity) not found on PATH")
+                argv = step_argv(step, str(self.layout.run_dir.resolve()), apptainer, self.agent)
+            except ValueError as error:
                 now = time.time()
-                return Attempt("failed", None, now, now, "apptainer (or singularity) not found on PATH"), queued
-            result = run_attempt(step_argv(step, str(self.layout.run_dir.resolve()), apptainer), env=env,
-                                 step_dir=self.layout.step_dir(step.id), attempt=attempt, timeout=step.timeout,
-                                 memory=step.memory, stop_at=self.deadline)
+                return Attempt("failed", None, now, now, str(error)), queued
+            prompt = None
+            if step.prompt is not None:
+                prompt = step_dir / "prompt.md"
+                atomic_write_text(prompt, step.prompt)
+            result = run_attempt(argv, env=env, step_dir=step_dir, attempt=attempt, timeout=step.timeout,
+                                 memory=step.memory, stop_at=self.deadline, stdin=prompt)
+            output = step_dir / "output.md" if step.prompt is not None else None
+            result.cost = read_cost_and_output(step_dir / "stdout.log", result.stdout_offset, output)
             return result, queued
 
     def _status(self, step: Step, status: str, reason: str, attempts: int, started: Optional[float],
@@ -209,10 +300,33 @@ class PipelineRunner:
             walk.statuses[step.id] = status
             self._write_status(step, status)
 
+    def _earlier_history(self, step: Step) -> List[Dict[str, Any]]:
+        """The attempts an earlier run (or an earlier lap of a loop) recorded for the step: kept."""
+        status = read_status(self.layout, step.id) or {}
+        history = status.get("history") if status.get("status") != "skipped" else None
+        return [h for h in history if isinstance(h, dict)][-MAX_HISTORY:] if isinstance(history, list) else []
+
+    def _wait_before_retry(self, step: Step, retry: int) -> Optional[str]:
+        """Sleep ``retry_delay`` (doubled for each retry), watching for a stop; why not to retry, if so."""
+        wait = step.retry_wait(retry)
+        if self.deadline is not None and time.monotonic() + wait >= self.deadline:
+            return f"no retry: the deadline would pass during its retry_delay of {wait:g} s"
+        until = time.monotonic() + wait
+        while True:
+            if self.stop_asked():
+                return STOPPING
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(0.2, left))
+
     def _run_step(self, walk: _Walk, step: Step) -> Dict[str, Any]:
-        """Run the step, retrying in place while its max_retries allow; write and return its status."""
+        """Run the step, retrying in place while its max_retries allow (after its retry_delay);
+        write and return its status. Raises :class:`RunStopping` when a stop cut its retries short."""
+        earlier = self._earlier_history(step)
         history: List[Dict[str, Any]] = []
         limit = None if step.max_retries is None else 1 + step.max_retries
+        not_retried = ""
         while True:
             walk.runs[step.id] = walk.runs.get(step.id, 0) + 1
             began = time.time()
@@ -223,31 +337,62 @@ class PipelineRunner:
                     reason = (INTERRUPTED if not isinstance(error, Exception)
                               else f"error in the pipeline runner: {type(error).__name__}: {error}")
                     self._write_status(step, self._status(step, "failed", reason, walk.runs[step.id], began,
-                                                          time.time(), round(time.time() - began, 3)))
+                                                          time.time(), round(time.time() - began, 3),
+                                                          history=earlier + history))
                 raise
-            history.append(dict(attempt.as_dict(), queued_seconds=round(queued, 3)))
+            walk.spent += attempt.cost
+            history.append(dict(attempt.as_dict(), queued_seconds=round(queued, 3), run_started=self.run_started))
             deadline_passed = self.deadline is not None and time.monotonic() >= self.deadline
             if attempt.status == "ok" or limit is None or walk.runs[step.id] >= limit or deadline_passed:
                 break
+            if self._over_budget(walk):
+                not_retried = f"no retry: {self._budget_reason(walk)}"
+                break
+            not_retried = self._wait_before_retry(step, len(history)) or ""
+            if not_retried:
+                break
         last = history[-1]
-        status = self._status(step, last["status"], last["reason"], walk.runs[step.id], history[0]["started"],
+        reason = f"{last['reason']}; {not_retried}" if not_retried else last["reason"]
+        status = self._status(step, last["status"], reason, walk.runs[step.id], history[0]["started"],
                               last["ended"], round(sum(h["ended"] - h["started"] for h in history), 3),
                               exit_code=last["exit_code"],
                               queued_seconds=round(sum(h["queued_seconds"] for h in history), 3))
         status.update(memory_limit=step.memory_text, max_rss_bytes=max(h["max_rss_bytes"] for h in history),
-                      history=history)
+                      cost=round(sum(h["cost"] for h in history), 6), history=(earlier + history)[-MAX_HISTORY:])
+        output = self.layout.step_dir(step.id) / "output.md"
+        status["output"] = str(output.relative_to(self.layout.results)) if output.is_file() else None
         self._write_status(step, status)
+        if not_retried == STOPPING:
+            raise RunStopping(step.id)
         return status
 
+    def _over_budget(self, walk: _Walk) -> bool:
+        return self.pipeline.budget is not None and walk.spent > self.pipeline.budget
+
+    def _budget_reason(self, walk: _Walk) -> str:
+        return f"budget {self.pipeline.budget:g} passed: the steps reported {walk.spent:g}"
+
+    def _write_progress(self, walk: _Walk, state: str, current: Optional[str]) -> None:
+        """Where a plain --resume starts again: the first unhandled failure, else the current step."""
+        atomic_write_json(self.layout.progress_path, {
+            "pipeline": self.pipeline.name, "state": state, "resume_at": walk.resume_at or current,
+            "spent": round(walk.spent, 6), "run_started": self.run_started, "updated": time.time()})
+
     # ----- the walk -----
-    def run(self, start: Optional[str] = None) -> Dict[str, Any]:
-        """Run the pipeline (from step ``start`` on a resume); return its summary."""
+    def run(self, start: Optional[str] = None, keep_shared: bool = False) -> Dict[str, Any]:
+        """Run the pipeline (from step ``start`` on a resume); return its summary.
+
+        ``keep_shared``: a plain --resume going on from where the run stopped uses shared/ as it
+        is, even from the first step. Raises :class:`RunStopping` (after recording where to go on)
+        when the run is asked to stop: no further step or retry starts.
+        """
         began, clock = time.time(), time.monotonic()
+        self.run_started = began
         if self.pipeline.deadline_seconds is not None:
             self.deadline = clock + self.pipeline.deadline_seconds
         steps, walk = self.pipeline.steps, _Walk()
         position = 0 if start is None else self.pipeline.index(start)
-        if position == 0:
+        if position == 0 and not keep_shared:
             self.layout.set_shared_aside()
         self.layout.shared.mkdir(parents=True, exist_ok=True)
         earlier = {}
@@ -258,15 +403,15 @@ class PipelineRunner:
         while position < len(steps):
             step = steps[position]
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                walk.fail(f"deadline of {self.pipeline.deadline_seconds:g} s passed")
+                walk.fail(f"deadline of {self.pipeline.deadline_seconds:g} s passed", step.id)
                 break
             limit = None if step.max_retries is None else 1 + step.max_retries
             walk.arrivals[step.id] = walk.arrivals.get(step.id, 0) + 1
             if limit is not None and (walk.runs.get(step.id, 0) >= limit or walk.arrivals[step.id] > limit):
                 walk.end_loop(f"step {step.id!r} reached again after its {limit} runs (max_retries {step.max_retries})"
-                          if walk.runs.get(step.id, 0) >= limit else
-                          f"step {step.id!r} reached {walk.arrivals[step.id]} times, more than its {limit} "
-                          f"(max_retries {step.max_retries}; skips count)")
+                              if walk.runs.get(step.id, 0) >= limit else
+                              f"step {step.id!r} reached {walk.arrivals[step.id]} times, more than its {limit} "
+                              f"(max_retries {step.max_retries}; skips count)", step.id)
                 break
             skip = None if first else _should_run(step, walk, via_edge)
             first = False
@@ -274,24 +419,37 @@ class PipelineRunner:
                 self._skip(walk, step, skip)
                 position, via_edge = position + 1, False
                 continue
-            status = self._run_step(walk, step)
+            if self._over_budget(walk):
+                walk.fail(self._budget_reason(walk), step.id)
+                break
+            if self.stop_asked():
+                self._write_progress(walk, "stopped", step.id)
+                raise RunStopping(step.id)
+            self._write_progress(walk, "running", step.id)
+            try:
+                status = self._run_step(walk, step)
+            except RunStopping:
+                self._write_progress(walk, "stopped", step.id)
+                raise
             walk.statuses[step.id], walk.prev_ok = status, status["status"] == "ok"
             walk.order.append(step.id)
             if status["status"] == "ok":
                 position, via_edge = (self.pipeline.index(step.next), True) if step.next else (position + 1, False)
             elif self.deadline is not None and time.monotonic() >= self.deadline:
-                walk.fail(f"deadline of {self.pipeline.deadline_seconds:g} s passed during step {step.id!r}")
+                walk.fail(f"deadline of {self.pipeline.deadline_seconds:g} s passed during step {step.id!r}", step.id)
                 break
             elif step.on_fail:
                 position, via_edge = self.pipeline.index(step.on_fail), True
             else:
-                walk.fail(f"step {step.id!r} failed: {status['reason']}")
+                walk.fail(f"step {step.id!r} failed: {status['reason']}", step.id)
                 position, via_edge = position + 1, False
         for step in steps:  # what a jump, a deadline or an exhausted loop left unvisited
             if step.id not in walk.statuses and step.id not in earlier:
                 self._skip(walk, step, walk.reason if walk.failed else "not reached")
+        self._write_progress(walk, "failed" if walk.failed else "ok", None)
         statuses = {**earlier, **walk.statuses}
         return {"run_id": self.layout.run_id, "pipeline": self.pipeline.name,
                 "status": "failed" if walk.failed else "ok", "reason": walk.reason, "resumed_from": start,
                 "started": began, "ended": time.time(), "seconds": round(time.monotonic() - clock, 3),
-                "order": walk.order, "steps": {s.id: statuses[s.id] for s in steps if s.id in statuses}}
+                "cost": round(walk.spent, 6), "order": walk.order,
+                "steps": {s.id: statuses[s.id] for s in steps if s.id in statuses}}

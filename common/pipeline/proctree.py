@@ -1,4 +1,4 @@
-"""A step's processes, read from /proc: who belongs to it, how much memory they hold, ending them.
+"""A step's processes (read with psutil): who belongs to it, how much memory they hold, ending them.
 
 A step starts in its own session, so its processes are those of that session plus any
 descendant of its first process that started a session of its own. A process that detaches
@@ -14,30 +14,22 @@ import signal
 import time
 from typing import Dict, List, NamedTuple, Optional, Set
 
+import psutil
+
 from ..linux import PR_SET_CHILD_SUBREAPER, prctl
 
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 #: After SIGKILL, how long to wait for the processes to be gone (a few scheduler ticks).
 KILL_SETTLE_SECONDS = 1.0
+#: psutil's start times come from clock ticks since boot: allow that much rounding
+START_SLACK_SECONDS = 0.05
 
 
 class ProcessInfo(NamedTuple):
     pid: int
     ppid: int
-    session: int
-    rss_bytes: int
+    session: Optional[int]
     zombie: bool
-    started: int  # clock ticks after boot
-
-
-def _read(pid: int) -> ProcessInfo:
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        text = handle.read().decode("ascii", "replace")
-    # The command name may hold spaces and parentheses: split after its last ')'.
-    fields = text[text.rindex(")") + 2:].split()
-    # fields[0] is field 3 (state) of proc(5): ppid 4, session 6, starttime 22, rss 24 (pages).
-    return ProcessInfo(pid, int(fields[1]), int(fields[3]), int(fields[21]) * PAGE_SIZE, fields[0] == "Z",
-                       int(fields[19]))
+    started: float  # seconds since the epoch (psutil's create_time)
 
 
 def become_subreaper() -> bool:
@@ -45,42 +37,41 @@ def become_subreaper() -> bool:
     return prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
-def start_ticks(pid: int) -> Optional[int]:
-    """When ``pid`` started (clock ticks after boot), or None if it is gone."""
+def start_time(pid: int) -> Optional[float]:
+    """When ``pid`` started (seconds since the epoch), or None if it is gone."""
     try:
-        return _read(pid).started
-    except (OSError, ValueError, IndexError):
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
-
-
-def now_ticks() -> int:
-    """Clock ticks since boot, the unit of a process's start time."""
-    with open("/proc/uptime") as handle:
-        return int(float(handle.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
 
 
 def snapshot() -> Dict[int, ProcessInfo]:
     """Every process we can see, by pid (processes that vanish while reading are left out)."""
     processes = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                processes[int(name)] = _read(int(name))
-            except (OSError, ValueError, IndexError):
-                continue
+    for process in psutil.process_iter(["ppid", "status", "create_time"]):
+        info = process.info
+        if info["ppid"] is None or info["create_time"] is None:
+            continue
+        try:
+            session: Optional[int] = os.getsid(process.pid)
+        except OSError:  # gone meanwhile, or not ours to ask
+            session = None
+        processes[process.pid] = ProcessInfo(process.pid, info["ppid"], session,
+                                             info["status"] == psutil.STATUS_ZOMBIE, info["create_time"])
     return processes
 
 
-def _adopted(root: int, processes: Dict[int, ProcessInfo], since: Optional[int]) -> Set[int]:
+def _adopted(root: int, processes: Dict[int, ProcessInfo], since: Optional[float]) -> Set[int]:
     """Our children other than ``root`` that started after it: orphans of the step we adopted."""
     if since is None:
         return set()
     me = os.getpid()
-    return {pid for pid, info in processes.items() if info.ppid == me and pid != root and info.started >= since}
+    return {pid for pid, info in processes.items()
+            if info.ppid == me and pid != root and info.started >= since - START_SLACK_SECONDS}
 
 
-def members(root: int, processes: Dict[int, ProcessInfo] = None,
-            adopted_since: Optional[int] = None) -> List[ProcessInfo]:
+def members(root: int, processes: Optional[Dict[int, ProcessInfo]] = None,
+            adopted_since: Optional[float] = None) -> List[ProcessInfo]:
     """The live processes of the step started as ``root`` (session leader), itself included."""
     processes = snapshot() if processes is None else processes
     children: Dict[int, List[int]] = {}
@@ -95,15 +86,21 @@ def members(root: int, processes: Dict[int, ProcessInfo] = None,
             continue
         found.add(pid)
         stack.extend(children.get(pid, []))
-    return [processes[pid] for pid in sorted(found) if pid in processes and not processes[pid].zombie]
+    return [processes[pid] for pid in sorted(found) if not processes[pid].zombie]
 
 
-def resident_bytes(root: int, adopted_since: Optional[int] = None) -> int:
+def resident_bytes(root: int, adopted_since: Optional[float] = None) -> int:
     """Resident memory of all the step's processes together."""
-    return sum(info.rss_bytes for info in members(root, adopted_since=adopted_since))
+    total = 0
+    for info in members(root, adopted_since=adopted_since):
+        try:
+            total += psutil.Process(info.pid).memory_info().rss
+        except psutil.Error:  # ended meanwhile
+            continue
+    return total
 
 
-def _signal_all(root: int, signum: int, adopted_since: Optional[int]) -> int:
+def _signal_all(root: int, signum: int, adopted_since: Optional[float]) -> int:
     """Send ``signum`` to the step's process group and every other member; how many were alive."""
     alive = members(root, adopted_since=adopted_since)
     try:
@@ -118,7 +115,7 @@ def _signal_all(root: int, signum: int, adopted_since: Optional[int]) -> int:
     return len(alive)
 
 
-def _wait_gone(root: int, seconds: float, adopted_since: Optional[int]) -> bool:
+def _wait_gone(root: int, seconds: float, adopted_since: Optional[float]) -> bool:
     deadline = time.monotonic() + seconds
     while True:
         if not members(root, adopted_since=adopted_since):  # an exited, unreaped process is a zombie: not counted
@@ -128,7 +125,7 @@ def _wait_gone(root: int, seconds: float, adopted_since: Optional[int]) -> bool:
         time.sleep(0.05)
 
 
-def end_tree(root: int, grace: float, adopted_since: Optional[int] = None) -> None:
+def end_tree(root: int, grace: float, adopted_since: Optional[float] = None) -> None:
     """SIGTERM every process of the step, then SIGKILL what is still alive after ``grace`` seconds.
 
     The caller reaps ``root`` itself (it is its child); adopted orphans are reaped here.
@@ -139,7 +136,7 @@ def end_tree(root: int, grace: float, adopted_since: Optional[int] = None) -> No
     reap_adopted(root, adopted_since)
 
 
-def reap_adopted(root: int, adopted_since: Optional[int]) -> None:
+def reap_adopted(root: int, adopted_since: Optional[float]) -> None:
     """Collect the exit status of adopted orphans that ended, so no zombie is left behind."""
     if adopted_since is None:
         return

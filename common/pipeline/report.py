@@ -1,10 +1,13 @@
-"""The pipelines x steps table of summary.md, and collecting each run's step statuses."""
+"""The pipelines x steps table of summary.md, collecting each run's step statuses, and the
+plan that ``--dry-run`` prints."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
 
-from .definition import Pipeline
+from .definition import Pipeline, Step
 from .flow import RunLayout, read_status
+from .text import short
 
 STATUS_MARK = {"ok": "ok", "failed": "FAILED", "timeout": "TIMEOUT", "skipped": "skipped", "missing": "-"}
 
@@ -57,4 +60,63 @@ def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     if problems:
         lines += ["| pipeline | why it failed |", "|---|---|"]
         lines += [f"| {run_id} | {reason} |" for run_id, reason in problems] + [""]
+    outputs = [(run_id, step, status) for run_id, run in pipelines.items()
+               for step, status in run.get("steps", {}).items() if status.get("output")]
+    if outputs:
+        lines += ["### Step outputs", "", "Each step's result, its `output.md` (a prompt step's: the agent's answer).", "",
+                  "| pipeline | step | output | cost |", "|---|---|---|---|"]
+        lines += [f"| {run_id} | {step} | [{status['output']}]({status['output']}) | {status.get('cost') or 0:g} |"
+                  for run_id, step, status in outputs] + [""]
+    costs = {run_id: run.get("cost") for run_id, run in pipelines.items() if run.get("cost")}
+    if costs:
+        lines += ["Reported costs: " + ", ".join(f"{run_id} {cost:g}" for run_id, cost in costs.items()), ""]
+    return "\n".join(lines)
+
+
+def _what(step: Step) -> str:
+    if step.command is not None:
+        return f"command {short(step.command, 50)}"
+    if step.python is not None:
+        return f"python {step.python}"
+    extra = "".join([f", model {step.model}" if step.model else "",
+                     f", tools {','.join(step.tools)}" if step.tools else ""])
+    return f"prompt {short(step.prompt, 40)}{extra}"
+
+
+def plan_text(pipelines: List[Pipeline], capacities: Mapping[str, Optional[int]], queue_timeout: Optional[float],
+              agent: Optional[str], starts: Mapping[str, str], results: Path) -> str:
+    """The plan of ``--dry-run``: pipelines, their steps, pools, conditions and jumps, in words."""
+    pools = ", ".join(f"{name}={'GPUs of each node' if cap is None else cap}" for name, cap in sorted(capacities.items()))
+    lines = [f"Dry run: {len(pipelines)} pipeline(s); nothing is run or written.",
+             f"results: {results}", f"pools: {pools}; queue timeout: "
+             f"{'none' if queue_timeout is None else f'{queue_timeout:g} s'}",
+             f"agent: {agent if agent else '(none; no prompt steps)'}", ""]
+    for pipeline in pipelines:
+        extra = [f"deadline {pipeline.deadline_seconds:g} s" if pipeline.deadline_seconds else "",
+                 f"budget {pipeline.budget:g}" if pipeline.budget else "",
+                 "matrix " + ", ".join(f"{k}={v}" for k, v in pipeline.matrix.items()) if pipeline.matrix else "",
+                 starts.get(pipeline.name, "")]
+        lines.append(f"pipeline {pipeline.name}" + "".join(f"; {e}" for e in extra if e))
+        for number, step in enumerate(pipeline.steps, 1):
+            parts = [_what(step)]
+            pools_held = ", ".join(f"{pool}" + (f" x{count}" if count > 1 else "") for pool, count in sorted(step.pools.items()))
+            if pools_held:
+                parts.append(f"holds {pools_held}")
+            if step.condition:
+                parts.append(f"if {step.condition}")
+            if step.timeout:
+                parts.append(f"timeout {step.timeout:g} s")
+            if step.memory_text:
+                parts.append(f"memory {step.memory_text}")
+            if step.max_retries is not None:
+                delay = f", delay {step.retry_delay:g} s doubling" if step.retry_delay else ""
+                parts.append(f"max_retries {step.max_retries}{delay}")
+            if step.next:
+                parts.append(f"then {step.next}")
+            if step.on_fail:
+                parts.append(f"on failure {step.on_fail}")
+            if step.container:
+                parts.append(f"in {step.container}")
+            lines.append(f"  {number}. {step.id}: " + "; ".join(parts))
+        lines.append("")
     return "\n".join(lines)

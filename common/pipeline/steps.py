@@ -1,4 +1,5 @@
-"""Running one attempt of a step: a subprocess in its own session, watched for time and memory.
+"""Running one attempt of a step: a subprocess in its own session, in the step's folder, watched
+for time and memory.
 
 Time (``timeout``) counts from the moment the process starts, which is after the step's pools
 are held, so waiting in a queue never eats into it. Memory is the resident size of all the
@@ -74,34 +75,48 @@ class Attempt:
     ended: float
     reason: str = ""
     max_rss_bytes: int = 0
+    stdout_offset: int = 0  # where this attempt's output starts in stdout.log
+    cost: float = 0.0  # what the step reported on its standard output (COST_KEY lines)
 
     def as_dict(self) -> Dict[str, object]:
         return asdict(self)
 
 
-def inner_command(step: Step, in_container: bool = False) -> List[str]:
-    """The program and arguments of the step itself (before any container wrapping)."""
+def inner_command(step: Step, in_container: bool = False, agent: Optional[str] = None) -> List[str]:
+    """The program and arguments of the step itself (before any container wrapping); a prompt
+    step runs the agent command, which reads the prompt on its standard input."""
     if step.command is not None:
         return ["/bin/sh", "-c", step.command]
+    if step.prompt is not None:
+        if not agent:
+            raise ValueError("no agent command to run the prompt (--agent 'CMD' or PIPELINE_AGENT)")
+        return ["/bin/sh", "-c", agent]
     python = "python3" if in_container else sys.executable
     return [python, "-m", "common.pipeline.call", step.python]
 
 
-def step_argv(step: Step, run_dir: str, apptainer: Optional[str]) -> List[str]:
+def step_argv(step: Step, run_dir: str, apptainer: Optional[str], agent: Optional[str] = None) -> List[str]:
     if step.container is None:
-        return inner_command(step)
-    return container_command(step, inner_command(step, in_container=True), run_dir, apptainer or "apptainer")
+        return inner_command(step, agent=agent)
+    return container_command(step, inner_command(step, in_container=True, agent=agent), run_dir,
+                             apptainer or "apptainer")
 
 
 def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], step: Step,
                      gpu: Optional[str]) -> Dict[str, str]:
     """The worker's environment without launcher variables, the PIPELINE_* variables, the GPU
-    (or none), then the step's own ``env`` ($PIPELINE_* in its values expanded)."""
+    (or none), a prompt step's model and tools, then the step's own ``env`` ($PIPELINE_* in its
+    values expanded)."""
     env = without_launcher(base)  # a step may start an MPI job of its own
     env.update(pipeline_vars)
     env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
+    if step.prompt is not None:
+        env["PIPELINE_MODEL"] = step.model or ""
+        env["PIPELINE_TOOLS"] = ",".join(step.tools)
     if step.python is not None and step.container is None:
-        env["PYTHONPATH"] = os.pathsep.join([PROJECT_ROOT] + [p for p in [env.get("PYTHONPATH")] if p])
+        # the engine's code, and modules beside the folder the pipeline was started from
+        paths = [PROJECT_ROOT, pipeline_vars.get("PIPELINE_LAUNCH_DIR"), env.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     for name, value in step.env.items():
         for var, replacement in pipeline_vars.items():
             value = value.replace("${" + var + "}", replacement).replace("$" + var, replacement)
@@ -121,31 +136,36 @@ def _die_with_worker() -> None:
 
 
 def _open_log(path: Path, attempt: int):
-    handle = open(path, "ab" if attempt > 1 else "wb")
-    if attempt > 1:
-        handle.write(f"\n----- attempt {attempt} -----\n".encode())
+    """The log, appended to: a retry, a resume or a later run never overwrites an earlier attempt's."""
+    handle = open(path, "ab")
+    if handle.tell() > 0:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        handle.write(f"\n----- attempt {attempt} ({stamp}) -----\n".encode())
         handle.flush()
     return handle
 
 
 def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, attempt: int = 1,
                 timeout: Optional[float] = None, memory: Optional[int] = None,
-                stop_at: Optional[float] = None) -> Attempt:
-    """Run ``argv`` once, with stdout/stderr to the step's logs; end it on a limit.
+                stop_at: Optional[float] = None, stdin: Optional[Path] = None) -> Attempt:
+    """Run ``argv`` once in ``step_dir``, with stdout/stderr appended to the step's logs (and
+    ``stdin`` as its standard input); end it on a limit.
 
     ``stop_at`` is a ``time.monotonic()`` instant (the pipeline's deadline).
     """
     step_dir.mkdir(parents=True, exist_ok=True)
     proctree.become_subreaper()  # orphans of the step (setsid and a double fork) become our children
-    with _open_log(step_dir / "stdout.log", attempt) as out, _open_log(step_dir / "stderr.log", attempt) as err:
-        started, clock, before = time.time(), time.monotonic(), proctree.now_ticks()
+    with _open_log(step_dir / "stdout.log", attempt) as out, _open_log(step_dir / "stderr.log", attempt) as err, \
+            (open(stdin, "rb") if stdin is not None else open(os.devnull, "rb")) as given:
+        offset = out.tell()
+        started, clock = time.time(), time.monotonic()
         try:
-            process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=dict(env),
+            process = subprocess.Popen(list(argv), stdin=given, stdout=out, stderr=err, env=dict(env), cwd=step_dir,
                                        start_new_session=True, preexec_fn=_die_with_worker)
         except OSError as error:
             err.write(f"cannot start {argv[0]}: {error}\n".encode())
-            return Attempt("failed", None, started, time.time(), f"cannot start: {error}")
-        since = proctree.start_ticks(process.pid) or before
+            return Attempt("failed", None, started, time.time(), f"cannot start: {error}", stdout_offset=offset)
+        since = proctree.start_time(process.pid) or started
         status, reason, peak, next_memory_check = None, "", 0, clock
         ending_since: Optional[float] = None  # when SIGTERM went out
         try:
@@ -188,4 +208,4 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
             status = "failed"
             reason = (f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
                       else f"exit code {code}")
-    return Attempt(status, code, started, ended, reason, peak)
+    return Attempt(status, code, started, ended, reason, peak, stdout_offset=offset)

@@ -12,16 +12,18 @@ A follower that hears nothing from the leader that long stops by itself. Neither
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
 from .app import Record
 from .cli import DEFAULT_HEARTBEAT_TIMEOUT
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from .journal import Journal
-from .messages import (Broken, Bye, Dropped, End, Failed, Heartbeat, Items, PoolCall, PoolReply, Request, Result,
-                       Status, Stop, StopRequest)
+from .messages import (Broken, Bye, Dropped, End, Failed, Heartbeat, Items, PoolCall, PoolReply, Release, Request,
+                       Result, Status, Stop, StopRequest)
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
@@ -186,6 +188,34 @@ class Leader:
             self._lose(rank, f"no answer {wait:.0f} s after the end of the run")
         self.journal.maybe_sync()
         return reports
+
+    @contextmanager
+    def keeping_followers(self) -> Iterator[None]:
+        """Heartbeats from a thread while rank 0 writes its outputs (the followers wait for
+        :meth:`release` meanwhile, and must not take its silence for a loss)."""
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.liveness.interval):
+                for rank in self.live:
+                    self.comm.send(Heartbeat(), rank)
+
+        thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
+        if self.live:
+            thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            if thread.is_alive():
+                thread.join()
+
+    def release(self, code: int) -> bool:
+        """Let every live follower exit with ``code``; False when a rank was lost (then no rank
+        may call MPI_Finalize)."""
+        finalize = not self.lost
+        self._broadcast(Release(code, finalize))
+        return finalize
 
     # ----- liveness -----
     def _send(self, message: Any, rank: int) -> None:
@@ -433,6 +463,21 @@ class Follower:
                 self._send(Broken("; ".join(sorted(set(self.pool.given_up.values())))))
                 self._drop_buffer()
             timeout = backoff.next(active, 0.001 if self.asked else 0.02)
+
+    def await_release(self) -> Optional[Release]:
+        """After its :class:`Bye`: rank 0's :class:`Release`, or None when rank 0 fell silent."""
+        while True:
+            incoming = self.comm.poll()
+            now = time.monotonic()
+            if incoming is None:
+                if self.liveness.silent(now):
+                    self.silence = now - self.liveness.heard[0]
+                    return None
+                time.sleep(0.005)
+                continue
+            self.liveness.heard_from(0, now)
+            if isinstance(incoming[1], Release):
+                return incoming[1]
 
     def _send(self, message: Any) -> None:
         self.comm.send(message, 0)

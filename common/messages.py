@@ -2,7 +2,7 @@
 
 Follower -> leader: :class:`Request`, :class:`Result`, :class:`Failed`, :class:`PoolCall`,
 :class:`Dropped`, :class:`StopRequest`, :class:`Broken`, :class:`Status`, :class:`Bye`.
-Leader -> follower: :class:`Items`, :class:`PoolReply`, :class:`Stop`, :class:`End`.
+Leader -> follower: :class:`Items`, :class:`PoolReply`, :class:`Stop`, :class:`End`, :class:`Release`.
 Both ways: :class:`Heartbeat`, sent only when nothing else went to that rank for a while.
 """
 from __future__ import annotations
@@ -109,6 +109,15 @@ class Status:
     """Every few seconds: this rank's workers and GPUs, for rank 0's status file (common.status_file)."""
 
     snapshot: Dict[str, Any]
+
+
+@dataclass
+class Release:
+    """After rank 0 has written its outputs: exit with ``code``. ``finalize`` is False when a rank
+    was lost: MPI_Finalize would wait for it forever, so every rank leaves without it."""
+
+    code: int
+    finalize: bool
 
 
 # ----- both ways -----

@@ -261,12 +261,14 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
             return _follower_end(comm, follower, outcome, report, layout[0]["host"])
         byes = leader.await_byes(args.heartbeat_timeout + WORKER_KILL_AFTER)
         reports = [report] + [byes[rank] for rank in sorted(byes)]
-        if not comm.flush(args.heartbeat_timeout) or leader.lost:
-            comm.finalize = False  # MPI_Finalize would wait for a rank that is gone
         progress.close()
-        code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports, started_at)
-        status.finished(leader, code)
+        with leader.keeping_followers():
+            code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
+                           started_at)
+            status.finished(leader, code)
         journal.close()
+        if not leader.release(code) or not comm.flush(args.heartbeat_timeout):
+            comm.finalize = False  # MPI_Finalize would wait for a rank that is gone
         return code
     finally:
         pool.join()
@@ -283,9 +285,17 @@ def _follower_end(comm: Any, follower: Follower, outcome: str, report: dict, lea
         print(message, file=sys.stderr)
         return EXIT_STOPPED
     comm.send(Bye(report), 0)
-    if not comm.flush(follower.liveness.timeout):
+    release = follower.await_release()
+    if release is None:
         comm.finalize = False
-    return follower.end.code
+        message = (f"rank {comm.rank}: lost rank 0 on {leader_host} while it wrote the outputs (no message for "
+                   f"{follower.silence:.0f} s); exiting: rerun with --resume to finish")
+        log.error(message)
+        print(message, file=sys.stderr)
+        return EXIT_STOPPED
+    if not release.finalize or not comm.flush(follower.liveness.timeout):
+        comm.finalize = False
+    return release.code
 
 
 def _default_threads(comm: Any, host: str, workers: int) -> int:

@@ -33,7 +33,7 @@ body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin:
 main { max-width: 1120px; margin: 0 auto; padding: 24px 28px 48px; background: #fff; min-height: 100vh; }
 h1 { font-size: 1.6em; margin: 0.2em 0 0.6em; } h2 { font-size: 1.25em; margin-top: 1.8em; border-bottom: 1px solid #dde1e6; }
 .cards { display: flex; flex-wrap: wrap; gap: 12px; margin: 0 0 18px; padding: 0; list-style: none; }
-.cards li { border: 1px solid #dde1e6; border-radius: 8px; padding: 8px 14px; min-width: 120px; }
+.cards li { border: 1px solid #dde1e6; border-radius: 8px; padding: 8px 14px; min-width: 92px; }
 .cards b { display: block; font-size: 1.35em; } .cards span { color: #5a6570; font-size: 0.9em; }
 .complete b.state { color: #1a7f37; } .failed b.state, .stopped b.state { color: #b3261e; }
 table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.93em; }

@@ -14,6 +14,8 @@ Layout (one concept a module):
   resources.py    named resource pools (counting semaphores)
   journal.py      the append-only journal that makes --resume possible
   progress.py, timeline.py, gpu_monitor.py, outputs.py, logs.py   what users see
+  status_file.py  status.json, rewritten by rank 0 every few seconds; status.py reads it (python -m common.status)
+  gpu_usage.py, report_html.py   gpu_usage.png/.csv and report.html at the end of a run
   data.py         MNIST / Fashion-MNIST / digits loading shared by the apps
   pipeline/       train -> evaluate -> report pipelines on the engine
   slurm/          sbatch script generator

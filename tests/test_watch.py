@@ -183,3 +183,36 @@ def test_progress_in_a_terminal_is_a_bar(tmp_path):
     shown = b"".join(chunks).decode(errors="replace")
     assert "\r" in shown and "6/6" in shown, shown
     assert "items done (" not in shown, shown
+
+
+def test_a_rank_that_falls_silent_is_shown_silent_then_lost(tmp_path, quick_status):
+    import psutil
+
+    results = tmp_path / "r"
+    job = start([TOY, "40", "--sleep", "0.5", "--gpu", "cpu", "--heartbeat-timeout", "8", "--results", str(results)],
+                ranks=2)
+    frozen = []
+    try:
+        wait_for_results(results, 4)
+        rank1 = psutil.Process(rank_pids(results)[1])
+        frozen = [rank1] + rank1.children(recursive=True)
+        for process in frozen:  # alive but silent, as a node whose network dropped
+            process.send_signal(signal.SIGSTOP)
+        assert wait_until(lambda: "rank 1 on" in status(results).stdout and "silent for" in status(results).stdout,
+                          timeout=30, every=0.5)
+        assert wait_until(lambda: "LOST" in status(results).stdout, timeout=30, every=0.5)
+        text = status(results).stdout
+        assert re.search(r"^ranks +2, 1 not ok$", text, re.M) and "rank 1 on" in text and "no message for" in text
+        job.communicate(timeout=120)
+    finally:
+        for process in frozen:
+            try:
+                process.kill()
+                process.send_signal(signal.SIGCONT)
+            except psutil.NoSuchProcess:
+                pass
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    final = status(results).stdout
+    assert final.startswith("toy: complete") and "40 of 40 done" in final and "LOST" in final, final

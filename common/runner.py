@@ -186,10 +186,14 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
             logging.shutdown()
             comm.abort(1)
         raise
-    if not comm.finalize:  # a rank is gone: MPI_Finalize could wait for it forever, or crash
+    if not comm.finalize:  # a rank is gone: MPI_Finalize would wait for it forever
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
+        if comm.rank == 0 and comm.size > 1:
+            # MPI_Abort is how a job ends with a rank missing: the launcher ends every process it
+            # can reach (the lost rank's too) and exits with ``code`` (hydra; srun reports the step failed)
+            comm.abort(code)
         os._exit(code)
     return code
 
@@ -295,6 +299,9 @@ def _follower_end(comm: Any, follower: Follower, outcome: str, report: dict, lea
         return EXIT_STOPPED
     if not release.finalize or not comm.flush(follower.liveness.timeout):
         comm.finalize = False
+        # rank 0 ends the job with MPI_Abort; leaving first would make some launchers (hydra) kill
+        # rank 0 before it does, and report that instead of the run's exit code
+        time.sleep(follower.liveness.timeout)
     return release.code
 
 

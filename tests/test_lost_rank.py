@@ -1,0 +1,96 @@
+"""A rank that falls silent on one host (SIGSTOP: alive, but says nothing, like a node whose
+network dropped) never holds the run. The same on several nodes: tests/test_vcluster_faults.py."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from helpers import TOY, journal_entries, rank_pids, run, start, wait_for_results
+
+TIMEOUT = 3  # --heartbeat-timeout
+
+
+def _values(results: Path) -> dict:
+    return json.loads((results / "values.json").read_text())
+
+
+def _freeze(pid: int) -> list:
+    """SIGSTOP a rank and its workers; returns them (to be killed at the end)."""
+    tree = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+    for process in tree:
+        process.send_signal(signal.SIGSTOP)
+    return tree
+
+
+def _kill(tree: list) -> None:
+    for process in tree:
+        try:
+            process.kill()
+            process.send_signal(signal.SIGCONT)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_a_silent_rank_is_lost_its_items_run_elsewhere_and_the_run_completes(tmp_path):
+    args = [TOY, "36", "--wave", "--sleep", "0.4", "--threads", "1", "--no-progress",
+            "--heartbeat-timeout", str(TIMEOUT)]
+    clean = run(args + ["--results", str(tmp_path / "clean")])
+    assert clean.returncode == 0, clean.stderr
+    results = tmp_path / "r"
+    process = start(args + ["--results", str(results)], ranks=3)
+    tree = []
+    try:
+        wait_for_results(results, 4)
+        tree = _freeze(rank_pids(results)[2])
+        frozen_at = time.time()
+        out, err = process.communicate(timeout=120)
+        ended = time.time() - frozen_at
+    finally:
+        _kill(tree)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, err
+    lost = [e for e in journal_entries(results) if e.get("type") == "rank_lost"]
+    summary = json.loads((results / "summary.json").read_text())
+    print(f"rank 2 declared lost {summary['lost_ranks'][0]['time'] - frozen_at:.1f} s after it fell silent "
+          f"(--heartbeat-timeout {TIMEOUT}); the run ended {ended:.1f} s after")
+    assert summary["status"] == "complete" and summary["items_done"] == summary["items_total"]
+    assert [entry["rank"] for entry in summary["lost_ranks"]] == [2], summary["lost_ranks"]
+    assert lost and lost[0]["rank"] == 2
+    assert "lost rank 2" in (results / "summary.md").read_text()
+    assert "lost rank 2" in err
+    assert _values(results) == _values(tmp_path / "clean")
+
+
+def test_followers_that_lose_rank_0_stop_by_themselves_and_resume_completes(tmp_path):
+    args = [TOY, "30", "--sleep", "0.4", "--threads", "1", "--no-progress", "--heartbeat-timeout", str(TIMEOUT)]
+    results = tmp_path / "r"
+    process = start(args + ["--results", str(results)], ranks=3)
+    tree = []
+    try:
+        wait_for_results(results, 4)
+        pids = rank_pids(results)
+        tree = _freeze(pids[0])
+        frozen_at = time.monotonic()
+        followers = [psutil.Process(pid) for pid in pids[1:]]
+        gone, alive = psutil.wait_procs(followers, timeout=TIMEOUT + 30)
+        stopped_after = time.monotonic() - frozen_at
+        assert not alive, "a follower waited for a silent rank 0"
+        print(f"followers stopped {stopped_after:.1f} s after rank 0 fell silent (--heartbeat-timeout {TIMEOUT})")
+        _kill(tree)
+        process.communicate(timeout=60)
+    finally:
+        _kill(tree)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    done = sum(1 for e in journal_entries(results) if e.get("type") == "result")
+    assert done >= 4
+    resumed = run(args + ["--results", str(results), "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    clean = run(args + ["--results", str(tmp_path / "clean")])
+    assert _values(results) == _values(tmp_path / "clean")

@@ -1,8 +1,7 @@
 """mnist_nn as an engine app: which fits exist, how each runs on a worker, and what rank 0 writes.
 
 Items:
-  first wave   ``b=00,c=01,f=3``: bootstrap 0, random candidate 1, validate on fold 3; the folds
-               of one candidate form a group (``b=00,c=01``) that a worker trains side by side
+  first wave   ``b=00,c=01,f=3``: bootstrap 0, random candidate 1, validate on fold 3
   second wave  ``b=00,refit``: waits for every fit of bootstrap 0, refits the candidate with the
                lowest mean K-fold validation loss on the whole bootstrap sample
 Candidates are drawn from ``--seed`` and (bootstrap, candidate) only, and the bootstrap
@@ -27,8 +26,7 @@ from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
 
-from .search import Candidate, draw_candidate
-from .stacking import stacks_on_cpu
+from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate
 
 #: what a fold's fit and a refit return, and each entry of their epoch logs (``check_result``)
 LOG_FIELDS = {"epoch": int, "loss": NUMBER_OR_NONE, "error": NUMBER, "samples_per_s": NUMBER, "seconds": NUMBER,
@@ -47,6 +45,12 @@ EMBED_LIMIT_BYTES = 64 * 2 ** 20
 #: the reference's 12 12 is 732 fits of about a minute each on an A100; past this many the item
 #: list alone takes rank 0 minutes and gigabytes, and the run would take years
 MAX_FITS = 100_000
+#: --max-macs at least this: below it, drawing a candidate takes thousands of tries (0.07% of the
+#: reference's nets take at most 300,000 multiply-adds an image)
+MIN_MAX_MACS = 300_000
+#: on a CPU, rank 0 warns before a run with nets past this many weights: each of their fits takes
+#: minutes to hours there
+CPU_WARN_WEIGHTS = 100_000_000
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +80,10 @@ class MnistNN(App):
         parser.add_argument("--max-epochs", type=at_least(1), default=20,
                             help="most epochs of a fit (it stops earlier once the loss falls by less than 20%%)")
         parser.add_argument("--batch-size", type=at_least(1), default=10, help="images per SGD step")
+        parser.add_argument("--max-macs", type=at_least(MIN_MAX_MACS, float), default=None, metavar="N",
+                            help="NOT the reference's search: draw only nets whose forward pass takes at most N "
+                                 "multiply-adds an image (so at most N weights; e.g. 1e6), redrawing bigger ones; "
+                                 "for CPUs, where the reference's nets of hundreds of millions of weights take hours")
 
     # ----- every rank -----
     def validate(self) -> None:
@@ -90,7 +98,7 @@ class MnistNN(App):
         args = self.args
         return {"n_bootstrap": args.n_bootstrap, "n_tuning": args.n_tuning, "seed": args.seed,
                 "dataset": args.dataset, "subsample": args.subsample, "max_epochs": args.max_epochs,
-                "batch_size": args.batch_size, "folds": args.folds}
+                "batch_size": args.batch_size, "folds": args.folds, "max_macs": args.max_macs}
 
     # ----- rank 0 -----
     def prepare(self) -> None:
@@ -103,34 +111,31 @@ class MnistNN(App):
         if args.batch_size > len(dataset.y_train):
             raise UsageError(f"--batch-size {args.batch_size} is more than the {len(dataset.y_train)} training images")
 
+    def candidate(self, bootstrap: int, number: int) -> Candidate:
+        return draw_candidate(self.args.seed, bootstrap, number, self.args.max_macs)
+
     def candidates(self, bootstrap: int) -> List[Candidate]:
-        return [draw_candidate(self.args.seed, bootstrap, c) for c in range(self.args.n_tuning)]
+        return [self.candidate(bootstrap, c) for c in range(self.args.n_tuning)]
 
     def items(self) -> List[Item]:
         args = self.args
         share = (args.folds - 1) / args.folds
         items: List[Item] = []
         refits: List[Item] = []
+        every: List[Candidate] = []
         for b in range(args.n_bootstrap):
             keys, drawn = [], self.candidates(b)
+            every += drawn
             for c, candidate in enumerate(drawn):
                 for f in range(args.folds):
                     keys.append(fit_key(b, c, f))
                     items.append(Item(keys[-1], {"kind": "fit", "bootstrap": b, "candidate": c, "fold": f,
-                                                 "hyper": candidate.as_dict()}, cost=candidate.cost * share,
-                                      group=self.group(b, c, candidate)))
+                                                 "hyper": candidate.as_dict()}, cost=candidate.cost * share))
             biggest = max(candidate.cost for candidate in drawn)
             refits.append(Item(refit_key(b), {"kind": "refit", "bootstrap": b}, cost=biggest, after=tuple(keys)))
+        if not self.on_gpu():
+            warn_big_nets(every)
         return items + refits
-
-    def group(self, bootstrap: int, number: int, candidate: Candidate) -> str:
-        """The folds of a candidate go to one worker together, to train stacked: always on GPUs; on
-        CPUs (``--gpu cpu``, or no GPU here) only where stacking measured faster (small nets, see
-        ``stacking.stacks_on_cpu``), bigger nets' folds being better spread over the workers.
-        Results are the same either way."""
-        if not self.on_gpu() and not stacks_on_cpu(candidate, self.args.folds):
-            return ""
-        return f"b={bootstrap:02d},c={number:02d}"
 
     def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
         """Choose the candidate with the lowest mean validation loss over all K folds."""
@@ -139,7 +144,7 @@ class MnistNN(App):
         if not scores:
             raise ValueError(f"bootstrap {b}: no candidate has all {self.args.folds} folds done")
         best = min(scores, key=lambda c: (scores[c], c))
-        params = dict(item.params, candidate=best, hyper=draw_candidate(self.args.seed, b, best).as_dict(),
+        params = dict(item.params, candidate=best, hyper=self.candidate(b, best).as_dict(),
                       cv_loss=None if math.isinf(scores[best]) else scores[best])
         return Item(item.key, params, cost=item.cost, after=item.after)
 
@@ -173,14 +178,11 @@ class MnistNN(App):
 
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
-        # full float32 everywhere, as training's own products: no TF32 in evaluation's cuDNN convolution
+        # full float32 everywhere: no TF32 in cuBLAS's products or cuDNN's convolutions
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         if not device.is_gpu:
-            from .kernels import load
-
             keep_freed_memory()
-            logger.info(load()[1])  # built here, once per worker, before any fit is timed
         args = self.args
         dataset = load_dataset(args.dataset, args.data_dir, subsample=args.subsample, seed=args.seed)
         return {"data": to_device(dataset, device.torch_device), "folds": {}}
@@ -195,42 +197,24 @@ class MnistNN(App):
 
     def run_item(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
         if item.params["kind"] == "fit":
-            return self.run_group(state, [item], [seed])[0]
+            return self.fit_fold(state, item, seed)
         return self.refit(state, item, seed)
 
-    def run_group(self, state: Dict[str, Any], items: List[Item],
-                  seeds: List[np.random.SeedSequence]) -> List[Dict[str, Any]]:
-        """The folds of one candidate (whichever arrived) train side by side where that is faster
-        (``stacking.stack_size``), else one after the other or in smaller stacks.
-
-        A fold's result is the same whichever folds came with it: a stacked net does exactly
-        the arithmetic it would do alone (``train.fit_group``).
-        """
+    def fit_fold(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
+        """One candidate trained on the other folds of its bootstrap sample, scored on its own fold."""
         import torch
 
         from .sampling import fold_indexes
-        from .stacking import stack_size
-        from .train import evaluate, fit_group, net_from_state
+        from .train import evaluate, fit
 
-        args, data = self.args, state["data"]
-        candidate = Candidate(**items[0].params["hyper"])
-        splits = [fold_indexes(self.folds(state, item.params["bootstrap"]), item.params["fold"]) for item in items]
-        trainings, init_seeds = [training for training, _ in splits], [torch_seed(seed) for seed in seeds]
-        size = stack_size(candidate, len(items), data.device)
-        stacks = [list(range(len(items)))[start:start + size] for start in range(0, len(items), size)]
-        results: Dict[int, Dict[str, Any]] = {}
-        for stack in stacks:  # each stack's nets are scored and let go before the next one trains
-            trained = fit_group(data.x_train, data.y_train, [trainings[k] for k in stack], candidate,
-                                args.max_epochs, args.batch_size, [init_seeds[k] for k in stack],
-                                on_epoch=epoch_logger([items[k].key for k in stack]))
-            for k, (weights, log) in zip(stack, trained):
-                rows = torch.from_numpy(splits[k][1]).to(data.device)
-                scores = evaluate(net_from_state(candidate, weights), data.x_train.index_select(0, rows),
-                                  data.y_train.index_select(0, rows))
-                results[k] = {"val_loss": finite_or_none(scores["loss"]), "val_error": scores["error"],
-                              "epochs": len(log), "log": log}
-            del trained, weights  # the last net's state too: the next stack's budget has no room for it
-        return [results[k] for k in range(len(items))]
+        args, data, params = self.args, state["data"], item.params
+        training, validation = fold_indexes(self.folds(state, params["bootstrap"]), params["fold"])
+        net, log = fit(data.x_train, data.y_train, training, Candidate(**params["hyper"]), args.max_epochs,
+                       args.batch_size, torch_seed(seed), on_epoch=epoch_logger(item.key))
+        rows = torch.from_numpy(validation).to(data.device)
+        scores = evaluate(net, data.x_train.index_select(0, rows), data.y_train.index_select(0, rows))
+        return {"val_loss": finite_or_none(scores["loss"]), "val_error": scores["error"], "epochs": len(log),
+                "log": log}
 
     def refit(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
         """The chosen candidate on the whole bootstrap sample; scored on the training and test sets."""
@@ -243,7 +227,7 @@ class MnistNN(App):
         b = params["bootstrap"]
         candidate = Candidate(**params["hyper"])
         net, log = fit(data.x_train, data.y_train, bootstrap_sample(self.folds(state, b)), candidate, args.max_epochs,
-                       args.batch_size, torch_seed(seed), on_epoch=epoch_logger([item.key]))
+                       args.batch_size, torch_seed(seed), on_epoch=epoch_logger(item.key))
         train_scores = evaluate(net, data.x_train, data.y_train)
         logits = predict_logits(net, data.x_test)
         probabilities = torch.softmax(logits.float(), 1).cpu().numpy().astype("<f4")
@@ -286,14 +270,28 @@ def cv_scores(results: Mapping[str, Any], bootstrap: int, n_tuning: int, folds: 
     return scores
 
 
-def epoch_logger(keys: Sequence[str]) -> EpochHook:
-    """A line in the worker's log (``<results>/logs/``) per epoch of fit k (``keys[k]``), as it
+def epoch_logger(key: str) -> EpochHook:
+    """A line in the worker's log (``<results>/logs/``) per epoch of item ``key``'s fit, as it
     ends: ``tail -f`` shows how far a long fit has got."""
-    def on_epoch(k: int, entry: Dict[str, Any]) -> None:
+    def on_epoch(entry: Dict[str, Any]) -> None:
         loss = "diverged" if entry["loss"] is None else f"{entry['loss']:.4f}"
-        logger.info("%s epoch %d: loss %s, error %.4f, %.0f samples/s", keys[k], entry["epoch"], loss, entry["error"],
+        logger.info("%s epoch %d: loss %s, error %.4f, %.0f samples/s", key, entry["epoch"], loss, entry["error"],
                     entry["samples_per_s"])
     return on_epoch
+
+
+def warn_big_nets(candidates: Sequence[Candidate]) -> None:
+    """Rank 0, on CPUs, before the run: once, how big the biggest nets are and how to draw smaller ones
+    (in the engine's log: on stderr with the rank's prefix, and in logs/rank0.log)."""
+    big = [c for c in candidates if c.n_weights > CPU_WARN_WEIGHTS]
+    if big:
+        top = max(big, key=lambda c: c.n_weights)
+        rank_log = logging.getLogger("multinode_gpu")
+        rank_log.warning("%d of the %d candidates have over %dM weights, the biggest %.0fM (%s: about %.1f GiB to "
+                         "train); on a CPU each of their fits takes minutes to hours. --max-macs N draws only nets "
+                         "of at most N multiply-adds an image (not the reference's search; e.g. --max-macs 1e6)", len(big),
+                         len(candidates), CPU_WARN_WEIGHTS // 10 ** 6, top.n_weights / 1e6, top.describe(),
+                         top.n_weights * TRAIN_BYTES_PER_WEIGHT / 2 ** 30)
 
 
 def finite_or_none(value: float) -> Optional[float]:

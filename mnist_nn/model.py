@@ -25,12 +25,12 @@ class Net(torch.nn.Module):
 
 
 def net_holding(state: Dict[str, torch.Tensor], n_conv_layer: int, kernel_size: int, n_hidden_layer: int,
-                image_size: int = IMAGE_SIZE, trainable: bool = True) -> Net:
+                image_size: int = IMAGE_SIZE) -> Net:
     """A Net whose parameters are ``state``'s tensors themselves (same device, no copy). Built on
     the meta device: no random initialisation to throw away, no second copy of the weights (5.8 GB
     for the biggest candidates)."""
     with torch.device("meta"):
-        net = Net(n_conv_layer, kernel_size, n_hidden_layer, image_size).requires_grad_(trainable)
+        net = Net(n_conv_layer, kernel_size, n_hidden_layer, image_size)
     net.load_state_dict(state, assign=True)
     return net
 

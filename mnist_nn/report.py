@@ -20,7 +20,7 @@ from common.data import load_dataset
 from common.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 from .app import cv_scores, decode_array, model_stem, refit_key
-from .search import IMAGE_SIZE, draw_candidate
+from .search import IMAGE_SIZE
 
 RESULT_COLUMNS = ["bootstrap", "candidate", "n_conv_layer", "kernel_size", "n_hidden_layer", "learning_rate",
                   "momentum", "cv_loss", "epochs", "training_error", "test_error"]
@@ -66,7 +66,7 @@ def cv_rows(app: Any, run: RunInfo, refits: Mapping[int, Mapping[str, Any]]) -> 
     for b in range(args.n_bootstrap):
         scores = cv_scores(results, b, args.n_tuning, args.folds)
         for c in range(args.n_tuning):
-            rows.append({"bootstrap": b, "candidate": c, **draw_candidate(args.seed, b, c).as_dict(),
+            rows.append({"bootstrap": b, "candidate": c, **app.candidate(b, c).as_dict(),
                          "cv_loss": scores.get(c), "chosen": int(b in refits and refits[b]["candidate"] == c)})
     return rows
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import numpy as np
 
@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 IMAGE_SIZE = 28
 N_CLASSES = 10
+#: bytes per weight to train a net: the weights, their gradient and SGD's momentum (float32)
+TRAIN_BYTES_PER_WEIGHT = 12
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class Candidate:
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
+
+    def describe(self) -> str:
+        return f"{self.n_conv_layer} conv {self.kernel_size}x{self.kernel_size}, {self.n_hidden_layer} hidden"
 
     def build(self) -> Net:
         from .model import Net  # imports torch: only workers build nets
@@ -51,22 +56,28 @@ class Candidate:
 
     @property
     def cost(self) -> float:
-        """Multiply-adds per training sample (forward), to hand out the slowest fits first."""
+        """Multiply-adds of one image's forward pass (at least ``n_weights``): the slowest fits are
+        handed out first, and ``--max-macs`` bounds it."""
         conv = self.n_conv_layer * self.conv_side ** 2 * self.kernel_size ** 2
         return float(conv + self.n_weights)
 
 
-def draw_candidate(seed: int, bootstrap: int, candidate: int) -> Candidate:
+def draw_candidate(seed: int, bootstrap: int, candidate: int, max_macs: Optional[float] = None) -> Candidate:
     """The reference's distribution, drawn from ``--seed`` and the candidate's identity only.
 
     n_conv_layer ~ U{1..999}, kernel_size ~ U{2..10}, n_hidden_layer ~ U{1..1999},
-    learning rate 10^U(-5,-1), momentum 10^U(-2,0).
+    learning rate 10^U(-5,-1), momentum 10^U(-2,0). With ``max_macs`` (``--max-macs``, not the
+    reference's search), draws again from the same stream until a net's ``cost`` is at most that:
+    the reference's distribution restricted to small nets.
     """
     rng = np.random.default_rng(item_seed(seed, f"bootstrap={bootstrap},candidate={candidate}"))
-    return Candidate(
-        n_conv_layer=int(rng.integers(1, 1000)),
-        kernel_size=int(rng.integers(2, 11)),
-        n_hidden_layer=int(rng.integers(1, 2000)),
-        learning_rate=float(math.pow(10.0, rng.random() * 4.0 - 5.0)),
-        momentum=float(math.pow(10.0, rng.random() * 2.0 - 2.0)),
-    )
+    while True:
+        drawn = Candidate(
+            n_conv_layer=int(rng.integers(1, 1000)),
+            kernel_size=int(rng.integers(2, 11)),
+            n_hidden_layer=int(rng.integers(1, 2000)),
+            learning_rate=float(math.pow(10.0, rng.random() * 4.0 - 5.0)),
+            momentum=float(math.pow(10.0, rng.random() * 2.0 - 2.0)),
+        )
+        if max_macs is None or drawn.cost <= max_macs:
+            return drawn

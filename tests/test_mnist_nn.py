@@ -72,18 +72,17 @@ def test_a_run_writes_every_output(clean_run):
         [(int(r["bootstrap"]), int(r["n_conv_layer"]), float(r["test_error"])) for r in rows]
     worker_log = (clean_run / "logs" / "rank0-cpu0.log").read_text()  # each epoch as it ends, for tail -f
     assert f"{fit_key(0, 0, 0)} epoch 1: loss " in worker_log and f"{refit_key(1)} epoch 1: loss " in worker_log
-    assert "CPU kernels" in worker_log  # which hidden-layer products this worker trains with (mnist_nn.kernels)
     markdown = (clean_run / "summary.md").read_text()
     assert "ensemble test error" in markdown
     table = [line for line in markdown.splitlines() if line.startswith("| ") and "bootstrap" not in line]
     assert [line.split(" | ")[2] for line in table] == [r["n_conv_layer"] for r in rows], table
 
 
-def test_one_rank_and_two_ranks_by_two_workers_of_two_threads_give_identical_results(clean_run, tmp_path):
-    """The clean run has 1 rank, 1 worker, 1 thread; this one 2 x 2 x 2 (a CPU net trains block by block
-    on its worker's threads, mnist_nn.blocked, and seed 1763's nets have several blocks)."""
+def test_one_rank_and_two_ranks_by_two_workers_give_identical_results(clean_run, tmp_path):
+    """The clean run has 1 rank, 1 worker; this one 2 x 2; both 1 thread a worker (results are the
+    same for any layout at the same --threads)."""
     many = tmp_path / "many"
-    proc = mnist_nn(many, "--workers", "2", "--threads", "2", ranks=2)
+    proc = mnist_nn(many, "--workers", "2", ranks=2)
     assert proc.returncode == 0, proc.stderr
     # the layout really was 2 ranks x 2 workers; which rank ran what is the scheduler's choice (with
     # fits this short, rank 0's workers may finish most of them before rank 1's have started)
@@ -164,6 +163,7 @@ def test_a_saved_model_reloads_and_reproduces_its_test_error(clean_run):
     (["100000000", "100000000", "--dataset", "digits"], "at most 100,000"),
     (["1", "1", "--dataset", "digits", "--subsample", "200", "--batch-size", "100000"], "more than the 200"),
     (["1", "1", "--dataset", "digits", "--seed", str(2 ** 32)], "--seed"),
+    (["1", "1", "--dataset", "digits", "--max-macs", "5000"], "--max-macs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, argv, fragment):
     results = tmp_path / "bad"
@@ -194,21 +194,31 @@ def test_bootstrap_resamples_within_folds():
     assert len(training) == 103 - 21 and np.array_equal(validation, folds[2])
 
 
-@pytest.mark.parametrize("gpu, on_gpu", [("cpu", False), ("CPU", False), ("0", True), ("all", True)])
-def test_folds_are_grouped_to_train_stacked_on_gpus_and_for_small_nets_on_cpus(gpu, on_gpu):
-    """On CPUs a big candidate's folds spread over the workers; elsewhere they go to one worker together."""
-    import argparse
+def test_max_macs_draws_only_small_nets_and_changes_nothing_else():
+    """Redrawn from the same stream: a candidate that fits is the reference's own draw."""
+    limited = [draw_candidate(0, b, c, max_macs=2e7) for b in range(6) for c in range(6)]
+    plain = [draw_candidate(0, b, c) for b in range(6) for c in range(6)]
+    assert all(d.cost <= 2e7 and d.n_weights <= 2e7 for d in limited) and any(d.cost > 2e7 for d in plain)
+    assert any(d.cost <= 2e7 for d in plain)
+    assert all(a == b for a, b in zip(limited, plain) if b.cost <= 2e7)
+    assert limited == [draw_candidate(0, b, c, max_macs=2e7) for b in range(6) for c in range(6)]
 
-    from mnist_nn.search import Candidate
 
-    app = MnistNN(argparse.Namespace(gpu=gpu, seed=0, folds=5))
-    small, big = Candidate(2, 3, 16, 0.01, 0.5), Candidate(8, 5, 64, 0.01, 0.5)
-    assert app.group(0, 1, small) == "b=00,c=01"
-    assert bool(app.group(0, 1, big)) is on_gpu
+def test_on_a_cpu_rank_0_warns_once_before_nets_of_hundreds_of_millions_of_weights(caplog):
+    args = argparse.Namespace(gpu="cpu", seed=0, folds=5, n_bootstrap=2, n_tuning=2, max_macs=None)
+    with caplog.at_level("WARNING", logger="multinode_gpu"):
+        MnistNN(args).items()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "--max-macs" in warnings[0] and "M weights" in warnings[0], warnings
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="multinode_gpu"):
+        MnistNN(argparse.Namespace(**{**vars(args), "max_macs": 1e6})).items()
+        MnistNN(argparse.Namespace(**{**vars(args), "gpu": "0"})).items()
+    assert not caplog.records
 
 
 def test_complete_refits_the_candidate_with_the_lowest_mean_cv_loss():
-    app = MnistNN(type("Args", (), {"seed": 0, "n_tuning": 3, "folds": 2})())
+    app = MnistNN(type("Args", (), {"seed": 0, "n_tuning": 3, "folds": 2, "max_macs": None})())
     losses = {0: [0.5, 0.9], 1: [0.6, 0.6], 2: [0.1, None]}  # candidate 2 diverged on a fold
     results = {fit_key(4, c, f): {"val_loss": loss} for c, pair in losses.items() for f, loss in enumerate(pair)}
     assert cv_scores(results, 4, 3, 2) == {0: 0.7, 1: 0.6, 2: float("inf")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,71 @@ def test_pool_capacities_from_the_environment_and_flags():
     assert queue_timeout(None, {}) is None
     with pytest.raises(UsageError, match="PIPELINE_QUEUE_TIMEOUT"):
         queue_timeout(None, {"PIPELINE_QUEUE_TIMEOUT": "soon"})
+
+
+def test_a_key_given_twice_is_refused_in_json_and_yaml(tmp_path):
+    results = tmp_path / "results"
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"name": "p", "steps": [{"id": "a", "command": "true", "timeout": 5, "timeout": 500}]}')
+    proc = run(["-m", "common.pipeline", str(twice), "--results", str(results), "--gpu", "cpu", "--no-progress"])
+    assert_usage_error(proc, "twice.json: not valid JSON: duplicate key 'timeout'")
+    assert not results.exists()
+    yaml_twice = tmp_path / "twice.yaml"
+    yaml_twice.write_text("name: p\nsteps:\n  - id: a\n    command: 'true'\n    command: 'rm -rf x'\n")
+    with pytest.raises(UsageError, match="not valid YAML: .*duplicate key 'command'"):
+        load_definition(yaml_twice)
+
+
+YAML_ALIASES = "".join(f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n"
+                       for i in range(8))
+
+
+@pytest.mark.parametrize("place", ["env: {X: *i}", "timeout: *i", "resources: *i", "tools: *i", "mounts: *i"])
+def test_a_value_of_nested_yaml_aliases_makes_a_short_message_at_once(tmp_path, place):
+    """issue 22: 410 bytes of aliases made a one-line error of 6 MB (its full repr, built before cutting)."""
+    definition = tmp_path / "aliases.yaml"
+    definition.write_text("x-defs:\n  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+                          + "".join("  " + line + "\n" for line in YAML_ALIASES.splitlines())
+                          + f"name: p\nsteps:\n  - id: s\n    command: 'true'\n    {place}\n")
+    assert len(definition.read_bytes()) < 1000  # 9**9 (387 million) strings once expanded
+    began = time.monotonic()
+    with pytest.raises(UsageError) as caught:
+        load_definition(definition)
+    message = str(caught.value)
+    assert time.monotonic() - began < 5
+    assert len(message) < 400 and "\n" not in message and "step 's'" in message, message
+
+
+def test_a_command_longer_than_the_system_takes_is_refused_at_validation():
+    message = problem(pipeline(step("a", command="echo " + "x" * 200_000)))
+    assert "command is 200,005 bytes; the system passes at most 131,071 bytes in one argument" in message
+    message = problem(pipeline(step("a", env={"BIG": "y" * 140_000})))
+    assert "env BIG is 140,004 bytes" in message
+    many = {f"V{i}": "z" * 100_000 for i in range(25)}  # each fits, together past ARG_MAX
+    assert "more than the system's limit on a command line" in problem(pipeline(step("a", env=many)))
+    parse_definition(pipeline(step("a", command="echo " + "x" * 100_000)))  # long, but it runs
+
+
+MATRIX_BAD = {
+    "an empty list of values": ({"lr": []}, "matrix lr must be a non-empty list of values, got []"),
+    "a name that is no variable": ({"learning rate": [1]}, "matrix name 'learning rate' is not a valid name"),
+    "a value that is a list": ({"lr": [[1, 2]]}, "each of lr must be a string, number or boolean"),
+    "not an object": ([1, 2], "matrix must be an object of name: [values], got [1, 2]"),
+    "too many combinations": ({f"k{i}": list(range(10)) for i in range(4)}, "matrix makes 10,000 pipelines, more than 1000"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MATRIX_BAD))
+def test_bad_matrices_are_one_line(case):
+    matrix, fragment = MATRIX_BAD[case]
+    assert fragment in problem(pipeline(step("a"), matrix=matrix))
+
+
+def test_prompt_steps_and_their_fields():
+    [p] = parse_definition(pipeline({"id": "ask", "prompt": "Summarise", "model": "big", "tools": ["web", "files"]}))
+    assert (p.steps[0].kind, p.steps[0].model, p.steps[0].tools) == ("prompt", "big", ("web", "files"))
+    assert "exactly one of 'command'" in problem(pipeline({"id": "a", "prompt": "x", "command": "true"}))
+    assert "model is only for prompt steps" in problem(pipeline(step("a", model="big")))
+    assert "tools lists an entry twice" in problem(pipeline({"id": "a", "prompt": "x", "tools": ["web", "web"]}))
+    assert "budget must be a positive number" in problem(pipeline(step("a"), budget=0))
+    assert "retry_delay must be a number of seconds from 0 to 86400" in problem(pipeline(step("a", retry_delay=-1)))

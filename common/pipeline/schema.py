@@ -151,7 +151,55 @@ def _is_pattern(validator, pattern: str, instance: Any, schema: Dict[str, Any]) 
             yield jsonschema.ValidationError(f"does not match {pattern}")
 
 
-_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _is_pattern})
+# jsonschema's own checks put the ``repr`` of the value into their messages, and compare lists
+# element by element; over a few hundred bytes of nested YAML aliases (shared, not copied) either
+# takes hours. These say what failed without looking inside the value.
+def _type(validator, types, instance: Any, schema: Dict[str, Any]) -> Iterator[Any]:
+    types = [types] if isinstance(types, str) else types
+    if not any(validator.is_type(instance, kind) for kind in types):
+        yield jsonschema.ValidationError(f"not of type {', '.join(types)}")
+
+
+def _enum(validator, choices, instance: Any, schema: Dict[str, Any]) -> Iterator[Any]:
+    if not any(type(instance) is type(choice) and instance == choice for choice in choices):
+        yield jsonschema.ValidationError("not one of the choices")
+
+
+def _unique_items(validator, unique: bool, instance: Any, schema: Dict[str, Any]) -> Iterator[Any]:
+    if unique and validator.is_type(instance, "array"):
+        seen = set()
+        for item in instance:  # the values we keep unique are scalars; others fail their own type
+            key = (type(item).__name__, item) if isinstance(item, (str, int, float, bool)) else ("id", id(item))
+            if key in seen:
+                yield jsonschema.ValidationError("an entry is given twice")
+                return
+            seen.add(key)
+
+
+def _length(limit: str):
+    def check(validator, bound: int, instance: Any, schema: Dict[str, Any]) -> Iterator[Any]:
+        if isinstance(instance, str) and (len(instance) < bound if limit == "min" else len(instance) > bound):
+            yield jsonschema.ValidationError(f"{limit}Length {bound}")
+    return check
+
+
+def _one_of(validator, subschemas, instance: Any, schema: Dict[str, Any]) -> Iterator[Any]:
+    errors, valid = [], []
+    for index, subschema in enumerate(subschemas):
+        found = list(validator.descend(instance, subschema, schema_path=index))
+        if found:
+            errors.extend(found)
+        else:
+            valid.append(index)
+    if not valid:
+        yield jsonschema.ValidationError("matches none of the choices", context=errors)
+    elif len(valid) > 1:
+        yield jsonschema.ValidationError("matches more than one of the choices")
+
+
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {
+    "pattern": _is_pattern, "type": _type, "enum": _enum, "uniqueItems": _unique_items, "oneOf": _one_of,
+    "minLength": _length("min"), "maxLength": _length("max")})
 _VALIDATORS = {"pipeline": _Validator(PIPELINE), "file": _Validator(FILE),
                "matrix": _Validator({"properties": {"matrix": PIPELINE["properties"]["matrix"]}})}
 

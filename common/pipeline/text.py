@@ -9,7 +9,7 @@ import reprlib
 from typing import Any
 
 _REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 2, 4, 4, 4
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 2, 3, 3, 3
 _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 40, 40, 40
 
 

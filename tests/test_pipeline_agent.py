@@ -1,0 +1,285 @@
+"""Pipelines in the format users bring: prompt steps run by an agent command (the scripted agent of
+examples/pipelines), budgets, matrices, retry delays, --dry-run, --schema, a plain --resume that
+goes on where the run stopped, node-wide GPU slots shared by separate runs, and no retry after a stop."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from common.pipeline import nodelock
+from common.pipeline.definition import load_definition, parse_definition
+from common.pipeline.flow import PipelineRunner, RunLayout, RunStopping, read_progress
+from common.pipeline.schema import SCHEMA
+from helpers import REPO, assert_usage_error, rank_pids, run, snapshot, start, wait_until
+
+EXAMPLES = REPO / "examples" / "pipelines"
+AGENT = f"{sys.executable} {EXAMPLES / 'scripted_agent.py'}"
+
+
+@pytest.fixture(autouse=True)
+def private_node_slots(tmp_path, monkeypatch):
+    """Node-wide GPU slots of this test only (other test runs on the machine hold their own)."""
+    monkeypatch.setenv("PIPELINE_LOCK_DIR", str(tmp_path / "locks"))
+
+
+def cli(definition: Path, results: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return run(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu", "--threads", "1",
+                "--no-progress", *extra], timeout=timeout)
+
+
+def write(path: Path, data) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+def run_pipeline(tmp_path: Path, data: dict, **runner):
+    [pipeline] = parse_definition(data)
+    layout = RunLayout(tmp_path / "results", pipeline.name)
+    return PipelineRunner(pipeline, layout, **runner), layout
+
+
+def test_the_shipped_agent_example_runs_with_the_scripted_agent(tmp_path):
+    results = tmp_path / "results"
+    proc = cli(EXAMPLES / "agent.json", results, "--agent", AGENT)
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads((results / "summary.json").read_text())["pipelines"]
+    assert sorted(runs) == ["agent-digits-lr0_02", "agent-digits-lr50"]  # one pipeline per matrix value
+    assert {s: v["status"] for s, v in runs["agent-digits-lr0_02"]["steps"].items()} == {
+        "train": "ok", "train-retry": "skipped", "evaluate": "ok", "report": "ok"}
+    assert {s: v["status"] for s, v in runs["agent-digits-lr50"]["steps"].items()} == {
+        "train": "failed", "train-retry": "ok", "evaluate": "ok", "report": "ok"}
+    diverged = results / "agent-digits-lr50"
+    assert "diverged: the loss became nan at learning rate 50" in (diverged / "train" / "stderr.log").read_text()
+    # the prompt went in on stdin, model and tools as variables, the answer became output.md
+    report = (diverged / "report" / "output.md").read_text()
+    assert report.startswith("# report") and "Model: small" in report and '"learning_rate": 0.005' in report
+    assert "pipeline_cost" not in report  # the cost line is counted, not part of the answer
+    assert "tools: python,files" in (diverged / "train-retry" / "output.md").read_text()
+    assert (diverged / "train" / "prompt.md").read_text().startswith("Train the digits CNN")
+    assert runs["agent-digits-lr50"]["cost"] == pytest.approx(0.035)
+    assert runs["agent-digits-lr50"]["steps"]["evaluate"]["output"] == "agent-digits-lr50/evaluate/output.md"
+    markdown = (results / "summary.md").read_text()
+    assert "[agent-digits-lr50/report/output.md](agent-digits-lr50/report/output.md)" in markdown
+
+
+def test_a_prompt_step_without_an_agent_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPELINE_AGENT", raising=False)
+    results = tmp_path / "results"
+    proc = cli(EXAMPLES / "agent.json", results)
+    assert_usage_error(proc, "step 'train'", "a prompt step needs an agent command", "--agent", "PIPELINE_AGENT")
+    assert not results.exists()
+    # PIPELINE_AGENT configures it as well as --agent
+    monkeypatch.setenv("PIPELINE_AGENT", "cat")
+    definition = write(tmp_path / "echo.json", {"name": "echo", "steps": [{"id": "ask", "prompt": "hello agent"}]})
+    proc = cli(definition, results)
+    assert proc.returncode == 0, proc.stderr
+    assert (results / "echo" / "ask" / "output.md").read_text() == "hello agent"
+
+
+def test_steps_stop_starting_once_the_reported_costs_pass_the_budget(tmp_path):
+    spend = "echo answer; echo '{\"pipeline_cost\": 0.6}'"
+    runner, layout = run_pipeline(tmp_path, {"name": "p", "budget": 1, "steps": [
+        {"id": "a", "command": spend}, {"id": "b", "command": spend}, {"id": "c", "command": "touch $PIPELINE_SHARED/c"}]})
+    result = runner.run()
+    assert result["status"] == "failed" and result["cost"] == pytest.approx(1.2)
+    assert result["reason"] == "budget 1 passed: the steps reported 1.2"
+    assert [result["steps"][s]["status"] for s in "abc"] == ["ok", "ok", "skipped"]
+    assert not (layout.shared / "c").exists()
+    assert result["steps"]["a"]["cost"] == pytest.approx(0.6)
+    # and no retry either once the budget is spent
+    runner, layout = run_pipeline(tmp_path, {"name": "q", "budget": 1, "steps": [
+        {"id": "a", "command": "echo x >> $PIPELINE_SHARED/runs; echo '{\"pipeline_cost\": 2}'; exit 1",
+         "max_retries": 5}]})
+    result = runner.run()
+    assert result["steps"]["a"]["attempts"] == 1 and "no retry: budget 1 passed" in result["steps"]["a"]["reason"]
+
+
+def test_a_matrix_makes_one_pipeline_per_combination(tmp_path):
+    pipelines = parse_definition({"name": "sweep", "matrix": {"lr": [0.01, 0.5], "batch": [16, 32]}, "steps": [
+        {"id": "train-${batch}", "command": "train --lr ${lr} --batch ${batch} --home ${HOME}",
+         "env": {"LR": "${lr}"}, "on_fail": "report"},
+        {"id": "report", "prompt": "Report on lr ${lr}", "model": "m-${batch}"}]})
+    assert [p.name for p in pipelines] == ["sweep-lr0_01-batch16", "sweep-lr0_01-batch32",
+                                           "sweep-lr0_5-batch16", "sweep-lr0_5-batch32"]
+    last = pipelines[-1]
+    assert last.steps[0].id == "train-32" and last.steps[0].env == {"LR": "0.5"}
+    assert last.steps[0].command == "train --lr 0.5 --batch 32 --home ${HOME}"  # not a matrix name: left to the shell
+    assert last.steps[1].prompt == "Report on lr 0.5" and last.steps[1].model == "m-32"
+    assert last.matrix == {"lr": "0.5", "batch": "32"}
+    named = parse_definition({"name": "run-${lr}", "matrix": {"lr": ["a", "b"]}, "steps": [{"id": "s", "command": "true"}]})
+    assert [p.name for p in named] == ["run-a", "run-b"]
+
+
+def test_retry_delay_waits_longer_before_each_retry(tmp_path):
+    runner, layout = run_pipeline(tmp_path, {"name": "p", "steps": [
+        {"id": "flaky", "command": "exit 1", "max_retries": 3, "retry_delay": 0.3}]})
+    history = runner.run()["steps"]["flaky"]["history"]
+    gaps = [later["started"] - earlier["ended"] for earlier, later in zip(history, history[1:])]
+    assert len(gaps) == 3
+    for gap, wanted in zip(gaps, (0.3, 0.6, 1.2)):
+        assert wanted <= gap < wanted + 1.0, gaps
+
+
+def test_no_retry_and_no_step_starts_once_a_stop_is_asked(tmp_path):
+    runs = tmp_path / "results" / "p" / "shared" / "runs"
+    runner, layout = run_pipeline(tmp_path, {"name": "p", "steps": [
+        {"id": "flaky", "command": "echo x >> $PIPELINE_SHARED/runs; exit 1", "max_retries": 1000, "retry_delay": 0.1},
+        {"id": "after", "command": "true"}]}, stop_asked=runs.exists)  # the stop comes during the first attempt
+    with pytest.raises(RunStopping):
+        runner.run()
+    assert len(runs.read_text().split()) == 1
+    status = json.loads(layout.status_path("flaky").read_text())
+    assert status["attempts"] == 1 and status["reason"].endswith("not started: the run is stopping")
+    assert read_progress(layout)["resume_at"] == "flaky"
+    assert not layout.status_path("after").exists()
+    # asked before anything ran: no step starts at all
+    runner, layout = run_pipeline(tmp_path, {"name": "q", "steps": [{"id": "a", "command": "true"}]},
+                                  stop_asked=lambda: True)
+    with pytest.raises(RunStopping):
+        runner.run()
+    assert not layout.status_path("a").exists() and read_progress(layout)["resume_at"] == "a"
+
+
+def test_sigterm_ends_a_step_retrying_at_once_instead_of_retrying_through_the_grace(tmp_path):
+    """issue 22: a step with many retries kept retrying through a stop's grace period."""
+    definition = write(tmp_path / "retry.json", {"name": "retry", "steps": [
+        {"id": "flaky", "command": "echo x >> $PIPELINE_SHARED/runs; sleep 0.2; exit 1", "max_retries": 1000}]})
+    results = tmp_path / "results"
+    process = start(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
+                     "--no-progress", "--grace", "120"])
+    runs = results / "retry" / "shared" / "runs"
+    assert wait_until(lambda: runs.exists() and len(runs.read_text().split()) >= 3, 60)
+    os.kill(rank_pids(results)[0], signal.SIGTERM)
+    stopped = time.monotonic()
+    out, err = process.communicate(timeout=100)
+    assert process.returncode == 75, err
+    assert time.monotonic() - stopped < 30, "the run waited through its grace while the step kept retrying"
+    count = len(runs.read_text().split())
+    time.sleep(1)
+    assert len(runs.read_text().split()) == count
+    assert read_progress(RunLayout(results, "retry"))["resume_at"] == "flaky"
+
+
+def test_max_retries_has_a_documented_maximum():
+    with pytest.raises(Exception, match="max_retries must be a whole number from 0 to 1000, got 1000000000000"):
+        parse_definition({"name": "p", "steps": [{"id": "a", "command": "true", "max_retries": 10 ** 12}]})
+
+
+def test_a_plain_resume_goes_on_from_the_first_unfinished_step(tmp_path):
+    flag = tmp_path / "fixed"
+    definition = write(tmp_path / "p.json", {"pipelines": [
+        {"name": "exp", "steps": [
+            {"id": "prepare", "command": "echo $$ >> $PIPELINE_SHARED/prepared.txt"},
+            {"id": "train", "command": f"echo trying >&2; test -e {flag} && touch $PIPELINE_SHARED/trained"},
+            {"id": "report", "command": "test -e $PIPELINE_SHARED/trained"}]},
+        {"name": "fine", "steps": [{"id": "only", "command": "echo $$ >> $PIPELINE_SHARED/runs"}]}]})
+    results = tmp_path / "results"
+    first = cli(definition, results)
+    assert first.returncode == 1, first.stderr
+    assert read_progress(RunLayout(results, "exp"))["resume_at"] == "train"
+    flag.touch()
+    second = cli(definition, results, "--resume")
+    assert second.returncode == 0, second.stderr
+    run_summary = json.loads((results / "summary.json").read_text())["pipelines"]["exp"]
+    assert run_summary["status"] == "ok" and run_summary["resumed_from"] == "train"
+    assert len((results / "exp" / "shared" / "prepared.txt").read_text().split()) == 1  # not run again
+    assert not (results / "exp" / "shared.previous-1").exists()  # the shared folder was reused
+    assert len((results / "fine" / "shared" / "runs").read_text().split()) == 1  # finished: skipped
+    # both attempts' logs are kept: a resume appends to them
+    assert (results / "exp" / "train" / "stderr.log").read_text().count("trying") == 2
+    history = json.loads((results / "exp" / "train" / "status.json").read_text())["history"]
+    assert [h["status"] for h in history] == ["failed", "ok"]
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
+    results = tmp_path / "results"
+    proc = cli(EXAMPLES / "agent.json", results, "--dry-run", "--agent", AGENT, "--resource", "licence=2")
+    assert proc.returncode == 0, proc.stderr
+    assert not results.exists()
+    plan = proc.stdout
+    assert "Dry run: 2 pipeline(s)" in plan and "pools: gpu=GPUs of each node, licence=2" in plan
+    assert "pipeline agent-digits-lr50; deadline 3600 s; budget 1; matrix lr=50" in plan
+    assert "2. train-retry: prompt 'The first training failed." in plan
+    assert "holds gpu; if prev.error; timeout 1200 s; on failure report" in plan
+    bad = cli(EXAMPLES / "agent.json", results, "--dry-run")  # a dry run checks everything a run does
+    assert_usage_error(bad, "needs an agent command")
+
+
+def test_the_schema_is_printed_and_the_shipped_examples_follow_it(tmp_path):
+    proc = run(["-m", "common.pipeline", "--schema"])
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads(proc.stdout)
+    assert schema == json.loads(json.dumps(SCHEMA))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for example in sorted(EXAMPLES.glob("*.json")):
+        jsonschema.validate(json.loads(example.read_text()), schema)
+        assert load_definition(example)
+
+
+def hold_gpu_slot(lock_dir: Path, seconds: float, record: Path) -> subprocess.Popen:
+    code = ("import sys, time; from common.pipeline import nodelock\n"
+            "with nodelock.hold_slot(['gpu0-0']):\n"
+            "    began = time.time(); time.sleep(float(sys.argv[1]))\n"
+            "    open(sys.argv[2], 'a').write(f'{began} {time.time()}\\n')\n")
+    return subprocess.Popen([sys.executable, "-c", code, str(seconds), str(record)], cwd=REPO,
+                            env=dict(os.environ, PIPELINE_LOCK_DIR=str(lock_dir)))
+
+
+def test_node_wide_slots_are_taken_by_one_process_at_a_time_and_freed_when_it_dies(tmp_path):
+    record = tmp_path / "held.txt"
+    holders = [hold_gpu_slot(tmp_path / "locks", 0.8, record) for _ in range(2)]
+    for holder in holders:
+        assert holder.wait(30) == 0
+    (a_start, a_end), (b_start, b_end) = sorted(tuple(map(float, line.split())) for line in record.read_text().splitlines())
+    assert b_start >= a_end
+    killed = hold_gpu_slot(tmp_path / "locks", 300, record)
+    assert wait_until(lambda: (tmp_path / "locks" / "gpu0-0.lock").exists() and
+                      (tmp_path / "locks" / "gpu0-0.lock").read_text().strip() == str(killed.pid), 30)
+    killed.kill()
+    killed.wait()
+    with nodelock.hold_slot(["gpu0-0"], timeout=5) as slot:  # the kernel let go of the dead holder's lock
+        assert slot == "gpu0-0"
+    assert nodelock.slot_names("0", 2, 4) == ["gpu0-0", "gpu0-1"] and nodelock.slot_names(None, 0, 2) == ["cpu-0", "cpu-1"]
+
+
+def test_two_separate_runs_on_one_node_share_its_gpu_capacity(tmp_path):
+    definition = write(tmp_path / "hold.json", {"name": "p", "steps": [
+        {"id": "hold", "gpu": True, "command": "sleep 2"}]})
+    base = ["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--no-progress", "--resource", "gpu=1"]
+    runs = [start(base + ["--results", str(tmp_path / f"r{i}")]) for i in range(2)]
+    for process in runs:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+    spans = sorted((s["started"], s["ended"]) for s in
+                   (json.loads((tmp_path / f"r{i}" / "p" / "hold" / "status.json").read_text()) for i in range(2)))
+    assert spans[1][0] >= spans[0][1], f"capacity 1 on one node: the second run's GPU step overlapped {spans}"
+    waited = max(json.loads((tmp_path / f"r{i}" / "p" / "hold" / "status.json").read_text())["queued_seconds"]
+                 for i in range(2))
+    assert waited > 1.0
+
+
+def test_the_formats_own_variable_names_are_read(monkeypatch):
+    from common.pipeline.app import configured_pools, queue_timeout
+
+    environ = {"SWARM_RESOURCE_gpu": "2", "SWARM_RESOURCE_licence": "1", "PIPELINE_RESOURCE_LICENCE": "3"}
+    assert configured_pools([], environ) == {"gpu": 2, "licence": 3}  # ours win where both are set
+    assert queue_timeout(None, {"SWARM_QUEUE_TIMEOUT": "12"}) == 12.0
+    assert queue_timeout(None, {"SWARM_QUEUE_TIMEOUT": "12", "PIPELINE_QUEUE_TIMEOUT": "5"}) == 5.0
+
+
+def test_a_results_folder_left_by_a_dry_run_is_untouched(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "keep.txt").write_text("mine")
+    before = snapshot(results)
+    proc = cli(EXAMPLES / "ml.json", results, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert snapshot(results) == before

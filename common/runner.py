@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .app import App, RunInfo
 from .cli import build_parser, module_command
@@ -25,6 +25,7 @@ from .messages import Bye
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from .gpu_monitor import GpuMonitor
 from .gpu_usage import write_gpu_usage
+from .hold import HOLD_NAME, Hold, check_free
 from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
 from .logs import add_file_log, setup_logging
 from .mpi import world
@@ -105,13 +106,16 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         return None, f"exit:{exit_.code or 0}"
 
 
-def _check_results_folder(app: App) -> Dict[str, Any]:
-    """Rank 0: refuse to overwrite a journal or to resume another run; then make the folder.
-    Sets ``app.journaled`` from the journal being resumed."""
+def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
+    """Rank 0: refuse a folder another run holds, refuse to overwrite a journal or to resume
+    another run; then make the folder and take its hold. Sets ``app.journaled`` from the journal
+    being resumed."""
     args = app.args
     folder: Path = args.results
     journal_path = folder / JOURNAL_NAME
     fingerprint = {"app": app.name, **app.fingerprint()}
+    if folder.is_dir():
+        check_free(folder)  # read-only: a live run's hold is refused before anything else
     if journal_path.exists():
         if not args.resume:
             raise UsageError(f"{folder} already holds the journal of an earlier run; pass --resume to continue it "
@@ -134,7 +138,8 @@ def _check_results_folder(app: App) -> Dict[str, Any]:
         raise UsageError(f"--results {folder}: exists and is not a folder")
     app.prepare()
     if folder.is_dir() and not journal_path.exists():
-        others = sorted(path.name for path in folder.iterdir() if path.name != "logs")
+        others = sorted(path.name for path in folder.iterdir()
+                        if path.name not in ("logs", HOLD_NAME) and not path.name.startswith(f".{HOLD_NAME}."))
         if others:  # someone's files, or results whose journal is gone: never overwrite them
             raise UsageError(f"--results {folder}: holds files but no journal of a run ({', '.join(others[:3])}"
                              f"{', ...' if len(others) > 3 else ''}); choose a new or empty folder")
@@ -144,9 +149,11 @@ def _check_results_folder(app: App) -> Dict[str, Any]:
             probe = place / ".write-test"
             probe.write_bytes(b"")
             probe.unlink()
+        hold = Hold(folder)
+        hold.acquire()
     except OSError as error:
         raise UsageError(f"--results {folder}: cannot write there ({error.strerror or error})") from None
-    return fingerprint
+    return fingerprint, hold
 
 
 def main(app_class: type, argv: Optional[List[str]] = None) -> int:
@@ -166,11 +173,11 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
         return EXIT_USAGE
     app, devices, notice = valid
     app.devices = devices
-    fingerprint = None
+    fingerprint = hold = None
     error = None
     if comm.rank == 0:
         try:
-            fingerprint = _check_results_folder(app)
+            fingerprint, hold = _check_results_folder(app)
         except UsageError as problem:
             error = str(problem)
     error = comm.bcast(error)
@@ -181,11 +188,15 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
     try:
         code = _run(comm, app, notice, fingerprint, argv, stop)
     except Exception:
+        if hold is not None:
+            hold.release()
         if comm.size > 1:  # the other ranks would wait for this one for ever: end the whole job
             log.exception("unexpected error; aborting all %d ranks", comm.size)
             logging.shutdown()
             comm.abort(1)
         raise
+    if hold is not None:
+        hold.release()
     if not comm.finalize:  # a rank is gone: MPI_Finalize would wait for it forever
         logging.shutdown()
         sys.stdout.flush()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from common.pipeline import proctree
@@ -15,6 +17,12 @@ from helpers import REPO, alive, journal_entries, rank_pids, run, start, wait_un
 
 EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
 TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
+
+
+@pytest.fixture(autouse=True)
+def private_node_slots(tmp_path, monkeypatch):
+    """Node-wide GPU slots of this test only: other runs on the machine (other tests) hold their own."""
+    monkeypatch.setenv("PIPELINE_LOCK_DIR", str(tmp_path / "locks"))
 
 
 def pipeline_cli(definition: Path, results: Path, *extra: str, ranks: int = 1, timeout: float = 240):
@@ -53,6 +61,7 @@ def tiny_example(name: str, **train_env) -> dict:
 
 
 def test_the_shipped_example_end_to_end_with_its_fallbacks(tmp_path):
+    shutil.copytree(EXAMPLE.parent / "ml_steps", tmp_path / "ml_steps")  # beside the definition, as shipped
     good = tiny_example("good")
     diverges = tiny_example("diverges", LEARNING_RATE="50")  # loss becomes NaN: train-retry takes over
     bad_eval = tiny_example("bad-eval")

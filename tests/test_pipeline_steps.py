@@ -325,12 +325,13 @@ def test_limits_reach_processes_that_detach_completely(tmp_path):
 
 def test_the_shipped_example_reports_when_both_trainings_fail(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    data = json.loads((Path(__file__).parents[1] / "examples" / "pipelines" / "ml.json").read_text())
+    examples = Path(__file__).parents[1] / "examples" / "pipelines"
+    data = json.loads((examples / "ml.json").read_text())
     for step in data["steps"][:2]:
         step["env"]["DATASET"] = "no-such-dataset"
     [pipeline] = parse_definition(data)
     layout = RunLayout(tmp_path / "results", pipeline.name)
-    result = PipelineRunner(pipeline, layout).run()
+    result = PipelineRunner(pipeline, layout, definition_dir=examples).run()  # its steps: examples/pipelines/ml_steps
     assert statuses(result) == {"train": "failed", "train-retry": "failed", "evaluate": "skipped", "report": "failed"}
     report = (layout.shared / "report.md").read_text()
     assert "train-retry" in report and "no-such-dataset" in report

@@ -172,6 +172,7 @@ class PipelineApp(App):
         self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
         self.agent = agent_command(self.args.agent, os.environ, self.pipelines, str(self.args.definition))
         self.results = Path(self.args.results).absolute()
+        self.definition_dir = Path(self.args.definition).absolute().parent
         self.explicit_gpu_pool = GPU_POOL in self.capacities
         if self.args.dry_run:
             from ..mpi import world
@@ -302,7 +303,8 @@ class PipelineApp(App):
         run_id, start = item.params["run_id"], item.params["start"]
         runner = PipelineRunner(self.by_name[run_id], RunLayout(self.results, run_id), acquire=state.acquire,
                                 queue_timeout=self.queue_timeout, gpu=state.gpu, seed=torch_seed(seed),
-                                agent=self.agent, node_slots=state.node_slots, stop_asked=state.stop_asked)
+                                agent=self.agent, node_slots=state.node_slots, stop_asked=state.stop_asked,
+                                definition_dir=self.definition_dir)
         try:
             result = runner.run(start, keep_shared=item.params.get("keep_shared", False))
         except RunStopping as stopped:

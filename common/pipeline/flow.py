@@ -202,12 +202,13 @@ class PipelineRunner:
                  queue_timeout: Optional[float] = None, gpu: Optional[str] = None, seed: int = 0,
                  base_env: Optional[Dict[str, str]] = None, agent: Optional[str] = None,
                  node_slots: Sequence[str] = (), stop_asked: Callable[[], bool] = lambda: False,
-                 launch_dir: Optional[Path] = None):
+                 launch_dir: Optional[Path] = None, definition_dir: Optional[Path] = None):
         self.pipeline, self.layout, self.acquire = pipeline, layout, acquire
         self.queue_timeout, self.gpu, self.seed = queue_timeout, gpu, seed
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.agent, self.node_slots, self.stop_asked = agent, list(node_slots), stop_asked
         self.launch_dir = Path(launch_dir or os.getcwd()).resolve()
+        self.definition_dir = Path(definition_dir).resolve() if definition_dir is not None else self.launch_dir
         self.deadline: Optional[float] = None  # time.monotonic() instant
         self.run_started = time.time()
 
@@ -218,7 +219,7 @@ class PipelineRunner:
                 "PIPELINE_SHARED": str(self.layout.shared.resolve()), "PIPELINE_STEP_ID": step.id,
                 "PIPELINE_STEP_DIR": str(self.layout.step_dir(step.id).resolve()),
                 "PIPELINE_ATTEMPT": str(attempt), "PIPELINE_SEED": str(self.seed),
-                "PIPELINE_LAUNCH_DIR": str(self.launch_dir)}
+                "PIPELINE_LAUNCH_DIR": str(self.launch_dir), "PIPELINE_DEFINITION_DIR": str(self.definition_dir)}
 
     def _wait_limit(self, began: float) -> tuple:
         """(seconds left to wait for a pool, why the wait ends): the queue timeout or the deadline."""

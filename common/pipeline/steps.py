@@ -114,8 +114,9 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
         env["PIPELINE_MODEL"] = step.model or ""
         env["PIPELINE_TOOLS"] = ",".join(step.tools)
     if step.python is not None and step.container is None:
-        # the engine's code, and modules beside the folder the pipeline was started from
-        paths = [PROJECT_ROOT, pipeline_vars.get("PIPELINE_LAUNCH_DIR"), env.get("PYTHONPATH")]
+        # the engine's code, modules beside the definition file, and those of the folder the pipeline was started from
+        paths = [PROJECT_ROOT, pipeline_vars.get("PIPELINE_DEFINITION_DIR"), pipeline_vars.get("PIPELINE_LAUNCH_DIR"),
+                 env.get("PYTHONPATH")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     for name, value in step.env.items():
         for var, replacement in pipeline_vars.items():

@@ -1,4 +1,4 @@
-"""``train`` step: fit one mnist_nn network with SGD; checkpoints and per-epoch metrics to shared/.
+"""``train`` step: fit one small CNN (the reference's architecture) with SGD; checkpoints and per-epoch metrics to shared/.
 
 Settings (env): DATASET (digits), DATA_DIR, SUBSAMPLE, EPOCHS (5), BATCH_SIZE (32),
 LEARNING_RATE (0.02), MOMENTUM (0.9), N_CONV_LAYER (8), KERNEL_SIZE (5), N_HIDDEN_LAYER (64).
@@ -16,7 +16,7 @@ from typing import Any, Dict
 
 import torch
 
-from .data import load_splits
+from .data import IMAGE_SIZE, load_splits
 from .settings import setting, shared_dir, write_json
 
 EVAL_BATCH = 2048
@@ -24,10 +24,24 @@ EVAL_BATCH = 2048
 DIVERGED_LOSS = 10 * math.log(10)
 
 
-def build_model(config: Dict[str, int]) -> torch.nn.Module:
-    """mnist_nn's network (the reference's architecture)."""
-    from mnist_nn.model import Net
+class Net(torch.nn.Module):
+    """Conv2d(1, n_conv_layer, kernel_size) -> flatten -> ReLU -> Linear(n_hidden_layer) -> ReLU -> Linear(10):
+    the architecture of the reference's nets (mnist_nn's), written here so the example needs no app."""
 
+    def __init__(self, n_conv_layer: int, kernel_size: int, n_hidden_layer: int, image_size: int = IMAGE_SIZE):
+        super().__init__()
+        side = image_size - kernel_size + 1
+        self.conv = torch.nn.Conv2d(1, n_conv_layer, kernel_size)
+        self.hidden = torch.nn.Linear(n_conv_layer * side * side, n_hidden_layer)
+        self.output = torch.nn.Linear(n_hidden_layer, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(torch.flatten(self.conv(x), 1))
+        x = torch.relu(self.hidden(x))
+        return self.output(x)
+
+
+def build_model(config: Dict[str, int]) -> torch.nn.Module:
     return Net(config["n_conv_layer"], config["kernel_size"], config["n_hidden_layer"])
 
 

@@ -5,7 +5,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 # The CPU build of torch (a range that this satisfies installs nothing more).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install test bench demo clean
+.PHONY: install test bench demo gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,13 @@ bench: install
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null; } || \
 		echo "note: bench_svm needs Fashion-MNIST: apt-get install dataset-fashion-mnist"
 	$(PY) -m benchmarks
+
+# Everything that needs a GPU, into bench-results/gpu-check/gpu-check.md and .json. Installs
+# nothing: it runs on the checkout with a Python that has CUDA torch (this venv's where there is
+# one, else python3; or GPU_PYTHON=...). Without a GPU it says so in one line and exits 0.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	PYTHONPATH=. $(GPU_PYTHON) -m benchmarks.gpu_check
 
 # Both case studies on scikit-learn's shipped digits, 2 MPI ranks, in about a minute on 2 cores.
 # The mnist_nn demo draws only small nets (--max-macs: not the reference's search, whose nets of

@@ -1,34 +1,29 @@
 """mnist_nn's training speed against the reference's style, same model, data and batch size.
 
-python -m benchmarks.bench_nn [--quick] [--no-run] [--repeats N]
+python -m benchmarks.bench_nn [--quick] [--no-run] [--repeats N] [--device cpu|cuda] [--workers-per-gpu N]
 
 Reference style: a torchvision-style Dataset that turns each uint8 image into a PIL image and
-applies ToTensor + Normalize to it one sample at a time, wrapped in the reference's bootstrap
-and fold index wrappers, read through ``DataLoader(batch_size=10)``, autograd and
-``torch.optim.SGD``. (torchvision cannot be imported with a CPU build of torch, so its two
-transforms are written out with the same torch operations.) Ours: the data set is one
-normalised tensor on the device, batches are index gathers, and the step is written by hand
-without autograd (``mnist_nn.train.fit_group``): one net alone (K=1, as a refit trains), and
-the 5 folds of a candidate stacked (K=5, total samples/s of the 5 nets). For a net split into
-blocks on a CPU, ours alone also runs with torch's products instead of ``mnist_nn.kernels``.
+applies ToTensor + Normalize to it one sample at a time, wrapped in the reference's bootstrap and
+fold index wrappers, read through ``DataLoader(batch_size=10)``, autograd and ``torch.optim.SGD``.
+(torchvision's two transforms are written out with the same torch operations, so this runs where
+torchvision is not installed.) Ours: ``mnist_nn.train.fit``, the same autograd and SGD, with the
+data set as one normalised tensor on the device and batches gathered by index.
 
-All train the same net from the same initial weights with SGD, for two epochs over (a prefix
-of) each fold's training set (digits), with the same number of torch threads (one, and for the
-big net also every core: ours then splits each step into blocks over the threads,
-``mnist_nn.blocked``); samples/s is taken over the second epoch, best of ``--repeats`` rounds
-(the rounds interleave the three, so a busy machine slows all of them alike). Beside each
-speedup: its ceiling, the speedup a step that ran the net's arithmetic (``training_flops``) at the
-device's big-square-product peak would reach: where the ceiling is under a target, no
-implementation of the same arithmetic meets it. ``--device cuda``
-(the default where CUDA is present) runs both sides on the GPU: the reference moves each batch
-there, ours keeps the data set there. Prints a markdown table and writes ``bench-results/bench_nn.json``. It
-also times whole runs (``RUNS``; ``--no-run`` skips them).
+Both train the same net from the same initial weights for two epochs over (a prefix of) a fold's
+training set (digits), with the same number of torch threads; samples/s is taken over the second
+epoch, best of ``--repeats`` rounds (the rounds interleave the two, so a busy machine slows both
+alike). Beside each speedup: its ceiling, the speedup a step that ran the net's arithmetic
+(``training_flops``) at the device's big-square-product peak would reach. On CUDA (the default
+where present) ours also runs as ``--workers-per-gpu`` processes sharing the GPU (total samples/s).
+Prints a markdown table and writes ``bench-results/bench_nn.json``; it also times whole runs
+(``RUNS``; ``--no-run`` skips them).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -37,31 +32,36 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
-from unittest.mock import patch
 
 import numpy as np
 import torch
 
 from common.data import load_dataset, resize_images
-from mnist_nn.blocked import channel_blocks
-from mnist_nn.kernels import SWITCH as kernel_switch
-from mnist_nn.kernels import hidden_kernels, load
 from mnist_nn.search import Candidate, draw_candidate
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
-from mnist_nn.train import fit_group, keep_freed_memory, to_device
+from mnist_nn.train import fit, keep_freed_memory, to_device
 
 from .machine import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench-results"
-#: whole runs timed, on this machine's CPU with the engine's defaults (1 worker, all cores) unless
-#: said otherwise; on a GPU drop --subsample and --max-epochs
+#: whole runs timed, on this machine's CPU with the engine's defaults (1 worker, all cores) unless said otherwise
 RUNS = [
     ["1", "1", "--dataset", "digits"],
-    ["2", "2", "--dataset", "digits", "--seed", "25328", "--subsample", "300", "--max-epochs", "2", "--gpu", "cpu",
-     "--workers", "2", "--threads", "1"],
+    ["2", "2", "--dataset", "digits", "--max-macs", "1e6", "--gpu", "cpu", "--workers", "2", "--threads", "1"],
 ]
 GPU_RUNS = [["1", "1", "--dataset", "digits"], ["2", "2", "--dataset", "digits"]]
+#: the models measured: tiny, small, and the default seed's first candidate
+MODELS = [(Candidate(2, 3, 16, 0.01, 0.5), "tiny (2 conv 3x3, 16 hidden)"),
+          (Candidate(8, 5, 64, 0.01, 0.5), "small (8 conv 5x5, 64 hidden)")]
+
+
+def default_seed() -> int:
+    """mnist_nn's own default ``--seed``."""
+    from common.cli import build_parser
+    from mnist_nn.app import MnistNN
+
+    return build_parser(MnistNN, quiet=True).parse_args(["1", "1"]).seed
 
 
 # ----- the reference's style -----
@@ -111,6 +111,7 @@ def reference_epochs(dataset: torch.utils.data.Dataset, candidate: Candidate, ep
                      device: str = "cpu") -> List[float]:
     """The reference's train_model loop (without its early stop), seconds per epoch."""
     loader = torch.utils.data.DataLoader(dataset, batch_size=10)
+    torch.manual_seed(0)
     net = candidate.build().to(device)
     optimizer = torch.optim.SGD(net.parameters(), lr=candidate.learning_rate, momentum=candidate.momentum)
     loss_function = torch.nn.CrossEntropyLoss()
@@ -131,21 +132,54 @@ def reference_epochs(dataset: torch.utils.data.Dataset, candidate: Candidate, ep
     return seconds
 
 
-# ----- measuring -----
-def ours_rate(data: Any, indexes: List[np.ndarray], candidate: Candidate, kernels: bool = True) -> float:
-    """Total samples/s of the second epoch of ``fit_group`` over ``indexes`` (early stop lifted);
-    ``kernels`` off: with torch's products (``MNIST_NN_CPU_KERNELS=0``)."""
+# ----- ours -----
+def ours_seconds(data: Any, index: np.ndarray, candidate: Candidate, epochs: int = 2) -> List[float]:
+    """Seconds of each epoch of ``mnist_nn.train.fit`` (its early stop lifted)."""
     import mnist_nn.train as train
 
     saved, train.TOLERANCE = train.TOLERANCE, math.inf
     try:
-        with patch.dict(os.environ, {} if kernels else {kernel_switch: "0"}):
-            fits = fit_group(data.x_train, data.y_train, indexes, candidate, 2, 10, list(range(len(indexes))))
+        _, log = fit(data.x_train, data.y_train, index, candidate, epochs, 10, init_seed=0)
     finally:
         train.TOLERANCE = saved
-    return sum(len(index) for index in indexes) / fits[0][1][-1]["seconds"]
+    return [entry["seconds"] for entry in log]
 
 
+def _shared_gpu_worker(candidate: Candidate, samples: Optional[int], epochs: int, barrier: Any, queue: Any) -> None:
+    """One of ``--workers-per-gpu`` processes: its own copy of the data on the GPU, a warm-up fit,
+    then, when all are ready, ``epochs`` epochs; reports (start, end, samples trained)."""
+    data, index = _fold_data("cuda", samples)
+    ours_seconds(data, index[:50], candidate, epochs=1)  # CUDA context, cuDNN and cuBLAS start-up
+    torch.cuda.synchronize()
+    barrier.wait()
+    start = time.time()
+    ours_seconds(data, index, candidate, epochs)
+    queue.put((start, time.time(), len(index) * epochs))
+
+
+def shared_gpu_rate(candidate: Candidate, samples: Optional[int], workers: int, epochs: int = 3) -> float:
+    """Total samples/s of ``workers`` processes training ``candidate`` at once on one GPU."""
+    context = multiprocessing.get_context("spawn")
+    barrier, queue = context.Barrier(workers), context.Queue()
+    processes = [context.Process(target=_shared_gpu_worker, args=(candidate, samples, epochs, barrier, queue))
+                 for _ in range(workers)]
+    for process in processes:
+        process.start()
+    spans = [queue.get() for _ in processes]
+    for process in processes:
+        process.join()
+    return sum(n for _, _, n in spans) / (max(end for _, end, _ in spans) - min(start for start, _, _ in spans))
+
+
+def _fold_data(device: str, samples: Optional[int]):
+    """The digits on ``device`` (one tensor) and the first fold's training rows of the default seed's
+    first bootstrap (their first ``samples``)."""
+    dataset = load_dataset("digits")
+    folds = bootstrap_folds(len(dataset.y_train), 5, seed=default_seed(), bootstrap=0)
+    return to_device(dataset, device), fold_indexes(folds, 0)[0][:samples]
+
+
+# ----- measuring -----
 def training_flops(candidate: Candidate) -> float:
     """Floating-point operations of one training sample: the forward's multiply-adds, and the
     backward's two products per dense layer (weights' and input's gradient) and one for the conv
@@ -168,37 +202,31 @@ def peak_flops(device: str, size: int = 2048) -> float:
     return 2.0 * size ** 3 / best
 
 
-def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: int, device: str,
-            threads: int, dataset: Any, images: np.ndarray, data: Any, folds: List[np.ndarray],
-            peaks: Dict[int, float]) -> Dict[str, Any]:
-    """``dataset``, its training ``images`` resized to 28x28, ``data`` (the same on ``device``) and
-    its ``folds`` are made once by the caller; ``peaks`` caches ``peak_flops`` per thread count."""
+def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: int, device: str, threads: int,
+            workers_per_gpu: int, peaks: Dict[int, float]) -> Dict[str, Any]:
+    """One model: the reference's style and ours, ``repeats`` interleaved rounds, the best of each."""
     torch.set_num_threads(threads)
-    training = [fold_indexes(folds, f)[0][:samples] for f in range(5)]
-    n = len(training[0])
-    reference = Subset(PilDataset(images, dataset.y_train, ToTensorNormalize(data.mean, data.std)), training[0])
-    rates: Dict[str, List[float]] = {"reference": [], "ours_k1": [], "ours_k5": []}
-    # a net split into blocks on a CPU, where the kernels can be had: also with torch's products
-    blocks = channel_blocks(candidate.n_conv_layer, candidate.conv_side ** 2, candidate.n_hidden_layer)
-    blocked = device == "cpu" and len(blocks) > 1 and hidden_kernels() is not None
-    if blocked:
-        rates["ours_k1_torch_products"] = []
+    data, index = _fold_data(device, samples)
+    dataset = load_dataset("digits")
+    reference = Subset(PilDataset(resize_images(dataset.x_train), dataset.y_train,
+                                  ToTensorNormalize(data.mean, data.std)), index)
+    n = len(index)
+    rates: Dict[str, List[float]] = {"reference": [], "ours": []}
     for _ in range(repeats):
-        torch.manual_seed(0)
         rates["reference"].append(n / reference_epochs(reference, candidate, epochs=2, device=device)[-1])
-        rates["ours_k1"].append(ours_rate(data, training[:1], candidate))
-        if blocked:
-            rates["ours_k1_torch_products"].append(ours_rate(data, training[:1], candidate, kernels=False))
-        rates["ours_k5"].append(ours_rate(data, training, candidate))
+        rates["ours"].append(n / ours_seconds(data, index, candidate)[-1])
     best = {name: max(values) for name, values in rates.items()}
     peak = peaks[threads] = peaks.get(threads) or peak_flops(device)
-    return {"model": label, **candidate.as_dict(), "weights": candidate.n_weights, "samples": n, "batch_size": 10,
-            "device": device, "threads": threads, "flops_per_sample": training_flops(candidate), "peak_flops": peak,
-            "ceiling_speedup": peak / (training_flops(candidate) * best["reference"]),
-            "reference_samples_per_s": best["reference"], "ours_k1_samples_per_s": best["ours_k1"],
-            "ours_k5_samples_per_s": best["ours_k5"], "speedup_k1": best["ours_k1"] / best["reference"],
-            "ours_k1_torch_products_samples_per_s": best.get("ours_k1_torch_products"),
-            "speedup_k5": best["ours_k5"] / best["reference"], "all_rounds": rates}
+    row = {"model": label, **candidate.as_dict(), "weights": candidate.n_weights, "samples": n, "batch_size": 10,
+           "device": device, "threads": threads, "flops_per_sample": training_flops(candidate), "peak_flops": peak,
+           "ceiling_speedup": peak / (training_flops(candidate) * best["reference"]),
+           "reference_samples_per_s": best["reference"], "ours_samples_per_s": best["ours"],
+           "speedup": best["ours"] / best["reference"], "all_rounds": rates}
+    if device == "cuda" and workers_per_gpu > 1:
+        shared = shared_gpu_rate(candidate, samples, workers_per_gpu)
+        row.update(workers_per_gpu=workers_per_gpu, ours_shared_samples_per_s=shared,
+                   speedup_shared=shared / best["reference"])
+    return row
 
 
 def time_whole_run(extra: List[str]) -> Dict[str, Any]:
@@ -216,6 +244,21 @@ def time_whole_run(extra: List[str]) -> Dict[str, Any]:
             "ensemble_test_error": summary.get("ensemble_test_error"), "stderr_tail": proc.stderr[-500:]}
 
 
+def print_table(rows: List[Dict[str, Any]]) -> None:
+    shared = any("workers_per_gpu" in row for row in rows)
+    extra = " ours, N workers per GPU (total) | speedup |" if shared else ""
+    print(f"| model | weights | samples | threads | reference samples/s | ours samples/s | speedup | ceiling |{extra}")
+    print("|---" * (10 if shared else 8) + "|")
+    for row in rows:
+        cells = (f" {row['ours_shared_samples_per_s']:,.0f} (N={row['workers_per_gpu']}) | {row['speedup_shared']:.1f}x |"
+                 if "workers_per_gpu" in row else "")
+        print(f"| {row['model']} | {row['weights']:,} | {row['samples']} | {row['threads']} | "
+              f"{row['reference_samples_per_s']:,.0f} | {row['ours_samples_per_s']:,.0f} | {row['speedup']:.1f}x | "
+              f"{row['ceiling_speedup']:.1f}x |{cells}")
+    print("\nceiling: the speedup a step running the net's arithmetic at the peak of a big square product on"
+          " this device (same threads) would reach: peak FLOP/s / (FLOP per sample x reference samples/s)")
+
+
 def main(argv: List[str] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the small model")
@@ -223,44 +266,31 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="rounds per model; the best is kept")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where both sides train (default: cuda where present)")
+    parser.add_argument("--workers-per-gpu", type=int, default=4, help="on CUDA, also ours as N processes on the GPU")
+    parser.add_argument("--out", type=Path, default=OUT / "bench_nn.json", help="the JSON report")
     args = parser.parse_args(argv)
     keep_freed_memory()
     cores = len(os.sched_getaffinity(0))
     on_gpu = args.device == "cuda"
-    big = None if on_gpu else 200  # samples per fold: the big net is slow on a CPU
-    models = [(Candidate(8, 5, 64, 0.01, 0.5), "small (8 conv 5x5, 64 hidden)", None, 1)]
+    big = None if on_gpu else 200  # samples: the default seed's first net is slow on a CPU
+    first = draw_candidate(default_seed(), 0, 0)
+    models = [(candidate, label, None, 1) for candidate, label in MODELS[1 if args.quick else 0:]]
     if not args.quick:
-        models.append((Candidate(2, 3, 16, 0.01, 0.5), "tiny (2 conv 3x3, 16 hidden)", None, 1))
-        models.append((draw_candidate(0, 0, 0), "--seed 0's first candidate", big, 1))
+        models.append((first, f"default seed's first candidate ({first.describe()})", big, 1))
         if cores > 1 and not on_gpu:
-            models.append((draw_candidate(0, 0, 0), "--seed 0's first candidate", big, cores))
-    dataset = load_dataset("digits")
-    images, peaks = resize_images(dataset.x_train), {}
-    data, folds = to_device(dataset, args.device), bootstrap_folds(len(dataset.y_train), 5, seed=0, bootstrap=0)
-    rows = [measure(candidate, label, samples, args.repeats, args.device, threads, dataset, images, data, folds, peaks)
+            models.append((first, f"default seed's first candidate ({first.describe()})", big, cores))
+    peaks: Dict[int, float] = {}
+    rows = [measure(candidate, label, samples, args.repeats, args.device, threads, args.workers_per_gpu, peaks)
             for candidate, label, samples, threads in models]
     runs = [] if args.no_run else [time_whole_run(extra) for extra in (GPU_RUNS if on_gpu else RUNS)]
     device_name = torch.cuda.get_device_name() if on_gpu else f"{cpu_model()}, {cores} cores"
-    kernels_line = "" if on_gpu else load()[1]
     report = {"benchmark": "mnist_nn", "host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
-              "device": args.device, "device_name": device_name, "cpu_kernels": kernels_line,
-              "load_average": os.getloadavg(), "fits": rows,
+              "device": args.device, "device_name": device_name, "load_average": os.getloadavg(), "fits": rows,
               "whole_runs": runs}
-    OUT.mkdir(exist_ok=True)
-    (OUT / "bench_nn.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"device: {args.device} ({device_name}){'; ' + kernels_line if kernels_line else ''}\n")
-    print("| model | weights | samples/fold | threads | reference samples/s | ours K=1 | speedup | ours K=5 (total) "
-          "| speedup | ceiling | ours K=1, torch's products |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        torch_products = row["ours_k1_torch_products_samples_per_s"]
-        print(f"| {row['model']} | {row['weights']:,} | {row['samples']} | {row['threads']} | "
-              f"{row['reference_samples_per_s']:,.0f} | "
-              f"{row['ours_k1_samples_per_s']:,.0f} | {row['speedup_k1']:.1f}x | {row['ours_k5_samples_per_s']:,.0f} | "
-              f"{row['speedup_k5']:.1f}x | {row['ceiling_speedup']:.1f}x | "
-              f"{'-' if torch_products is None else f'{torch_products:,.0f}'} |")
-    print("\nceiling: the speedup a step running the net's arithmetic at the peak of a big square product on"
-          " this device (same threads) would reach: peak FLOP/s / (FLOP per sample x reference samples/s)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"device: {args.device} ({device_name}), torch {torch.__version__}\n")
+    print_table(rows)
     for run in runs:
         print(f"\nwhole run `{run['command']}`: {run['wall_seconds']:.1f} s wall (exit {run['exit_code']})")
     return 0

@@ -4,6 +4,10 @@ It is what makes a killed run lose nothing: ``--resume`` reads it back and skips
 holds. Lines are flushed at once and fsync'd in groups (at most every ``sync_every`` seconds and
 on close), so a crash of the process loses nothing and a crash of the node loses at most the
 last fraction of a second. A torn last line (the writer died mid-line) is ignored on reading.
+
+A write that fails (a full disk, an exceeded quota) raises nothing: the journal cuts what it had
+half-written, writes no more, and notes the failure (:mod:`common.write_failures`), which stops
+the run; everything before it stays readable for ``--resume``.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 from .app import Record
 from .errors import UsageError
 from .outputs import to_jsonable
+from . import write_failures
 
 JOURNAL_NAME = "journal.jsonl"
 FORMAT_VERSION = 1
@@ -63,13 +68,20 @@ class Journal:
     def __init__(self, path: Path, header: dict, *, sync_every: float = 0.05):
         self.path = Path(path)
         self.sync_every = sync_every
-        existed = self.path.exists() and self.path.stat().st_size > 0
-        self._handle = open(self.path, "ab")
+        self.failure: Optional[write_failures.WriteFailure] = None
         self._last_sync = 0.0
         self._dirty = False
+        self._fd: Optional[int] = None
+        existed = self.path.exists() and self.path.stat().st_size > 0
         if existed:
             self._drop_torn_tail()
-        else:
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            self._good = os.fstat(self._fd).st_size  # where the last whole line ends
+        except OSError as error:
+            self._failed(error)
+            return
+        if not existed:
             self._write({"type": "header", **header, "format": FORMAT_VERSION})
             self.sync()
 
@@ -91,9 +103,29 @@ class Journal:
                 handle.truncate(position)
 
     def _write(self, entry: dict) -> None:
-        self._handle.write(json.dumps(to_jsonable(entry), separators=(",", ":")).encode() + b"\n")
-        self._handle.flush()
+        if self._fd is None:
+            return
+        line = json.dumps(to_jsonable(entry), separators=(",", ":")).encode() + b"\n"
+        left = memoryview(line)
+        try:
+            while left:
+                left = left[os.write(self._fd, left):]
+        except OSError as error:
+            self._failed(error)
+            return
+        self._good += len(line)
         self._dirty = True
+
+    def _failed(self, error: OSError) -> None:
+        """Stop writing: cut a half-written line (truncating needs no space) and note why."""
+        self.failure = write_failures.note("the journal", self.path, error)
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, self._good)
+            except OSError:
+                pass  # a torn last line is ignored on reading anyway
+            os.close(self._fd)
+            self._fd = None
 
     def add_result(self, record: Record) -> None:
         self._write({"type": "result", **vars(record)})
@@ -109,12 +141,20 @@ class Journal:
             self.sync()
 
     def sync(self) -> None:
+        if self._fd is None:
+            return
         if self._dirty or self._last_sync == 0.0:
-            os.fsync(self._handle.fileno())
+            try:
+                os.fsync(self._fd)
+            except OSError as error:  # a filesystem that allocates late (NFS, quotas) says so here
+                self._failed(error)
+                return
             self._dirty = False
         self._last_sync = time.monotonic()
 
     def close(self) -> None:
-        if not self._handle.closed:
+        if self._fd is not None:
             self.sync()
-            self._handle.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

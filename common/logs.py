@@ -1,11 +1,54 @@
-"""Logging on stderr, each line prefixed with where it comes from: rank, host."""
+"""Logging on stderr, each line prefixed with where it comes from: rank, host; and log files in
+the results folder that never crash a rank or a worker when they cannot be written."""
 from __future__ import annotations
 
 import logging
 import socket
 import sys
+from typing import Optional
+
+from . import write_failures
 
 log = logging.getLogger("multinode_gpu")
+
+
+class FileLog(logging.FileHandler):
+    """A log file that, the first time it cannot be written (a full disk, an exceeded quota), says
+    so in one line on stderr and hands its records to ``fallback`` (None: to nobody, since the
+    logger also writes to stderr). No "--- Logging error ---" tracebacks. The file is opened at
+    the first record, so opening it cannot fail at start-up either."""
+
+    def __init__(self, path: str, fallback: Optional[logging.Handler] = None, what: str = "the log"):
+        super().__init__(path, delay=True)
+        self.fallback, self.what = fallback, what
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed:
+            self._fall_back(record)
+            return
+        super().emit(record)
+
+    def _fall_back(self, record: logging.LogRecord) -> None:
+        if self.fallback is not None and record.levelno >= self.fallback.level:
+            self.fallback.handle(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        if self.failed:
+            return
+        self.failed = True
+        error = sys.exc_info()[1]
+        reason = getattr(error, "strerror", None) or str(error)
+        if isinstance(error, OSError) and self.fallback is None:
+            write_failures.note(self.what, self.baseFilename, error)
+        where = "stderr" if self.fallback is None else "stderr (warnings and errors)"
+        print(f"cannot write {self.what} {self.baseFilename} ({reason}); it goes to {where} from now on",
+              file=sys.stderr, flush=True)
+        try:
+            self.close()
+        except (OSError, ValueError):
+            pass
+        self._fall_back(record)
 
 
 def setup_logging(rank: int, level: int = logging.INFO) -> None:
@@ -18,7 +61,19 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
 
 
 def add_file_log(path: str) -> None:
-    """Also keep the rank's log in the results folder."""
-    handler = logging.FileHandler(path)
+    """Also keep the rank's log in the results folder (its records are on stderr too)."""
+    handler = FileLog(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
+
+
+def worker_file_log(path: str, name: str) -> logging.Handler:
+    """A worker's log: its file, or, once that cannot be written, stderr for warnings and errors
+    (a line per item there would bury the rank's own messages)."""
+    formatter = logging.Formatter(f"%(asctime)s [{name}] %(levelname)s %(message)s")
+    fallback = logging.StreamHandler(sys.stderr)
+    fallback.setLevel(logging.WARNING)
+    fallback.setFormatter(formatter)
+    handler = FileLog(path, fallback, what="the worker log")
+    handler.setFormatter(formatter)
+    return handler

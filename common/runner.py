@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .app import App, RunInfo
 from .cli import build_parser, module_command
@@ -37,6 +37,8 @@ from .status_file import RankReporter, StatusWriter
 from .timeline import plot_timeline
 from .worker import STOP_SIGNALS
 from .worker_pool import WorkerPool
+from . import write_failures
+from .write_failures import free_reserve, reserve_space
 
 log = logging.getLogger("multinode_gpu")
 
@@ -49,9 +51,10 @@ ECHO_SECONDS = 2.0
 
 
 class _StopFlag:
-    """Set by SIGTERM/SIGUSR1/SIGINT; the distribution loop looks at it between events.
+    """Set by SIGTERM/SIGUSR1/SIGINT, or by a write to the results folder that failed (a full
+    disk: :mod:`common.write_failures`); the distribution loop looks at it between events.
     A second signal (``ECHO_SECONDS`` or more after the first) means: do not wait for running
-    items any longer."""
+    items any longer; so does a journal that cannot be written (their results could not be kept)."""
 
     def __init__(self) -> None:
         self.why: Optional[str] = None
@@ -74,9 +77,13 @@ class _StopFlag:
 
     @property
     def urgent(self) -> bool:
-        return self.count > 1
+        failure = write_failures.first()
+        return self.count > 1 or (failure is not None and failure.journal)
 
     def __call__(self) -> Optional[str]:
+        failure = write_failures.first()
+        if self.why is None and failure is not None:
+            self.why = failure.describe()
         return self.why
 
 
@@ -241,6 +248,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
             del resumed[key]
         journal = Journal(journal_path, {"fingerprint": fingerprint, "command": module_command(argv)})
         journal.add_event("start", time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
+        reserve_space(results)  # room for the summary should the disk fill up
         log.info("%s: %d items (%d already in the journal) on %d rank(s), %d worker(s): %s", app.name, len(items),
                  len(resumed), comm.size, total_capacity,
                  ", ".join(f"{e['host']}[{','.join(e['devices'])}]" for e in layout))
@@ -282,6 +290,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                            started_at)
             status.finished(leader, code)
         journal.close()
+        free_reserve(results)
         if not leader.release(code) or not comm.flush(args.heartbeat_timeout):
             comm.finalize = False  # MPI_Finalize would wait for a rank that is gone
         return code
@@ -360,17 +369,38 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         "gpu_usage": gpu,
         "lost_ranks": [{k: v for k, v in lost.items() if k != "told_to_end"} for lost in leader.lost.values()],
     }
-    if leader.bars:
-        plot_timeline(leader.bars, results / "timeline")
-    summary["gpu_usage_plot"] = write_gpu_usage(reports, results)
+    journal.sync()  # a filesystem that allocates late says now whether the journal is whole
+    full = write_failures.first() is not None  # the run stopped on it: what room is left is for the summary
+    if full:
+        free_reserve(results)
+    if leader.bars and not full:
+        _written(results, "the timeline", results / "timeline.png",
+                 lambda: plot_timeline(leader.bars, results / "timeline"))
+    summary["gpu_usage_plot"] = None if full else _written(results, "the GPU usage figure", results / "gpu_usage.png",
+                                                           lambda: write_gpu_usage(reports, results))
+    if outcome != "stopped" and write_failures.first() is None:
+        run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
+        summary.update(_written(results, "the outputs", results, lambda: app.finish(run)) or {})
+    failure = write_failures.first()
+    if failure is not None:  # what finished is journaled; --resume writes the rest
+        outcome = summary["status"] = "stopped"
+        summary["stopped_because"] = failure.describe()
+        summary["no_space"] = failure.no_space
+        summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
         summary["resume_command"] = module_command([a for a in argv if a != "--resume"] + ["--resume"])
-    else:
-        run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
-        summary.update(app.finish(run) or {})
-    atomic_write_json(results / "summary.json", summary)
-    atomic_write_text(results / "summary.md", _summary_markdown(app, summary))
-    write_report(results)
+    _written(results, "summary.json", results / "summary.json",
+             lambda: atomic_write_json(results / "summary.json", summary))
+    _written(results, "summary.md", results / "summary.md",
+             lambda: atomic_write_text(results / "summary.md", _summary_markdown(app, summary)))
+    if failure is None:
+        write_report(results)
+    if failure is not None:
+        journaled = summary["items_journaled"]
+        print(f"{app.name}: stopped: {failure.describe()}; {'?' if journaled is None else journaled} of "
+              f"{len(items)} items are safely journaled; {failure.remedy()}, then finish with the same launcher and: "
+              f"{summary['resume_command']}", file=sys.stderr)
+        return EXIT_STOPPED
     if outcome == "stopped":
         print(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
               f"finish with the same launcher and: {summary['resume_command']}", file=sys.stderr)
@@ -378,6 +408,29 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     print(f"{app.name}: {summary['status']}: {len(records)} of {len(items)} items in {summary['wall_seconds']:.1f} s; "
           f"results in {results}/ (summary.md)", file=sys.stderr)
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
+
+
+def _written(results: Path, what: str, path: Path, write: Callable[[], Any]) -> Any:
+    """``write()``, one of rank 0's end-of-run outputs; a write that fails for lack of space (or on
+    a file of the results folder) is noted, not raised: the run then ends as stopped (exit 75)."""
+    try:
+        return write()
+    except OSError as error:
+        if not write_failures.about_results(error, results):
+            raise
+        write_failures.note(what, error.filename or path, error)
+        free_reserve(results)
+        return None
+
+
+def _journaled(path: Path, items: list) -> Optional[int]:
+    """How many of ``items`` the journal on disk holds (what --resume will skip); None if unreadable."""
+    try:
+        _, records = read_journal(path)
+    except UsageError:
+        return None
+    keys = {item.key for item in items}
+    return sum(1 for key in records if key in keys)
 
 
 def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
@@ -392,6 +445,9 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
     for lost in summary.get("lost_ranks", []):
         lines += [f"- **lost rank {lost['rank']} on {lost['host']}** ({lost['why']}): its "
                   f"{lost['items_reassigned']} item(s) ran on the other ranks", ""]
+    if summary.get("stopped_because"):
+        lines += [f"**Stopped{' for lack of space' if summary.get('no_space') else ''}**: "
+                  f"{summary['stopped_because']}.", ""]
     if summary.get("resume_command"):
         lines += ["Stopped before the end. Finish with:", "", f"    {summary['resume_command']}", ""]
     if summary["gpu_usage"]:

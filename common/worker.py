@@ -19,6 +19,7 @@ from typing import Any, Deque, Dict, Iterator, Optional
 
 from .items import item_seed
 from .linux import die_with_parent
+from .logs import worker_file_log
 
 log = logging.getLogger("multinode_gpu.worker")
 
@@ -183,8 +184,7 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
         signal.signal(ignored, _ignore)
     signal.signal(TERMINATE_SIGNAL, _on_terminate)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the pool started us
-    handler = logging.FileHandler(log_path)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s [{name}] %(levelname)s %(message)s"))
+    handler = worker_file_log(log_path, name)  # falls back to stderr when the disk is full
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     log.info("started: pid %d, device %s, CUDA_VISIBLE_DEVICES=%s, threads %d",
              os.getpid(), device, os.environ.get("CUDA_VISIBLE_DEVICES", ""), threads)

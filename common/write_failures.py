@@ -1,0 +1,100 @@
+"""The first write to the results folder that failed: a full disk, an exceeded quota, an I/O error.
+
+The journal, the rank's log and the end-of-run outputs note their failure here instead of raising;
+the runner's stop flag reads it, so rank 0 stops handing out work and ends with one line saying
+what failed, where, how much is safely journaled and how to resume (exit 75). A small reserve file
+(:func:`reserve_space`), deleted when the disk fills, leaves room for the summary that says so.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+#: bytes kept aside in the results folder while a run lives, freed to write its summary on a full disk
+RESERVE_BYTES = 64 * 1024
+RESERVE_NAME = ".space-reserve"
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+@dataclass
+class WriteFailure:
+    what: str  # "the journal", "the log", "the outputs"
+    path: str
+    error: OSError
+
+    @property
+    def no_space(self) -> bool:
+        return self.error.errno in NO_SPACE
+
+    @property
+    def journal(self) -> bool:
+        return self.what == "the journal"
+
+    def describe(self) -> str:
+        """'cannot write the journal results/x/journal.jsonl (No space left on device)'."""
+        reason = self.error.strerror or str(self.error)
+        return f"cannot write {self.what} {self.path} ({reason})"
+
+    def remedy(self) -> str:
+        if self.error.errno == errno.EDQUOT:
+            return "free some space or raise the quota"
+        if self.error.errno == errno.ENOSPC:
+            return "free some space"
+        return "fix that"
+
+
+_lock = threading.Lock()
+_first: Optional[WriteFailure] = None
+
+
+def note(what: str, path: object, error: OSError) -> WriteFailure:
+    """Remember a failed write (the first one is the one the run reports); returns it."""
+    global _first
+    with _lock:
+        failure = WriteFailure(what, str(path), error)
+        if _first is None:
+            _first = failure
+        return failure
+
+
+def first() -> Optional[WriteFailure]:
+    return _first
+
+
+def about_results(error: OSError, results: Path) -> bool:
+    """Whether ``error`` is one the run should stop on rather than crash: no space, no quota, or
+    any error naming a file in the results folder."""
+    if error.errno in NO_SPACE:
+        return True
+    if not error.filename:
+        return False
+    try:
+        return Path(os.path.abspath(os.fsdecode(error.filename))).is_relative_to(Path(results).absolute())
+    except (TypeError, ValueError):
+        return False
+
+
+def reserve_space(folder: Path) -> None:
+    """Set ``RESERVE_BYTES`` aside in ``folder`` (best effort: a disk already full gets none)."""
+    path = Path(folder) / RESERVE_NAME
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        finally:
+            os.close(fd)
+    except OSError:
+        free_reserve(folder)
+
+
+def free_reserve(folder: Path) -> bool:
+    """Give the reserve back to the filesystem; whether there was one."""
+    try:
+        (Path(folder) / RESERVE_NAME).unlink()
+        return True
+    except OSError:
+        return False

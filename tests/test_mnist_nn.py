@@ -129,6 +129,16 @@ def test_resume_accepts_every_result_a_run_writes_and_refuses_a_damaged_one(clea
         app.check_result(fit_key(0, 0, 0), {"val_loss": 0.1, "epochs": 1, "log": []})
 
 
+def test_resume_with_another_max_macs_is_refused_in_one_line(clean_run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(clean_run, copy)
+    before = snapshot(copy)
+    assert_usage_error(mnist_nn(copy, "--max-macs", "1e6", "--resume"), "max_macs None (journal) vs 1000000.0 (now)")
+    assert snapshot(copy) == before
+
+
 def test_rank_0_never_imports_torch(tmp_path):
     """Rank 0 builds the items, hands them out and writes every output without torch (1.4 s of
     start-up on the development machine); only the workers need it."""

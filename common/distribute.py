@@ -27,6 +27,7 @@ from .messages import (Broken, Bye, Dropped, End, Failed, Heartbeat, Items, Pool
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
+from . import write_failures
 from .worker_pool import Event, WorkerPool
 
 log = logging.getLogger("multinode_gpu")
@@ -283,7 +284,8 @@ class Leader:
         key, worker = record.key, record.worker
         self.holding.get(record.rank, set()).discard(key)
         self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False})
-        if self.stopping:  # killed by the stop itself: it will simply run again on --resume
+        if self.stopping or write_failures.item_error(error, key, worker):
+            # killed by the stop itself, or its output found no space (the run stops on it): it runs again on --resume
             self.scheduler.dropped(key)
             return
         self.journal.add_event("attempt_failed", key=key, error=error, traceback=text, worker=worker,

@@ -67,13 +67,21 @@ def add_file_log(path: str) -> None:
     log.addHandler(handler)
 
 
+class _FirstLine(logging.Formatter):
+    """A record's first line: no traceback on stderr."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = super().format(record).splitlines()
+        return lines[0] + (" (more in the log, which could not be written)" if len(lines) > 1 else "")
+
+
 def worker_file_log(path: str, name: str) -> logging.Handler:
-    """A worker's log: its file, or, once that cannot be written, stderr for warnings and errors
-    (a line per item there would bury the rank's own messages)."""
+    """A worker's log: its file, or, once that cannot be written, stderr for the first line of its
+    warnings and errors (a line per item, or a traceback, there would bury the rank's own messages)."""
     formatter = logging.Formatter(f"%(asctime)s [{name}] %(levelname)s %(message)s")
     fallback = logging.StreamHandler(sys.stderr)
     fallback.setLevel(logging.WARNING)
-    fallback.setFormatter(formatter)
+    fallback.setFormatter(_FirstLine(f"%(asctime)s [{name}] %(levelname)s %(message)s"))
     handler = FileLog(path, fallback, what="the worker log")
     handler.setFormatter(formatter)
     return handler

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ class WriteFailure:
     def describe(self) -> str:
         """'cannot write the journal results/x/journal.jsonl (No space left on device)'."""
         reason = self.error.strerror or str(self.error)
-        return f"cannot write {self.what} {self.path} ({reason})"
+        return f"cannot write {self.what}{' ' + self.path if self.path else ''} ({reason})"
 
     def remedy(self) -> str:
         if self.error.errno == errno.EDQUOT:
@@ -63,6 +64,20 @@ def note(what: str, path: object, error: OSError) -> WriteFailure:
 
 def first() -> Optional[WriteFailure]:
     return _first
+
+
+_ERRNO = re.compile(r"\[Errno (\d+)\] ([^:\n]+)(?:: '([^'\n]*)')?")
+
+
+def item_error(error: str, key: str, worker: str) -> bool:
+    """Whether an item's error, as its worker reported it, says a disk is full or a quota
+    exceeded (an output it writes, such as a saved model): then it is noted like rank 0's own failed
+    writes and the run stops, instead of retrying the item and failing it; it runs again on --resume."""
+    match = _ERRNO.search(error or "")
+    if match is None or int(match.group(1)) not in NO_SPACE:
+        return False
+    note(f"an output of item {key} on {worker}", match.group(3) or "", OSError(int(match.group(1)), match.group(2)))
+    return True
 
 
 def about_results(error: OSError, results: Path) -> bool:

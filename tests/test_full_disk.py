@@ -112,3 +112,30 @@ def test_a_log_that_cannot_be_written_falls_back_to_stderr_once(tmp_path):
     lines = proc.stderr.splitlines()
     assert lines[0].startswith("cannot write the worker log ") and "No space left on device" in lines[0], lines
     assert [line.split("] ", 1)[1] for line in lines[1:]] == [f"ERROR item {i} failed" for i in range(3)], lines
+
+
+def test_an_item_whose_output_finds_no_space_stops_the_run_instead_of_failing(tmp_path):
+    """An item that writes its own output (here the toy's marker file; mnist_nn's saved models)
+    on a full disk: the run stops (exit 75), nothing counts as failed, and --resume completes."""
+    clean = run([TOY, "60", "--results", str(tmp_path / "clean"), "--no-progress"])
+    assert clean.returncode == 0, clean.stderr
+    with small_filesystem(tmp_path / "small", "256k") as small:
+        results = tmp_path / "r"
+        args = [TOY, "60", "--sleep", "0.1", "--workers", "2", "--retries", "3", "--marker-dir", str(small),
+                "--results", str(results), "--no-progress"]
+        process = start(args)
+        wait_for_results(results, 6)
+        filler = fill(small)
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 75, err
+        assert "Traceback" not in err and "failed for good" not in err and "retrying" not in err, err
+        last = err.splitlines()[-1]
+        _, journaled = read_journal(results / "journal.jsonl")
+        assert last.startswith("toy: stopped: cannot write an output of item item-00"), last
+        assert "(No space left on device)" in last and f"; {len(journaled)} of 60 items are safely journaled;" in last
+        summary = json.loads((results / "summary.json").read_text())
+        assert summary["failed_items"] == [] and summary["no_space"] is True
+        filler.unlink()
+        resumed = run(args + ["--resume"])
+        assert resumed.returncode == 0, resumed.stderr
+    assert values(results) == values(tmp_path / "clean")

@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from .cli import DEFAULT_WORKER_TIMEOUT
 from .devices import Device
 from .items import Item
 
@@ -67,6 +68,10 @@ class App:
     module: str = ""
     #: default of ``--retries``: extra attempts for an item that fails
     default_retries: int = 1
+    #: default of ``--worker-timeout``: seconds of silence (a hung worker) before a worker is killed
+    default_worker_timeout: float = DEFAULT_WORKER_TIMEOUT
+    #: default of ``--item-timeout``: seconds an item may run (None: no limit)
+    default_item_timeout: Optional[float] = None
     #: whether ``--resume`` may name a target (``--resume RUN_ID/STEP_ID`` for pipelines)
     resume_target: bool = False
 

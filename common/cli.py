@@ -15,6 +15,11 @@ MAX_SEED = 2 ** 32 - 1
 #: a rank silent for this long is lost; the default beats Slurm's own node-failure handling
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 MAX_HEARTBEAT_TIMEOUT = 24 * 3600.0
+#: a worker silent this long is killed. Generous: a native library that holds the GIL through a long
+#: call (possibly a cuML fit) silences the worker's heartbeat thread just as a hang does
+DEFAULT_WORKER_TIMEOUT = 300.0
+#: the longest --worker-timeout and --item-timeout (30 days; 0 means no limit)
+MAX_TIMEOUT = 30 * 24 * 3600.0
 #: torch/BLAS threads per worker: past this, thread stacks and per-thread buffers exhaust memory
 MAX_THREADS = 1024
 #: worker processes on one GPU: each holds a CUDA context (about 300-500 MiB) and a copy of its data
@@ -103,6 +108,16 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                         default=DEFAULT_HEARTBEAT_TIMEOUT,
                         help="seconds of silence after which a rank is declared lost (its items go to the others; "
                              "a rank that loses rank 0 stops)")
+    engine.add_argument("--worker-timeout", type=at_least(0, float, maximum=MAX_TIMEOUT),
+                        default=app_class.default_worker_timeout,
+                        help="seconds a worker may say nothing (its heartbeat thread is stopped, or blocked by native "
+                             "code holding the GIL) before it is killed, its item retried elsewhere and a new worker "
+                             "started; 0: never")
+    engine.add_argument("--item-timeout", type=at_least(0, float, maximum=MAX_TIMEOUT),
+                        default=app_class.default_item_timeout,
+                        help="seconds an item (or a group run together) may run before it is killed with its "
+                             "worker and retried (--retries); 0: no limit" +
+                             ("" if app_class.default_item_timeout else " (default: no limit)"))
     engine.add_argument("--results", type=folder, default=Path("results") / app_class.name,
                         help="results folder")
     engine.add_argument("--no-progress", action="store_true", help="no progress bar")

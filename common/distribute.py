@@ -28,7 +28,7 @@ from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
 from . import write_failures
-from .worker_pool import Event, WorkerPool
+from .worker_pool import Event, WorkerPool, failure_kind
 
 log = logging.getLogger("multinode_gpu")
 
@@ -283,7 +283,8 @@ class Leader:
         """``record`` says where and when the attempt ran (its result is None)."""
         key, worker = record.key, record.worker
         self.holding.get(record.rank, set()).discard(key)
-        self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False})
+        self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False,
+                          "why": failure_kind(error)})
         if self.stopping or write_failures.item_error(error, key, worker):
             # killed by the stop itself, or its output found no space (the run stops on it): it runs again on --resume
             self.scheduler.dropped(key)

@@ -255,7 +255,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
 
     pool = WorkerPool(app, devices, rank=comm.rank, host=host, logs_dir=results / "logs", seed=args.seed,
-                      threads=threads, batch=args.batch, node_pools=node_pools, global_pools=list(global_pools))
+                      threads=threads, batch=args.batch, node_pools=node_pools, global_pools=list(global_pools),
+                      worker_timeout=args.worker_timeout, item_timeout=args.item_timeout)
     monitor = GpuMonitor(devices)
     monitor.start()
     pool.start()

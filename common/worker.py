@@ -3,14 +3,21 @@
 It loads the app's data once (``App.setup_worker``), then asks its rank for items one at a time
 over a pipe and answers with each result or traceback. Code running inside an item may call
 :func:`acquire` to hold a slot of a named resource pool.
+
+Liveness: from its first moment a thread beside the item sends a heartbeat whenever nothing else
+went to the rank for ``heartbeat`` seconds (a few bytes; none while results flow), so the rank can
+tell a hung worker (SIGSTOPped, or stuck in native code that holds the GIL: the thread cannot run
+then) from a busy one, and kill it (``--worker-timeout``).
 """
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -36,6 +43,57 @@ TERMINATE_SIGNAL = signal.SIGUSR2
 #: them, a worker ignores them. The pool starts a worker with them blocked (``signals_blocked``),
 #: until its handlers are in place.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
+#: the rank sends this before it kills a hung worker or an item past --item-timeout: the worker's log
+#: then shows where every thread was (faulthandler writes it from C, even while the GIL is held).
+#: Ignored by default, so one arriving before the handler is in place does no harm.
+DUMP_SIGNAL = signal.SIGURG
+
+
+class _Pipe:
+    """The worker's end of the pipe, shared by the main thread (results, pool calls) and the
+    heartbeat thread: one lock around every send, so messages never interleave."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.last_sent = time.monotonic()
+
+    def send(self, message: Any) -> None:
+        with self.lock:
+            self.conn.send(message)
+            self.last_sent = time.monotonic()
+
+    def poll(self, timeout: Optional[float] = 0.0) -> bool:
+        return self.conn.poll(timeout)
+
+    def recv(self) -> Any:
+        return self.conn.recv()
+
+
+def _start_heartbeat(pipe: _Pipe, interval: float) -> threading.Event:
+    """A daemon thread that sends ``("alive",)`` whenever nothing was sent for ``interval`` s (and
+    once at its start); set the returned event to end it. It starts with every signal blocked, so
+    signals keep reaching the main thread (where they interrupt a sleeping item)."""
+    done = threading.Event()
+
+    def beat() -> None:
+        wait = 0.0
+        while not done.wait(wait):
+            idle = time.monotonic() - pipe.last_sent
+            if idle >= interval or wait == 0.0:
+                try:
+                    pipe.send(("alive",))
+                except (OSError, ValueError):  # the rank is gone: the main thread notices too
+                    return
+                idle = 0.0
+            wait = max(0.01, interval - idle)
+
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    return done
 
 
 class _Terminated(BaseException):
@@ -173,9 +231,12 @@ def _run_group(app: Any, state: Any, bundle: list, seed: int, conn: Connection) 
         conn.send(("done", item.key, result, started, ended))
 
 
-def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int) -> None:
-    """Entry point of the spawned process."""
+def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int,
+                heartbeat: Optional[float] = None) -> None:
+    """Entry point of the spawned process. ``heartbeat``: seconds between heartbeats (None: none)."""
     global _inbox
+    conn = _Pipe(conn)  # type: ignore[assignment]
+    beating = _start_heartbeat(conn, heartbeat) if heartbeat else threading.Event()
     _inbox = inbox = _Inbox(conn)
     die_with_parent(TERMINATE_SIGNAL)  # no worker outlives its rank
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
@@ -188,6 +249,11 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     log.info("started: pid %d, device %s, CUDA_VISIBLE_DEVICES=%s, threads %d",
              os.getpid(), device, os.environ.get("CUDA_VISIBLE_DEVICES", ""), threads)
+    try:  # where a hung item is, in this log, before the rank kills it
+        dump_file = open(log_path, "a")
+        faulthandler.register(DUMP_SIGNAL, file=dump_file, all_threads=True)
+    except (OSError, ValueError, RuntimeError):
+        pass
     try:
         try:
             state = app.setup_worker(device)
@@ -210,4 +276,5 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):
         log.info("stopping")
     finally:
+        beating.set()
         logging.shutdown()

@@ -4,6 +4,11 @@ The pool starts each worker with 'spawn' and an environment made for it: pinned 
 GPU by ``CUDA_VISIBLE_DEVICES``, thread counts set, and every MPI/PMI variable removed so the child
 can never re-initialise MPI. It notices a dead worker within one poll (its process sentinel),
 reports the item it was running as failed and starts a fresh one.
+
+A worker that lives but says nothing (its heartbeat thread cannot run: SIGSTOPped, or stuck in
+native code holding the GIL) for ``worker_timeout`` seconds, counted from its first message, is
+killed (SIGKILL) and handled as a dead one; so is a worker whose item (or group) has run for more
+than ``item_timeout`` seconds. Its log gets where it was (faulthandler) and why it was killed.
 """
 from __future__ import annotations
 
@@ -22,15 +27,27 @@ from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 from .app import Record
 from .devices import Device
 from .items import Item
+from .logs import worker_file_log
 from .messages import Dropped, Failed, PoolCall, Result
 from .mpi import without_launcher
 from .resources import ResourceBroker
-from .worker import STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
+from .worker import DUMP_SIGNAL, STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
 
 log = logging.getLogger("multinode_gpu")
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 MAX_SETUP_FAILURES = 3
+#: heartbeats go out every worker_timeout / 4 seconds, but at least this often
+MAX_HEARTBEAT_INTERVAL = 5.0
+#: how long a worker's stack dump (DUMP_SIGNAL) may take before the kill
+DUMP_SECONDS = 0.2
+#: how the reasons for killing a worker begin (the timeline colours those attempts)
+SILENT, TIMED_OUT = "worker silent for", "timed out after"
+
+
+def failure_kind(error: str) -> str:
+    """"silent" or "timeout" for an attempt ended by the pool's watch, else "failed"."""
+    return "silent" if error.startswith(SILENT) else "timeout" if error.startswith(TIMED_OUT) else "failed"
 
 
 @contextmanager
@@ -102,6 +119,12 @@ class WorkerHandle:
     retiring: bool = False
     setup_reported: bool = False  # it said its setup failed (counted then, not again at its exit)
     unreachable: bool = False  # a send to it failed: what it was handed never reached it
+    heard: Optional[float] = None  # monotonic time of its last message (None: it has said nothing yet)
+    running: Any = None  # what it runs now: its first bundle (a group) or that bundle's first entry
+    running_since: float = 0.0  # monotonic, when ``running`` started (the previous answer came)
+    running_wall: float = 0.0  # the same as epoch seconds, for the timeline
+    killed_because: str = ""  # why the watch killed it (its item's error)
+    killed_running: Any = None  # what it was running then
 
 
 @dataclass
@@ -134,8 +157,13 @@ class WorkerPool:
     """Spawned workers of one rank. Single-threaded: the rank's loop calls ``poll``."""
 
     def __init__(self, app: Any, devices: List[Device], *, rank: int, host: str, logs_dir: Path, seed: int,
-                 threads: int, batch: Optional[int], node_pools: Dict[str, int], global_pools: List[str]):
+                 threads: int, batch: Optional[int], node_pools: Dict[str, int], global_pools: List[str],
+                 worker_timeout: Optional[float] = None, item_timeout: Optional[float] = None):
+        """``worker_timeout``: seconds of silence after which a worker is killed; ``item_timeout``:
+        seconds an item (or group) may run; None (or 0): no limit."""
         self.app, self.devices, self.rank, self.host = app, devices, rank, host
+        self.worker_timeout, self.item_timeout = worker_timeout or None, item_timeout or None
+        self.heartbeat = min(MAX_HEARTBEAT_INTERVAL, self.worker_timeout / 4) if self.worker_timeout else None
         self.logs_dir, self.seed, self.threads, self.batch = Path(logs_dir), seed, threads, batch
         self.node_resources = ResourceBroker(node_pools)
         self.global_pools = set(global_pools)
@@ -158,7 +186,8 @@ class WorkerPool:
         log_path = self.logs_dir / f"{name}.log"
         process = self.context.Process(
             target=worker_main, name=name, daemon=True,
-            args=(child_end, self.app, device, name, str(log_path), self.seed, self.threads))
+            args=(child_end, self.app, device, name, str(log_path), self.seed, self.threads),
+            kwargs={"heartbeat": self.heartbeat})
         with _child_environment(device, self.threads), signals_blocked(STOP_SIGNALS):
             process.start()
         child_end.close()
@@ -187,7 +216,21 @@ class WorkerPool:
         now = time.time()
         worker.assigned.append(Bundle([[item, attempt, now] for item, attempt in bundle], together, len(bundle)))
         worker.handed_total += len(bundle)
+        self._note_start(worker)
         self._send(worker, ("items", list(bundle), together))
+
+    @staticmethod
+    def _note_start(worker: WorkerHandle) -> None:
+        """After the worker's bundles changed: if what it runs now is new, it started now. A worker
+        runs what it is handed in order, so the next item starts when the previous one is answered
+        (to within the pipe's latency: an item gets at least its --item-timeout), with no message
+        per item (chunks of very short items exist)."""
+        head = worker.assigned[0] if worker.assigned else None
+        if head is not None and not head.together:
+            head = head.entries[0]
+        if head is not worker.running:
+            worker.running = head
+            worker.running_since, worker.running_wall = time.monotonic(), time.time()
 
     def _send(self, worker: WorkerHandle, message: tuple) -> None:
         """Send, tolerating a worker that died since the last poll (its sentinel reports it)."""
@@ -268,7 +311,56 @@ class WorkerPool:
                 self._drain(worker, events)
             elif not worker.conn.poll():  # dead, and nothing left to read from it
                 self._on_exit(worker, events)
+        if self.worker_timeout or self.item_timeout:
+            self._watch()
         return events
+
+    def _watch(self) -> None:
+        """Kill workers silent for worker_timeout, and those whose item ran past item_timeout."""
+        now = time.monotonic()
+        for worker in list(self.workers.values()):
+            if worker.killed_because:
+                continue
+            silence = now - worker.heard if worker.heard is not None else 0.0
+            running = now - worker.running_since if worker.running is not None else 0.0
+            silent = self.worker_timeout is not None and silence > self.worker_timeout
+            late = self.item_timeout is not None and running > self.item_timeout
+            if not (silent or late) or worker.conn.poll():  # unread messages: read them first
+                continue
+            keys = self._running_keys(worker)
+            if late:
+                why = f"{TIMED_OUT} {self.item_timeout:g} s (--item-timeout)"
+                said = f"{keys} timed out after {self.item_timeout:g} s (--item-timeout)"
+            else:
+                why = f"{SILENT} {silence:.0f} s (stopped or hung)"
+                said = (f"worker silent for {silence:.0f} s (stopped, or hung in code that holds the GIL; "
+                        f"--worker-timeout {self.worker_timeout:g}) while "
+                        + (f"running {keys}" if keys else "starting" if not worker.ready else "idle"))
+            self._kill(worker, why, said)
+
+    @staticmethod
+    def _running_keys(worker: WorkerHandle) -> str:
+        if worker.running is None:
+            return ""
+        entries = worker.running.entries if isinstance(worker.running, Bundle) else [worker.running]
+        return ", ".join(entry[0].key for entry in entries)
+
+    def _kill(self, worker: WorkerHandle, why: str, said: str) -> None:
+        """SIGKILL (its GPU memory goes with the process), after a stack dump into its log; the
+        sentinel then reports it like any dead worker, its item failing with ``why``."""
+        worker.killed_because, worker.killed_running = why, worker.running
+        log.error("%s: %s; killing it (pid %d)", worker.name, said, worker.process.pid)
+        handler = worker_file_log(str(self.logs_dir / f"{worker.name}.log"), worker.name)
+        handler.handle(logging.makeLogRecord({
+            "name": log.name, "levelno": logging.ERROR, "levelname": "ERROR",
+            "msg": f"{said}: killed by its rank (SIGKILL); where its threads were follows (nothing if it was stopped)"}))
+        handler.close()
+        try:
+            os.kill(worker.process.pid, DUMP_SIGNAL)  # runs even in native code; not while stopped
+            time.sleep(DUMP_SECONDS)
+            worker.process.kill()
+        except OSError:
+            pass
 
     def _drain(self, worker: WorkerHandle, events: List[Event]) -> None:
         """Read one message (the selector reports the pipe again while more are waiting)."""
@@ -277,6 +369,7 @@ class WorkerPool:
         except (EOFError, OSError):
             self._on_exit(worker, events)
             return
+        worker.heard = time.monotonic()  # any message says it is alive
         self._handle(worker, message, events)
 
     def _handle(self, worker: WorkerHandle, message: tuple, events: List[Event]) -> None:
@@ -296,6 +389,7 @@ class WorkerPool:
             running.entries.remove(entry)
             if not running.entries:
                 worker.assigned.popleft()
+            self._note_start(worker)
             attempt, group_size = entry[1], running.size if running.together else 1
             worker.items_done += 1
             start, end = message[-2], message[-1]
@@ -312,6 +406,7 @@ class WorkerPool:
             for bundle in worker.assigned:
                 bundle.entries = [e for e in bundle.entries if e[0].key not in keys]
             worker.assigned = deque(bundle for bundle in worker.assigned if bundle.entries)
+            self._note_start(worker)
             if keys:
                 events.append(Event("returned", keys=tuple(message[1])))
         elif verb in ("acquire", "cancel", "release"):
@@ -371,16 +466,21 @@ class WorkerPool:
             self.deliver(who, reply)
         if self.global_pools:
             events.append(Event("pool", message=("gone", owner, "", 0)))
-        why = _describe_exit(worker.process.exitcode)
+        why = worker.killed_because or _describe_exit(worker.process.exitcode)
         if worker.assigned:
+            # An item that answered just before its worker was killed for it: what came next had
+            # barely started, and goes back uncounted
+            overtaken = worker.killed_because and worker.running is not worker.killed_running
             running = worker.assigned.popleft()
             # A group failed as one; in a chunk only the first unanswered item was running; a worker
             # that could not even be sent its items ran none of them.
-            failed = [] if worker.unreachable else running.entries if running.together else running.entries[:1]
-            if failed:
+            failed = ([] if worker.unreachable or overtaken
+                      else running.entries if running.together else running.entries[:1])
+            if failed and not worker.killed_because:  # the watch said why when it killed it
                 log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in failed))
             for item, attempt, handed in failed:
-                record = self._record(worker, item.key, None, attempt, handed, time.time(), len(failed))
+                record = self._record(worker, item.key, None, attempt, max(handed, worker.running_wall), time.time(),
+                                      len(failed))
                 events.append(Event("failed", record, error=why))
             unstarted = running.entries[len(failed):] + [e for b in worker.assigned for e in b.entries]
             if unstarted:

@@ -1,10 +1,11 @@
 """A small engine app for the engine's own tests and benchmarks.
 
-python tests/toy_app.py N [--sleep S] [--fail-key K] [--kill-key K] [--lognormal SIGMA] [--wave]
+python tests/toy_app.py N [--sleep S] [--fail-key K] [--kill-key K] [--slow-key K] [--gil-key K] [--lognormal SIGMA] [--wave]
 Each item returns numbers drawn from its own seed, so results show whether seeding is right.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -35,6 +36,12 @@ class ToyApp(App):
         parser.add_argument("--ascending", action="store_true", help="durations rise with the item number (a grid)")
         parser.add_argument("--fail-key", default=None, help="this item always raises")
         parser.add_argument("--kill-key", default=None, help="this item SIGKILLs its worker on the first attempt")
+        parser.add_argument("--slow-key", default=None, help="this item sleeps --slow-seconds (every attempt)")
+        parser.add_argument("--slow-seconds", type=float, default=3600.0)
+        parser.add_argument("--gil-key", default=None,
+                            help="on its first attempt this item hangs in C code holding the GIL (libc sleep through "
+                                 "ctypes.PyDLL, which keeps the GIL) for --gil-seconds")
+        parser.add_argument("--gil-seconds", type=int, default=3600)
         parser.add_argument("--marker-dir", type=Path, default=None, help="each run of an item touches a file here")
         parser.add_argument("--wave", action="store_true", help="add a second wave: one sum per 4 items")
         parser.add_argument("--broken-setup", action="store_true", help="every worker fails to start")
@@ -90,6 +97,10 @@ class ToyApp(App):
         if item.key == self.args.kill_key and not (self.args.marker_dir and _runs(self.args.marker_dir / item.key) > 1):
             time.sleep(0.2)
             os.kill(os.getpid(), signal.SIGKILL)
+        if item.key == self.args.gil_key and not (self.args.marker_dir and _runs(self.args.marker_dir / item.key) > 1):
+            ctypes.PyDLL(None).sleep(self.args.gil_seconds)  # no thread of this process runs meanwhile
+        if item.key == self.args.slow_key:
+            time.sleep(self.args.slow_seconds)
         if item.key == self.args.fail_key:
             raise RuntimeError(f"item {item.key} always fails")
         if item.params.get("sleep"):

@@ -1,0 +1,149 @@
+"""A hung worker or a runaway item never holds the run (issue 19): real processes, real signals.
+
+A worker that is stopped (SIGSTOP) or stuck in C code holding the GIL says nothing: it is killed
+after --worker-timeout, its item runs elsewhere. An item past --item-timeout is killed with its
+worker, retried, then failed. A slow item under the limit, in a worker that keeps talking, is left alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+
+from helpers import TOY, alive, assert_usage_error, journal_entries, run, start, wait_until
+
+TIMEOUT = 3  # --worker-timeout in these tests (the default is 300)
+
+
+def _values(results: Path) -> dict:
+    return json.loads((results / "values.json").read_text())
+
+
+def _summary(results: Path) -> dict:
+    return json.loads((results / "summary.json").read_text())
+
+
+def _failed_attempts(results: Path) -> list:
+    return [e for e in journal_entries(results) if e.get("type") == "attempt_failed"]
+
+
+def _markers(folder: Path) -> Counter:
+    return Counter({p.name: len(p.read_text().splitlines()) for p in folder.iterdir()})
+
+
+def _logs(results: Path, pattern: str) -> str:
+    return "".join(path.read_text() for path in sorted((results / "logs").glob(pattern)))
+
+
+def test_a_stopped_worker_is_killed_after_the_timeout_and_its_item_runs_elsewhere(tmp_path):
+    args = [TOY, "16", "--wave", "--sleep", "0.5", "--workers", "2", "--threads", "1", "--no-progress",
+            "--worker-timeout", str(TIMEOUT)]
+    clean = run(args + ["--results", str(tmp_path / "clean")])
+    assert clean.returncode == 0, clean.stderr
+    marks, results = tmp_path / "marks", tmp_path / "r"
+    marks.mkdir()
+    process = start(args + ["--marker-dir", str(marks), "--results", str(results)], ranks=2)
+    victim = None
+    try:
+        assert wait_until((marks / "item-0006").exists, timeout=120)
+        victim = psutil.Process(int((marks / "item-0006").read_text().split()[0]))
+        victim.send_signal(signal.SIGSTOP)  # mid-item: it is alive, and says nothing
+        stopped_at = time.time()
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        if victim is not None and alive(victim.pid):
+            victim.kill()
+    assert process.returncode == 0, err
+    assert _values(results) == _values(tmp_path / "clean")
+    failed = _failed_attempts(results)
+    assert [e["key"] for e in failed] == ["item-0006"], failed
+    assert failed[0]["error"].startswith("worker silent for 3 s (stopped or hung)"), failed[0]["error"]
+    detected = failed[0]["end"] - stopped_at
+    print(f"stopped worker detected and killed {detected:.2f} s after its SIGSTOP (--worker-timeout {TIMEOUT})")
+    assert TIMEOUT - 1 < detected < TIMEOUT + 3, detected
+    assert _markers(marks)["item-0006"] == 2  # run again, by another worker
+    assert not alive(victim.pid), "the stopped worker was killed"
+    assert _summary(results)["failed_items"] == []
+    rank, worker = failed[0]["worker"].split("-")[0], failed[0]["worker"]
+    assert "item-0006" in err and "worker silent" in err
+    assert "worker silent" in _logs(results, f"{rank}.log") and "item-0006" in _logs(results, f"{rank}.log")
+    assert "while running item-0006: killed by its rank (SIGKILL)" in _logs(results, f"{worker}.log")
+
+
+def test_a_worker_stuck_in_c_code_holding_the_gil_is_caught(tmp_path):
+    """libc's sleep through ctypes.PyDLL keeps the GIL: the heartbeat thread cannot run, as when a
+    native library hangs without releasing it. The worker's log shows where it was stuck."""
+    args = [TOY, "8", "--sleep", "0.2", "--workers", "2", "--no-progress", "--worker-timeout", str(TIMEOUT)]
+    clean = run(args + ["--results", str(tmp_path / "clean")])
+    assert clean.returncode == 0, clean.stderr
+    marks, results = tmp_path / "marks", tmp_path / "r"
+    marks.mkdir()
+    began = time.monotonic()
+    proc = run(args + ["--gil-key", "item-0003", "--marker-dir", str(marks), "--results", str(results)])
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - began < 60  # the stuck call would have lasted an hour
+    assert _values(results) == _values(tmp_path / "clean")
+    failed = _failed_attempts(results)
+    assert [e["key"] for e in failed] == ["item-0003"] and "worker silent" in failed[0]["error"], failed
+    hung_pid = int((marks / "item-0003").read_text().split()[0])
+    assert not alive(hung_pid)
+    worker_log = _logs(results, f"{failed[0]['worker']}.log")
+    assert "while running item-0003: killed by its rank (SIGKILL)" in worker_log
+    assert "in run_item" in worker_log.split("killed by its rank")[1], "faulthandler's stack of the stuck call"
+
+
+def test_an_item_past_the_item_timeout_is_killed_retried_then_failed(tmp_path):
+    marks, results = tmp_path / "marks", tmp_path / "r"
+    marks.mkdir()
+    began = time.monotonic()
+    proc = run([TOY, "8", "--sleep", "0.2", "--workers", "2", "--slow-key", "item-0001", "--slow-seconds", "120",
+                "--item-timeout", "2", "--retries", "1", "--marker-dir", str(marks), "--results", str(results),
+                "--no-progress"], ranks=2)
+    assert proc.returncode == 1, proc.stderr
+    assert time.monotonic() - began < 90
+    assert _markers(marks)["item-0001"] == 2  # first attempt + 1 retry
+    for pid in (marks / "item-0001").read_text().split():
+        assert not alive(int(pid)), "a timed-out item's worker is killed (its GPU memory freed with it)"
+    failed = _summary(results)["failed_items"]
+    assert [f["key"] for f in failed] == ["item-0001"]
+    assert failed[0]["error"].startswith("timed out after 2 s")
+    assert "| item-0001 | timed out after 2 s" in (results / "summary.md").read_text()
+    attempts = _failed_attempts(results)
+    assert [e["key"] for e in attempts] == ["item-0001", "item-0001"]
+    for attempt in attempts:
+        assert 2 <= attempt["end"] - attempt["start"] < 5, attempt
+    assert len(_values(results)) == 7
+    for attempt in attempts:
+        rank = attempt["worker"].split("-")[0]
+        assert "item-0001 timed out after 2 s" in _logs(results, f"{rank}.log")
+        assert "item-0001 timed out after 2 s (--item-timeout): killed by its rank" in _logs(results, f"{attempt['worker']}.log")
+
+
+def test_a_slow_item_under_the_limit_and_tiny_items_are_left_alone(tmp_path):
+    """A worker that sleeps (the GIL released) keeps sending heartbeats: a --worker-timeout far
+    shorter than its item does not touch it, nor does an --item-timeout it stays under. Items far
+    below a millisecond (sent in chunks) are timed one by one and never killed."""
+    results = tmp_path / "r"
+    proc = run([TOY, "4", "--slow-key", "item-0001", "--slow-seconds", "4", "--item-timeout", "8",
+                "--worker-timeout", "1", "--results", str(results), "--no-progress"])
+    assert proc.returncode == 0, proc.stderr
+    assert not _failed_attempts(results)
+    slow = next(e for e in journal_entries(results) if e.get("type") == "result" and e["key"] == "item-0001")
+    assert slow["seconds"] >= 4
+    tiny = run([TOY, "600", "--workers", "2", "--item-timeout", "1", "--worker-timeout", "1",
+                "--results", str(tmp_path / "tiny"), "--no-progress"], ranks=2)
+    assert tiny.returncode == 0, tiny.stderr
+    assert not _failed_attempts(tmp_path / "tiny") and len(_values(tmp_path / "tiny")) == 600
+
+
+def test_bad_timeouts_are_one_line_exit_2(tmp_path):
+    for flag, value in (("--item-timeout", "-1"), ("--worker-timeout", "abc"), ("--item-timeout", "nan")):
+        assert_usage_error(run([TOY, "4", flag, value, "--results", str(tmp_path / "r")]), flag)
+    assert not (tmp_path / "r").exists()

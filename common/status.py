@@ -128,7 +128,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
         shown = (f"GONE? the status file has not been refreshed for {format_seconds(age)} (every {every:g} s while "
                  f"the job runs): the job was probably killed; rerun it with --resume to finish")
     elif state == "finishing":
-        shown = f"finishing: writing the outputs since {_ago(status.get('updated'), now)}"
+        shown = (f"finishing: writing the outputs (since {_ago(status.get('updated'), now)}; if this lasts for long, "
+                 f"see logs/rank0.log: the job may have ended there)")
     else:
         shown = state
         if state == "stopping" and status.get("stopping"):
@@ -161,7 +162,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     lines += _ranks(status, journal, every, now)
     if state not in FINAL_STATES:
         lines += _workers(status, now)
-    lines += _gpus(status)
+    lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
+        else _gpus(status)
     lines += _failures(status.get("failures") or [{"key": k, "error": e} for k, e in journal.failed.items()], failed)
     if state in FINAL_STATES and (results / "report.html").exists():
         lines.append(f"report   {results / 'report.html'}")
@@ -226,6 +228,18 @@ def _gpus(status: dict) -> List[str]:
     return lines
 
 
+def _gpu_totals(usage: Dict[str, Dict[str, Any]]) -> List[str]:
+    """A finished run's mean (peak) per GPU, from summary.json."""
+    lines = ["GPUs     mean (peak) over the run"]
+    for name, stats in usage.items():
+        lines.append(f"  {name}  util {_number(stats.get('util_mean_percent'), '%')} "
+                     f"({_number(stats.get('util_peak_percent'), '%')})  "
+                     f"memory {_number(stats.get('memory_mean_mib'))} ({_number(stats.get('memory_peak_mib'))}) MiB  "
+                     f"{_number(stats.get('temperature_mean_c'), ' C')} ({_number(stats.get('temperature_peak_c'), ' C')})  "
+                     f"{_number(stats.get('power_mean_w'), ' W')} ({_number(stats.get('power_peak_w'), ' W')})")
+    return lines
+
+
 def _failures(failures: List[dict], count: int) -> List[str]:
     if not count:
         return []
@@ -235,7 +249,9 @@ def _failures(failures: List[dict], count: int) -> List[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m common.status", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m common.status",
+                                     description="What a job is doing, from its results folder (status.json and "
+                                                 "the journal that the job keeps current there).")
     parser.add_argument("results", type=Path, help="the job's results folder (--results)")
     parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="S",
                         help="refresh every S seconds (default 2) until the job ends; Ctrl-C to leave")

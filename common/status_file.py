@@ -34,27 +34,8 @@ def status_seconds() -> float:
     return value if value > 0 else STATUS_SECONDS
 
 
-class _WorkerClock:
-    """Since when each worker runs its current item. A bundle queued behind the running one was
-    handed over before it started, so an item first seen running after another is dated no earlier
-    than the snapshot that still showed the other one."""
-
-    def __init__(self) -> None:
-        self.seen: Dict[str, Tuple[str, float]] = {}  # worker -> (key, since)
-        self.last = 0.0
-
-    def since(self, worker: str, key: str, handed: float, now: float) -> float:
-        previous = self.seen.get(worker)
-        if previous and previous[0] == key:
-            return previous[1]
-        since = handed if previous is None else max(handed, self.last)
-        self.seen[worker] = (key, since)
-        return since
-
-
-def rank_snapshot(pool: Any, monitor: Any, clock: _WorkerClock) -> Dict[str, Any]:
+def rank_snapshot(pool: Any, monitor: Any) -> Dict[str, Any]:
     """This rank's workers (the item each runs and since when) and its GPUs' recent use."""
-    now = time.time()
     workers = []
     for name, worker in sorted(pool.workers.items()):
         running = worker.assigned[0] if worker.assigned else None
@@ -63,13 +44,11 @@ def rank_snapshot(pool: Any, monitor: Any, clock: _WorkerClock) -> Dict[str, Any
         view = {"worker": name, "device": str(worker.device), "pid": worker.process.pid, "state": state}
         if entry is not None:
             item, attempt, handed = entry
-            view.update(key=item.key, attempt=attempt, since=clock.since(name, item.key, handed, now),
+            # the pool dates what a worker runs from the previous answer (a queued item starts then)
+            view.update(key=item.key, attempt=attempt, since=max(handed, worker.running_wall),
                         together=len(running.entries) if running.together else 1)
-        else:
-            clock.seen.pop(name, None)
         workers.append(view)
-    clock.last = now
-    return {"rank": pool.rank, "host": pool.host, "time": now, "workers": workers,
+    return {"rank": pool.rank, "host": pool.host, "time": time.time(), "workers": workers,
             "given_up": dict(pool.given_up), "gpus": monitor.recent()}
 
 
@@ -79,7 +58,6 @@ class RankReporter:
     def __init__(self, pool: Any, monitor: Any, every: Optional[float] = None):
         self.pool, self.monitor = pool, monitor
         self.every = every or status_seconds()
-        self.clock = _WorkerClock()
         self._next = 0.0
 
     def due(self) -> bool:
@@ -90,7 +68,7 @@ class RankReporter:
         return True
 
     def snapshot(self) -> Dict[str, Any]:
-        return rank_snapshot(self.pool, self.monitor, self.clock)
+        return rank_snapshot(self.pool, self.monitor)
 
 
 class StatusWriter:
@@ -105,7 +83,6 @@ class StatusWriter:
                        "items_total": items_total, "items_resumed": items_resumed}
         self.layout = layout
         self.pool, self.monitor = pool, monitor
-        self.clock = _WorkerClock()
         self.snapshots: Dict[int, Dict[str, Any]] = {}  # rank -> its last snapshot
         self.heard: Dict[int, float] = {entry["rank"]: started_at for entry in layout}
         # (time, items done this run) over the rate window
@@ -126,7 +103,7 @@ class StatusWriter:
 
     def write(self, leader: Any, state: str) -> None:
         now = time.time()
-        self.snapshots[0] = rank_snapshot(self.pool, self.monitor, self.clock)
+        self.snapshots[0] = rank_snapshot(self.pool, self.monitor)
         self.heard[0] = now
         scheduler = leader.scheduler
         this_run = len(leader.records)

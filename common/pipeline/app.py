@@ -46,9 +46,9 @@ def _capacity(text: str, where: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise UsageError(f"{where}: capacity must be a whole number, got {text!r}") from None
+        raise UsageError(f"{where}: capacity must be a whole number, got {short(text)}") from None
     if value < 1:
-        raise UsageError(f"{where}: capacity must be at least 1, got {value}")
+        raise UsageError(f"{where}: capacity must be at least 1, got {short(value)}")
     return value
 
 
@@ -66,7 +66,7 @@ def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> D
     for flag in resource_flags:
         pool, _, value = flag.partition("=")
         if not _ or not POOL_PATTERN.fullmatch(pool):
-            raise UsageError(f"--resource {flag!r}: expected NAME=N, such as gpu=2 or licence=1")
+            raise UsageError(f"--resource {short(flag)}: expected NAME=N, such as gpu=2 or licence=1")
         pools[pool.lower()] = _capacity(value, f"--resource {flag}")
     return pools
 
@@ -94,13 +94,13 @@ def parse_resume_target(value: Any, pipelines: List[Pipeline]) -> Optional[Tuple
     run_id, _, step_id = value.partition("/")
     by_name = {p.name: p for p in pipelines}
     if not _ or not run_id or not step_id:
-        raise UsageError(f"--resume {value!r}: expected RUN_ID/STEP_ID (such as train-cnn/evaluate), "
-                         "or --resume alone to skip the pipelines that finished")
+        raise UsageError(f"--resume {short(value)}: expected RUN_ID/STEP_ID (such as train-cnn/evaluate), "
+                         "or --resume alone to go on with the unfinished pipelines")
     if run_id not in by_name:
-        raise UsageError(f"--resume {value}: no pipeline {run_id!r} in the definition "
+        raise UsageError(f"--resume {short(value)}: no pipeline {short(run_id)} in the definition "
                          f"(it has: {', '.join(sorted(by_name))})")
     if step_id not in by_name[run_id].step_ids:
-        raise UsageError(f"--resume {value}: pipeline {run_id!r} has no step {step_id!r} "
+        raise UsageError(f"--resume {short(value)}: pipeline {run_id!r} has no step {short(step_id)} "
                          f"(it has: {', '.join(by_name[run_id].step_ids)})")
     return run_id, step_id
 

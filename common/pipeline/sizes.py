@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 from typing import Union
 
+from .text import short
+
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
 #: Larger sizes are surely typos (and overflow what /proc reports).
 MAX_BYTES = 2 ** 63
@@ -13,14 +15,14 @@ _FACTORS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
 def parse_memory(value: Union[str, int]) -> int:
     """Bytes in ``value``; units are powers of 1024 (k, m, g, t, with optional 'b' or 'ib')."""
     if isinstance(value, bool):
-        raise ValueError(f"memory must be a size such as '16g' or '512m', got {value!r}")
+        raise ValueError(f"memory must be a size such as '16g' or '512m', got {short(value)}")
     if isinstance(value, int):
         number, unit = value, ""
     elif isinstance(value, str) and _SIZE.fullmatch(value):
         match = _SIZE.fullmatch(value)
         number, unit = float(match.group(1)), match.group(2).lower()
     else:
-        raise ValueError(f"memory must be a size such as '16g' or '512m', got {value!r}")
+        raise ValueError(f"memory must be a size such as '16g' or '512m', got {short(value)}")
     try:
         size = int(number * _FACTORS[unit])
     except OverflowError:  # more digits than a float holds
@@ -29,7 +31,7 @@ def parse_memory(value: Union[str, int]) -> int:
         text = str(value) if len(str(value)) <= 30 else f"{str(value)[:30]}... ({len(str(value))} characters)"
         raise ValueError(f"memory must be at most 2**63 bytes, got {text}")
     if size <= 0:
-        raise ValueError(f"memory must be more than 0 bytes, got {value!r}")
+        raise ValueError(f"memory must be more than 0 bytes, got {short(value)}")
     return size
 
 

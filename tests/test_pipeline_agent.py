@@ -283,3 +283,23 @@ def test_a_results_folder_left_by_a_dry_run_is_untouched(tmp_path):
     proc = cli(EXAMPLES / "ml.json", results, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert snapshot(results) == before
+
+
+def test_a_step_waiting_for_a_node_wide_slot_gives_up_when_the_run_stops(tmp_path):
+    holder = hold_gpu_slot(tmp_path / "locks", 300, tmp_path / "held.txt")  # another run holds the GPU
+    try:
+        assert wait_until(lambda: (tmp_path / "locks" / "gpu0-0.lock").exists() and
+                          (tmp_path / "locks" / "gpu0-0.lock").read_text().strip() == str(holder.pid), 30)
+        asked_at = time.monotonic() + 1.0
+        runner, layout = run_pipeline(tmp_path, {"name": "p", "steps": [
+            {"id": "train", "gpu": True, "command": "touch $PIPELINE_SHARED/ran"}]},
+            gpu="0", node_slots=["gpu0-0"], stop_asked=lambda: time.monotonic() > asked_at)
+        with pytest.raises(RunStopping):
+            runner.run()
+        assert time.monotonic() - asked_at < 5
+        assert not (layout.shared / "ran").exists()
+        assert json.loads(layout.status_path("train").read_text())["reason"] == "not started: the run is stopping"
+        assert read_progress(layout)["resume_at"] == "train"
+    finally:
+        holder.kill()
+        holder.wait()

@@ -248,7 +248,9 @@ class PipelineRunner:
             if wait is not None and wait <= 0:
                 raise QueueTimeout(f"{why} while waiting for a node-wide GPU slot")
             try:
-                stack.enter_context(nodelock.hold_slot(self.node_slots, wait))
+                stack.enter_context(nodelock.hold_slot(self.node_slots, wait, stop=self.stop_asked))
+            except nodelock.SlotWaitStopped:
+                raise RunStopping(step.id) from None
             except nodelock.SlotTimeout as error:
                 raise QueueTimeout(f"{why} while waiting for a node-wide GPU slot ({error})") from None
             except OSError as error:
@@ -264,6 +266,8 @@ class PipelineRunner:
             except (QueueTimeout, PoolRefused) as error:
                 now = time.time()
                 return Attempt("failed", None, now, now, str(error)), now - queued_since
+            if self.stop_asked():  # asked while the step waited for its pools: it does not start
+                raise RunStopping(step.id)
             gpu = self.gpu if step.gpu else None
             env = step_environment(self.base_env, self._pipeline_vars(step, attempt), step, gpu)
             apptainer = find_apptainer() if step.container else None
@@ -335,7 +339,8 @@ class PipelineRunner:
                 attempt, queued = self._attempt(step, walk.runs[step.id])
             except BaseException as error:  # the worker is being stopped by its rank: record it, then go
                 with _signals_held():  # a second stop signal must not cut the record short
-                    reason = (INTERRUPTED if not isinstance(error, Exception)
+                    reason = (INTERRUPTED if not isinstance(error, Exception) else STOPPING
+                              if isinstance(error, RunStopping)
                               else f"error in the pipeline runner: {type(error).__name__}: {error}")
                     self._write_status(step, self._status(step, "failed", reason, walk.runs[step.id], began,
                                                           time.time(), round(time.time() - began, 3),

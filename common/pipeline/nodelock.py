@@ -18,7 +18,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 LOCK_DIR_ENV = "PIPELINE_LOCK_DIR"
 POLL_SECONDS = 0.1
@@ -26,6 +26,10 @@ POLL_SECONDS = 0.1
 
 class SlotTimeout(Exception):
     """Waited longer than allowed for a node-wide slot."""
+
+
+class SlotWaitStopped(Exception):
+    """Gave up waiting for a node-wide slot: the run is stopping."""
 
 
 def lock_dir() -> Path:
@@ -53,9 +57,10 @@ def slot_names(gpu: Optional[str], gpus_here: int, capacity: int) -> list:
 
 
 @contextlib.contextmanager
-def hold_slot(names: Sequence[str], timeout: Optional[float] = None) -> Iterator[str]:
+def hold_slot(names: Sequence[str], timeout: Optional[float] = None,
+              stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
     """Hold the first free one of ``names`` (exclusive, node-wide) for the ``with`` block; waits
-    for one, up to ``timeout`` seconds (None: as long as it takes)."""
+    for one, up to ``timeout`` seconds (None: as long as it takes), or until ``stop()`` says so."""
     folder = lock_dir()
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
@@ -74,6 +79,8 @@ def hold_slot(names: Sequence[str], timeout: Optional[float] = None) -> Iterator
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
             return
+        if stop():
+            raise SlotWaitStopped("the run is stopping")
         if deadline is not None and time.monotonic() >= deadline:
             raise SlotTimeout(f"every node-wide slot ({', '.join(names)}) stayed taken by other runs")
         time.sleep(POLL_SECONDS if deadline is None else max(0.0, min(POLL_SECONDS, deadline - time.monotonic())))

@@ -211,6 +211,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert "holds gpu; if prev.error; timeout 1200 s; on failure report" in plan
     bad = cli(EXAMPLES / "agent.json", results, "--dry-run")  # a dry run checks everything a run does
     assert_usage_error(bad, "needs an agent command")
+    two_ranks = run(["-m", "common.pipeline", str(EXAMPLES / "ml.json"), "--results", str(results), "--gpu", "cpu",
+                     "--dry-run"], ranks=2)
+    assert two_ranks.returncode == 0, two_ranks.stderr
+    assert two_ranks.stdout.count("Dry run:") == 1 and not results.exists()  # rank 0 prints it
 
 
 def test_the_schema_is_printed_and_the_shipped_examples_follow_it(tmp_path):

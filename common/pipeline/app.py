@@ -189,7 +189,8 @@ class PipelineApp(App):
         elif self.args.resume:
             for pipeline in self.pipelines:
                 point = self.resume_point(pipeline)
-                starts[pipeline.name] = f"--resume goes on at step {point!r}" if point else "--resume: from the first step, unless finished"
+                starts[pipeline.name] = (f"--resume goes on at step {point!r}" if point
+                                         else "--resume: from the first step, unless finished")
         capacities = dict(self.capacities)
         capacities.setdefault(GPU_POOL, None)
         return plan_text(self.pipelines, capacities, self.queue_timeout, self.agent, starts, self.results)

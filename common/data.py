@@ -79,8 +79,10 @@ def _check_name(name: str) -> None:
 def _candidate_dirs(name: str, data_dir: Optional[Path]) -> List[Path]:
     """Folders that may hold the IDX files, most specific first.
 
-    The root of the default ``data/`` is searched only for MNIST, so MNIST files lying there are
-    never taken for Fashion-MNIST; an explicit ``--data-dir`` root is searched for either.
+    An explicit ``--data-dir`` is the only place looked at (its root and the usual subfolders):
+    results must come from the data the user pointed at, never from a system copy. The root of
+    the default ``data/`` is searched only for MNIST, so MNIST files lying there are never taken
+    for Fashion-MNIST; without ``--data-dir``, Debian's Fashion-MNIST is the last resort.
     """
     explicit = data_dir is not None
     root = Path(data_dir) if explicit else default_data_dir()
@@ -88,7 +90,7 @@ def _candidate_dirs(name: str, data_dir: Optional[Path]) -> List[Path]:
         return [root, root / "mnist", root / _TORCHVISION["mnist"][1]]
     dirs = [root / "fashion-mnist", root / _TORCHVISION["fashion-mnist"][1]]
     if explicit:
-        dirs.insert(0, root)
+        return [root] + dirs
     return dirs + [DEBIAN_FASHION_MNIST]
 
 
@@ -109,11 +111,32 @@ def find_idx_files(name: str, data_dir: Optional[Path] = None) -> Optional[Dict[
     return None
 
 
+def quoted(path: object) -> str:
+    """A path for a one-line message: quoted, with newlines and other control characters escaped."""
+    return repr(str(path))
+
+
+def _what_is_missing(name: str, data_dir: Optional[Path]) -> str:
+    """Which IDX files are missing, from the candidate folder that holds the most of them."""
+    folders = _candidate_dirs(name, data_dir)
+    if data_dir is not None:
+        root = Path(data_dir)
+        if root.exists() and not root.is_dir():
+            return f"--data-dir {quoted(root)} is not a folder"
+        if not root.exists():
+            return f"--data-dir {quoted(root)} does not exist (it should hold the IDX files {', '.join(IDX_FILES.values())})"
+    best = max(folders, key=lambda folder: sum(_find_in(folder, stem) is not None for stem in IDX_FILES.values()))
+    missing = [stem for stem in IDX_FILES.values() if _find_in(best, stem) is None]
+    if len(missing) == len(IDX_FILES):
+        where = " or ".join(quoted(folder) for folder in folders)
+        return f"none of the IDX files {', '.join(IDX_FILES.values())} (plain or .gz) in {where}"
+    return f"{quoted(best)} lacks {', '.join(missing)} (plain or .gz)"
+
+
 def _missing_message(name: str, data_dir: Optional[Path], why: str) -> str:
-    root = Path(data_dir) if data_dir is not None else default_data_dir()
-    files = ", ".join(IDX_FILES.values())
-    return (f"{name}: the IDX files {files} (plain or .gz) are not in {root}/ and cannot be downloaded "
-            f"({why}); put them there, or use --dataset digits")
+    where = "put the four files in --data-dir" if data_dir is not None else f"put them in {quoted(default_data_dir())}"
+    return (f"{name}: {_what_is_missing(name, data_dir)}, and the IDX files cannot be downloaded ({why}); "
+            f"{where}, or use --dataset digits")
 
 
 def _torchvision_problem() -> Optional[str]:
@@ -145,7 +168,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """The data flags every case study takes (--dataset, --data-dir, --subsample, --folds)."""
     parser.add_argument("--dataset", choices=DATASETS, default="mnist", help="data set")
     parser.add_argument("--data-dir", type=Path, default=None,
-                        help="folder of the IDX files, shared by every node; when not given: data/ "
+                        help="folder of the IDX files (or its mnist/, fashion-mnist/, MNIST/raw/, FashionMNIST/raw/), "
+                             "shared by every node, and the only place looked at; when not given: data/ "
                              "(Fashion-MNIST is also looked for in /usr/share/datasets/fashion-mnist)")
     parser.add_argument("--subsample", type=int, default=None, metavar="N",
                         help="use N training images (stratified) for quick runs; the test set is kept whole")
@@ -167,6 +191,8 @@ def check_available(name: str, data_dir: Optional[Path] = None) -> None:
     _check_name(name)
     if name == "digits" or find_idx_files(name, data_dir) is not None:
         return
+    if data_dir is not None and Path(data_dir).exists() and not Path(data_dir).is_dir():
+        raise UsageError(f"{name}: --data-dir {quoted(data_dir)} is not a folder")
     problem = _torchvision_problem() or _offline_problem(name)
     if problem:
         raise UsageError(_missing_message(name, data_dir, problem))

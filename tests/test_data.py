@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 import struct
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def test_resize_digits_to_mnist_shape():
 
 @pytest.mark.skipif(not HAVE_DEBIAN_FASHION, reason="Debian package dataset-fashion-mnist is not installed")
 def test_real_fashion_mnist_from_debian():
-    data = load_dataset("fashion-mnist", Path("/nonexistent-data-dir"))
+    data = load_dataset("fashion-mnist")  # no --data-dir: data/ first, then Debian's folder
     assert data.x_train.shape == (60000, 28, 28) and data.x_test.shape == (10000, 28, 28)
     assert data.x_train.dtype == np.uint8
     assert np.array_equal(np.bincount(data.y_train), np.full(10, 6000))
@@ -155,3 +156,31 @@ def test_n_classes_of_empty_labels_is_zero():
     empty = np.zeros(0, np.int64)
     assert Dataset("none", np.zeros((0, 8, 8), np.uint8), empty, np.zeros((0, 8, 8), np.uint8), empty).n_classes == 0
     assert load_dataset("digits").n_classes == 10
+
+
+@pytest.mark.parametrize("layout", ["", "fashion-mnist", "FashionMNIST/raw"])
+def test_explicit_data_dir_and_its_usual_subfolders_are_searched(tmp_path, layout):
+    idx_folder(tmp_path / layout)
+    files = find_idx_files("fashion-mnist", tmp_path)
+    assert files is not None and all(path.parent == tmp_path / layout for path in files.values())
+    assert load_dataset("fashion-mnist", tmp_path).x_train.shape == (20, 28, 28)
+
+
+@pytest.mark.parametrize("case", ["a file", "missing folder", "3 of 4 files", "empty folder"])
+def test_explicit_data_dir_is_never_replaced_by_the_system_copy(tmp_path, case):
+    """Debian's Fashion-MNIST (where installed) is not looked at once --data-dir is given."""
+    data_dir = tmp_path / "data"
+    if case == "a file":
+        data_dir.write_bytes(b"")
+    elif case == "3 of 4 files":
+        idx_folder(data_dir / "FashionMNIST" / "raw")
+        (data_dir / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    elif case == "empty folder":
+        data_dir.mkdir()
+    assert find_idx_files("fashion-mnist", data_dir) is None
+    expected = {"a file": "is not a folder", "missing folder": "does not exist",
+                "3 of 4 files": "lacks t10k-labels-idx1-ubyte (plain or .gz)", "empty folder": "none of the IDX files"}[case]
+    for check in (check_available, load_dataset):
+        with pytest.raises(UsageError, match=re.escape(expected)) as error:
+            check("fashion-mnist", data_dir)
+        assert "\n" not in str(error.value) and str(DEBIAN_FASHION_MNIST) not in str(error.value)

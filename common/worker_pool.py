@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
+import psutil
+
 from .app import Record
 from .devices import Device
 from .items import Item
@@ -346,8 +348,9 @@ class WorkerPool:
         return ", ".join(entry[0].key for entry in entries)
 
     def _kill(self, worker: WorkerHandle, why: str, said: str) -> None:
-        """SIGKILL (its GPU memory goes with the process), after a stack dump into its log; the
-        sentinel then reports it like any dead worker, its item failing with ``why``."""
+        """SIGKILL, with every process it started (a pipeline step's own children hold GPUs too:
+        their memory goes with them), after a stack dump into its log; the sentinel then reports
+        it like any dead worker, its item failing with ``why``."""
         worker.killed_because, worker.killed_running = why, worker.running
         log.error("%s: %s; killing it (pid %d)", worker.name, said, worker.process.pid)
         handler = worker_file_log(str(self.logs_dir / f"{worker.name}.log"), worker.name)
@@ -356,11 +359,20 @@ class WorkerPool:
             "msg": f"{said}: killed by its rank (SIGKILL); where its threads were follows (nothing if it was stopped)"}))
         handler.close()
         try:
+            descendants = psutil.Process(worker.process.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        try:
             os.kill(worker.process.pid, DUMP_SIGNAL)  # runs even in native code; not while stopped
             time.sleep(DUMP_SECONDS)
             worker.process.kill()
         except OSError:
             pass
+        for process in descendants:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
 
     def _drain(self, worker: WorkerHandle, events: List[Event]) -> None:
         """Read one message (the selector reports the pipe again while more are waiting)."""

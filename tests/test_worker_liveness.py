@@ -147,3 +147,23 @@ def test_bad_timeouts_are_one_line_exit_2(tmp_path):
     for flag, value in (("--item-timeout", "-1"), ("--worker-timeout", "abc"), ("--item-timeout", "nan")):
         assert_usage_error(run([TOY, "4", flag, value, "--results", str(tmp_path / "r")]), flag)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_pipeline_past_the_item_timeout_is_ended_with_every_process_of_its_step(tmp_path):
+    """A step's shell waits for its own child (which would keep a GPU): the worker's whole process
+    tree goes. A step longer than --worker-timeout is left alone: its worker only waits for it."""
+    token = f"{time.time() % 1000 + 1000:.3f}"  # a sleep this run's step alone runs
+    definition = tmp_path / "hang.json"
+    definition.write_text(json.dumps({"pipelines": [
+        {"name": "hang", "steps": [{"id": "s1", "command": f"sleep {token}; true"}]},
+        {"name": "slow", "steps": [{"id": "s1", "command": "sleep 2.5; true"}]}]}))
+    results = tmp_path / "r"
+    proc = run(["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "2", "--item-timeout", "5",
+                "--worker-timeout", "1", "--retries", "0", "--results", str(results), "--no-progress"])
+    assert proc.returncode == 1, proc.stderr
+    assert [f["key"] for f in _summary(results)["failed_items"]] == ["hang"], proc.stderr
+    assert "timed out after 5 s" in _summary(results)["failed_items"][0]["error"]
+
+    def step_gone() -> bool:
+        return not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]
+    assert wait_until(step_gone, timeout=5), "the step's child outlived its killed worker"

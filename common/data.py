@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import UsageError, quoted
 
 DATASETS = ("mnist", "fashion-mnist", "digits")
 
@@ -109,11 +109,6 @@ def find_idx_files(name: str, data_dir: Optional[Path] = None) -> Optional[Dict[
         if all(found.values()):
             return found  # type: ignore[return-value]
     return None
-
-
-def quoted(path: object) -> str:
-    """A path for a one-line message: quoted, with newlines and other control characters escaped."""
-    return repr(str(path))
 
 
 def _what_is_missing(name: str, data_dir: Optional[Path]) -> str:

@@ -1,4 +1,4 @@
-"""Errors the engine turns into exit codes."""
+"""Errors the engine turns into exit codes, and how a path goes into a one-line message."""
 
 
 class UsageError(Exception):
@@ -10,3 +10,9 @@ EXIT_OK = 0
 EXIT_FAILED_ITEMS = 1
 EXIT_USAGE = 2
 EXIT_STOPPED = 75  # stopped by a signal (walltime): rerun with --resume to finish
+
+
+def quoted(path: object) -> str:
+    """A path (or any user-given text) for a one-line message: quoted, newlines and other
+    control characters escaped, so the message stays one line."""
+    return repr(str(path))

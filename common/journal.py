@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from .app import Record
-from .errors import UsageError
+from .errors import UsageError, quoted
 from .outputs import to_jsonable
 from . import write_failures
 
@@ -33,16 +33,16 @@ def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record]]:
         with open(path, "rb") as handle:
             lines = handle.read().split(b"\n")
     except OSError as error:
-        raise UsageError(f"{path}: cannot read the journal ({error.strerror or error})") from None
+        raise UsageError(f"{quoted(path)}: cannot read the journal ({error.strerror or error})") from None
     for number, raw in enumerate(lines):
         if not raw.strip():
             continue
         try:
             entry = json.loads(raw)
-        except json.JSONDecodeError:
-            if number >= len(lines) - 2:  # the last line, torn by a crash
+        except (ValueError, RecursionError):  # not JSON, not UTF-8 (random bytes), nested too deep
+            if number > 0 and number >= len(lines) - 2:  # the last line, torn by a crash (the header never is)
                 continue
-            raise UsageError(f"{path}: line {number + 1} is not valid JSON; the journal is damaged") from None
+            raise UsageError(f"{quoted(path)}: line {number + 1} is not valid JSON; the journal is damaged") from None
         try:
             kind = entry.pop("type", None)
             if kind == "header":
@@ -50,7 +50,7 @@ def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record]]:
             elif kind == "result":
                 records[entry["key"]] = Record(**entry)
         except (AttributeError, KeyError, TypeError):
-            raise UsageError(f"{path}: line {number + 1} is not a journal record; the journal is damaged") from None
+            raise UsageError(f"{quoted(path)}: line {number + 1} is not a journal record; the journal is damaged") from None
     return header, records
 
 

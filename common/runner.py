@@ -22,7 +22,7 @@ from .cli import build_parser, module_command
 from .devices import resolve_devices, visible_gpus
 from .distribute import Follower, Leader
 from .messages import Bye
-from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, quoted
 from .gpu_monitor import GpuMonitor
 from .gpu_usage import write_gpu_usage
 from .hold import HOLD_NAME, Hold, check_free
@@ -121,34 +121,40 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     folder: Path = args.results
     journal_path = folder / JOURNAL_NAME
     fingerprint = {"app": app.name, **app.fingerprint()}
+    try:
+        os.stat(folder)
+    except FileNotFoundError:
+        pass
+    except OSError as error:  # a name over the filesystem's limit, a loop of links, no permission
+        raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
     if folder.is_dir():
         check_free(folder)  # read-only: a live run's hold is refused before anything else
     if journal_path.exists():
         if not args.resume:
-            raise UsageError(f"{folder} already holds the journal of an earlier run; pass --resume to continue it "
+            raise UsageError(f"{quoted(folder)} already holds the journal of an earlier run; pass --resume to continue it "
                              f"or choose another --results")
         header, app.journaled = read_journal(journal_path)
         old = header.get("fingerprint") if isinstance(header, dict) else None
         if not isinstance(old, dict):
-            raise UsageError(f"cannot resume {folder}: its journal's first line is not a run's header "
+            raise UsageError(f"cannot resume {quoted(folder)}: its journal's first line is not a run's header "
                              f"(damaged?); use another --results")
         if old != fingerprint:
-            raise UsageError(f"cannot resume {folder}: it was made with other arguments "
+            raise UsageError(f"cannot resume {quoted(folder)}: it was made with other arguments "
                              f"({describe_difference(old, fingerprint)}); use the same arguments or another --results")
         for key, record in app.journaled.items():
             try:
                 app.check_result(key, record.result)
             except ValueError as problem:
-                raise UsageError(f"cannot resume {folder}: its journal's result of {key} is not one {app.name} "
+                raise UsageError(f"cannot resume {quoted(folder)}: its journal's result of {key} is not one {app.name} "
                                  f"writes ({problem}): the journal is damaged; use another --results") from None
     elif folder.exists() and not folder.is_dir():
-        raise UsageError(f"--results {folder}: exists and is not a folder")
+        raise UsageError(f"--results {quoted(folder)}: exists and is not a folder")
     app.prepare()
     if folder.is_dir() and not journal_path.exists():
         others = sorted(path.name for path in folder.iterdir()
                         if path.name not in ("logs", HOLD_NAME) and not path.name.startswith(f".{HOLD_NAME}."))
         if others:  # someone's files, or results whose journal is gone: never overwrite them
-            raise UsageError(f"--results {folder}: holds files but no journal of a run ({', '.join(others[:3])}"
+            raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({', '.join(others[:3])}"
                              f"{', ...' if len(others) > 3 else ''}); choose a new or empty folder")
     try:
         for place in (folder, folder / "logs"):
@@ -159,7 +165,7 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
         hold = Hold(folder)
         hold.acquire()
     except OSError as error:
-        raise UsageError(f"--results {folder}: cannot write there ({error.strerror or error})") from None
+        raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
     return fingerprint, hold
 
 

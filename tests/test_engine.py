@@ -235,6 +235,35 @@ def test_a_damaged_journal_header_is_refused_in_one_line(tmp_path):
     assert_usage_error(run([TOY, "4", "--results", str(results), "--resume"]), "not a run's header")
 
 
+@pytest.mark.parametrize("content", ["random bytes", "invalid JSON", "random bytes, one line"])
+def test_a_journal_of_random_bytes_is_the_same_damaged_one_liner_as_invalid_json(tmp_path, content):
+    results = tmp_path / "r"
+    assert run([TOY, "4", "--results", str(results), "--no-progress"]).returncode == 0
+    journal = results / "journal.jsonl"
+    lines = journal.read_bytes().split(b"\n")
+    garbage = {"random bytes": os.urandom(4096).replace(b"\n", b"\xff") + b"\n",
+               "invalid JSON": b'{"type": "result", "key": \n',
+               "random bytes, one line": os.urandom(4096).replace(b"\n", b"\xff")}[content]
+    if content == "random bytes, one line":
+        journal.write_bytes(garbage)  # no newline at all: not a torn last line, a damaged header
+    else:
+        journal.write_bytes(b"\n".join(lines[:2] + [garbage] + lines[2:]))
+    before = snapshot(results)
+    proc = run([TOY, "4", "--results", str(results), "--resume"])
+    assert_usage_error(proc, "is not valid JSON; the journal is damaged", repr(str(journal)))
+    assert snapshot(results) == before
+
+
+def test_a_results_path_over_the_name_limit_is_one_line(tmp_path):
+    results = tmp_path / ("x" * 300) / "r"
+    proc = run([TOY, "4", "--results", str(results)], ranks=2)
+    assert_usage_error(proc, "File name too long", "--results")
+    assert list(tmp_path.iterdir()) == []
+    proc = run([TOY, "4", "--results", str(tmp_path / ("y" * 300))])
+    assert_usage_error(proc, "File name too long")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_existing_journal_needs_resume_and_resume_needs_the_same_arguments(tmp_path):
     results = tmp_path / "r"
     assert run([TOY, "6", "--results", str(results), "--no-progress"]).returncode == 0

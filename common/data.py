@@ -227,24 +227,24 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         raw = path.read_bytes()
     except OSError as error:
-        raise UsageError(f"{path}: cannot read: {error.strerror or error}") from None
+        raise UsageError(f"{quoted(path)}: cannot read: {error.strerror or error}") from None
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as error:
-            raise UsageError(f"{path}: corrupt gzip data ({error})") from None
+            raise UsageError(f"{quoted(path)}: corrupt gzip data ({error})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES or not 1 <= raw[3] <= 4:
-        raise UsageError(f"{path}: not an IDX file (bad magic number {raw[:4].hex() or 'empty'})")
+        raise UsageError(f"{quoted(path)}: not an IDX file (bad magic number {raw[:4].hex() or 'empty'})")
     ndim = raw[3]
     header = 4 + 4 * ndim
     if len(raw) < header:
-        raise UsageError(f"{path}: truncated IDX header")
+        raise UsageError(f"{quoted(path)}: truncated IDX header")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     dtype = np.dtype(_IDX_DTYPES[raw[2]])
     expected = math.prod(dims) * dtype.itemsize  # Python ints: a header of huge dimensions cannot overflow
     if len(raw) - header != expected:
         state = "truncated" if len(raw) - header < expected else "longer than its header says"
-        raise UsageError(f"{path}: {state}: {len(raw) - header} data bytes for dimensions "
+        raise UsageError(f"{quoted(path)}: {state}: {len(raw) - header} data bytes for dimensions "
                          f"{'x'.join(map(str, dims))} ({expected} expected)")
     array = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
     return array.astype(dtype.newbyteorder("="))  # native order, and a writable copy
@@ -257,18 +257,22 @@ def _read_idx_dataset(name: str, files: Dict[str, Path]) -> Dataset:
         images, labels = parts[f"x_{split}"], parts[f"y_{split}"]
         images_file, labels_file = files[f"x_{split}"], files[f"y_{split}"]
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-            raise UsageError(f"{images_file}: images {images.shape} do not match labels "
-                             f"{labels.shape} in {labels_file}")
+            raise UsageError(f"{quoted(images_file)}: images {images.shape} do not match labels "
+                             f"{labels.shape} in {quoted(labels_file)}")
         if len(images) == 0:
-            raise UsageError(f"{images_file}: no images (the {split} split is empty)")
+            raise UsageError(f"{quoted(images_file)}: no images (the {split} split is empty)")
         if images.dtype != np.uint8:
-            raise UsageError(f"{images_file}: expected uint8 images, got {images.dtype}")
+            raise UsageError(f"{quoted(images_file)}: expected uint8 images, got {images.dtype}")
         if labels.dtype.kind not in "iu" or not 0 <= labels.min() <= labels.max() <= 9:
-            raise UsageError(f"{labels_file}: expected integer labels 0-9, got {labels.dtype} "
+            raise UsageError(f"{quoted(labels_file)}: expected integer labels 0-9, got {labels.dtype} "
                              f"from {labels.min()} to {labels.max()}")
+    classes = np.unique(parts["y_train"])
+    if len(classes) < 2:  # nothing to classify: no app should train (or cross-validate) on it
+        raise UsageError(f"{quoted(files['y_train'])}: every training label is {classes[0]}: a classifier needs "
+                         f"images of at least two classes")
     if parts["x_train"].shape[1:] != parts["x_test"].shape[1:]:
-        raise UsageError(f"{files['x_train']}: images of {'x'.join(map(str, parts['x_train'].shape[1:]))} pixels, "
-                         f"but {'x'.join(map(str, parts['x_test'].shape[1:]))} in {files['x_test']}")
+        raise UsageError(f"{quoted(files['x_train'])}: images of {'x'.join(map(str, parts['x_train'].shape[1:]))} pixels, "
+                         f"but {'x'.join(map(str, parts['x_test'].shape[1:]))} in {quoted(files['x_test'])}")
     return Dataset(name, parts["x_train"], parts["y_train"].astype(np.int64),
                    parts["x_test"], parts["y_test"].astype(np.int64))
 

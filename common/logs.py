@@ -8,6 +8,7 @@ import sys
 from typing import Optional
 
 from . import write_failures
+from .errors import quoted
 
 log = logging.getLogger("multinode_gpu")
 
@@ -42,7 +43,7 @@ class FileLog(logging.FileHandler):
         if isinstance(error, OSError) and self.fallback is None:
             write_failures.note(self.what, self.baseFilename, error)
         where = "stderr" if self.fallback is None else "stderr (warnings and errors)"
-        print(f"cannot write {self.what} {self.baseFilename} ({reason}); it goes to {where} from now on",
+        print(f"cannot write {self.what} {quoted(self.baseFilename)} ({reason}); it goes to {where} from now on",
               file=sys.stderr, flush=True)
         try:
             self.close()

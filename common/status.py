@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
+from .errors import quoted
 from .journal import JOURNAL_NAME
 from .progress import format_seconds
 from .status_file import STATUS_NAME, STATUS_SECONDS
@@ -266,7 +267,7 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
         return 2
     results: Path = args.results
     if not results.is_dir() and args.watch is None:
-        print(f"python -m common.status: error: {results}: no such folder", file=sys.stderr)
+        print(f"python -m common.status: error: {quoted(results)}: no such folder", file=sys.stderr)
         return 2
     journal = JournalCounts(results / JOURNAL_NAME)
     clear = args.watch is not None and out.isatty()

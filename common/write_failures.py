@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .errors import quoted
+
 #: bytes kept aside in the results folder while a run lives, freed to write its summary on a full disk
 RESERVE_BYTES = 64 * 1024
 RESERVE_NAME = ".space-reserve"
@@ -36,9 +38,9 @@ class WriteFailure:
         return self.what == "the journal"
 
     def describe(self) -> str:
-        """'cannot write the journal results/x/journal.jsonl (No space left on device)'."""
+        """"cannot write the journal 'results/x/journal.jsonl' (No space left on device)"."""
         reason = self.error.strerror or str(self.error)
-        return f"cannot write {self.what}{' ' + self.path if self.path else ''} ({reason})"
+        return f"cannot write {self.what}{' ' + quoted(self.path) if self.path else ''} ({reason})"
 
     def remedy(self) -> str:
         if self.error.errno == errno.EDQUOT:

@@ -104,7 +104,7 @@ def test_corrupt_idx_is_rejected_naming_the_file(tmp_path):
 def test_truncated_idx_is_rejected_naming_the_file(tmp_path):
     path = write_idx(tmp_path / "train-images-idx3-ubyte", np.zeros((10, 28, 28), np.uint8))
     path.write_bytes(path.read_bytes()[:-100])
-    with pytest.raises(UsageError, match="train-images-idx3-ubyte: truncated") as error:
+    with pytest.raises(UsageError, match="train-images-idx3-ubyte': truncated") as error:
         read_idx(path)
     assert "\n" not in str(error.value)
 
@@ -128,10 +128,10 @@ def idx_folder(folder: Path, **arrays: np.ndarray) -> Path:
 
 
 @pytest.mark.parametrize("case, fragment", [
-    ("test images 8x8", r"train-images-idx3-ubyte: images of 28x28 pixels, but 8x8 in .*t10k-images-idx3-ubyte"),
-    ("empty train", r"train-images-idx3-ubyte: no images \(the train split is empty\)"),
-    ("empty test", r"t10k-images-idx3-ubyte: no images \(the test split is empty\)"),
-    ("label 12", r"t10k-labels-idx1-ubyte: expected integer labels 0-9, got uint8 from 0 to 12"),
+    ("test images 8x8", r"train-images-idx3-ubyte': images of 28x28 pixels, but 8x8 in .*t10k-images-idx3-ubyte"),
+    ("empty train", r"train-images-idx3-ubyte': no images \(the train split is empty\)"),
+    ("empty test", r"t10k-images-idx3-ubyte': no images \(the test split is empty\)"),
+    ("label 12", r"t10k-labels-idx1-ubyte': expected integer labels 0-9, got uint8 from 0 to 12"),
 ])
 def test_inconsistent_idx_files_are_one_line_naming_the_file(tmp_path, case, fragment):
     arrays = {"test images 8x8": {"x_test": np.zeros((10, 8, 8))},
@@ -148,7 +148,7 @@ def test_huge_idx_dimensions_are_a_usage_error_not_an_overflow(tmp_path):
     path = tmp_path / "train-images-idx3-ubyte"
     # 2^32-1 cubed overflows int64 (about 7.9e28 bytes)
     path.write_bytes(bytes([0, 0, 0x08, 3]) + struct.pack(">3I", *[2 ** 32 - 1] * 3) + b"\0" * 64)
-    with pytest.raises(UsageError, match=r"train-images-idx3-ubyte: truncated: 64 data bytes .* \(7922816\d+ expected\)"):
+    with pytest.raises(UsageError, match=r"train-images-idx3-ubyte': truncated: 64 data bytes .* \(7922816\d+ expected\)"):
         read_idx(path)
 
 
@@ -184,3 +184,20 @@ def test_explicit_data_dir_is_never_replaced_by_the_system_copy(tmp_path, case):
         with pytest.raises(UsageError, match=re.escape(expected)) as error:
             check("fashion-mnist", data_dir)
         assert "\n" not in str(error.value) and str(DEBIAN_FASHION_MNIST) not in str(error.value)
+
+
+@pytest.mark.parametrize("program", [["-m", "mnist_svm", "2"], ["-m", "mnist_nn", "1", "1"]])
+def test_training_labels_of_one_class_are_refused_by_both_apps(tmp_path, program):
+    """A data set with nothing to tell apart: the same one line from either app, exit 2, nothing written."""
+    from helpers import assert_usage_error, run, snapshot
+
+    data_dir = idx_folder(tmp_path / "one class", y_train=np.full(20, 3))
+    results = tmp_path / "results"
+    before = snapshot(tmp_path)
+    proc = run([*program, "--dataset", "mnist", "--data-dir", str(data_dir), "--folds", "2", "--results", str(results)],
+               timeout=120)
+    assert_usage_error(proc, f"{str(data_dir / 'train-labels-idx1-ubyte')!r}: every training label is 3: "
+                             f"a classifier needs images of at least two classes")
+    assert not results.exists() and snapshot(tmp_path) == before
+    with pytest.raises(UsageError, match="every training label is 3"):
+        load_dataset("mnist", data_dir)

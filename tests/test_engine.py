@@ -264,6 +264,15 @@ def test_a_results_path_over_the_name_limit_is_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_newline_in_a_path_stays_inside_the_one_line_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    results = blocker / "new\nline"
+    assert_usage_error(run([TOY, "4", "--results", str(results)], ranks=2), "cannot write there", repr(str(results)))
+    status = run(["-m", "common.status", str(tmp_path / "no\nsuch")])
+    assert status.returncode == 2 and len(status.stderr.splitlines()) == 1, status.stderr
+
+
 def test_existing_journal_needs_resume_and_resume_needs_the_same_arguments(tmp_path):
     results = tmp_path / "r"
     assert run([TOY, "6", "--results", str(results), "--no-progress"]).returncode == 0

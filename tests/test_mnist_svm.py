@@ -160,7 +160,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
         "missing mnist offline": (["2", "--dataset", "mnist", "--data-dir", str(tmp_path / "nowhere")],
                                   "--dataset digits"),
         "corrupt idx": (["2", "--dataset", "mnist", "--data-dir", str(tmp_path / "idx")],
-                        "train-images-idx3-ubyte.gz: truncated"),
+                        "train-images-idx3-ubyte.gz': truncated"),
         "folds 1": (["2", "--dataset", "digits", "--folds", "1"], "--folds must be at least 2"),
         "n_tuning huge": (["201", "--dataset", "digits"], "n_tuning 201 with 5 folds is 202,005 fits; at most 100,000"),
     }

@@ -70,8 +70,8 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--bind", "/data", "--", "mnist_svm", "4"], "--container"),
     (["--gpus-per-node", "4", "--ntasks-per-node", "2", "--", "mnist_svm", "4"], "--ntasks-per-node 2 with GPUs"),
     (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--results", "a\nb"], "control characters"),
-    (["--shipped", "README.md"], "--shipped README.md: cannot write"),
-    (["--shipped", "README.md/slurm"], "--shipped README.md/slurm: cannot write"),
+    (["--shipped", "README.md"], "--shipped 'README.md': cannot write"),
+    (["--shipped", "README.md/slurm"], "--shipped 'README.md/slurm': cannot write"),
     (["--shipped", "slurm", "--nodes", "2", "--cpu"], "--shipped takes no other options (got --nodes, --cpu)"),
     (["--shipped", "slurm", "--", "mnist_svm", "4"], "--shipped takes no other options (got -- mnist_svm 4)"),
 ])

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Dict, List
 
-from ..errors import UsageError
+from ..errors import UsageError, quoted
 
 #: pipeline definition the pipeline scripts run unless given another on the sbatch line
 PIPELINE_FILE = "examples/pipelines/sweep.json"
@@ -66,6 +66,6 @@ def write_shipped(folder: Path) -> List[Path]:
             path.chmod(0o755)
             written.append(path)
     except OSError as error:
-        raise UsageError(f"--shipped {folder}: cannot write {error.filename or folder}: "
+        raise UsageError(f"--shipped {quoted(folder)}: cannot write {quoted(error.filename or folder)}: "
                          f"{error.strerror or error}") from None
     return written

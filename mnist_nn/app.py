@@ -21,12 +21,13 @@ import numpy as np
 
 from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields
 from common.cli import at_least
-from common.data import add_data_arguments, check_data_arguments, ensure_available, load_dataset
+from common.data import add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
 
 from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate
+from .tensorboard_log import write_fit_events
 
 #: what a fold's fit and a refit return, and each entry of their epoch logs (``check_result``)
 LOG_FIELDS = {"epoch": int, "loss": NUMBER_OR_NONE, "error": NUMBER, "samples_per_s": NUMBER, "seconds": NUMBER,
@@ -85,14 +86,17 @@ class MnistNN(App):
                                  "multiply-adds an image (so at most N weights; e.g. 1e6), redrawing bigger ones; "
                                  "for CPUs, where the reference's nets of hundreds of millions of weights take hours")
 
-    # ----- every rank -----
-    def validate(self) -> None:
+    # ----- every rank (check_arguments also in python -m common.slurm) -----
+    def check_arguments(self) -> None:
         args = self.args
         fits = args.n_bootstrap * (args.n_tuning * args.folds + 1)
         if fits > MAX_FITS:
             raise UsageError(f"{args.n_bootstrap} bootstraps x ({args.n_tuning} candidates x {args.folds} folds + 1 "
                              f"refit) is {fits:,} fits; at most {MAX_FITS:,} (the reference's 12 12 is 732)")
-        check_data_arguments(args)
+        check_data_flags(args)
+
+    def validate(self) -> None:
+        check_available(self.args.dataset, self.args.data_dir)
 
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args
@@ -198,8 +202,11 @@ class MnistNN(App):
 
     def run_item(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
         if item.params["kind"] == "fit":
-            return self.fit_fold(state, item, seed)
-        return self.refit(state, item, seed)
+            result = self.fit_fold(state, item, seed)
+        else:
+            result = self.refit(state, item, seed)
+        write_fit_events(self.args.results, item.key, result["log"])  # where tensorboard is installed
+        return result
 
     def fit_fold(self, state: Dict[str, Any], item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
         """One candidate trained on the other folds of its bootstrap sample, scored on its own fold."""

@@ -8,10 +8,13 @@ its folder, so each fit shows once.
 """
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+logger = logging.getLogger(__name__)
 
 TENSORBOARD_DIR = "tensorboard"
 #: epoch log field -> TensorBoard tag
@@ -32,13 +35,17 @@ def write_fit_events(results: Path, key: str, log: List[Dict[str, Any]]) -> Opti
     if writer_class is None:
         return None
     folder = Path(results) / TENSORBOARD_DIR / re.sub(r"[^A-Za-z0-9._=,-]", "_", key)
-    shutil.rmtree(folder, ignore_errors=True)
-    writer = writer_class(log_dir=str(folder))
     try:
-        for entry in log:
-            for field, tag in SCALARS.items():
-                if entry.get(field) is not None:
-                    writer.add_scalar(tag, entry[field], entry["epoch"])
-    finally:
-        writer.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        writer = writer_class(log_dir=str(folder))
+        try:
+            for entry in log:
+                for field, tag in SCALARS.items():
+                    if entry.get(field) is not None:
+                        writer.add_scalar(tag, entry[field], entry["epoch"])
+        finally:
+            writer.close()
+    except Exception as error:  # noqa: BLE001 - an optional view must never fail the fit it shows
+        logger.warning("%s: TensorBoard events not written: %s: %s", key, type(error).__name__, error)
+        return None
     return folder

@@ -95,8 +95,14 @@ class App:
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Add the app's own arguments; the engine's (--gpu, --seed, ...) are already there."""
 
+    def check_arguments(self) -> None:
+        """Raise ``common.errors.UsageError`` for arguments that make no sense whatever the machine:
+        checks of the values alone (no files, devices or data). Runs on every rank before
+        ``validate``, and in ``python -m common.slurm`` before it prints a batch script."""
+
     def validate(self) -> None:
-        """Raise ``common.errors.UsageError`` on bad input, before anything is written."""
+        """Raise ``common.errors.UsageError`` on bad input for this machine (data that cannot be
+        had, a library or device missing), after ``check_arguments``, before anything is written."""
 
     def fingerprint(self) -> Dict[str, Any]:
         """The arguments that change results; ``--resume`` refuses a journal made with others."""

@@ -173,12 +173,17 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_data_arguments(args: argparse.Namespace) -> None:
     """Every rank, before anything is written: the data flags make sense and the data can be had."""
+    check_data_flags(args)
+    check_available(args.dataset, args.data_dir)
+
+
+def check_data_flags(args: argparse.Namespace) -> None:
+    """The data flags' values alone make sense (no file looked at)."""
     if args.folds < 2:
         raise UsageError(f"--folds must be at least 2, got {args.folds}")
     if args.subsample is not None and args.subsample < 2 * args.folds:
         raise UsageError(f"--subsample {args.subsample}: needs at least 2 images per fold "
                          f"({2 * args.folds} for --folds {args.folds})")
-    check_available(args.dataset, args.data_dir)
 
 
 def check_available(name: str, data_dir: Optional[Path] = None) -> None:

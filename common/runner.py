@@ -105,6 +105,7 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         # ranks of one node that see the same GPUs share them out
         devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers),
                                           args.workers_per_gpu)
+        app.check_arguments()
         app.validate()
         return (app, devices, notice), None
     except UsageError as error:

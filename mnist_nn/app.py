@@ -21,7 +21,7 @@ import numpy as np
 
 from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields
 from common.cli import at_least
-from common.data import add_data_arguments, check_data_arguments, ensure_available, load_dataset
+from common.data import add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
@@ -86,14 +86,17 @@ class MnistNN(App):
                                  "multiply-adds an image (so at most N weights; e.g. 1e6), redrawing bigger ones; "
                                  "for CPUs, where the reference's nets of hundreds of millions of weights take hours")
 
-    # ----- every rank -----
-    def validate(self) -> None:
+    # ----- every rank (check_arguments also in python -m common.slurm) -----
+    def check_arguments(self) -> None:
         args = self.args
         fits = args.n_bootstrap * (args.n_tuning * args.folds + 1)
         if fits > MAX_FITS:
             raise UsageError(f"{args.n_bootstrap} bootstraps x ({args.n_tuning} candidates x {args.folds} folds + 1 "
                              f"refit) is {fits:,} fits; at most {MAX_FITS:,} (the reference's 12 12 is 732)")
-        check_data_arguments(args)
+        check_data_flags(args)
+
+    def validate(self) -> None:
+        check_available(self.args.dataset, self.args.data_dir)
 
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args

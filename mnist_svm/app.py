@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping
 import numpy as np
 
 from common.app import NUMBER, App, RunInfo, check_fields
-from common.data import Dataset, add_data_arguments, check_data_arguments, ensure_available, load_dataset
+from common.data import Dataset, add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device, parse_gpu_spec
 from common.errors import UsageError
 from common.items import Item
@@ -58,8 +58,8 @@ class MnistSvm(App):
     def grid(self) -> Grid:
         return Grid(self.args.n_tuning, self.args.folds)
 
-    # ----- every rank -----
-    def validate(self) -> None:
+    # ----- every rank (check_arguments also in python -m common.slurm) -----
+    def check_arguments(self) -> None:
         args = self.args
         if args.n_tuning < 1:
             raise UsageError(f"n_tuning must be at least 1, got {args.n_tuning}")
@@ -67,10 +67,14 @@ class MnistSvm(App):
         if fits > MAX_FITS:
             raise UsageError(f"n_tuning {args.n_tuning} with {args.folds} folds is {fits:,} fits; "
                              f"at most {MAX_FITS:,} (n_tuning x n_tuning x folds; e.g. n_tuning 141 with 5 folds)")
+        check_data_flags(args)
+
+    def validate(self) -> None:
+        args = self.args
         if args.gpu is not None and parse_gpu_spec(args.gpu) is not None and not have_cuml():
             raise UsageError(f"--gpu {args.gpu}: cuML is not installed (install RAPIDS cuML), or use --gpu cpu "
                              f"to fit with scikit-learn")
-        check_data_arguments(args)
+        check_available(args.dataset, args.data_dir)
 
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args

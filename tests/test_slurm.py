@@ -70,6 +70,21 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--bind", "/data", "--", "mnist_svm", "4"], "--container"),
     (["--gpus-per-node", "4", "--ntasks-per-node", "2", "--", "mnist_svm", "4"], "--ntasks-per-node 2 with GPUs"),
     (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--results", "a\nb"], "control characters"),
+    (["--nodes", "99999999999", "--gpus-per-node", "1", "--", "mnist_svm", "4"], "--nodes 99999999999: at most"),
+    (["--gpus-per-node", "1000", "--", "mnist_svm", "4"], "--gpus-per-node 1000: at most"),
+    # the program's own checks and the files it names, before a script waits in the queue
+    (["--gpus-per-node", "1", "--", "mnist_sv", "4"], "unknown app 'mnist_sv': expected one of mnist_svm, mnist_nn"),
+    (["--gpus-per-node", "1", "--", "mnist_svm", "142"], "mnist_svm: n_tuning 142 with 5 folds is 100,820 fits"),
+    (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--folds", "0"], "mnist_svm: --folds must be at least 2"),
+    (["--gpus-per-node", "1", "--", "mnist_nn", "1", "1", "--max-epochs", "0"], "mnist_nn: argument --max-epochs"),
+    (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--flods", "3"], "unrecognized arguments: --flods 3"),
+    (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--gpu", "zero"], "--gpu 'zero'"),
+    (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--help"], "the job would only print its help"),
+    (["--gpus-per-node", "1", "--", "common.pipeline", "no-such.json"], "'no-such.json': no such pipeline definition"),
+    (["--gpus-per-node", "1", "--", "common.pipeline", "README.md"], "README.md: not valid JSON"),
+    (["--gpus-per-node", "1", "--", "no_such_script.py"], "'no_such_script.py': no such file"),
+    (["--gpus-per-node", "1", "--container", "no-such.sif", "--", "mnist_svm", "4"],
+     "--container 'no-such.sif': no such image file"),
     (["--shipped", "README.md"], "--shipped 'README.md': cannot write"),
     (["--shipped", "README.md/slurm"], "--shipped 'README.md/slurm': cannot write"),
     (["--shipped", "slurm", "--nodes", "2", "--cpu"], "--shipped takes no other options (got --nodes, --cpu)"),
@@ -83,6 +98,16 @@ def test_bad_combination_is_a_one_line_error(args, word):
     assert word in done.stderr
 
 
+def test_programs_that_pass_their_own_checks_get_a_script():
+    """The shipped apps with good arguments (no data needed on the login node), a pipeline whose
+    definition exists, a script file and a user's own importable module."""
+    for program in (["mnist_svm", "24", "--batch", "50"], ["mnist_nn", "12", "12", "--dataset", "fashion-mnist"],
+                    ["common.pipeline", "examples/pipelines/sweep.json", "--resume"], ["tests/toy_app.py", "3"],
+                    ["common.status", "results"]):
+        made = generate("--gpus-per-node", "1", "--", *program)
+        assert made.returncode == 0 and made.stdout.startswith("#!/bin/bash"), made.stderr
+
+
 def test_placeholders_in_the_users_arguments_and_spaces_around_time_stay_as_given():
     made = generate("--gpus-per-node", "1", "--time", " 02:00:00 ", "--", "mnist_svm", "24", "--results", "{{warning}}")
     assert made.returncode == 0, made.stderr
@@ -92,7 +117,9 @@ def test_placeholders_in_the_users_arguments_and_spaces_around_time_stay_as_give
 
 def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path):
     """The script's own logic, with ``srun`` replaced by a recorder (apptainer cannot run here)."""
-    made = generate("--nodes", "2", "--gpus-per-node", "2", "--time", "01:00:00", "--container", "img.sif",
+    image = tmp_path / "img.sif"
+    image.write_bytes(b"")  # the generator checks that the image exists
+    made = generate("--nodes", "2", "--gpus-per-node", "2", "--time", "01:00:00", "--container", str(image),
                     "--bind", "/data:/data", "--", "mnist_nn", "1", "1")
     assert made.returncode == 0, made.stderr
     script = tmp_path / "job.sbatch"
@@ -112,7 +139,7 @@ def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path
         return (tmp_path / "argv").read_text().splitlines()
 
     launch = ["--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8", "--gpus-per-node=2",
-              "--kill-on-bad-exit=0", "--no-kill", "apptainer", "exec", "--nv", "--bind", "/data:/data", "img.sif",
+              "--kill-on-bad-exit=0", "--no-kill", "apptainer", "exec", "--nv", "--bind", "/data:/data", str(image),
               "python", "-m", "mnist_nn"]
     assert srun_argv() == launch + ["1", "1", "--gpu", "all", "--grace", "240", "--resume"]
     # Arguments after the script replace the defaults; flags they set are not added again.

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..errors import EXIT_USAGE, UsageError
+from .program import check_container, check_program
 from .shipped import write_shipped
 from .spec import MPI_PLUGINS, JobSpec
 from .template import render
@@ -90,7 +91,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             for path in write_shipped(args.shipped):
                 print(path)
             return 0
-        script = render(spec_from_args(args, command))
+        spec = spec_from_args(args, command)
+        check_program(spec.command)
+        check_container(spec.container)
+        script = render(spec)
         if not args.submit:
             sys.stdout.write(script)
             return 0

@@ -14,6 +14,10 @@ from typing import List, Optional, Tuple
 from ..errors import UsageError
 
 MPI_PLUGINS = ("pmi2", "pmix")
+#: more nodes than any cluster has: a typo (the largest GPU machines have about 10,000)
+MAX_NODES = 100_000
+#: more GPUs per node, ranks per node or CPUs per rank than any node has
+MAX_PER_NODE = {"--gpus-per-node": 256, "--ntasks-per-node": 4096, "--cpus-per-task": 16384}
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d\d):(\d\d)$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SAFE_WORD = re.compile(r"^[\w.,:@%+=/-]+$")
@@ -83,6 +87,12 @@ class JobSpec:
                 raise UsageError(f"{word!r}: control characters (a newline, a tab) cannot go into the batch script")
         if self.nodes < 1:
             raise UsageError(f"--nodes {self.nodes}: a job needs at least one node")
+        if self.nodes > MAX_NODES:
+            raise UsageError(f"--nodes {self.nodes}: at most {MAX_NODES:,} (more than any cluster has)")
+        for flag, value in (("--gpus-per-node", self.gpus_per_node), ("--ntasks-per-node", self.ntasks_per_node),
+                            ("--cpus-per-task", self.cpus_per_task)):
+            if value is not None and value > MAX_PER_NODE[flag]:
+                raise UsageError(f"{flag} {value}: at most {MAX_PER_NODE[flag]:,} (more than any node has)")
         if self.ntasks_per_node < 1:
             raise UsageError(f"--ntasks-per-node {self.ntasks_per_node}: needs at least one task per node")
         if self.cpu and self.gpus_per_node:

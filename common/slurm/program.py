@@ -1,0 +1,92 @@
+"""The program a batch script runs, checked on the login node before the script is printed.
+
+A job that fails on its first line after a day in the queue is the costliest kind of typo, so
+the generator runs the app's own argument checks (its parser and ``App.check_arguments``: the
+values alone, no data loaded, no device looked at) and checks the files the job names: a
+pipeline definition (read and checked as the pipeline runner does), the container image, a
+``.py`` script. Paths are relative to the current folder, the job's submit folder.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..errors import UsageError, quoted
+
+#: the apps the project ships: module -> "module:class" of their App
+KNOWN_APPS: Dict[str, str] = {
+    "mnist_svm": "mnist_svm.app:MnistSvm",
+    "mnist_nn": "mnist_nn.app:MnistNN",
+    "common.pipeline": "common.pipeline.app:PipelineApp",
+}
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or fails to import
+        return False
+
+
+def _app_class(target: str) -> Optional[type]:
+    """The App class of a shipped app, or None for another module that can be imported here
+    (a user's own app: its checks run when the job starts); an unknown name is a UsageError."""
+    if target in KNOWN_APPS:
+        module, _, name = KNOWN_APPS[target].partition(":")
+        return getattr(importlib.import_module(module), name)
+    if _module_exists(target):
+        return None
+    raise UsageError(f"unknown app {target!r}: expected one of {', '.join(KNOWN_APPS)}, another module that "
+                     f"can be imported here, or a .py file")
+
+
+def check_program(command: List[str]) -> None:
+    """Refuse, as the app itself would, a program whose arguments or files are wrong."""
+    from ..cli import build_parser
+    from ..devices import parse_gpu_spec
+
+    target = command[0]
+    if target.endswith(".py"):
+        if not Path(target).is_file():
+            raise UsageError(f"{quoted(target)}: no such file (the job runs it from this folder)")
+        return
+    app_class = _app_class(target)
+    if app_class is None:
+        return
+    try:
+        args = build_parser(app_class, quiet=True).parse_args(command[1:])
+    except SystemExit:  # --help: the job would print its help and end
+        raise UsageError(f"{target} --help: the job would only print its help; "
+                         f"see python -m {target} --help here") from None
+    except UsageError as error:
+        raise UsageError(f"{target}: {error}") from None
+    try:
+        if isinstance(args.resume, str) and not app_class.resume_target:
+            raise UsageError(f"--resume takes no value here (got {args.resume!r}); put it after the other arguments")
+        if args.gpu is not None:
+            parse_gpu_spec(args.gpu)  # the form only: the compute nodes' GPUs are not visible here
+        app_class(args).check_arguments()
+        if target == "common.pipeline":
+            _check_definition(args.definition)
+    except UsageError as error:
+        raise UsageError(f"{target}: {error}") from None
+
+
+def _check_definition(path: Path) -> None:
+    """The pipeline definition exists and passes the runner's own checks of its format."""
+    from ..pipeline.definition import load_definition
+
+    if not Path(path).is_file():
+        raise UsageError(f"{quoted(path)}: no such pipeline definition")
+    load_definition(path)
+
+
+def check_container(image: Optional[str]) -> None:
+    """The Apptainer image exists (a ``docker://``-style URI is fetched by apptainer itself)."""
+    if image is None or "://" in image:
+        return
+    if not Path(image).is_file():
+        raise UsageError(f"--container {quoted(image)}: no such image file (relative paths are from this folder, "
+                         f"where the job starts)")

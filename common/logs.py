@@ -61,10 +61,15 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
     log.propagate = False
 
 
-def add_file_log(path: str) -> None:
-    """Also keep the rank's log in the results folder (its records are on stderr too)."""
+def add_file_log(path: str, first_line: str = "") -> None:
+    """Also keep the rank's log in the results folder (its records are on stderr too); each line
+    names the host, since the ranks' logs of a multi-node run sit side by side. ``first_line`` goes
+    to the file only (where the rank runs), so every rank's log exists and says where it ran."""
     handler = FileLog(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    host = socket.gethostname().split(".")[0]
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {host} %(levelname)s %(message)s"))
+    if first_line:
+        handler.handle(logging.makeLogRecord({"msg": first_line, "levelno": logging.INFO, "levelname": "INFO"}))
     log.addHandler(handler)
 
 

@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -37,7 +38,7 @@ from .status_file import RankReporter, StatusWriter
 from .timeline import plot_timeline
 from .worker import STOP_SIGNALS
 from .worker_pool import WorkerPool
-from . import write_failures
+from . import startup, write_failures
 from .write_failures import free_reserve, reserve_space
 
 log = logging.getLogger("multinode_gpu")
@@ -88,9 +89,17 @@ class _StopFlag:
 
 
 def _agree(comm: Any, error: Optional[str]) -> Optional[str]:
-    """Every rank's error (or None) -> the first one, on every rank."""
-    errors = [e for e in comm.allgather(error) if e]
-    return errors[0] if errors else None
+    """Every rank's error (or None) -> the first one, on every rank. An error that not every rank
+    has (a --data-dir one node cannot see) names the node and rank it comes from."""
+    host = socket.gethostname().split(".")[0]
+    reports = comm.allgather((host, error))
+    errors = [(rank, where, e) for rank, (where, e) in enumerate(reports) if e]
+    if not errors:
+        return None
+    rank, where, first = errors[0]
+    if first.startswith("exit:") or len(errors) == len(reports):
+        return first
+    return f"on {where} (rank {rank}): {first}"
 
 
 def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
@@ -175,6 +184,8 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     stop = _StopFlag()
     stop.install()  # from the first moment: a walltime signal during start-up still ends cleanly
+    for number in startup.received():  # one that came while the program was still importing
+        stop._handle(number, None)
     comm = world()
     setup_logging(comm.rank)
     valid, error = _validate_everywhere(comm, app_class, argv)
@@ -185,6 +196,11 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
         if comm.rank == 0:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if any(comm.allgather(stop.why is not None)):  # asked to stop while starting: nothing is written
+        if comm.rank == 0:
+            print(f"{app_class.name}: stopped ({stop.why or 'another rank was signalled'}) before the run "
+                  f"started; nothing was written", file=sys.stderr)
+        return EXIT_STOPPED
     app, devices, notice = valid
     app.devices = devices
     fingerprint = hold = None
@@ -231,7 +247,9 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     if notice and comm.rank == 0:
         log.info(notice)
     (results / "logs").mkdir(parents=True, exist_ok=True)  # on every node: results need not be shared
-    add_file_log(str(results / "logs" / f"rank{comm.rank}.log"))
+    add_file_log(str(results / "logs" / f"rank{comm.rank}.log"),
+                 f"rank {comm.rank} of {comm.size} on {host} (pid {os.getpid()}): {', '.join(map(str, devices))}")
+    _check_results_shared(comm, results, host)
     threads = args.threads or _default_threads(comm, host, len(devices))
     pool_specs = app.pools()
     node_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope == "node"}
@@ -266,6 +284,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                       worker_timeout=args.worker_timeout, item_timeout=args.item_timeout)
     monitor = GpuMonitor(devices)
     monitor.start()
+    pool.stop_asked = stop  # a worker that ends once a stop was asked is not started again
     pool.start()
     if comm.rank == 0:  # status.json for python -m common.status
         status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
@@ -304,6 +323,28 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         return code
     finally:
         pool.join()
+
+
+def _check_results_shared(comm: Any, results: Path, host: str) -> None:
+    """Warn (rank 0, once) about each node that does not see rank 0's results folder: its
+    workers' logs stay on that node's own disk. A collective call, at start-up."""
+    if comm.size == 1:
+        return
+    token = uuid.uuid4().hex if comm.rank == 0 else None
+    mark = results / "logs" / ".shared-check"
+    if token:
+        mark.write_text(token)
+    token = comm.bcast(token)
+    try:
+        sees = mark.read_text() == token
+    except OSError:
+        sees = False
+    blind = sorted({where for where, ok in comm.allgather((host, sees)) if not ok})
+    if comm.rank == 0:
+        mark.unlink(missing_ok=True)
+        for where in blind:
+            log.warning("the results folder %s is not visible from %s: its ranks' and workers' logs stay on that "
+                        "node's disk (%s:%s); use a folder every node sees", results, where, where, results / "logs")
 
 
 def _follower_end(comm: Any, follower: Follower, outcome: str, report: dict, leader_host: str) -> int:

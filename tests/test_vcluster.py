@@ -1,0 +1,206 @@
+"""The apps across several nodes of a real (virtual) cluster: MPI over TCP between network
+namespaces, each node its own hostname, /tmp and /dev/shm; a real Slurm with one slurmd per node.
+Every run must equal a 1-rank run of the same command. Faults: tests/test_vcluster_faults.py."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vcluster import REPO, vcluster  # noqa: F401  (the session's cluster, a fixture)
+
+pytestmark = pytest.mark.vcluster
+
+PYTHON = str(REPO / ".venv" / "bin" / "python")
+CPU = ["--gpu", "cpu", "--workers", "1", "--threads", "1", "--no-progress"]
+SVM = ["-m", "mnist_svm", "3", "--dataset", "digits", "--subsample", "400", *CPU]
+NN = ["-m", "mnist_nn", "1", "2", "--dataset", "digits", "--subsample", "300", "--max-epochs", "2", "--folds", "3",
+      "--max-macs", "1e6", "--seed", "7", *CPU]
+TOY = [str(REPO / "tests" / "toy_app.py")]
+
+
+def comparable(value):
+    """A result without its timings (seconds, samples per second): what must not depend on the layout."""
+    if isinstance(value, dict):
+        return {k: comparable(v) for k, v in value.items() if k not in ("seconds", "samples_per_s", "pid")}
+    if isinstance(value, list):
+        return [comparable(v) for v in value]
+    return value
+
+
+def item_results(results: Path) -> dict:
+    """key -> result of every item in the journal."""
+    entries = [json.loads(line) for line in (results / "journal.jsonl").read_text().splitlines() if line.strip()]
+    return {e["key"]: comparable(e["result"]) for e in entries if e.get("type") == "result"}
+
+
+def one_rank(program: list, results: Path) -> subprocess.CompletedProcess:
+    """The reference: the same command as one rank on this host."""
+    done = subprocess.run([sys.executable, *program, "--results", str(results)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def summary(results: Path) -> dict:
+    return json.loads((results / "summary.json").read_text())
+
+
+def hydra(cluster, program: list, results: Path, nodes: int = 3, timeout: float = 600) -> subprocess.CompletedProcess:
+    return cluster.run("node1", cluster.hydra([*program, "--results", str(results)], cluster.nodes[:nodes]),
+                       timeout=timeout)
+
+
+def test_the_nodes_are_separate_hosts_and_mpi_crosses_the_network(vcluster):
+    names = [vcluster.run(node, ["hostname"]).stdout.strip() for node in vcluster.nodes]
+    assert names == vcluster.nodes
+    program = ["-c", "import socket; from mpi4py import MPI; c = MPI.COMM_WORLD; hosts = c.gather(socket.gethostname()); "
+                     "c.rank or print(c.size, *hosts)"]
+    done = vcluster.run("node1", vcluster.hydra(program, vcluster.nodes), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3", "node1", "node2", "node3"]
+    traced = vcluster.run("node1", vcluster.hydra(program, vcluster.nodes), env={"UCX_LOG_LEVEL": "info"}, timeout=120)
+    links = [line for line in (traced.stdout + traced.stderr).splitlines() if "inter-node" in line]
+    assert links and all("tcp/eth0" in line for line in links), "MPI took a shortcut through shared memory"
+
+
+@pytest.mark.parametrize("program", [SVM, NN], ids=["mnist_svm", "mnist_nn"])
+def test_an_app_on_three_nodes_equals_one_rank(vcluster, program, tmp_path):
+    one_rank(program, tmp_path / "one")
+    results = vcluster.shared / f"three-{program[1]}"
+    shutil.rmtree(results, ignore_errors=True)
+    done = hydra(vcluster, program, results)
+    assert done.returncode == 0, done.stderr
+    assert summary(results)["status"] == "complete"
+    assert {w["host"] for w in summary(results)["workers"]} == {"node1", "node2", "node3"}
+    ran_on = {e["host"] for e in map(json.loads, (results / "journal.jsonl").read_text().splitlines())
+              if e.get("type") == "result"}
+    assert len(ran_on) >= 2, f"items ran on {ran_on} only"
+    assert item_results(results) == item_results(tmp_path / "one")
+    if program[1] == "mnist_svm":
+        assert np.array_equal(np.load(results / "validation_error.npy"), np.load(tmp_path / "one" / "validation_error.npy"),
+                              equal_nan=True)
+    for rank, node in enumerate(vcluster.nodes):
+        assert f" {node} " in (results / "logs" / f"rank{rank}.log").read_text(), "a rank's log names its host"
+
+
+def pipeline_outcome(results: Path) -> dict:
+    """Each pipeline's status, each step's status and exit code, and the files its steps made."""
+    outcome = {}
+    for key, result in item_results(results).items():
+        steps = {name: (step["status"], step.get("exit_code")) for name, step in result["steps"].items()}
+        made = sorted(str(p.relative_to(results)) + "=" + p.read_text() for p in (results / key).rglob("*.txt"))
+        outcome[key] = (result["status"], steps, made)
+    return outcome
+
+
+def test_pipelines_on_three_nodes_equal_one_rank(vcluster, tmp_path):
+    definition = vcluster.shared / "squares.json"
+    definition.write_text(json.dumps({
+        "name": "square",
+        "matrix": {"n": [str(n) for n in range(6)]},
+        "steps": [{"id": "compute", "command": "sleep 0.5; echo $((${n} * ${n})) > square.txt; hostname > host.log"},
+                  {"id": "check", "command": "test -s ../compute/square.txt && cat ../compute/square.txt > seen.txt"}],
+    }))
+    program = ["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "1", "--no-progress"]
+    one_rank(program, tmp_path / "one")
+    results = vcluster.shared / "three-pipelines"
+    shutil.rmtree(results, ignore_errors=True)
+    done = hydra(vcluster, program, results)
+    assert done.returncode == 0, done.stderr
+    assert summary(results)["status"] == summary(tmp_path / "one")["status"] == "complete"
+    assert pipeline_outcome(results) == pipeline_outcome(tmp_path / "one")
+    hosts = {p.read_text().strip() for p in results.rglob("host.log")}
+    assert len(hosts) >= 2, f"the pipelines ran on {hosts} only"
+
+
+def _slurm(vcluster):
+    if vcluster.slurm_reason:
+        pytest.skip(vcluster.slurm_reason)
+
+
+def generated_script(vcluster, nodes: int, program: list) -> Path:
+    """A batch script from ``python -m common.slurm`` (CPU, one rank per node)."""
+    made = subprocess.run([sys.executable, "-m", "common.slurm", "--nodes", str(nodes), "--cpu", "--ntasks-per-node", "1",
+                           "--cpus-per-task", "1", "--time", "00:20:00", "--venv", str(REPO / ".venv"), "--", *program],
+                          cwd=REPO, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    script = vcluster.shared / f"job-{abs(hash(tuple(program)))}.sbatch"
+    script.write_text(made.stdout)
+    return script
+
+
+def sbatch(vcluster, script: Path, *args: str, wait: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    return vcluster.run("node1", ["sbatch", "--parsable", *(["--wait"] if wait else []),
+                                  f"--output={vcluster.shared}/slurm-%j.out", str(script), *args], timeout=timeout)
+
+
+def test_a_generated_slurm_script_on_two_nodes_equals_one_rank(vcluster, tmp_path):
+    _slurm(vcluster)
+    one_rank(SVM, tmp_path / "one")
+    results = vcluster.shared / "slurm-svm"
+    shutil.rmtree(results, ignore_errors=True)
+    app_args = [*SVM[2:-len(CPU)], "--threads", "1", "--no-progress"]
+    script = generated_script(vcluster, 2, ["mnist_svm", *app_args])
+    done = sbatch(vcluster, script, *app_args, "--results", str(results))
+    job = done.stdout.strip().split(";")[0]
+    log = (vcluster.shared / f"slurm-{job}.out").read_text() if job else ""
+    assert done.returncode == 0, done.stderr + log
+    assert summary(results)["ranks"] == 2, log
+    assert {w["host"] for w in summary(results)["workers"]} == {"node1", "node2"}
+    assert item_results(results) == item_results(tmp_path / "one")
+
+
+def test_slurm_gres_pins_each_worker_to_its_own_fake_gpu(vcluster):
+    _slurm(vcluster)
+    results = vcluster.shared / "slurm-gres"
+    shutil.rmtree(results, ignore_errors=True)
+    done = vcluster.run("node1", ["srun", "-N2", "--ntasks-per-node=1", "--gres=gpu:2", "--mpi=pmi2", PYTHON, *TOY, "16",
+                                  "--sleep", "0.5", "--gpu", "all", "--threads", "1", "--no-progress", "--results", str(results)],
+                        timeout=300)
+    assert done.returncode == 0, done.stderr
+    entries = [json.loads(line) for line in (results / "journal.jsonl").read_text().splitlines() if line.strip()]
+    seen = {(e["host"], e["worker"], e["result"]["cuda_visible"]) for e in entries if e.get("type") == "result"}
+    workers = {(host, worker) for host, worker, _ in seen}
+    assert {host for host, _ in workers} == {"node1", "node2"}
+    assert len(workers) == 4, seen  # two fake GPUs on each node, one worker each
+    assert [w["devices"] for w in summary(results)["workers"]] == [["gpu0", "gpu1"]] * 2
+    for host, worker, visible in seen:
+        assert visible in ("0", "1") and worker.endswith(f"gpu{visible}"), (host, worker, visible)
+
+
+def test_a_results_folder_some_node_cannot_see_is_named_in_one_warning(vcluster):
+    results = Path("/tmp/private-results")  # every node's /tmp is its own
+    vcluster.run("node1", ["rm", "-rf", str(results)])
+    done = hydra(vcluster, TOY + ["4", *CPU], results, nodes=2, timeout=300)
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "not visible from" in line]
+    assert len(warnings) == 1 and "node2" in warnings[0] and "node2:/tmp/private-results/logs" in warnings[0], done.stderr
+    assert "node1" not in warnings[0].split("not visible from")[1].split(":")[0]
+
+
+def test_a_data_dir_some_node_cannot_see_is_one_line_naming_that_node(vcluster):
+    from test_data import write_idx
+
+    data = Path("/tmp/private-data")  # on node1's /tmp only
+    staging = vcluster.shared / "idx"
+    staging.mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    for stem, shape in (("train-images-idx3-ubyte", (50, 28, 28)), ("t10k-images-idx3-ubyte", (20, 28, 28))):
+        write_idx(staging / stem, rng.integers(0, 255, shape, dtype=np.uint8))
+    for stem, count in (("train-labels-idx1-ubyte", 50), ("t10k-labels-idx1-ubyte", 20)):
+        write_idx(staging / stem, (np.arange(count) % 10).astype(np.uint8))
+    vcluster.run("node1", ["sh", "-c", f"rm -rf {data} && cp -r {staging} {data}"], check=True)
+    results = vcluster.shared / "unseen-data"
+    shutil.rmtree(results, ignore_errors=True)
+    done = hydra(vcluster, ["-m", "mnist_svm", "2", "--dataset", "fashion-mnist", "--data-dir", str(data), *CPU],
+                 results, nodes=2, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and "on node2 (rank 1)" in lines[0] and str(data) in lines[0], done.stderr
+    assert not results.exists(), "nothing may be written"

@@ -1,0 +1,370 @@
+"""A real multi-node cluster on this one machine, built from Linux namespaces (root only).
+
+Each node is a network namespace with its own address on a bridge (in a separate "switch"
+namespace), and a UTS + mount namespace held open by a ``sleep`` process: its own hostname,
+/etc/hosts, boot_id and machine-id (UCX joins processes that share a boot_id through shared
+memory, so nothing would cross the network), a private /tmp and /dev/shm. MPI goes over TCP between
+them: MPICH's hydra reaches a node through an "ssh" that enters its namespaces, and a real Slurm
+(munged and slurmctld on node1, one slurmd per node, 2 fake GPUs per node as character devices)
+schedules jobs on them.
+
+Safety: the nodes' subnet is private and unrouted; before anything starts the host gets an
+``unreachable`` route for it, so nothing can leave the machine; no daemon or client ever runs in
+the host's namespaces; teardown goes by pid and namespace identity, never by process name.
+Run ``python tests/vcluster.py`` to bring one up by hand (Enter tears it down).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import shutil
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+#: folder every node sees at the same path (the nodes' /tmp is their own)
+SHARED_ROOT = Path("/var/tmp/multinode-gpu-vcluster")
+SLURM_PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "squeue", "sinfo")
+
+_SSH = r"""#!/bin/sh
+# "ssh [options] HOST COMMAND..." for MPICH hydra: runs COMMAND in HOST's namespaces.
+while [ $# -gt 0 ]; do
+  case $1 in
+    -[oplicFEJLRDWbemw]) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+host=${1#*@}; host=${host%%.*}; shift
+exec nsenter -t "$(cat "@DIR@/$host.pid")" -n -u -m --wdns="${PWD:-/}" -- /bin/sh -c "$*"
+"""
+
+_HOLDER = r"""
+set -e
+hostname "$NODE"
+mount --bind "$DIR/hosts" /etc/hosts
+mkdir -p "$DIR/cg-$NODE"
+mount --rbind /sys/fs/cgroup "$DIR/cg-$NODE"
+umount -l /sys && mount -t sysfs sysfs /sys
+mount --move "$DIR/cg-$NODE" /sys/fs/cgroup
+cat /proc/sys/kernel/random/uuid > "$DIR/$NODE.boot_id"
+mount --bind "$DIR/$NODE.boot_id" /proc/sys/kernel/random/boot_id
+cat /proc/sys/kernel/random/uuid | tr -d - > "$DIR/$NODE.machine-id"
+mount --bind "$DIR/$NODE.machine-id" /etc/machine-id
+mount -t tmpfs -o mode=1777,size=2g "tmp-$NODE" /tmp
+mount -t tmpfs -o mode=1777,size=1g "shm-$NODE" /dev/shm
+if [ -d /etc/slurm ]; then mount --bind "$DIR/slurm/etc" /etc/slurm; fi
+echo $$ > "$DIR/$NODE.pid"
+exec sleep infinity
+"""
+
+
+def unavailable_reason(slurm: bool = False) -> Optional[str]:
+    """Why a virtual cluster cannot be built here (or Slurm on it), or None."""
+    if os.geteuid() != 0:
+        return "the virtual cluster needs root (network namespaces)"
+    for program in ("ip", "nsenter", "unshare", "mount"):
+        if shutil.which(program) is None:
+            return f"the virtual cluster needs {program} (apt-get install iproute2 util-linux)"
+    probe = subprocess.run(["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"namespaces are not allowed here ({probe.stderr.strip() or probe.returncode})"
+    if slurm:
+        missing = [p for p in SLURM_PROGRAMS if shutil.which(p) is None and not Path("/usr/sbin", p).exists()]
+        if missing:
+            return f"Slurm/munge not installed (missing {', '.join(missing)})"
+    return None
+
+
+def _binary(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+class VirtualCluster:
+    """``nodes`` nodes named node1..nodeN; ``shared`` is seen by every node at the same path."""
+
+    def __init__(self, nodes: int = 3, tag: Optional[str] = None):
+        self.count = nodes
+        self.tag = tag or f"mg{os.getpid() % 100000}"
+        self.subnet = f"10.213.{random.randint(1, 250)}"
+        self.nodes = [f"node{i}" for i in range(1, nodes + 1)]
+        self.dir = SHARED_ROOT / self.tag
+        self.shared = self.dir / "shared"
+        self.switch = f"{self.tag}sw"
+        self.ssh = self.dir / "ssh"
+        self.slurm_dir = self.dir / "slurm"
+        self._holders: Dict[str, int] = {}
+        self._route = False
+        self._daemons: List[Path] = []  # pid files, in start order
+        self.slurm_reason: Optional[str] = "Slurm was not started"
+
+    # ----- bring-up -----
+    def up(self) -> "VirtualCluster":
+        atexit.register(self.down)
+        subprocess.run(["ip", "route", "replace", "unreachable", f"{self.subnet}.0/24"], check=True)
+        self._route = True
+        (self.slurm_dir / "etc").mkdir(parents=True, exist_ok=True)
+        self.shared.mkdir(parents=True, exist_ok=True)
+        (self.dir / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
+            f"{self.address(node)} {node}\n" for node in self.nodes))
+        self.ssh.write_text(_SSH.replace("@DIR@", str(self.dir)))
+        self.ssh.chmod(0o755)
+        self._ip("netns", "add", self.switch)
+        self._ip("-n", self.switch, "link", "set", "lo", "up")
+        self._ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        self._ip("-n", self.switch, "link", "set", "br0", "up")
+        for index, node in enumerate(self.nodes, 1):
+            netns = self.netns(node)
+            self._ip("netns", "add", netns)
+            self._ip("link", "add", self.port(node), "netns", self.switch, "type", "veth", "peer", "name", "eth0",
+                     "netns", netns)
+            self._ip("-n", self.switch, "link", "set", self.port(node), "master", "br0", "up")
+            self._ip("-n", netns, "link", "set", "lo", "up")
+            self._ip("-n", netns, "addr", "add", f"{self.address(node)}/24", "dev", "eth0")
+            self._ip("-n", netns, "link", "set", "eth0", "up")
+            env = dict(os.environ, NODE=node, DIR=str(self.dir))
+            subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "unshare", "--uts", "--mount",
+                              "--propagation", "private", "sh", "-c", _HOLDER], env=env, stdin=subprocess.DEVNULL,
+                             stdout=open(self.dir / f"{node}.holder.log", "w"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        for node in self.nodes:
+            pid_file = self.dir / f"{node}.pid"
+            deadline = time.monotonic() + 10
+            while not pid_file.exists() or not pid_file.read_text().strip():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{node} did not come up: {(self.dir / f'{node}.holder.log').read_text()}")
+                time.sleep(0.05)
+            self._holders[node] = int(pid_file.read_text())
+        return self
+
+    def start_slurm(self, gpus_per_node: int = 2, cpus: int = 2) -> None:
+        """munged and slurmctld on node1, a slurmd on every node, ``gpus_per_node`` fake GPUs each."""
+        root = self.slurm_dir
+        for sub in ("munge", "state", "log", "run", "dev"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o755)
+        os.chmod(root / "munge", 0o755)
+        key = root / "munge" / "munge.key"
+        subprocess.run([_binary("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True)
+        os.chmod(key, 0o600)
+        socket_path = root / "munge" / "munge.sock"
+        self.run("node1", [_binary("munged"), f"--socket={socket_path}", f"--key-file={key}",
+                           f"--log-file={root / 'log' / 'munged.log'}", f"--pid-file={root / 'run' / 'munged.pid'}",
+                           f"--seed-file={root / 'munge' / 'munged.seed'}"], check=True)
+        self._daemons.append(root / "run" / "munged.pid")
+        gres = ""
+        if gpus_per_node:
+            for gpu in range(gpus_per_node):
+                device = root / "dev" / f"nvidia{gpu}"
+                if not device.is_char_device():
+                    os.mknod(device, 0o666 | 0o020000, os.makedev(195, gpu))  # no driver behind it
+            (root / "etc" / "gres.conf").write_text(f"Name=gpu File={root}/dev/nvidia[0-{gpus_per_node - 1}]\n")
+            gres = f" Gres=gpu:{gpus_per_node}"
+        lines = [
+            "ClusterName=vc", f"SlurmctldHost=node1({self.address('node1')})", "SlurmUser=root", "SlurmdUser=root",
+            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={socket_path},cred_expire=5",
+            f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}/%n",
+            f"SlurmdPidFile={root / 'run'}/slurmd-%n.pid", f"SlurmdLogFile={root / 'log'}/slurmd-%n.log",
+            f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}", f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none", "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides", "ReturnToService=2", "JobRequeue=1",
+            "MpiDefault=none", "MailProg=/bin/true", "KillWait=5", "SlurmdTimeout=10", "MessageTimeout=5",
+            "SchedulerParameters=sched_interval=2,bf_interval=1", f"FirstJobId={random.randint(1_000, 60_000_000)}",
+            "GresTypes=gpu",
+            *[f"NodeName={node} NodeAddr={self.address(node)} CPUs={cpus}{gres} State=UNKNOWN" for node in self.nodes],
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        ]
+        (root / "etc" / "slurm.conf").write_text("\n".join(lines) + "\n")
+        for node in self.nodes:
+            (root / "spool" / node).mkdir(parents=True, exist_ok=True)
+        self.run("node1", [_binary("slurmctld"), "-c"], check=True)
+        self._daemons.append(root / "run" / "slurmctld.pid")
+        for node in self.nodes:
+            self.run(node, [_binary("slurmd")], check=True)
+            self._daemons.append(root / "run" / f"slurmd-{node}.pid")
+        deadline = time.monotonic() + 60
+        states = ""
+        while time.monotonic() < deadline:
+            states = self.run("node1", ["sinfo", "-h", "-N", "-o", "%N %T"]).stdout
+            if states.count(" idle") == self.count:
+                self.slurm_reason = None
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"Slurm did not come up: {states!r}; logs in {root / 'log'}")
+
+    # ----- using it -----
+    def netns(self, node: str) -> str:
+        return f"{self.tag}{node}"
+
+    def port(self, node: str) -> str:
+        return f"{self.tag}p{node[4:]}"
+
+    def address(self, node: str) -> str:
+        return f"{self.subnet}.{10 + int(node[4:])}"
+
+    def enter(self, node: str) -> List[str]:
+        """The words that run a command inside ``node`` (working folder: the current one)."""
+        return ["nsenter", "-t", str(self._holders[node]), "-n", "-u", "-m", f"--wdns={os.getcwd()}", "--"]
+
+    def run(self, node: str, argv: Sequence[str], *, timeout: float = 300, check: bool = False,
+            env: Optional[Dict[str, str]] = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+        done = subprocess.run(self.enter(node)[:-2] + [f"--wdns={cwd}", "--", *argv], capture_output=True, text=True,
+                              timeout=timeout, env=self._env(env))
+        if check and done.returncode != 0:
+            raise RuntimeError(f"{node}: {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done
+
+    def popen(self, node: str, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
+              cwd: Path = REPO) -> subprocess.Popen:
+        return subprocess.Popen(self.enter(node)[:-2] + [f"--wdns={cwd}", "--", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self._env(env), start_new_session=True)
+
+    def hydra(self, program: Sequence[str], hosts: Sequence[str], *, env: Optional[Dict[str, str]] = None) -> List[str]:
+        """mpiexec over ``hosts`` (one rank each), to run on node1: ``program`` follows ``python``."""
+        return [str(REPO / ".venv" / "bin" / "mpiexec"), "-launcher", "ssh", "-launcher-exec", str(self.ssh),
+                "-hosts", ",".join(hosts), "-ppn", "1", "-n", str(len(hosts)),
+                str(REPO / ".venv" / "bin" / "python"), *program]
+
+    def processes(self, node: str) -> List[int]:
+        """Every process living in ``node``'s namespaces except its holder (found by namespace identity)."""
+        holder = self._holders.get(node)
+        if holder is None:
+            return []
+        try:
+            uts = os.readlink(f"/proc/{holder}/ns/uts")
+        except OSError:
+            return []
+        if uts == os.readlink("/proc/self/ns/uts"):
+            return []  # never the host's own processes
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != holder:
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/uts") == uts:
+                        found.append(int(entry))
+                except OSError:
+                    pass
+        return found
+
+    def kill_python(self, node: str, sig: int = signal.SIGKILL) -> List[int]:
+        """``sig`` to the node's Python processes (an MPI rank and its workers): the job dies there."""
+        hit = []
+        for pid in self.processes(node):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().startswith("python"):
+                    os.kill(pid, sig)
+                    hit.append(pid)
+            except OSError:
+                pass
+        return hit
+
+    def kill_node(self, node: str) -> None:
+        """The whole node dies: every process in it (slurmd too), its link down."""
+        self.cut_link(node)
+        for pid in self.processes(node):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def cut_link(self, node: str) -> None:
+        self._ip("-n", self.switch, "link", "set", self.port(node), "down")
+
+    def restore_link(self, node: str) -> None:
+        self._ip("-n", self.switch, "link", "set", self.port(node), "up")
+
+    def job_field(self, job_id: str, name: str) -> str:
+        out = self.run("node1", ["scontrol", "show", "job", "-o", job_id]).stdout
+        for word in out.split():
+            if word.startswith(name + "="):
+                return word.split("=", 1)[1]
+        return ""
+
+    # ----- teardown -----
+    def down(self) -> None:
+        """Everything stopped and removed, whatever state it is in (safe to call twice)."""
+        for pid_file in reversed(self._daemons):
+            try:
+                os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+            except (OSError, ValueError, IndexError):
+                pass
+        self._daemons.clear()
+        time.sleep(0.2 if self._holders else 0)
+        for node in list(self._holders):
+            for pid in self.processes(node):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                os.kill(self._holders.pop(node), signal.SIGKILL)
+            except OSError:
+                pass
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+        names = {line.split()[0] for line in listed if line.strip()}
+        for netns in [self.netns(node) for node in self.nodes] + [self.switch]:
+            if netns in names:
+                subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        if self._route:
+            subprocess.run(["ip", "route", "del", "unreachable", f"{self.subnet}.0/24"], capture_output=True)
+            self._route = False
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ----- internals -----
+    @staticmethod
+    def _ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    @staticmethod
+    def _env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("SLURM_", "PMI_", "PMIX_", "HYDRA_", "OMPI_", "MPIR_"))}
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("SLURM_CONF", None)
+        return {**env, **(extra or {})}
+
+
+try:
+    import pytest
+except ImportError:  # the module also runs by hand without pytest
+    pytest = None
+
+if pytest is not None:
+
+    @pytest.fixture(scope="session")
+    def vcluster():
+        """Three nodes for the whole session, with Slurm where it is installed (else
+        ``slurm_reason`` says why not), torn down whatever happens."""
+        reason = unavailable_reason()
+        if reason:
+            pytest.skip(reason)
+        cluster = VirtualCluster()
+        try:
+            cluster.up()
+            cluster.slurm_reason = unavailable_reason(slurm=True)
+            if not cluster.slurm_reason:
+                cluster.start_slurm()
+            yield cluster
+        finally:
+            cluster.down()
+
+
+if __name__ == "__main__":
+    reason = unavailable_reason(slurm=True)
+    if reason:
+        raise SystemExit(reason)
+    cluster = VirtualCluster().up()
+    try:
+        cluster.start_slurm()
+        print(textwrap.dedent(f"""\
+            up: {', '.join(cluster.nodes)} on {cluster.subnet}.0/24; shared folder {cluster.shared}
+            enter a node: {' '.join(cluster.enter('node1'))} bash"""))
+        input("press Enter to tear it down ")
+    finally:
+        cluster.down()

@@ -17,6 +17,7 @@ Readers (``python -m common.status``, ``--dry-run``) never take it.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -67,7 +68,10 @@ def _process_started(pid: int) -> Optional[float]:
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped (an orphan waits for init)
+            return None
+        return process.create_time()
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except psutil.Error:  # exists, but cannot be looked at (another user's): take it as alive
@@ -203,17 +207,18 @@ class Hold:
     def _create(self) -> bool:
         """Write our hold beside it, then link it into place: fails if a hold exists."""
         temporary = self.folder / f".{HOLD_NAME}.{self.me['token']}"
-        with open(temporary, "x") as handle:
-            json.dump(self.me, handle, indent=2)
-            handle.flush()
-            os.fsync(handle.fileno())
         try:
+            with open(temporary, "x") as handle:
+                json.dump(self.me, handle, indent=2)
+                handle.flush()
+                os.fsync(handle.fileno())
             os.link(temporary, self.path)
             return True
         except FileExistsError:
             return False
         finally:
-            temporary.unlink()
+            with contextlib.suppress(OSError):
+                temporary.unlink()
 
     def _remove_stale(self, holder: Dict[str, Any]) -> bool:
         """Move the stale hold aside and delete it, unless it changed in the meantime (another

@@ -4,6 +4,7 @@ Layout (one concept a module):
   app.py          the contract an application implements (App, RunInfo, Record)
   items.py        work items and their seeds
   runner.py       main(AppClass): command line -> validation -> distribution -> outputs
+  startup.py      stop signals noted while a program still imports (before the runner's handlers)
   cli.py          the engine's flags; bad input as one line, exit code 2
   devices.py      --gpu parsing and GPU discovery without initialising CUDA
   mpi.py          the rank's MPI world (imported on the rank's main path only)
@@ -19,9 +20,21 @@ Layout (one concept a module):
   data.py         MNIST / Fashion-MNIST / digits loading shared by the apps
   pipeline/       train -> evaluate -> report pipelines on the engine
   slurm/          sbatch script generator
+
+Importing the package imports nothing heavy (numpy comes with the names below, on first use), so
+an app's ``__main__`` can defer stop signals (``common.startup``) before the slow imports start.
 """
-from .app import App, Record, RunInfo
-from .errors import UsageError
-from .items import Item, item_seed, torch_seed
+from typing import Any
 
 __all__ = ["App", "Item", "Record", "RunInfo", "UsageError", "item_seed", "torch_seed"]
+
+_WHERE = {"App": "app", "Record": "app", "RunInfo": "app", "UsageError": "errors", "Item": "items",
+          "item_seed": "items", "torch_seed": "items"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

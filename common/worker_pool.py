@@ -22,7 +22,8 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
+from multiprocessing import resource_tracker
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import psutil
 
@@ -174,6 +175,8 @@ class WorkerPool:
         self.setup_failures: Dict[str, int] = {}
         self.given_up: Dict[str, str] = {}  # worker name -> why its device was given up
         self.closing = False
+        #: the rank's stop flag (why, or None): a worker that ends once a stop was asked is not replaced
+        self.stop_asked: Callable[[], Optional[str]] = lambda: None
         self._kill_at = 0.0  # set by shutdown: when join kills the workers still alive
         self.selector = selectors.DefaultSelector()
 
@@ -190,6 +193,9 @@ class WorkerPool:
             target=worker_main, name=name, daemon=True,
             args=(child_end, self.app, device, name, str(log_path), self.seed, self.threads),
             kwargs={"heartbeat": self.heartbeat})
+        # multiprocessing starts its resource tracker with the first spawned process, and then
+        # unblocks SIGINT and SIGTERM (it does not restore the mask): start it first, outside the block
+        resource_tracker.ensure_running()
         with _child_environment(device, self.threads), signals_blocked(STOP_SIGNALS):
             process.start()
         child_end.close()
@@ -498,7 +504,10 @@ class WorkerPool:
             if unstarted:
                 events.append(Event("returned", keys=tuple(e[0].key for e in unstarted)))
         elif not worker.ready and not worker.retiring and not worker.setup_reported:
-            self._setup_failed(worker, why)
-        if self.closing or worker.name in self.given_up:
+            if self.stop_asked():  # not a failure of its device: the run is ending
+                log.info("%s: ended while starting (%s); the run is stopping", worker.name, why)
+            else:
+                self._setup_failed(worker, why)
+        if self.closing or worker.name in self.given_up or self.stop_asked():
             return
         self._spawn(worker.device)

@@ -1,0 +1,93 @@
+"""Ctrl-C and the other stop signals while a run starts: while the program still imports (numpy,
+scikit-learn), and while its workers start. Real processes, real signals to the whole process
+group (what a terminal's Ctrl-C does)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers import TOY, error_lines, start, wait_until
+
+STOP_CODE = 75
+
+
+def handler_installed(pid: int, number: int) -> bool:
+    """Whether process ``pid`` catches signal ``number`` (its SigCgt mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            caught = next(line for line in status if line.startswith("SigCgt:"))
+    except (FileNotFoundError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (number - 1)))
+
+
+def worker_starts(results: Path) -> int:
+    """How many worker processes began (each says 'started: pid' first thing in its log)."""
+    return sum(path.read_text().count("started: pid") for path in (results / "logs").glob("rank0-*.log"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_the_program_imports_is_one_line_and_writes_nothing(tmp_path, sig):
+    """From the moment python -m mnist_svm defers stop signals (its first line, before numpy):
+    no KeyboardInterrupt traceback from inside an import, one line, exit 75, no results folder."""
+    results = tmp_path / "results"
+    process = start(["-m", "mnist_svm", "2", "--dataset", "digits", "--results", str(results)])
+    # SIGUSR1 is caught only once the program defers stop signals: still importing then
+    assert wait_until(lambda: handler_installed(process.pid, signal.SIGUSR1), timeout=30, every=0.001)
+    os.killpg(process.pid, sig)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == STOP_CODE, err
+    assert error_lines(err) == [f"mnist_svm: stopped (received {signal.Signals(sig).name}) before the run started; "
+                                f"nothing was written"], err
+    assert not results.exists()
+
+
+@pytest.mark.parametrize("after", [0.0, 0.5, 1.5])
+def test_ctrl_c_while_workers_start_restarts_none_and_prints_no_traceback(tmp_path, after):
+    """Workers that still import (TOY_IMPORT_SLEEP stands for torch) when Ctrl-C reaches the whole
+    process group: none dies of it, none is started again, the run stops cleanly (exit 75)."""
+    results = tmp_path / "results"
+    os.environ["TOY_IMPORT_SLEEP"] = "2"
+    try:
+        process = start([TOY, "8", "--workers", "2", "--results", str(results), "--no-progress"])
+    finally:
+        del os.environ["TOY_IMPORT_SLEEP"]
+    rank = psutil.Process(process.pid)
+
+    def workers() -> list:
+        return [child for child in rank.children() if "resource_tracker" not in " ".join(child.cmdline())]
+
+    assert wait_until(lambda: len(workers()) == 2, timeout=60, every=0.01)
+    time.sleep(after)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == STOP_CODE, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "could not start" not in err and "starting it again" not in err, err
+    assert worker_starts(results) <= 2
+    logs = "".join(path.read_text() for path in (results / "logs").glob("*.log"))
+    assert "Traceback" not in logs and "could not start" not in logs, logs
+
+
+def test_no_worker_is_started_again_once_a_stop_was_asked(tmp_path):
+    """A worker that dies during the stop's grace period (here SIGKILLed) is not replaced: its item
+    runs again on --resume; the other running item finishes."""
+    results = tmp_path / "results"
+    process = start([TOY, "6", "--sleep", "4", "--workers", "2", "--results", str(results), "--no-progress"])
+    rank = psutil.Process(process.pid)
+    assert wait_until(lambda: worker_starts(results) == 2 and (results / "logs" / "rank0-cpu1.log").exists(), timeout=60)
+    time.sleep(1)  # both workers busy with their first item
+    os.kill(process.pid, signal.SIGINT)
+    time.sleep(0.5)
+    victim = next(child for child in rank.children() if "resource_tracker" not in " ".join(child.cmdline()))
+    victim.kill()
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == STOP_CODE, err
+    time.sleep(0.5)
+    assert worker_starts(results) == 2, err  # no third worker
+    assert "starting it again" not in err and "Traceback" not in err, err

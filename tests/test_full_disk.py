@@ -70,7 +70,8 @@ def test_a_disk_that_fills_mid_run_stops_it_in_one_line_and_resume_finishes(tmp_
         assert "Traceback" not in err and "Logging error" not in err, err
         lines = [line for line in err.splitlines() if line.strip()]
         last = lines[-1]
-        _, journaled = read_journal(results / "journal.jsonl")  # whole: its torn tail was cut
+        assert (results / "journal.jsonl").read_bytes().endswith(b"\n")  # a line cut by the full disk is cut off
+        _, journaled = read_journal(results / "journal.jsonl")
         assert last.startswith("toy: stopped: cannot write the journal ") and str(results / "journal.jsonl") in last
         assert "(No space left on device)" in last and "free some space" in last
         assert f"; {len(journaled)} of 200 items are safely journaled;" in last

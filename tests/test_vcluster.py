@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -127,8 +129,29 @@ def test_pipelines_on_three_nodes_equal_one_rank(vcluster, tmp_path):
 
 
 def _slurm(vcluster):
+    vcluster.require_slurm()
+
+
+def test_the_harness_signals_a_nodes_processes_by_namespace_and_runs_batch_jobs(vcluster):
+    sleeper = vcluster.popen("node2", ["sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while not any(Path(f"/proc/{pid}/comm").read_text().strip() == "sleep" for pid in vcluster.processes("node2")):
+            assert time.monotonic() < deadline, "the sleep never showed up in node2"
+            time.sleep(0.05)
+        others = set(vcluster.processes("node1")) | set(vcluster.processes("node3"))
+        slurmd = vcluster.slurmd("node2") if not vcluster.slurm_reason else None
+        hit = vcluster.kill_node_processes("node2", signal.SIGKILL)
+        assert hit and not set(hit) & others
+        assert sleeper.wait(10) == -signal.SIGKILL
+        assert slurmd is None or vcluster.slurmd("node2") == slurmd, "only_job leaves slurmd alone"
+    finally:
+        sleeper.kill()
     if vcluster.slurm_reason:
-        pytest.skip(vcluster.slurm_reason)
+        return
+    job = vcluster.sbatch("#!/bin/sh\n#SBATCH -N 2\nsrun hostname | sort\n", wait=True, timeout=120)
+    assert vcluster.job_state(job) == "COMPLETED", vcluster.logs()
+    assert vcluster.job_output(job).split() == ["node1", "node2"]
 
 
 def generated_script(vcluster, nodes: int, program: list) -> Path:

@@ -29,6 +29,8 @@ from typing import Dict, List, Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 #: folder every node sees at the same path (the nodes' /tmp is their own)
 SHARED_ROOT = Path("/var/tmp/multinode-gpu-vcluster")
+#: the daemons kill_node_processes(only_job=True) leaves alone
+DAEMONS = ("slurmd", "slurmstepd", "slurmctld", "slurmscriptd", "munged")
 SLURM_PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "squeue", "sinfo")
 
 _SSH = r"""#!/bin/sh
@@ -41,7 +43,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 host=${1#*@}; host=${host%%.*}; shift
-exec nsenter -t "$(cat "@DIR@/$host.pid")" -n -u -m --wdns="${PWD:-/}" -- /bin/sh -c "$*"
+cpus=$(cat "@DIR@/$host.cpus" 2>/dev/null || true)
+exec ${cpus:+taskset -c "$cpus"} nsenter -t "$(cat "@DIR@/$host.pid")" -n -u -m --wdns="${PWD:-/}" -- /bin/sh -c "$*"
 """
 
 _HOLDER = r"""
@@ -56,8 +59,10 @@ cat /proc/sys/kernel/random/uuid > "$DIR/$NODE.boot_id"
 mount --bind "$DIR/$NODE.boot_id" /proc/sys/kernel/random/boot_id
 cat /proc/sys/kernel/random/uuid | tr -d - > "$DIR/$NODE.machine-id"
 mount --bind "$DIR/$NODE.machine-id" /etc/machine-id
-mount -t tmpfs -o mode=1777,size=2g "tmp-$NODE" /tmp
-mount -t tmpfs -o mode=1777,size=1g "shm-$NODE" /dev/shm
+if [ "$PRIVATE_TMP" = 1 ]; then
+  mount -t tmpfs -o mode=1777,size=2g "tmp-$NODE" /tmp
+  mount -t tmpfs -o mode=1777,size=1g "shm-$NODE" /dev/shm
+fi
 if [ -d /etc/slurm ]; then mount --bind "$DIR/slurm/etc" /etc/slurm; fi
 echo $$ > "$DIR/$NODE.pid"
 exec sleep infinity
@@ -86,11 +91,19 @@ def _binary(name: str) -> str:
 
 
 class VirtualCluster:
-    """``nodes`` nodes named node1..nodeN; ``shared`` is seen by every node at the same path."""
+    """``nodes`` nodes named node1..nodeN; ``shared`` is seen by every node at the same path.
 
-    def __init__(self, nodes: int = 3, tag: Optional[str] = None):
+    ``private_tmp``: each node its own tmpfs /tmp and /dev/shm (the shared folder and the project
+    are elsewhere, so every node still sees them). ``cpus``: a CPU list per node for ``taskset``
+    (say ``["0", "1", "1"]``), so each rank sees its share of the machine; None: every CPU.
+    """
+
+    def __init__(self, nodes: int = 3, tag: Optional[str] = None, private_tmp: bool = True,
+                 cpus: Optional[Sequence[str]] = None):
         self.count = nodes
-        self.tag = tag or f"mg{os.getpid() % 100000}"
+        self.private_tmp = private_tmp
+        self.cpus = dict(zip((f"node{i}" for i in range(1, nodes + 1)), cpus or ()))
+        self.tag = tag or f"mg{os.getpid():x}"  # unique among live processes; port names stay under 16 bytes
         self.subnet = f"10.213.{random.randint(1, 250)}"
         self.nodes = [f"node{i}" for i in range(1, nodes + 1)]
         self.dir = SHARED_ROOT / self.tag
@@ -99,35 +112,38 @@ class VirtualCluster:
         self.ssh = self.dir / "ssh"
         self.slurm_dir = self.dir / "slurm"
         self._holders: Dict[str, int] = {}
+        self._netns: List[str] = []  # the namespaces we made (and only those are deleted)
         self._route = False
         self._daemons: List[Path] = []  # pid files, in start order
-        self.slurm_reason: Optional[str] = "Slurm was not started"
+        self.slurm_reason: Optional[str] = "Slurm was not started"  # why Slurm tests skip, or None
+        self.slurm_failed: Optional[str] = None  # Slurm is installed but did not come up
 
     # ----- bring-up -----
     def up(self) -> "VirtualCluster":
         atexit.register(self.down)
-        subprocess.run(["ip", "route", "replace", "unreachable", f"{self.subnet}.0/24"], check=True)
-        self._route = True
+        self._claim_subnet()
         (self.slurm_dir / "etc").mkdir(parents=True, exist_ok=True)
         self.shared.mkdir(parents=True, exist_ok=True)
         (self.dir / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
             f"{self.address(node)} {node}\n" for node in self.nodes))
         self.ssh.write_text(_SSH.replace("@DIR@", str(self.dir)))
         self.ssh.chmod(0o755)
-        self._ip("netns", "add", self.switch)
+        self._add_netns(self.switch)
         self._ip("-n", self.switch, "link", "set", "lo", "up")
         self._ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         self._ip("-n", self.switch, "link", "set", "br0", "up")
         for index, node in enumerate(self.nodes, 1):
             netns = self.netns(node)
-            self._ip("netns", "add", netns)
+            self._add_netns(netns)
             self._ip("link", "add", self.port(node), "netns", self.switch, "type", "veth", "peer", "name", "eth0",
                      "netns", netns)
             self._ip("-n", self.switch, "link", "set", self.port(node), "master", "br0", "up")
             self._ip("-n", netns, "link", "set", "lo", "up")
             self._ip("-n", netns, "addr", "add", f"{self.address(node)}/24", "dev", "eth0")
             self._ip("-n", netns, "link", "set", "eth0", "up")
-            env = dict(os.environ, NODE=node, DIR=str(self.dir))
+            if node in self.cpus:
+                (self.dir / f"{node}.cpus").write_text(self.cpus[node])
+            env = dict(os.environ, NODE=node, DIR=str(self.dir), PRIVATE_TMP=str(int(self.private_tmp)))
             subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "unshare", "--uts", "--mount",
                               "--propagation", "private", "sh", "-c", _HOLDER], env=env, stdin=subprocess.DEVNULL,
                              stdout=open(self.dir / f"{node}.holder.log", "w"), stderr=subprocess.STDOUT,
@@ -210,7 +226,8 @@ class VirtualCluster:
 
     def enter(self, node: str) -> List[str]:
         """The words that run a command inside ``node`` (working folder: the current one)."""
-        return ["nsenter", "-t", str(self._holders[node]), "-n", "-u", "-m", f"--wdns={os.getcwd()}", "--"]
+        pinned = ["taskset", "-c", self.cpus[node]] if node in self.cpus else []
+        return [*pinned, "nsenter", "-t", str(self._holders[node]), "-n", "-u", "-m", f"--wdns={os.getcwd()}", "--"]
 
     def run(self, node: str, argv: Sequence[str], *, timeout: float = 300, check: bool = False,
             env: Optional[Dict[str, str]] = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -286,12 +303,105 @@ class VirtualCluster:
                 return word.split("=", 1)[1]
         return ""
 
+    def require_slurm(self) -> None:
+        """In a test: skip it where Slurm is not installed, fail it where Slurm did not come up."""
+        if self.slurm_failed:
+            pytest.fail(self.slurm_failed)
+        if self.slurm_reason:
+            pytest.skip(self.slurm_reason)
+
+    def kill_node_processes(self, node: str, sig: int = signal.SIGKILL, only_job: bool = True) -> List[int]:
+        """``sig`` to the processes in ``node``'s namespaces (by namespace identity, never by name):
+        with ``only_job`` all but the Slurm and munge daemons (an MPI rank, its workers, hydra's
+        proxy, a batch shell), else every one (the node dies; its holder stays). Returns the pids."""
+        hit = []
+        for pid in self.processes(node):
+            try:
+                if only_job and Path(f"/proc/{pid}/comm").read_text().strip() in DAEMONS:
+                    continue
+                os.kill(pid, sig)
+                hit.append(pid)
+            except OSError:
+                pass
+        return hit
+
+    def slurmd(self, node: str) -> Optional[int]:
+        """The pid of ``node``'s slurmd, or None."""
+        for pid in self.processes(node):
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd":
+                    return pid
+            except OSError:
+                pass
+        return None
+
+    def stop_slurmd(self, node: str, sig: int = signal.SIGKILL) -> None:
+        """``node``'s slurmd stops (SIGKILL: it dies; the jobs' steps live on, as on a real node)."""
+        pid = self.slurmd(node)
+        if pid is not None:
+            os.kill(pid, sig)
+
+    def start_slurmd(self, node: str) -> None:
+        """``node``'s slurmd again, unless one runs (ReturnToService=2 brings the node back)."""
+        if self.slurmd(node) is None:
+            self.run(node, [_binary("slurmd")], check=True)
+
+    def sbatch(self, script, *args: str, wait: bool = False, timeout: float = 600) -> str:
+        """Submit ``script`` (a path, or the text of one) from node1 with ``args`` after it; its
+        output goes to ``shared/slurm-JOB.out`` (:meth:`job_output`). Returns the job id; with
+        ``wait``, once the job has ended (see :meth:`job_state` for how)."""
+        if isinstance(script, str) and "\n" in script:
+            text, script = script, self.shared / f"job-{time.monotonic_ns()}.sbatch"
+            script.write_text(text)
+        done = self.run("node1", ["sbatch", "--parsable", *(["--wait"] if wait else []),
+                                  f"--output={self.shared}/slurm-%j.out", str(script), *args], timeout=timeout)
+        job = done.stdout.strip().split(";")[0]
+        if not job.isdigit():
+            raise RuntimeError(f"sbatch failed ({done.returncode}): {done.stderr.strip()}")
+        return job
+
+    def job_state(self, job: str) -> str:
+        """PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, NODE_FAIL, REQUEUED, ... ("" once forgotten)."""
+        return self.job_field(job, "JobState")
+
+    def wait_job(self, job: str, timeout: float = 600) -> str:
+        """Wait until ``job`` has ended; returns its last state."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.job_state(job)
+            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"):
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job} still {state} after {timeout} s\n{self.logs()}")
+            time.sleep(0.5)
+
+    def job_output(self, job: str) -> str:
+        """What the batch script printed (its stdout and stderr)."""
+        path = self.shared / f"slurm-{job}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def squeue(self) -> str:
+        return self.run("node1", ["squeue", "-h", "-o", "%i %T %N %r"]).stdout
+
+    def logs(self, lines: int = 30) -> str:
+        """The last ``lines`` of every log the cluster keeps (holders, munged, slurmctld, each
+        slurmd) and the nodes' Slurm states: for an assertion's message."""
+        parts = []
+        for path in sorted(self.dir.glob("*.holder.log")) + sorted((self.slurm_dir / "log").glob("*.log")):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"== {path.name}\n" + "\n".join(tail))
+        if not self.slurm_reason:
+            parts.append("== sinfo\n" + self.run("node1", ["sinfo", "-h", "-N", "-o", "%N %T %E"], timeout=30).stdout)
+        return "\n".join(parts)
+
     # ----- teardown -----
     def down(self) -> None:
         """Everything stopped and removed, whatever state it is in (safe to call twice)."""
         for pid_file in reversed(self._daemons):
             try:
-                os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+                pid = int(pid_file.read_text().split()[0])
+                if self._node_of(pid):  # a pid file names a pid: only ever one of our nodes' processes
+                    os.kill(pid, signal.SIGTERM)
             except (OSError, ValueError, IndexError):
                 pass
         self._daemons.clear()
@@ -306,17 +416,48 @@ class VirtualCluster:
                 os.kill(self._holders.pop(node), signal.SIGKILL)
             except OSError:
                 pass
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
-        names = {line.split()[0] for line in listed if line.strip()}
-        for netns in [self.netns(node) for node in self.nodes] + [self.switch]:
-            if netns in names:
-                subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        for netns in reversed(self._netns):
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        self._netns.clear()
         if self._route:
             subprocess.run(["ip", "route", "del", "unreachable", f"{self.subnet}.0/24"], capture_output=True)
             self._route = False
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # ----- internals -----
+    def _claim_subnet(self) -> None:
+        """Install the host's ``unreachable`` route for a 10.213.K.0/24 nobody routes yet. ``ip route
+        add`` (not replace) fails on a route that exists: a subnet another session's cluster uses is
+        never taken over, nor its route deleted at our teardown."""
+        for attempt in range(50):
+            added = subprocess.run(["ip", "route", "add", "unreachable", f"{self.subnet}.0/24"], capture_output=True,
+                                   text=True)
+            if added.returncode == 0:
+                self._route = True
+                return
+            if "exists" not in added.stderr:
+                raise RuntimeError(f"ip route add unreachable {self.subnet}.0/24: {added.stderr.strip()}")
+            self.subnet = f"10.213.{random.randint(1, 250)}"
+        raise RuntimeError("no free 10.213.K.0/24 subnet for the virtual cluster")
+
+    def _node_of(self, pid: int) -> Optional[str]:
+        """The node whose namespaces ``pid`` lives in (by UTS namespace identity), or None."""
+        try:
+            uts = os.readlink(f"/proc/{pid}/ns/uts")
+        except OSError:
+            return None
+        for node, holder in self._holders.items():
+            try:
+                if os.readlink(f"/proc/{holder}/ns/uts") == uts and uts != os.readlink("/proc/self/ns/uts"):
+                    return node
+            except OSError:
+                pass
+        return None
+
+    def _add_netns(self, name: str) -> None:
+        self._ip("netns", "add", name)  # fails on a name that exists: never someone else's
+        self._netns.append(name)
+
     @staticmethod
     def _ip(*args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True)
@@ -345,14 +486,27 @@ if pytest is not None:
         if reason:
             pytest.skip(reason)
         cluster = VirtualCluster()
+        # SIGTERM (a CI timeout) unwinds like Ctrl-C, so the teardown below runs; atexit covers
+        # the rest; only a SIGKILL leaves the namespaces behind
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _interrupt)
         try:
             cluster.up()
             cluster.slurm_reason = unavailable_reason(slurm=True)
             if not cluster.slurm_reason:
-                cluster.start_slurm()
+                try:
+                    cluster.start_slurm()
+                except (RuntimeError, subprocess.SubprocessError, OSError) as error:
+                    cluster.slurm_failed = cluster.slurm_reason = f"Slurm did not start: {error}"
             yield cluster
         finally:
             cluster.down()
+            if previous == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

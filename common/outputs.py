@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
+
+from .errors import UsageError, quoted
 
 
 def _current_umask() -> int:
@@ -35,6 +38,52 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+#: ``FS_IOC_GETFLAGS`` and its immutable and append-only bits (``chattr +i``, ``chattr +a``)
+_GETFLAGS, _IMMUTABLE, _APPEND_ONLY = 0x80086601, 0x10, 0x20
+
+
+def _inode_flags(path: Path) -> int:
+    """The file's inode flags where the filesystem has them (ext4, xfs, btrfs, tmpfs), else 0."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, _GETFLAGS, bytes(8))[:4])[0]
+    except OSError:  # ENOTTY: NFS, Lustre, GPFS have no such flags
+        return 0
+    finally:
+        os.close(fd)
+
+
+def check_replaceable(folder: Path, files: Iterable[str] = (), skip: Iterable[str] = ()) -> None:
+    """Before a run writes into ``folder`` again (``--resume``): every output an earlier run left
+    there can be replaced at the end, so the run does not do its work and then fail half-way
+    through its outputs, leaving new figures beside an old summary. Refuses (UsageError) an
+    immutable or append-only file or folder anywhere under ``folder`` (but in ``skip``), and a
+    folder where one of ``files`` (names the run writes) should be."""
+    folder = Path(folder)
+    for name in files:
+        if (folder / name).is_dir():
+            raise UsageError(f"--results {quoted(folder)}: {quoted(folder / name)} is a folder, where the run "
+                             f"writes a file; move it away")
+    skipped = set(skip)
+    for root, dirs, names in os.walk(folder):
+        if Path(root) == folder:
+            dirs[:] = [name for name in dirs if name not in skipped]
+            names = [name for name in names if name not in skipped]
+        for name in dirs + names:
+            path = Path(root) / name
+            flags = _inode_flags(path)
+            if flags & (_IMMUTABLE | _APPEND_ONLY):
+                kind = "immutable" if flags & _IMMUTABLE else "append-only"
+                raise UsageError(f"--results {quoted(folder)}: {quoted(path)} is {kind} (lsattr shows it), so the "
+                                 f"run could not replace it at the end; chattr -{'i' if flags & _IMMUTABLE else 'a'} "
+                                 f"it or choose another --results")
 
 
 def atomic_write_text(path: Path, text: str) -> None:

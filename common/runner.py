@@ -30,7 +30,7 @@ from .hold import HOLD_NAME, Hold, check_free
 from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
 from .logs import add_file_log, setup_logging
 from .mpi import world
-from .outputs import atomic_write_json, atomic_write_text
+from .outputs import atomic_write_json, atomic_write_text, check_replaceable
 from .progress import Progress
 from .report_html import write_report
 from .scheduler import Scheduler
@@ -42,6 +42,10 @@ from . import startup, write_failures
 from .write_failures import free_reserve, reserve_space
 
 log = logging.getLogger("multinode_gpu")
+
+#: what the engine writes at the top of the results folder (each checked replaceable on --resume)
+ENGINE_OUTPUTS = ("summary.json", "summary.md", "report.html", "status.json", "timeline.png", "timeline.svg",
+                  "gpu_usage.png", "gpu_usage.svg", "gpu_usage.pdf", "gpu_usage.csv", JOURNAL_NAME)
 
 #: seconds a busy worker gets to end what it started (pipeline steps) once the run is over
 WORKER_KILL_AFTER = 10.0
@@ -159,6 +163,9 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
                                  f"writes ({problem}): the journal is damaged; use another --results") from None
     elif folder.exists() and not folder.is_dir():
         raise UsageError(f"--results {quoted(folder)}: exists and is not a folder")
+    if folder.is_dir():  # an earlier run's outputs: each must be replaceable at the end, or the
+        # run would do its work and then leave new figures beside an old summary
+        check_replaceable(folder, ENGINE_OUTPUTS, skip=("logs", HOLD_NAME))
     app.prepare()
     if folder.is_dir() and not journal_path.exists():
         others = sorted(path.name for path in folder.iterdir()
@@ -442,6 +449,12 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
              lambda: atomic_write_json(results / "summary.json", summary))
     _written(results, "summary.md", results / "summary.md",
              lambda: atomic_write_text(results / "summary.md", _summary_markdown(app, summary)))
+    late = write_failures.first() if failure is None else None
+    if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
+        print(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
+              f"{late.remedy()}, then write them with the same launcher and: "
+              f"{module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+        return EXIT_STOPPED
     if failure is None:
         write_report(results)
     if failure is not None:
@@ -467,7 +480,7 @@ def _written(results: Path, what: str, path: Path, write: Callable[[], Any]) -> 
     except OSError as error:
         if not write_failures.about_results(error, results):
             raise
-        write_failures.note(what, error.filename or path, error)
+        write_failures.note(what, error.filename2 or error.filename or path, error)  # a rename's target
         free_reserve(results)
         return None
 

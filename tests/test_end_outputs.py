@@ -1,0 +1,73 @@
+"""The end of a run never leaves a half-updated results folder: outputs an earlier run left that
+could not be replaced are refused before any work (--resume), and a summary that cannot be
+written at the end is one line, exit 75. Real runs of the toy app."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import TOY, assert_usage_error, error_lines, run, snapshot, start, wait_for_results
+
+STOP_CODE = 75
+
+
+def unfinished_run(results: Path) -> None:
+    """A finished toy run whose journal then loses its last result: --resume has one item to do."""
+    assert run([TOY, "4", "--results", str(results), "--no-progress"]).returncode == 0
+    journal = results / "journal.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    last = max(i for i, line in enumerate(lines) if '"type":"result"' in line)
+    journal.write_text("".join(lines[:last] + lines[last + 1:]))
+
+
+def chattr(flag: str, path: Path) -> bool:
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("name, flag", [("summary.json", "+i"), ("values.json", "+i"), ("timeline.png", "+a")])
+def test_an_output_that_cannot_be_replaced_is_refused_before_any_work(tmp_path, name, flag):
+    results = tmp_path / "r"
+    unfinished_run(results)
+    target = results / name
+    if shutil.which("chattr") is None or not chattr(flag, target):
+        pytest.skip("chattr +i/+a needs root (CAP_LINUX_IMMUTABLE) and a filesystem with inode flags")
+    try:
+        before = snapshot(results)
+        proc = run([TOY, "4", "--results", str(results), "--resume"], ranks=2)
+        kind = "immutable" if flag == "+i" else "append-only"
+        assert_usage_error(proc, f"{str(target)!r} is {kind}", f"chattr -{flag[1]}")
+        assert snapshot(results) == before  # the journal was not even opened for the missing item
+    finally:
+        chattr(f"-{flag[1]}", target)
+    assert run([TOY, "4", "--results", str(results), "--resume"]).returncode == 0
+
+
+def test_a_folder_where_summary_json_goes_is_refused_before_any_work(tmp_path):
+    results = tmp_path / "r"
+    unfinished_run(results)
+    (results / "summary.json").unlink()
+    (results / "summary.json" / "inside").mkdir(parents=True)
+    before = snapshot(results)
+    assert_usage_error(run([TOY, "4", "--results", str(results), "--resume"]), "summary.json' is a folder")
+    assert snapshot(results) == before
+
+
+def test_a_summary_that_cannot_be_written_at_the_end_is_one_line_exit_75(tmp_path):
+    """Made unwritable during the run (after the check at the start): no traceback, no exit 0 over a
+    stale summary; --resume then writes the outputs."""
+    results = tmp_path / "r"
+    process = start([TOY, "6", "--sleep", "0.5", "--results", str(results), "--no-progress"])
+    wait_for_results(results, 1)
+    (results / "summary.json" / "inside").mkdir(parents=True)  # os.replace cannot put a file there
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == STOP_CODE, err
+    assert "Traceback" not in err
+    last = error_lines(err)[-1]
+    assert last.startswith("toy: stopped: cannot write summary.json ") and "(Is a directory)" in last, err
+    assert last.endswith("--resume") and repr(str(results / "summary.json")) in last, err
+    shutil.rmtree(results / "summary.json")
+    assert run([TOY, "6", "--results", str(results), "--resume"]).returncode == 0
+    assert (results / "summary.json").is_file()

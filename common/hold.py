@@ -29,7 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from .errors import UsageError
+from .errors import UsageError, quoted
 from .outputs import atomic_write_json
 
 log = logging.getLogger("multinode_gpu")
@@ -157,9 +157,9 @@ def stale_because(holder: Dict[str, Any], now: Optional[float] = None) -> Option
 
 def refusal(folder: Path, holder: Dict[str, Any]) -> UsageError:
     if holder.get("damaged"):
-        return UsageError(f"--results {folder}: in use by another run (its {HOLD_NAME} is being written or damaged; "
+        return UsageError(f"--results {quoted(folder)}: in use by another run (its {HOLD_NAME} is being written or damaged; "
                           f"it counts as stale {STALE_PERIODS * REFRESH_SECONDS:.0f} s after it last changed)")
-    return UsageError(f"--results {folder}: in use by another run ({describe(holder)}); wait for it to end "
+    return UsageError(f"--results {quoted(folder)}: in use by another run ({describe(holder)}); wait for it to end "
                       f"or choose another --results")
 
 
@@ -202,7 +202,7 @@ class Hold:
             if self._remove_stale(holder):
                 log.warning("taking over --results %s from a run that is gone (%s; %s)",
                             self.folder, describe(holder) if not holder.get("damaged") else f"damaged {HOLD_NAME}", why)
-        raise UsageError(f"--results {self.folder}: in use by other runs starting at the same time; try again")
+        raise UsageError(f"--results {quoted(self.folder)}: in use by other runs starting at the same time; try again")
 
     def _create(self) -> bool:
         """Write our hold beside it, then link it into place: fails if a hold exists."""

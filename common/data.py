@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import math
+import os
 import socket
 import zlib
 from dataclasses import dataclass
@@ -101,9 +102,23 @@ def _find_in(folder: Path, stem: str) -> Optional[Path]:
     return None
 
 
+def _check_data_dir(data_dir: Optional[Path]) -> None:
+    """An explicit --data-dir the filesystem refuses to look up (a name over its limit, no
+    permission) is one line, not an OSError from deep in a search."""
+    if data_dir is None:
+        return
+    try:
+        os.stat(data_dir)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        raise UsageError(f"--data-dir {quoted(data_dir)}: cannot be read ({error.strerror or error})") from None
+
+
 def find_idx_files(name: str, data_dir: Optional[Path] = None) -> Optional[Dict[str, Path]]:
     """The four IDX files of ``name`` from the first folder holding all four, or ``None``."""
     _check_name(name)
+    _check_data_dir(data_dir)
     for folder in _candidate_dirs(name, data_dir):
         found = {part: _find_in(folder, stem) for part, stem in IDX_FILES.items()}
         if all(found.values()):

@@ -266,6 +266,13 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
               file=sys.stderr)
         return 2
     results: Path = args.results
+    try:
+        os.stat(results)
+    except FileNotFoundError:
+        pass
+    except OSError as error:  # a name over the filesystem's limit, no permission: --watch would never see it
+        print(f"python -m common.status: error: {quoted(results)}: {error.strerror or error}", file=sys.stderr)
+        return 2
     if not results.is_dir() and args.watch is None:
         print(f"python -m common.status: error: {quoted(results)}: no such folder", file=sys.stderr)
         return 2

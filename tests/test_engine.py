@@ -271,6 +271,8 @@ def test_a_newline_in_a_path_stays_inside_the_one_line_error(tmp_path):
     assert_usage_error(run([TOY, "4", "--results", str(results)], ranks=2), "cannot write there", repr(str(results)))
     status = run(["-m", "common.status", str(tmp_path / "no\nsuch")])
     assert status.returncode == 2 and len(status.stderr.splitlines()) == 1, status.stderr
+    status = run(["-m", "common.status", str(tmp_path / ("x" * 300))])
+    assert_usage_error(status, "File name too long")
 
 
 def test_existing_journal_needs_resume_and_resume_needs_the_same_arguments(tmp_path):

@@ -178,11 +178,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("case", ["a file", "missing folder", "3 of 4 files"])
+@pytest.mark.parametrize("case", ["a file", "missing folder", "3 of 4 files", "name too long"])
 def test_explicit_data_dir_is_the_only_place_looked_at(tmp_path, case):
     """--data-dir X that does not hold Fashion-MNIST is refused (one line naming what is missing),
     never replaced by Debian's copy in /usr/share/datasets."""
-    data_dir = tmp_path / "data\nsplit"  # a newline in the path stays inside the one line
+    data_dir = tmp_path / ("x" * 300 if case == "name too long" else "data\nsplit")  # a newline stays in the line
     if case == "a file":
         data_dir.write_bytes(b"")
     elif case == "3 of 4 files":
@@ -194,7 +194,7 @@ def test_explicit_data_dir_is_the_only_place_looked_at(tmp_path, case):
     proc = run(svm("1", "--dataset", "fashion-mnist", "--data-dir", str(data_dir), "--results", str(results)),
                timeout=60)
     expected = {"a file": "is not a folder", "missing folder": "does not exist",
-                "3 of 4 files": "lacks t10k-labels-idx1-ubyte"}[case]
+                "3 of 4 files": "lacks t10k-labels-idx1-ubyte", "name too long": "File name too long"}[case]
     assert_usage_error(proc, expected, repr(str(data_dir)))
     assert not results.exists() and snapshot(tmp_path) == before
 

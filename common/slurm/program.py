@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import stat
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -21,6 +23,17 @@ KNOWN_APPS: Dict[str, str] = {
     "mnist_nn": "mnist_nn.app:MnistNN",
     "common.pipeline": "common.pipeline.app:PipelineApp",
 }
+
+
+def _is_file(path: object, what: str) -> bool:
+    """Whether ``path`` is a file; a path the filesystem refuses to look up (a name over its limit,
+    no permission) is a UsageError naming ``what``."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as error:
+        raise UsageError(f"{what} {quoted(path)}: cannot be read ({error.strerror or error})") from None
 
 
 def _module_exists(name: str) -> bool:
@@ -49,7 +62,7 @@ def check_program(command: List[str]) -> None:
 
     target = command[0]
     if target.endswith(".py"):
-        if not Path(target).is_file():
+        if not _is_file(target, "the program"):
             raise UsageError(f"{quoted(target)}: no such file (the job runs it from this folder)")
         return
     app_class = _app_class(target)
@@ -78,7 +91,7 @@ def _check_definition(path: Path) -> None:
     """The pipeline definition exists and passes the runner's own checks of its format."""
     from ..pipeline.definition import load_definition
 
-    if not Path(path).is_file():
+    if not _is_file(path, "the pipeline definition"):
         raise UsageError(f"{quoted(path)}: no such pipeline definition")
     load_definition(path)
 
@@ -87,6 +100,6 @@ def check_container(image: Optional[str]) -> None:
     """The Apptainer image exists (a ``docker://``-style URI is fetched by apptainer itself)."""
     if image is None or "://" in image:
         return
-    if not Path(image).is_file():
+    if not _is_file(image, "--container"):
         raise UsageError(f"--container {quoted(image)}: no such image file (relative paths are from this folder, "
                          f"where the job starts)")

@@ -49,6 +49,20 @@ def one_rank(program: list, results: Path) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """program -> the results folder of its 1-rank run on this host, made once per session (the
+    hydra and the Slurm runs of one command compare with the same one)."""
+    made = {}
+
+    def results_of(program: list) -> Path:
+        if tuple(program) not in made:
+            made[tuple(program)] = tmp_path_factory.mktemp("one-rank") / "results"
+            one_rank(program, made[tuple(program)])
+        return made[tuple(program)]
+    return results_of
+
+
 def summary(results: Path) -> dict:
     return json.loads((results / "summary.json").read_text())
 
@@ -79,8 +93,8 @@ def test_the_nodes_are_separate_hosts_and_mpi_crosses_the_network(vcluster):
 
 
 @pytest.mark.parametrize("program", [SVM, NN], ids=["mnist_svm", "mnist_nn"])
-def test_an_app_on_three_nodes_equals_one_rank(vcluster, program, tmp_path):
-    one_rank(program, tmp_path / "one")
+def test_an_app_on_three_nodes_equals_one_rank(vcluster, program, reference):
+    one = reference(program)
     results = vcluster.shared / f"three-{program[1]}"
     shutil.rmtree(results, ignore_errors=True)
     done = hydra(vcluster, program, results)
@@ -90,9 +104,9 @@ def test_an_app_on_three_nodes_equals_one_rank(vcluster, program, tmp_path):
     ran_on = {e["host"] for e in map(json.loads, (results / "journal.jsonl").read_text().splitlines())
               if e.get("type") == "result"}
     assert len(ran_on) >= 2, f"items ran on {ran_on} only"
-    assert item_results(results) == item_results(tmp_path / "one")
+    assert item_results(results) == item_results(one)
     if program[1] == "mnist_svm":
-        assert np.array_equal(np.load(results / "validation_error.npy"), np.load(tmp_path / "one" / "validation_error.npy"),
+        assert np.array_equal(np.load(results / "validation_error.npy"), np.load(one / "validation_error.npy"),
                               equal_nan=True)
     for rank, node in enumerate(vcluster.nodes):
         assert f" {node} " in (results / "logs" / f"rank{rank}.log").read_text(), "a rank's log names its host"
@@ -108,7 +122,8 @@ def pipeline_outcome(results: Path) -> dict:
     return outcome
 
 
-def test_pipelines_on_three_nodes_equal_one_rank(vcluster, tmp_path):
+def squares(vcluster) -> list:
+    """A pipelines file (a matrix of 6, two steps each) on the shared folder, as a program."""
     definition = vcluster.shared / "squares.json"
     definition.write_text(json.dumps({
         "name": "square",
@@ -116,14 +131,18 @@ def test_pipelines_on_three_nodes_equal_one_rank(vcluster, tmp_path):
         "steps": [{"id": "compute", "command": "sleep 0.5; echo $((${n} * ${n})) > square.txt; hostname > host.log"},
                   {"id": "check", "command": "test -s ../compute/square.txt && cat ../compute/square.txt > seen.txt"}],
     }))
-    program = ["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "1", "--no-progress"]
-    one_rank(program, tmp_path / "one")
+    return ["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "1", "--no-progress"]
+
+
+def test_pipelines_on_three_nodes_equal_one_rank(vcluster, reference):
+    program = squares(vcluster)
+    one = reference(program)
     results = vcluster.shared / "three-pipelines"
     shutil.rmtree(results, ignore_errors=True)
     done = hydra(vcluster, program, results)
     assert done.returncode == 0, done.stderr
-    assert summary(results)["status"] == summary(tmp_path / "one")["status"] == "complete"
-    assert pipeline_outcome(results) == pipeline_outcome(tmp_path / "one")
+    assert summary(results)["status"] == summary(one)["status"] == "complete"
+    assert pipeline_outcome(results) == pipeline_outcome(one)
     hosts = {p.read_text().strip() for p in results.rglob("host.log")}
     assert len(hosts) >= 2, f"the pipelines ran on {hosts} only"
 
@@ -165,25 +184,25 @@ def generated_script(vcluster, nodes: int, program: list) -> Path:
     return script
 
 
-def sbatch(vcluster, script: Path, *args: str, wait: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-    return vcluster.run("node1", ["sbatch", "--parsable", *(["--wait"] if wait else []),
-                                  f"--output={vcluster.shared}/slurm-%j.out", str(script), *args], timeout=timeout)
-
-
-def test_a_generated_slurm_script_on_two_nodes_equals_one_rank(vcluster, tmp_path):
+@pytest.mark.parametrize("which", ["mnist_svm", "mnist_nn", "pipelines"])
+def test_a_generated_slurm_script_on_two_nodes_equals_one_rank(vcluster, which, reference):
     _slurm(vcluster)
-    one_rank(SVM, tmp_path / "one")
-    results = vcluster.shared / "slurm-svm"
+    program = {"mnist_svm": SVM, "mnist_nn": NN}.get(which) or squares(vcluster)
+    one = reference(program)
+    results = vcluster.shared / f"slurm-{which}"
     shutil.rmtree(results, ignore_errors=True)
-    app_args = [*SVM[2:-len(CPU)], "--threads", "1", "--no-progress"]
-    script = generated_script(vcluster, 2, ["mnist_svm", *app_args])
-    done = sbatch(vcluster, script, *app_args, "--results", str(results))
-    job = done.stdout.strip().split(";")[0]
-    log = (vcluster.shared / f"slurm-{job}.out").read_text() if job else ""
-    assert done.returncode == 0, done.stderr + log
+    app_args = program[2:]  # the script runs 'python -m MODULE' with the arguments given to sbatch
+    script = generated_script(vcluster, 2, [program[1], *app_args])
+    job = vcluster.sbatch(script, *app_args, "--results", str(results), wait=True)
+    log = vcluster.job_output(job)
+    assert vcluster.job_state(job) == "COMPLETED", log + vcluster.logs()
     assert summary(results)["ranks"] == 2, log
+    assert summary(results)["status"] == "complete", log
     assert {w["host"] for w in summary(results)["workers"]} == {"node1", "node2"}
-    assert item_results(results) == item_results(tmp_path / "one")
+    if which == "pipelines":
+        assert pipeline_outcome(results) == pipeline_outcome(one)
+    else:
+        assert item_results(results) == item_results(one)
 
 
 def test_slurm_gres_pins_each_worker_to_its_own_fake_gpu(vcluster):

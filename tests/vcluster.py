@@ -353,11 +353,13 @@ class VirtualCluster:
         if isinstance(script, str) and "\n" in script:
             text, script = script, self.shared / f"job-{time.monotonic_ns()}.sbatch"
             script.write_text(text)
-        done = self.run("node1", ["sbatch", "--parsable", *(["--wait"] if wait else []),
-                                  f"--output={self.shared}/slurm-%j.out", str(script), *args], timeout=timeout)
+        done = self.run("node1", ["sbatch", "--parsable", f"--output={self.shared}/slurm-%j.out", str(script), *args],
+                        timeout=60)
         job = done.stdout.strip().split(";")[0]
         if not job.isdigit():
             raise RuntimeError(f"sbatch failed ({done.returncode}): {done.stderr.strip()}")
+        if wait:  # polled here: sbatch --wait polls at up to 10 s intervals
+            self.wait_job(job, timeout)
         return job
 
     def job_state(self, job: str) -> str:

@@ -190,7 +190,7 @@ class VirtualCluster:
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none", "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides", "ReturnToService=2", "JobRequeue=1",
-            "MpiDefault=none", "MailProg=/bin/true", "KillWait=5", "SlurmdTimeout=10", "MessageTimeout=5",
+            "MpiDefault=none", "MailProg=/bin/true", "KillWait=5", "SlurmdTimeout=30", "MessageTimeout=5",
             "SchedulerParameters=sched_interval=2,bf_interval=1", f"FirstJobId={random.randint(1_000, 60_000_000)}",
             "GresTypes=gpu",
             *[f"NodeName={node} NodeAddr={self.address(node)} CPUs={cpus}{gres} State=UNKNOWN" for node in self.nodes],
@@ -289,6 +289,13 @@ class VirtualCluster:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+    def revive(self, node: str) -> None:
+        """After :meth:`kill_node`: its link up and its slurmd started again (Slurm returns it to service)."""
+        self.restore_link(node)
+        if not self.slurm_reason and not any(Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd"
+                                             for pid in self.processes(node) if Path(f"/proc/{pid}/comm").exists()):
+            self.run(node, [_binary("slurmd")])
 
     def cut_link(self, node: str) -> None:
         self._ip("-n", self.switch, "link", "set", self.port(node), "down")

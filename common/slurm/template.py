@@ -56,13 +56,24 @@ trap 'forward TERM' TERM
 restarts=${SLURM_RESTART_COUNT:-0}
 log "start $((restarts + 1)) on ${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST:-}"
 LAUNCH=({{launch}})
-log "${LAUNCH[*]} ${PROGRAM[*]} ${APP_ARGS[*]}"
-"${LAUNCH[@]}" "${PROGRAM[@]}" "${APP_ARGS[@]}" &
-step=$!
-# A trapped signal interrupts 'wait'; keep waiting until the step has really ended.
-while kill -0 "$step" 2>/dev/null; do wait "$step"; done
-wait "$step"
-rc=$?
+# A step that dies (a rank killed, a node lost: MPICH then crashes the ranks still talking to it)
+# is started again with --resume on the job's nodes that are still up, up to {{step_restarts}} times.
+attempt=0
+while :; do
+    log "${LAUNCH[*]} ${PROGRAM[*]} ${APP_ARGS[*]}"
+    "${LAUNCH[@]}" "${PROGRAM[@]}" "${APP_ARGS[@]}" &
+    step=$!
+    # A trapped signal interrupts 'wait'; keep waiting until the step has really ended.
+    while kill -0 "$step" 2>/dev/null; do wait "$step"; done
+    wait "$step"
+    rc=$?
+    case $rc in 0|1|2|{{exit_stopped}}) break ;; esac
+    if [ -n "$stop_signal" ] || [ "$attempt" -ge {{step_restarts}} ]; then break; fi
+    attempt=$((attempt + 1))
+    log "the run's step ended abnormally (exit $rc): starting it again with --resume ($attempt of {{step_restarts}})"
+    sleep 5
+    LAUNCH=({{relaunch}})
+done
 
 if [ "$rc" -eq {{exit_stopped}} ]; then
     if [ "$stop_signal" = TERM ]; then
@@ -98,10 +109,12 @@ def header(spec: JobSpec) -> List[str]:
         options.append(f"--partition={spec.partition}")
     if spec.account:
         options.append(f"--account={spec.account}")
-    # --no-kill: a failed node does not end the job; the run gives that node's items to the others
-    # (--heartbeat-timeout). If the batch host itself fails, Slurm requeues the job (--requeue).
+    # No --no-kill for the job: a node that Slurm declares DOWN (SlurmdTimeout) ends the job and
+    # --requeue starts it again, which resumes. With --no-kill, a dead batch host would leave the job
+    # RUNNING without its script until the walltime (measured). The run itself gives a silent
+    # node's items to the others after --heartbeat-timeout, usually long before Slurm notices.
     options += ["--output=%x-%j.out", "--open-mode=append",
-                f"--signal=B:USR1@{spec.warning}", "--requeue", "--no-kill"]
+                f"--signal=B:USR1@{spec.warning}", "--requeue"]
     return [f"#SBATCH {option}" for option in options]
 
 
@@ -122,8 +135,14 @@ def _defaults(spec: JobSpec) -> str:
     return "\n".join(lines)
 
 
-def _srun_options(spec: JobSpec) -> str:
-    options = [f"--mpi={spec.mpi}", '--nodes="$SLURM_JOB_NUM_NODES"',
+#: times a step that died is started again inside the same job
+STEP_RESTARTS = 3
+
+
+def _srun_options(spec: JobSpec, relaunch: bool = False) -> str:
+    # a step started again runs on the nodes still up: at least one, at most the job's
+    nodes = '--nodes="1-$SLURM_JOB_NUM_NODES"' if relaunch else '--nodes="$SLURM_JOB_NUM_NODES"'
+    options = [f"--mpi={spec.mpi}", nodes,
                f"--ntasks-per-node={spec.ntasks_per_node}", '--cpus-per-task="$SLURM_CPUS_PER_TASK"']
     if not spec.cpu:  # as many as the job got: an sbatch --gpus-per-node on the command line wins
         options.append(f'--gpus-per-node="${{SLURM_GPUS_PER_NODE:-{spec.gpus_per_node}}}"')
@@ -133,9 +152,9 @@ def _srun_options(spec: JobSpec) -> str:
     return " ".join(options)
 
 
-def _launch(spec: JobSpec) -> str:
+def _launch(spec: JobSpec, relaunch: bool = False) -> str:
     """srun, and the container wrapper (hybrid model: srun outside, the program and its MPI inside)."""
-    launch = "srun " + _srun_options(spec)
+    launch = "srun " + _srun_options(spec, relaunch)
     if not spec.container:
         return launch
     words = ["apptainer", "exec"] + ([] if spec.cpu else ["--nv"])
@@ -164,6 +183,8 @@ def render(spec: JobSpec) -> str:
         "exit_stopped": str(EXIT_STOPPED),
         "max_requeues": str(spec.max_requeues),
         "launch": _launch(spec),
+        "relaunch": _launch(spec, relaunch=True),
+        "step_restarts": str(STEP_RESTARTS),
     }
     # one pass: a value (the user's arguments may hold "{{warning}}") is never searched for slots again
     body = _SLOT.sub(lambda match: slots[match.group(1)], BODY)

@@ -16,6 +16,7 @@ Run ``python tests/vcluster.py`` to bring one up by hand (Enter tears it down).
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import random
 import shutil
@@ -86,6 +87,44 @@ def unavailable_reason(slurm: bool = False) -> Optional[str]:
     return None
 
 
+def sweep_stale() -> List[str]:
+    """Remove the clusters whose owning process died without its teardown (SIGKILL): every process
+    in their network namespaces (by namespace identity), the namespaces, the host route, the
+    folder. A cluster whose owner lives is never touched. Returns what was removed."""
+    removed = []
+    host_net = os.stat("/proc/self/ns/net").st_ino
+    for record_file in sorted(SHARED_ROOT.glob("*/cluster.json")):
+        try:
+            record = json.loads(record_file.read_text())
+            state = Path(f"/proc/{int(record['owner'])}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                continue  # its owner lives: not ours to remove
+        except FileNotFoundError:
+            pass  # its owner is gone
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            continue
+        inodes = set()
+        for netns in record.get("netns", []):
+            try:
+                inodes.add(os.stat(f"/run/netns/{netns}").st_ino)
+            except OSError:
+                pass
+        inodes.discard(host_net)
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and os.stat(f"/proc/{entry}/ns/net").st_ino in inodes:
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+        for netns in reversed(record.get("netns", [])):
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        if record.get("subnet"):
+            subprocess.run(["ip", "route", "del", "unreachable", f"{record['subnet']}.0/24"], capture_output=True)
+        shutil.rmtree(record_file.parent, ignore_errors=True)
+        removed.append(record_file.parent.name)
+    return removed
+
+
 def _binary(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
@@ -121,7 +160,9 @@ class VirtualCluster:
     # ----- bring-up -----
     def up(self) -> "VirtualCluster":
         atexit.register(self.down)
+        self.dir.mkdir(parents=True, exist_ok=True)
         self._claim_subnet()
+        self._record()
         (self.slurm_dir / "etc").mkdir(parents=True, exist_ok=True)
         self.shared.mkdir(parents=True, exist_ok=True)
         (self.dir / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
@@ -466,6 +507,12 @@ class VirtualCluster:
     def _add_netns(self, name: str) -> None:
         self._ip("netns", "add", name)  # fails on a name that exists: never someone else's
         self._netns.append(name)
+        self._record()
+
+    def _record(self) -> None:
+        """What :func:`sweep_stale` needs to remove this cluster should its process be SIGKILLed."""
+        record = {"owner": os.getpid(), "subnet": self.subnet if self._route else None, "netns": self._netns}
+        (self.dir / "cluster.json").write_text(json.dumps(record))
 
     @staticmethod
     def _ip(*args: str) -> None:
@@ -494,6 +541,7 @@ if pytest is not None:
         reason = unavailable_reason()
         if reason:
             pytest.skip(reason)
+        sweep_stale()  # what a SIGKILLed session left behind
         cluster = VirtualCluster()
         # SIGTERM (a CI timeout) unwinds like Ctrl-C, so the teardown below runs; atexit covers
         # the rest; only a SIGKILL leaves the namespaces behind

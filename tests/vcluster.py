@@ -278,10 +278,13 @@ class VirtualCluster:
             raise RuntimeError(f"{node}: {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
         return done
 
-    def popen(self, node: str, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None,
-              cwd: Path = REPO) -> subprocess.Popen:
-        return subprocess.Popen(self.enter(node)[:-2] + [f"--wdns={cwd}", "--", *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self._env(env), start_new_session=True)
+    def popen(self, node: str, argv: Sequence[str], *, env: Optional[Dict[str, str]] = None, cwd: Path = REPO,
+              **popen_args) -> subprocess.Popen:
+        """``argv`` started in ``node``; its output piped unless ``popen_args`` say otherwise (a long
+        run that prints much should write to a file: ``stdout=handle, stderr=subprocess.STDOUT``)."""
+        options = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        return subprocess.Popen(self.enter(node)[:-2] + [f"--wdns={cwd}", "--", *argv], env=self._env(env),
+                                **{**options, **popen_args})
 
     def hydra(self, program: Sequence[str], hosts: Sequence[str], *, env: Optional[Dict[str, str]] = None) -> List[str]:
         """mpiexec over ``hosts`` (one rank each), to run on node1: ``program`` follows ``python``."""

@@ -61,8 +61,13 @@ mount --bind "$DIR/$NODE.boot_id" /proc/sys/kernel/random/boot_id
 cat /proc/sys/kernel/random/uuid | tr -d - > "$DIR/$NODE.machine-id"
 mount --bind "$DIR/$NODE.machine-id" /etc/machine-id
 if [ "$PRIVATE_TMP" = 1 ]; then
+  # folders under /tmp every node must still see (a checkout in /tmp): held aside, then bound back
+  i=0; for keep in $KEEP; do i=$((i + 1)); mkdir -p "$DIR/keep-$NODE-$i"; mount --rbind "$keep" "$DIR/keep-$NODE-$i"; done
   mount -t tmpfs -o mode=1777,size=2g "tmp-$NODE" /tmp
   mount -t tmpfs -o mode=1777,size=1g "shm-$NODE" /dev/shm
+  i=0; for keep in $KEEP; do
+    i=$((i + 1)); mkdir -p "$keep"; mount --rbind "$DIR/keep-$NODE-$i" "$keep"; umount -l "$DIR/keep-$NODE-$i"
+  done
 fi
 if [ -d /etc/slurm ]; then mount --bind "$DIR/slurm/etc" /etc/slurm; fi
 echo $$ > "$DIR/$NODE.pid"
@@ -135,12 +140,16 @@ class VirtualCluster:
     ``private_tmp``: each node its own tmpfs /tmp and /dev/shm (the shared folder and the project
     are elsewhere, so every node still sees them). ``cpus``: a CPU list per node for ``taskset``
     (say ``["0", "1", "1"]``), so each rank sees its share of the machine; None: every CPU.
+    ``keep``: folders under /tmp or /dev/shm that every node must see all the same (the checkout
+    is kept by itself where it lies there); each node sees the host's folder at the same path.
     """
 
     def __init__(self, nodes: int = 3, tag: Optional[str] = None, private_tmp: bool = True,
-                 cpus: Optional[Sequence[str]] = None):
+                 cpus: Optional[Sequence[str]] = None, keep: Sequence[Path] = ()):
         self.count = nodes
         self.private_tmp = private_tmp
+        # what lies under a node's private /tmp or /dev/shm but every node must see: the checkout
+        self.keep = [str(path) for path in (REPO, *keep) if path.resolve().parts[1:2] in (("tmp",), ("dev",))]
         self.cpus = dict(zip((f"node{i}" for i in range(1, nodes + 1)), cpus or ()))
         self.tag = tag or f"mg{os.getpid():x}"  # unique among live processes; port names stay under 16 bytes
         self.subnet = f"10.213.{random.randint(1, 250)}"
@@ -184,7 +193,8 @@ class VirtualCluster:
             self._ip("-n", netns, "link", "set", "eth0", "up")
             if node in self.cpus:
                 (self.dir / f"{node}.cpus").write_text(self.cpus[node])
-            env = dict(os.environ, NODE=node, DIR=str(self.dir), PRIVATE_TMP=str(int(self.private_tmp)))
+            env = dict(os.environ, NODE=node, DIR=str(self.dir), PRIVATE_TMP=str(int(self.private_tmp)),
+                       KEEP=" ".join(self.keep))
             subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "unshare", "--uts", "--mount",
                               "--propagation", "private", "sh", "-c", _HOLDER], env=env, stdin=subprocess.DEVNULL,
                              stdout=open(self.dir / f"{node}.holder.log", "w"), stderr=subprocess.STDOUT,

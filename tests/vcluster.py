@@ -12,6 +12,14 @@ Safety: the nodes' subnet is private and unrouted; before anything starts the ho
 ``unreachable`` route for it, so nothing can leave the machine; no daemon or client ever runs in
 the host's namespaces; teardown goes by pid and namespace identity, never by process name.
 Run ``python tests/vcluster.py`` to bring one up by hand (Enter tears it down).
+
+In tests: the session fixture ``vcluster`` (``from vcluster import vcluster``) is a VirtualCluster
+of node1..node3 with Slurm where installed. Everything runs inside a node, never on the host:
+``run``/``popen`` a command there (cwd: the checkout), ``hydra`` builds the mpiexec command for
+node1, ``sbatch``/``job_state``/``wait_job``/``job_output``/``squeue`` drive Slurm (``require_slurm``
+first). Faults: ``kill_node_processes``, ``kill_python``, ``kill_node``/``revive``,
+``cut_link``/``restore_link``, ``stop_slurmd``/``start_slurmd``. ``shared`` is a folder every node
+sees (results go there); ``logs()`` is for assertion messages.
 """
 from __future__ import annotations
 
@@ -297,9 +305,12 @@ class VirtualCluster:
                                 **{**options, **popen_args})
 
     def hydra(self, program: Sequence[str], hosts: Sequence[str], *, env: Optional[Dict[str, str]] = None) -> List[str]:
-        """mpiexec over ``hosts`` (one rank each), to run on node1: ``program`` follows ``python``."""
+        """The mpiexec command (to give :meth:`run` or :meth:`popen` on node1) that starts one rank
+        on each of ``hosts`` through the ``ssh`` that enters a node: ``program`` follows ``python``;
+        ``env`` is set in every rank (-genv; the rest of mpiexec's environment goes along too)."""
+        settings = [word for name, value in (env or {}).items() for word in ("-genv", name, value)]
         return [str(REPO / ".venv" / "bin" / "mpiexec"), "-launcher", "ssh", "-launcher-exec", str(self.ssh),
-                "-hosts", ",".join(hosts), "-ppn", "1", "-n", str(len(hosts)),
+                *settings, "-hosts", ",".join(hosts), "-ppn", "1", "-n", str(len(hosts)),
                 str(REPO / ".venv" / "bin" / "python"), *program]
 
     def processes(self, node: str) -> List[int]:

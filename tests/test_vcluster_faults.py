@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from test_vcluster import PYTHON, TOY, generated_script, summary
-from vcluster import REPO, vcluster  # noqa: F401  (the session's cluster, a fixture)
+from vcluster import REPO
 
 pytestmark = pytest.mark.vcluster
 

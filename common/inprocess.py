@@ -1,0 +1,294 @@
+"""Stand-ins for MPI and for a rank's worker processes, all in one process: the leader's logic
+(common.distribute) tested in milliseconds and benchmarked at 1,000 ranks without starting any.
+
+- :class:`InProcessWorld`: one communicator per rank (the interface of common.mpi's ``MpiWorld``:
+  ``rank``, ``size``, ``send``, ``poll``, ``flush``, ``abort``, ``finalize``) over shared deques.
+  ``cut(rank)`` silences a rank as a dropped network link does: it neither sends nor receives
+  until ``restore(rank)``. ``pickled=True`` pickles every message as MPI would (the cost counts).
+- :class:`SimulatedPool`: the WorkerPool interface the Leader and Follower use, without
+  processes. Each item "runs" for ``behave``'s duration (0: done at the next poll) and then
+  succeeds or fails as ``behave`` says.
+- :class:`FakeClock` and :class:`Turns`: a clock that moves only when told, and round-robin
+  turns for ranks run as threads, each giving the turn on at every poll of its pool. With
+  :func:`fake_time` patched in for ``common.distribute``'s ``time``, whole runs of the real
+  Leader and Followers are deterministic and take no real time, heartbeat timeouts included.
+"""
+from __future__ import annotations
+
+import pickle
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+
+from .app import Record
+from .items import Item
+from .worker_pool import Event
+
+
+class InProcessWorld:
+    """``size`` ranks in one process; ``comm(rank)`` is each rank's communicator."""
+
+    def __init__(self, size: int, pickled: bool = False):
+        self.size = size
+        self.pickled = pickled
+        self.inboxes: List[Deque[Tuple[int, Any]]] = [deque() for _ in range(size)]
+        self.silenced: Set[int] = set()
+        self.comms = [InProcessComm(self, rank) for rank in range(size)]
+
+    def comm(self, rank: int) -> "InProcessComm":
+        return self.comms[rank]
+
+    def cut(self, rank: int) -> None:
+        """From now on ``rank`` neither sends nor receives (what is sent meanwhile is lost)."""
+        self.silenced.add(rank)
+
+    def restore(self, rank: int) -> None:
+        self.silenced.discard(rank)
+
+    def _deliver(self, source: int, dest: int, message: Any) -> None:
+        if source in self.silenced or dest in self.silenced:
+            return
+        self.inboxes[dest].append((source, pickle.dumps(message, pickle.HIGHEST_PROTOCOL) if self.pickled else message))
+
+
+class InProcessComm:
+    """One rank's view of an :class:`InProcessWorld` (the interface of ``common.mpi.MpiWorld``)."""
+
+    def __init__(self, world: InProcessWorld, rank: int):
+        self.world, self.rank, self.size = world, rank, world.size
+        self.finalize = True
+        self.aborted: Optional[int] = None
+        self.sent: List[Tuple[int, Any]] = []  # (dest, message), for tests that look at the traffic
+        self.keep_sent = False
+
+    def send(self, value: Any, dest: int) -> None:
+        if not 0 <= dest < self.size:
+            raise ValueError(f"no rank {dest} in a world of {self.size}")
+        if self.keep_sent:
+            self.sent.append((dest, value))
+        self.world._deliver(self.rank, dest, value)
+
+    def poll(self) -> Optional[Tuple[int, Any]]:
+        inbox = self.world.inboxes[self.rank]
+        if not inbox or self.rank in self.world.silenced:
+            return None
+        source, message = inbox.popleft()
+        return source, pickle.loads(message) if self.world.pickled else message
+
+    def flush(self, timeout: float = 0.0) -> bool:
+        return True
+
+    def abort(self, code: int) -> None:
+        self.aborted = code
+        raise SystemExit(code)
+
+
+class FakeClock:
+    """Seconds that pass only through ``advance``."""
+
+    def __init__(self, start: float = 1000.0, epoch: float = 1.7e9):
+        self.now = start
+        self.epoch = epoch
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.epoch + self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Turns:
+    """Ranks run as threads, one at a time in a fixed order: each gives the turn to the next at
+    every poll of its pool (or sleep), and the clock moves ``tick`` seconds each round. So the
+    real loops of Leader and Follower interleave deterministically, without real waiting."""
+
+    def __init__(self, clock: FakeClock, tick: float = 0.001, limit: float = 600.0):
+        self.clock, self.tick, self.limit = clock, tick, limit
+        self.cond = threading.Condition()
+        self.order: List[int] = []  # participants still running, by index
+        self.current: Optional[int] = None
+        self.local = threading.local()
+
+    def pause(self) -> None:
+        """Give the turn to the next participant and wait for it to come back."""
+        me = getattr(self.local, "index", None)
+        if me is None:  # not a participant (the test's own thread): nothing to interleave with
+            self.clock.advance(self.tick)
+            return
+        with self.cond:
+            self._pass_on(me)
+            self.cond.wait_for(lambda: self.current == me)
+        if self.clock.now - self.start > self.limit:
+            raise RuntimeError(f"the simulated run went on for more than {self.limit:g} simulated seconds")
+
+    def _pass_on(self, me: int) -> None:
+        later = [index for index in self.order if index > me]
+        if later:
+            self.current = later[0]
+        else:
+            self.current = self.order[0] if self.order else None
+            self.clock.advance(self.tick)
+        self.cond.notify_all()
+
+    def run(self, functions: List[Callable[[], Any]]) -> List[Any]:
+        """Run each function in its own thread, in turns; their return values (an exception in
+        one is raised here once all have ended)."""
+        self.start = self.clock.now
+        results: List[Any] = [None] * len(functions)
+        errors: List[BaseException] = []
+        self.order = list(range(len(functions)))
+        self.current = 0
+
+        def participant(index: int, function: Callable[[], Any]) -> None:
+            self.local.index = index
+            with self.cond:
+                self.cond.wait_for(lambda: self.current == index)
+            try:
+                results[index] = function()
+            except BaseException as error:  # noqa: B902 - handed to the caller
+                errors.append(error)
+            finally:
+                with self.cond:
+                    self._pass_on(index)
+                    self.order.remove(index)
+                    if not self.order:
+                        self.current = None
+                    self.cond.notify_all()
+
+        threads = [threading.Thread(target=participant, args=(i, f), daemon=True) for i, f in enumerate(functions)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+def fake_time(clock: FakeClock, turns: Optional[Turns] = None) -> SimpleNamespace:
+    """What ``common.distribute`` uses of the ``time`` module, on ``clock``: patch it in as
+    ``monkeypatch.setattr(common.distribute, "time", fake_time(clock, turns))``."""
+
+    def sleep(seconds: float) -> None:
+        if turns is not None:
+            turns.pause()
+        else:
+            clock.advance(seconds)
+
+    return SimpleNamespace(monotonic=clock.monotonic, time=clock.time, sleep=sleep)
+
+
+# ----- workers -----
+#: what ``behave(item, attempt, worker)`` returns: ("done", result, seconds) or ("failed", error, seconds)
+Outcome = Tuple[str, Any, float]
+
+
+def instant(item: Item, attempt: int, worker: str) -> Outcome:
+    """Every item succeeds at once; its result is its key."""
+    return "done", item.key, 0.0
+
+
+@dataclass
+class SimulatedWorker:
+    name: str
+    ready: bool = True
+    retiring: bool = False
+    assigned: Deque[list] = field(default_factory=deque)  # bundles: [[item, attempt, outcome], ...]
+    started: float = 0.0  # when the head bundle's first item started
+
+
+class SimulatedPool:
+    """A rank's workers without processes (the interface of ``common.worker_pool.WorkerPool``).
+
+    ``poll`` finishes the items whose simulated time is up, in order within each worker, and
+    gives the turn on when there are :class:`Turns`. ``clock`` is any object with ``monotonic()``
+    and ``time()`` (a :class:`FakeClock`, or the ``time`` module)."""
+
+    def __init__(self, rank: int, workers: int, clock: Any, behave: Callable[[Item, int, str], Outcome] = instant,
+                 turns: Optional[Turns] = None, host: str = "", on_poll: Optional[Callable[[], None]] = None):
+        self.rank, self.clock, self.behave, self.turns = rank, clock, behave, turns
+        self.host = host or f"node{rank}"
+        self.workers: Dict[str, SimulatedWorker] = {
+            name: SimulatedWorker(name) for name in (f"rank{rank}-cpu{i}" for i in range(workers))}
+        self.given_up: Dict[str, str] = {}
+        self.on_poll = on_poll  # called at each poll (a benchmark steps its simulated ranks there)
+        self.ran: List[Tuple[str, int, str]] = []  # (key, attempt, worker) of every attempt started
+        self.revoked = 0
+
+    @property
+    def idle(self) -> List[SimulatedWorker]:
+        return [w for w in self.workers.values() if w.ready and not w.assigned and not w.retiring]
+
+    @property
+    def queued(self) -> int:
+        return sum(len(w.assigned) for w in self.workers.values())
+
+    @property
+    def capacity(self) -> int:
+        return len(self.workers)
+
+    def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[SimulatedWorker]:
+        best, best_rank = None, None
+        for worker in self.workers.values():
+            if not worker.ready or worker.retiring or len(worker.assigned) >= depth:
+                continue
+            rank = (len(worker.assigned), worker.name in avoid)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = worker, rank
+        return best
+
+    def assign(self, worker: SimulatedWorker, bundle: List[Tuple[Item, int]], together: bool = False) -> None:
+        if not worker.assigned:
+            worker.started = self.clock.monotonic()
+        worker.assigned.append([[item, attempt, None] for item, attempt in bundle])
+
+    def revoke_queued(self) -> None:
+        """Items waiting behind the running one come back as a "returned" event at the next poll."""
+        self._returned = [entry[0].key for w in self.workers.values() for bundle in list(w.assigned)[1:]
+                          for entry in bundle]
+        for worker in self.workers.values():
+            while len(worker.assigned) > 1:
+                worker.assigned.pop()
+        self.revoked += len(self._returned)
+
+    def deliver(self, requester: tuple, message: tuple) -> None:
+        pass
+
+    def poll(self, timeout: float) -> List[Event]:
+        if self.turns is not None:
+            self.turns.pause()
+        if self.on_poll is not None:
+            self.on_poll()
+        events: List[Event] = []
+        returned = getattr(self, "_returned", None)
+        if returned:
+            events.append(Event("returned", keys=tuple(returned)))
+            self._returned = []
+        now = self.clock.monotonic()
+        for worker in self.workers.values():
+            while worker.assigned:
+                bundle = worker.assigned[0]
+                entry = bundle[0]
+                item, attempt = entry[0], entry[1]
+                if entry[2] is None:  # asked once, when it starts
+                    entry[2] = self.behave(item, attempt, worker.name)
+                kind, value, seconds = entry[2]
+                if now < worker.started + seconds:
+                    break
+                bundle.pop(0)
+                if not bundle:
+                    worker.assigned.popleft()
+                self.ran.append((item.key, attempt, worker.name))
+                end = worker.started + seconds
+                worker.started = end
+                wall = self.clock.time() - (now - end)
+                record = Record(key=item.key, result=value if kind == "done" else None, seconds=seconds,
+                                rank=self.rank, host=self.host, device=worker.name.split("-")[-1],
+                                worker=worker.name, start=wall - seconds, end=wall, attempt=attempt)
+                events.append(Event("done", record) if kind == "done" else Event("failed", record, error=str(value)))
+        return events

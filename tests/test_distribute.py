@@ -1,0 +1,256 @@
+"""The leader's logic (common.distribute) without processes: the real Leader and Followers, one
+thread per rank taking turns, over common.inprocess's world and simulated workers, on a fake clock
+(heartbeat timeouts and item durations are simulated seconds). Each test takes milliseconds. The
+same behaviours with real processes: tests/test_engine.py, test_lost_rank.py, test_vcluster_faults.py."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from common import distribute
+from common.distribute import Follower, Leader
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
+from common.inprocess import FakeClock, InProcessWorld, SimulatedPool, Turns, fake_time, instant
+from common.items import Item
+from common.journal import Journal
+from common.messages import End, Stop
+from common.progress import Progress
+from common.scheduler import Scheduler
+
+
+def sleeper(seconds: float) -> Callable:
+    """Items that take ``seconds`` (simulated) and return their key."""
+    return lambda item, attempt, worker: ("done", item.key, seconds)
+
+
+def no_dependencies(item: Item, results: Dict[str, Any]) -> Item:
+    return item
+
+
+@dataclass
+class Sim:
+    """One simulated run: ranks x workers, the real Leader at rank 0 and a real Follower elsewhere."""
+
+    tmp_path: Path
+    monkeypatch: Any
+    items: List[Item]
+    ranks: int = 3
+    workers: int = 2
+    behave: Dict[int, Callable] = field(default_factory=dict)  # rank -> behave (default: instant)
+    retries: int = 1
+    heartbeat_timeout: float = 1.0
+    follower_timeouts: Dict[int, float] = field(default_factory=dict)  # rank -> its own timeout
+    grace: float = 5.0
+    complete: Callable = no_dependencies
+    at: List[Tuple[float, Callable[["Sim"], None]]] = field(default_factory=list)  # (time, action)
+    stop_at: Optional[float] = None
+    tick: float = 0.001
+
+    def __post_init__(self) -> None:
+        self.clock = FakeClock()
+        self.turns = Turns(self.clock, self.tick, limit=120.0)
+        self.monkeypatch.setattr(distribute, "time", fake_time(self.clock, self.turns))
+        self.world = InProcessWorld(self.ranks)
+        self.world.comm(0).keep_sent = True
+        self.pools = [SimulatedPool(rank, self.workers, self.clock, self.behave.get(rank, instant), self.turns)
+                      for rank in range(self.ranks)]
+        self.pools[0].on_poll = self._actions
+        self.scheduler = Scheduler(self.items, {}, self.retries, self.complete)
+        self.journal = Journal(self.tmp_path / "journal.jsonl", {"fingerprint": {}})
+        progress = Progress(len(self.items), 0, "sim", enabled=False)
+        started = self.clock.now
+
+        def stop_signal() -> Optional[str]:
+            if self.stop_at is not None and self.clock.now - started >= self.stop_at:
+                return "SIGTERM"
+            return None
+
+        self.started = started
+        self.leader = Leader(self.world.comm(0), self.pools[0], self.scheduler, self.journal, progress, {},
+                             self.ranks * self.workers, self.grace, stop_signal, self.heartbeat_timeout,
+                             {rank: f"node{rank}" for rank in range(self.ranks)})
+        self.followers = [Follower(self.world.comm(rank), self.pools[rank], lambda: None,
+                                   self.follower_timeouts.get(rank, self.heartbeat_timeout))
+                          for rank in range(1, self.ranks)]
+        self.ended_at: Dict[int, float] = {}
+
+    def _actions(self) -> None:
+        while self.at and self.clock.now - self.started >= self.at[0][0]:
+            self.at.pop(0)[1](self)
+
+    def _timed(self, rank: int, run: Callable[[], str]) -> Callable[[], str]:
+        def wrapped() -> str:
+            try:
+                return run()
+            finally:
+                self.ended_at[rank] = self.clock.now - self.started
+        return wrapped
+
+    def run(self) -> List[str]:
+        """Every rank's outcome, rank 0's first."""
+        self.at.sort(key=lambda entry: entry[0])
+        outcomes = self.turns.run([self._timed(0, self.leader.run)] +
+                                  [self._timed(f.comm.rank, f.run) for f in self.followers])
+        self.journal.close()
+        return outcomes
+
+    def results(self) -> List[dict]:
+        return [entry for entry in self.journal_entries() if entry["type"] == "result"]
+
+    def journal_entries(self) -> List[dict]:
+        return [json.loads(line) for line in (self.tmp_path / "journal.jsonl").read_text().splitlines()]
+
+    def ran(self) -> List[Tuple[str, int, str]]:
+        """(key, attempt, worker) of every attempt that finished, on every rank."""
+        return [entry for pool in self.pools for entry in pool.ran]
+
+    def sent_by_leader(self, kind: type, rank: int) -> list:
+        return [m for dest, m in self.world.comm(0).sent if dest == rank and isinstance(m, kind)]
+
+
+def items(count: int, prefix: str = "i") -> List[Item]:
+    return [Item(f"{prefix}{n:03d}") for n in range(count)]
+
+
+def test_every_item_is_handed_out_once_and_faster_ranks_get_more(tmp_path, monkeypatch):
+    sim = Sim(tmp_path, monkeypatch, items(300), ranks=3, workers=2,
+              behave={0: sleeper(0.02), 1: sleeper(0.02), 2: sleeper(0.005)})
+    assert sim.run() == ["complete", "done", "done"]
+    keys = [key for key, _, _ in sim.ran()]
+    assert sorted(keys) == sorted(item.key for item in sim.items)  # each ran exactly once
+    assert sorted(r["key"] for r in sim.results()) == sorted(keys)  # and was journaled once
+    per_rank = {rank: len(pool.ran) for rank, pool in enumerate(sim.pools)}
+    assert per_rank[2] > 2 * max(per_rank[0], per_rank[1]), per_rank
+    assert min(per_rank.values()) > 0, per_rank
+    assert sim.leader.code == EXIT_OK and not sim.leader.lost
+    assert all(sim.sent_by_leader(End, rank) == [End("done", EXIT_OK)] for rank in (1, 2))
+
+
+def test_short_items_travel_in_chunks_and_each_runs_once(tmp_path, monkeypatch):
+    sim = Sim(tmp_path, monkeypatch, items(2000), ranks=3, workers=2)  # instant items
+    assert sim.run() == ["complete", "done", "done"]
+    assert sorted(key for key, _, _ in sim.ran()) == sorted(item.key for item in sim.items)
+    assert len(sim.results()) == 2000
+
+
+def test_a_failing_attempt_is_retried_on_another_worker_then_failed_for_good(tmp_path, monkeypatch):
+    def behave(item: Item, attempt: int, worker: str):
+        if item.key == "flaky" and attempt == 1:
+            return "failed", "RuntimeError: first time", 0.01
+        if item.key == "broken":
+            return "failed", f"RuntimeError: always ({worker})", 0.01
+        return "done", item.key, 0.01
+
+    work = items(20) + [Item("flaky"), Item("broken")]
+    sim = Sim(tmp_path, monkeypatch, work, retries=2, behave={rank: behave for rank in range(3)})
+    assert sim.run() == ["complete", "done", "done"]
+    attempts = {key: [(attempt, worker) for k, attempt, worker in sim.ran() if k == key] for key in ("flaky", "broken")}
+    assert [a for a, _ in attempts["flaky"]] == [1, 2]
+    assert attempts["flaky"][0][1] != attempts["flaky"][1][1]  # retried elsewhere
+    assert [a for a, _ in attempts["broken"]] == [1, 2, 3]  # --retries 2: three attempts, then failed
+    assert attempts["broken"][1][1] != attempts["broken"][0][1]  # avoiding the worker it failed on (a preference)
+    assert "flaky" in sim.scheduler.results and list(sim.scheduler.failed) == ["broken"]
+    entries = sim.journal_entries()
+    assert [e["key"] for e in entries if e["type"] == "failed"] == ["broken"]
+    assert sum(e["type"] == "attempt_failed" for e in entries) == 4
+    assert sim.leader.code == EXIT_FAILED_ITEMS
+    assert all(sim.sent_by_leader(End, rank) == [End("done", EXIT_FAILED_ITEMS)] for rank in (1, 2))
+
+
+def test_a_later_wave_runs_after_what_it_waits_for_and_is_built_from_its_results(tmp_path, monkeypatch):
+    first = [Item(f"a{n}", {"value": n}) for n in range(6)]
+    second = [Item(f"b{n}", after=(f"a{n}", f"a{(n + 1) % 6}")) for n in range(6)]
+    final = [Item("c", after=tuple(item.key for item in second))]
+
+    def complete(item: Item, results: Dict[str, Any]) -> Item:
+        return Item(item.key, {"value": sum(results.values())}, after=item.after)
+
+    def behave(item: Item, attempt: int, worker: str):
+        return "done", item.params["value"], 0.01 * (1 + len(item.key))
+
+    sim = Sim(tmp_path, monkeypatch, final + second + first, complete=complete,
+              behave={rank: behave for rank in range(3)})
+    assert sim.run() == ["complete", "done", "done"]
+    results = sim.scheduler.results
+    assert [results[f"b{n}"] for n in range(6)] == [n + (n + 1) % 6 for n in range(6)]
+    assert results["c"] == 2 * sum(range(6))
+    records = sim.leader.records
+    for item in second + final:
+        assert all(records[item.key].start >= records[dep].end for dep in item.after), item.key
+    assert {r["key"]: r["params"] for r in sim.results()}["c"] == {"value": 30}  # what --resume checks
+
+
+def test_a_silent_rank_is_lost_and_its_items_finish_elsewhere(tmp_path, monkeypatch):
+    sim = Sim(tmp_path, monkeypatch, items(60), heartbeat_timeout=0.5,
+              behave={rank: sleeper(0.1) for rank in range(3)},
+              at=[(0.25, lambda s: s.world.cut(2))])
+    outcomes = sim.run()
+    assert outcomes == ["complete", "done", "lost"]
+    assert list(sim.leader.lost) == [2]
+    lost = sim.leader.lost[2]
+    assert lost["host"] == "node2" and lost["items_reassigned"] >= 1
+    assert sim.followers[1].silence > 0.5 and sim.ended_at[2] <= 0.25 + 0.5 + 0.01  # it gave rank 0 up, in time
+    assert sorted(r["key"] for r in sim.results()) == sorted(item.key for item in sim.items)  # each once
+    event = [e for e in sim.journal_entries() if e["type"] == "rank_lost"]
+    assert len(event) == 1 and event[0]["rank"] == 2 and len(event[0]["items"]) == lost["items_reassigned"]
+    for key in event[0]["items"]:  # what it held ran on the others
+        assert sim.leader.records[key].rank in (0, 1)
+    assert sim.sent_by_leader(End, 2) == []  # nothing more goes to a lost rank
+    assert sim.leader.code == EXIT_OK
+
+
+def test_followers_that_hear_nothing_from_rank_0_stop_by_themselves(tmp_path, monkeypatch):
+    sim = Sim(tmp_path, monkeypatch, items(40), heartbeat_timeout=0.5,
+              behave={rank: sleeper(0.1) for rank in range(3)},
+              at=[(0.2, lambda s: s.world.cut(0))])
+    outcomes = sim.run()
+    assert outcomes == ["complete", "lost", "lost"]  # rank 0 goes on alone
+    for follower in sim.followers:
+        assert 0.5 <= follower.silence <= 0.6
+        assert sim.ended_at[follower.comm.rank] <= 0.2 + 0.6
+    assert sorted(sim.leader.lost) == [1, 2]
+    assert sorted(r["key"] for r in sim.results()) == sorted(item.key for item in sim.items)
+    assert {sim.leader.records[r["key"]].rank for r in sim.results()[-5:]} == {0}
+
+
+def test_a_lost_rank_that_comes_back_has_its_late_results_kept_once_and_is_told_to_end(tmp_path, monkeypatch):
+    # ranks 0 and 1 are slow (0.5 s an item), rank 2 fast (0.3 s): the items rank 2 held when its link
+    # dropped finish there (0.3 s) before the survivors, busy until 0.5 s, can run them again
+    sim = Sim(tmp_path, monkeypatch, items(30), heartbeat_timeout=0.1, follower_timeouts={2: 5.0},
+              behave={0: sleeper(0.5), 1: sleeper(0.5), 2: sleeper(0.3)},
+              at=[(0.05, lambda s: s.world.cut(2)), (0.2, lambda s: s.world.restore(2))])
+    assert sim.run() == ["complete", "done", "halt"]
+    assert list(sim.leader.lost) == [2] and sim.leader.lost[2]["told_to_end"]
+    assert sim.sent_by_leader(End, 2) == [End("halt", EXIT_STOPPED)]  # once
+    late = [key for key, record in sim.leader.records.items() if record.rank == 2]
+    assert late and set(late) <= set(next(e for e in sim.journal_entries() if e["type"] == "rank_lost")["items"])
+    assert sorted(r["key"] for r in sim.results()) == sorted(item.key for item in sim.items)  # once each
+    # they came back before any survivor was free to run them again: taken off the ready list
+    assert sorted(key for key, _, _ in sim.ran()) == sorted(item.key for item in sim.items)
+    assert sim.leader.code == EXIT_OK
+
+
+def test_a_stop_lets_running_items_finish_and_gives_back_what_never_started(tmp_path, monkeypatch):
+    sim = Sim(tmp_path, monkeypatch, items(2000), behave={rank: sleeper(0.002) for rank in range(3)},
+              stop_at=0.1)
+    assert sim.run() == ["stopped", "halt", "halt"]
+    assert sim.leader.code == EXIT_STOPPED
+    assert all(sim.sent_by_leader(Stop, rank) and sim.sent_by_leader(End, rank)[-1] == End("halt", EXIT_STOPPED)
+               for rank in (1, 2))
+    assert sim.ended_at[0] < 0.1 + 0.05  # the running items took 2 ms, not the 5 s grace
+    done = {r["key"] for r in sim.results()}
+    assert 0 < len(done) < 2000 and done == set(sim.scheduler.results)
+    assert not sim.scheduler.in_flight and not sim.scheduler.failed
+    assert len(done) + sim.scheduler.ready_count == 2000  # the rest is ready again for --resume
+    assert sum(pool.revoked for pool in sim.pools) > 0  # queued items were taken back from workers
+    assert any(e["type"] == "stop" for e in sim.journal_entries())
+
+
+def test_a_stop_waits_for_running_items_no_longer_than_the_grace(tmp_path, monkeypatch):
+    sim = Sim(tmp_path, monkeypatch, items(12), behave={rank: sleeper(10.0) for rank in range(3)},
+              stop_at=0.5, grace=2.0)
+    assert sim.run() == ["stopped", "halt", "halt"]
+    assert 2.5 <= sim.ended_at[0] <= 2.6
+    assert not sim.scheduler.results and not sim.scheduler.failed  # they run again on --resume

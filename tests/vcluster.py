@@ -24,6 +24,7 @@ sees (results go there); ``logs()`` is for assertion messages.
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import random
@@ -100,6 +101,10 @@ def unavailable_reason(slurm: bool = False) -> Optional[str]:
     return None
 
 
+_made = itertools.count()  # clusters made by this process: the second and later ones get
+_instances = itertools.count(1)  # a suffix in their tag
+
+
 def sweep_stale() -> List[str]:
     """Remove the clusters whose owning process died without its teardown (SIGKILL): every process
     in their network namespaces (by namespace identity), the namespaces, the host route, the
@@ -159,7 +164,9 @@ class VirtualCluster:
         # what lies under a node's private /tmp or /dev/shm but every node must see: the checkout
         self.keep = [str(path) for path in (REPO, *keep) if path.resolve().parts[1:2] in (("tmp",), ("dev",))]
         self.cpus = dict(zip((f"node{i}" for i in range(1, nodes + 1)), cpus or ()))
-        self.tag = tag or f"mg{os.getpid():x}"  # unique among live processes; port names stay under 16 bytes
+        # unique among live processes and clusters (a second one in this process gets its own
+        # namespaces and folder); port names stay under 16 bytes
+        self.tag = tag or f"mg{os.getpid():x}" + (f"x{next(_instances)}" if next(_made) else "")
         self.subnet = f"10.213.{random.randint(1, 250)}"
         self.nodes = [f"node{i}" for i in range(1, nodes + 1)]
         self.dir = SHARED_ROOT / self.tag

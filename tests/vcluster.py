@@ -13,8 +13,9 @@ Safety: the nodes' subnet is private and unrouted; before anything starts the ho
 the host's namespaces; teardown goes by pid and namespace identity, never by process name.
 Run ``python tests/vcluster.py`` to bring one up by hand (Enter tears it down).
 
-In tests: the session fixture ``vcluster`` (``from vcluster import vcluster``) is a VirtualCluster
-of node1..node3 with Slurm where installed. Everything runs inside a node, never on the host:
+In tests: the session fixture ``vcluster`` (made available by tests/conftest.py: import it there
+only, or each importing module gets a cluster of its own) is a VirtualCluster of node1..node3
+with Slurm where installed. Everything runs inside a node, never on the host:
 ``run``/``popen`` a command there (cwd: the checkout), ``hydra`` builds the mpiexec command for
 node1, ``sbatch``/``job_state``/``wait_job``/``job_output``/``squeue`` drive Slurm (``require_slurm``
 first). Faults: ``kill_node_processes``, ``kill_python``, ``kill_node``/``revive``,

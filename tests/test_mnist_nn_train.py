@@ -102,10 +102,10 @@ def test_evaluation_in_large_batches_is_the_net_on_every_image(data, monkeypatch
     assert scores["loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(whole, data.y_train)), rel=1e-5)
 
 
-def test_a_folds_result_is_the_same_every_time_it_runs():
+def test_a_folds_result_is_the_same_every_time_it_runs(tmp_path):
     """The app's run_item, as any worker of any layout runs it (same --threads): the same result."""
     args = argparse.Namespace(dataset="digits", data_dir=None, subsample=150, seed=5, folds=3, max_epochs=3,
-                              batch_size=10, n_bootstrap=1, n_tuning=1, gpu="cpu", max_macs=None)
+                              batch_size=10, n_bootstrap=1, n_tuning=1, gpu="cpu", max_macs=None, results=tmp_path)
     app = MnistNN(args)
     tiny = Candidate(n_conv_layer=2, kernel_size=3, n_hidden_layer=16, learning_rate=0.05, momentum=0.9)
     item = Item(fit_key(0, 0, 1), {"kind": "fit", "bootstrap": 0, "candidate": 0, "fold": 1, "hyper": tiny.as_dict()})

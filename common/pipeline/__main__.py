@@ -1,11 +1,15 @@
 """``python -m common.pipeline DEFINITION [--results DIR] [--gpu ...] [--agent CMD] [--dry-run] ...``;
 ``python -m common.pipeline --schema`` prints the definition format as JSON Schema."""
-import json
-import sys
+from common.startup import defer_stop_signals
 
-from common.pipeline.app import PipelineApp
-from common.pipeline.schema import SCHEMA
-from common.runner import main
+defer_stop_signals()  # before the slow imports: Ctrl-C meanwhile ends the run quietly, not in a traceback
+
+import json  # noqa: E402
+import sys  # noqa: E402
+
+from common.pipeline.app import PipelineApp  # noqa: E402
+from common.pipeline.schema import SCHEMA  # noqa: E402
+from common.runner import main  # noqa: E402
 
 if __name__ == "__main__":
     if "--schema" in sys.argv[1:]:

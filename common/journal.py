@@ -24,6 +24,7 @@ from . import write_failures
 
 JOURNAL_NAME = "journal.jsonl"
 FORMAT_VERSION = 1
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # one for every line (json.dumps makes one per call)
 
 
 def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record]]:
@@ -105,7 +106,7 @@ class Journal:
     def _write(self, entry: dict) -> None:
         if self._fd is None:
             return
-        line = json.dumps(to_jsonable(entry), separators=(",", ":")).encode() + b"\n"
+        line = _ENCODER.encode(to_jsonable(entry)).encode() + b"\n"
         left = memoryview(line)
         try:
             while left:

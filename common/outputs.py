@@ -92,6 +92,11 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def to_jsonable(value: Any) -> Any:
     """numpy scalars and arrays, Paths and tuples as plain JSON values."""
+    kind = type(value)
+    if kind is str or kind is int or value is None or kind is bool:  # most values: rank 0 journals every result
+        return value
+    if kind is float:
+        return None if value != value else value  # NaN is not JSON
     if isinstance(value, dict):
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -22,8 +22,8 @@ from .app import Record
 from .cli import DEFAULT_HEARTBEAT_TIMEOUT
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from .journal import Journal
-from .messages import (Broken, Bye, Dropped, End, Failed, Heartbeat, Items, PoolCall, PoolReply, Release, Request,
-                       Result, Status, Stop, StopRequest)
+from .messages import (Broken, Bye, Dropped, End, Failed, Heartbeat, Items, PoolAnswer, PoolCall, PoolReply, Release,
+                       Request, Result, Status, Stop, StopRequest)
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
@@ -244,7 +244,7 @@ class Leader:
         self.requests.pop(rank, None)
         self.broken.pop(rank, None)
         for _, who in self.global_resources.release_all((rank,)):
-            self._pool_reply(who, ("granted", who[3]))
+            self._pool_reply(who, PoolAnswer("granted", who[3]))
         host = self.hosts.get(rank, "?")
         self.lost[rank] = {"rank": rank, "host": host, "why": why, "items_reassigned": len(keys),
                            "time": time.time()}

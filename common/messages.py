@@ -4,6 +4,10 @@ Follower -> leader: :class:`Request`, :class:`Result`, :class:`Failed`, :class:`
 :class:`Dropped`, :class:`StopRequest`, :class:`Broken`, :class:`Status`, :class:`Bye`.
 Leader -> follower: :class:`Items`, :class:`PoolReply`, :class:`Stop`, :class:`End`, :class:`Release`.
 Both ways: :class:`Heartbeat`, sent only when nothing else went to that rank for a while.
+
+Between a rank and each of its workers (over a pipe): :class:`Assign`, :class:`Revoke`, :class:`Quit`,
+:class:`PoolAnswer` one way; :class:`Ready`, :class:`SetupFailed`, :class:`ItemDone`, :class:`ItemError`,
+:class:`Revoked`, :class:`Alive`, :class:`PoolRequest` the other.
 """
 from __future__ import annotations
 
@@ -87,7 +91,7 @@ class Items:
 @dataclass
 class PoolReply:
     requester: tuple
-    message: tuple
+    message: Any  # a PoolAnswer
 
 
 @dataclass
@@ -124,3 +128,82 @@ class Release:
 @dataclass
 class Heartbeat:
     """Proof of life when no other message went out for a while."""
+
+
+# ----- a rank -> its workers (over each worker's pipe) -----
+@dataclass
+class Assign:
+    """Items to run: one item, a group to run together (``together``), or a chunk run one by one."""
+
+    bundle: List[Tuple[Any, int]]  # [(item, attempt), ...]
+    together: bool
+
+
+@dataclass
+class Revoke:
+    """The rank is stopping: give back the items not yet started."""
+
+
+@dataclass
+class Quit:
+    """No more items for this worker: exit once the running one is done."""
+
+
+@dataclass
+class PoolAnswer:
+    """The answer to a :class:`PoolRequest`: "granted", "refused" (``why``) or "cancelled"."""
+
+    verb: str
+    request: int
+    why: str = ""
+
+
+# ----- a worker -> its rank -----
+@dataclass
+class Ready:
+    """Set up (data loaded, device ready): hand me items."""
+
+
+@dataclass
+class SetupFailed:
+    error: str
+    traceback: str = ""
+
+
+@dataclass
+class ItemDone:
+    key: str
+    result: Any
+    started: float
+    ended: float
+
+
+@dataclass
+class ItemError:
+    key: str
+    error: str
+    traceback: str
+    started: float
+    ended: float
+
+
+@dataclass
+class Revoked:
+    """The answer to :class:`Revoke`: the keys given back."""
+
+    keys: List[str]
+
+
+@dataclass
+class Alive:
+    """A worker's heartbeat, sent when nothing else went to the rank for a while."""
+
+
+@dataclass
+class PoolRequest:
+    """``acquire`` (``count`` slots), ``cancel`` or ``release`` a slot of resource pool ``pool``."""
+
+    verb: str
+    pool: str
+    request: int
+    count: int = 0

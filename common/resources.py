@@ -9,6 +9,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Hashable, List, Tuple
 
+from .messages import PoolAnswer
+
 @dataclass
 class Pool:
     capacity: int
@@ -64,22 +66,22 @@ class ResourceBroker:
     def handle(self, verb: str, name: str, requester: tuple, count: int = 0) -> List[Tuple[tuple, tuple]]:
         """One worker message (acquire/cancel/release) or "gone" -> the (requester, reply) pairs to deliver."""
         if verb == "gone":
-            return [(who, ("granted", who[3])) for _, who in self.release_all(requester[:3])]
+            return [(who, PoolAnswer("granted", who[3])) for _, who in self.release_all(requester[:3])]
         if name not in self.pools:
-            return [(requester, ("refused", requester[3], f"unknown resource pool {name!r}"))]
+            return [(requester, PoolAnswer("refused", requester[3], f"unknown resource pool {name!r}"))]
         replies = []
         if verb == "acquire":
             try:
                 granted = self.request(name, requester, count)
             except ValueError as error:
-                return [(requester, ("refused", requester[3], str(error)))]
+                return [(requester, PoolAnswer("refused", requester[3], str(error)))]
         elif verb == "cancel":
             cancelled, granted = self.cancel(name, requester)
             # not cancelled: the grant crossed the cancel; the worker releases it at once
-            replies.append((requester, ("cancelled" if cancelled else "granted", requester[3])))
+            replies.append((requester, PoolAnswer("cancelled" if cancelled else "granted", requester[3])))
         else:
             granted = self.release(name, requester)
-        return replies + [(who, ("granted", who[3])) for who in granted]
+        return replies + [(who, PoolAnswer("granted", who[3])) for who in granted]
 
     def _grant(self, name: str) -> List[Hashable]:
         pool, granted = self.pools[name], []

@@ -25,6 +25,8 @@ from collections import deque
 from typing import Any, Deque, Dict, Iterator, Optional
 
 from .items import item_seed
+from .messages import (Alive, Assign, ItemDone, ItemError, PoolAnswer, PoolRequest, Quit, Ready, Revoke, Revoked,
+                       SetupFailed)
 from .linux import die_with_parent
 from .logs import worker_file_log
 
@@ -71,7 +73,7 @@ class _Pipe:
 
 
 def _start_heartbeat(pipe: _Pipe, interval: float) -> threading.Event:
-    """A daemon thread that sends ``("alive",)`` whenever nothing was sent for ``interval`` s (and
+    """A daemon thread that sends :class:`Alive` whenever nothing was sent for ``interval`` s (and
     once at its start); set the returned event to end it. It starts with every signal blocked, so
     signals keep reaching the main thread (where they interrupt a sleeping item)."""
     done = threading.Event()
@@ -82,7 +84,7 @@ def _start_heartbeat(pipe: _Pipe, interval: float) -> threading.Event:
             idle = time.monotonic() - pipe.last_sent
             if idle >= interval or wait == 0.0:
                 try:
-                    pipe.send(("alive",))
+                    pipe.send(Alive())
                 except (OSError, ValueError):  # the rank is gone: the main thread notices too
                     return
                 idle = 0.0
@@ -108,23 +110,22 @@ class _Inbox:
     def __init__(self, conn: Connection):
         self.conn = conn
         self.items: Deque[tuple] = deque()
-        self.replies: Dict[int, tuple] = {}
+        self.replies: Dict[int, PoolAnswer] = {}
         self.stopped = False
         self.stopping = False  # the rank is stopping (a walltime signal): start nothing new
 
-    def _take(self, message: tuple) -> None:
-        verb = message[0]
-        if verb == "items":  # a bundle: ([(item, attempt), ...], together)
-            self.items.append((message[1], message[2]))
-        elif verb == "revoke":  # the rank is stopping: give back what has not started
+    def _take(self, message: Any) -> None:
+        if isinstance(message, Assign):
+            self.items.append((message.bundle, message.together))
+        elif isinstance(message, Revoke):  # the rank is stopping: give back what has not started
             self.stopping = True
             keys = [item.key for bundle, _ in self.items for item, _ in bundle]
             self.items.clear()
-            self.conn.send(("revoked", keys))
-        elif verb == "stop":
+            self.conn.send(Revoked(keys))
+        elif isinstance(message, Quit):
             self.stopped = True
-        else:  # a pool answer: (verb, request, ...)
-            self.replies[message[1]] = message
+        elif isinstance(message, PoolAnswer):
+            self.replies[message.request] = message
 
     def pump(self, timeout: Optional[float] = 0.0) -> None:
         """Read what has arrived; wait up to ``timeout`` s (None: forever) for the first message."""
@@ -140,7 +141,7 @@ class _Inbox:
             self.pump(None)
         return None if self.stopped and not self.items else self.items.popleft()
 
-    def reply(self, request: int, timeout: Optional[float]) -> Optional[tuple]:
+    def reply(self, request: int, timeout: Optional[float]) -> Optional[PoolAnswer]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while request not in self.replies:
             left = None if deadline is None else deadline - time.monotonic()
@@ -166,20 +167,20 @@ def acquire(pool: str, count: int = 1, timeout: Optional[float] = None) -> Itera
         raise RuntimeError("acquire() works only inside an item run by the engine")
     _request_counter += 1
     request = _request_counter
-    _inbox.conn.send(("acquire", pool, count, request))
+    _inbox.conn.send(PoolRequest("acquire", pool, request, count))
     reply = _inbox.reply(request, timeout)
     if reply is None:
-        _inbox.conn.send(("cancel", pool, request))
+        _inbox.conn.send(PoolRequest("cancel", pool, request))
         reply = _inbox.reply(request, None)  # "cancelled", or a "granted" that crossed our cancel
-        if reply[0] == "granted":
-            _inbox.conn.send(("release", pool, request))
+        if reply.verb == "granted":
+            _inbox.conn.send(PoolRequest("release", pool, request))
         raise PoolTimeout(f"waited more than {timeout:g} s for pool {pool!r}")
-    if reply[0] == "refused":
-        raise ValueError(reply[2])
+    if reply.verb == "refused":
+        raise ValueError(reply.why)
     try:
         yield
     finally:
-        _inbox.conn.send(("release", pool, request))
+        _inbox.conn.send(PoolRequest("release", pool, request))
 
 
 def stop_requested() -> bool:
@@ -223,12 +224,12 @@ def _run_group(app: Any, state: Any, bundle: list, seed: int, conn: Connection) 
         ended = time.time()
         log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(a) for _, a in bundle), text)
         for item in items:
-            conn.send(("error", item.key, f"{type(error).__name__}: {error}", text, started, ended))
+            conn.send(ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended))
         return
     ended = time.time()
     log.info("%s done in %.3f s", names, ended - started)
     for item, result in zip(items, results):
-        conn.send(("done", item.key, result, started, ended))
+        conn.send(ItemDone(item.key, result, started, ended))
 
 
 def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int,
@@ -260,9 +261,9 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
             _set_threads(threads)
         except Exception as error:
             log.error("setup failed:\n%s", traceback.format_exc())
-            conn.send(("setup_failed", f"{type(error).__name__}: {error}", traceback.format_exc()))
+            conn.send(SetupFailed(f"{type(error).__name__}: {error}", traceback.format_exc()))
             return
-        conn.send(("ready",))
+        conn.send(Ready())
         while True:
             bundle = inbox.next_bundle()
             if bundle is None:

@@ -31,7 +31,8 @@ from .app import Record
 from .devices import Device
 from .items import Item
 from .logs import worker_file_log
-from .messages import Dropped, Failed, PoolCall, Result
+from .messages import (Assign, Dropped, Failed, ItemDone, ItemError, PoolAnswer, PoolCall, PoolRequest, Quit, Ready,
+                       Result, Revoke, Revoked, SetupFailed)
 from .mpi import without_launcher
 from .resources import ResourceBroker
 from .worker import DUMP_SIGNAL, STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
@@ -225,7 +226,7 @@ class WorkerPool:
         worker.assigned.append(Bundle([[item, attempt, now] for item, attempt in bundle], together, len(bundle)))
         worker.handed_total += len(bundle)
         self._note_start(worker)
-        self._send(worker, ("items", list(bundle), together))
+        self._send(worker, Assign(list(bundle), together))
 
     @staticmethod
     def _note_start(worker: WorkerHandle) -> None:
@@ -267,7 +268,7 @@ class WorkerPool:
         running hears of the stop too (``worker.stop_requested``)."""
         for worker in self.workers.values():
             if worker.assigned:
-                self._send(worker, ("revoke",))
+                self._send(worker, Revoke())
 
     def shutdown(self, kill_after: float = 5.0, wait: bool = True) -> None:
         """Stop every worker: politely if idle, TERMINATE_SIGNAL if busy, SIGKILL after ``kill_after`` s.
@@ -281,7 +282,7 @@ class WorkerPool:
         for worker in self.workers.values():
             try:
                 if not worker.assigned and worker.ready:
-                    worker.conn.send(("stop",))
+                    worker.conn.send(Quit())
                 elif worker.process.is_alive():
                     busy = True
                     os.kill(worker.process.pid, TERMINATE_SIGNAL)
@@ -390,16 +391,15 @@ class WorkerPool:
         worker.heard = time.monotonic()  # any message says it is alive
         self._handle(worker, message, events)
 
-    def _handle(self, worker: WorkerHandle, message: tuple, events: List[Event]) -> None:
-        verb = message[0]
-        if verb == "ready":
+    def _handle(self, worker: WorkerHandle, message: Any, events: List[Event]) -> None:
+        if isinstance(message, Ready):
             worker.ready = True
             self.setup_failures.pop(worker.name, None)
-        elif verb == "setup_failed":
+        elif isinstance(message, SetupFailed):
             worker.setup_reported = True
-            self._setup_failed(worker, message[1])
-        elif verb in ("done", "error"):
-            key = message[1]
+            self._setup_failed(worker, message.error)
+        elif isinstance(message, (ItemDone, ItemError)):
+            key = message.key
             running = worker.assigned[0]
             entry = next((e for e in running.entries if e[0].key == key), None)
             if entry is None:  # cannot happen unless the pipe reorders; fail loudly
@@ -410,24 +410,25 @@ class WorkerPool:
             self._note_start(worker)
             attempt, group_size = entry[1], running.size if running.together else 1
             worker.items_done += 1
-            start, end = message[-2], message[-1]
-            record = self._record(worker, key, message[2] if verb == "done" else None, attempt, start, end, group_size)
-            if verb == "done":
+            done = isinstance(message, ItemDone)
+            record = self._record(worker, key, message.result if done else None, attempt, message.started,
+                                  message.ended, group_size)
+            if done:
                 events.append(Event("done", record))
             else:
-                events.append(Event("failed", record, error=message[2], traceback=message[3]))
+                events.append(Event("failed", record, error=message.error, traceback=message.traceback))
             if self.batch and worker.items_done >= self.batch and not self.closing:
                 worker.retiring = True  # a fresh process gives back memory the old one never did
-                self._send(worker, ("stop",))
-        elif verb == "revoked":
-            keys = set(message[1])
+                self._send(worker, Quit())
+        elif isinstance(message, Revoked):
+            keys = set(message.keys)
             for bundle in worker.assigned:
                 bundle.entries = [e for e in bundle.entries if e[0].key not in keys]
             worker.assigned = deque(bundle for bundle in worker.assigned if bundle.entries)
             self._note_start(worker)
             if keys:
-                events.append(Event("returned", keys=tuple(message[1])))
-        elif verb in ("acquire", "cancel", "release"):
+                events.append(Event("returned", keys=tuple(message.keys)))
+        elif isinstance(message, PoolRequest):
             self._pool_message(worker, message, events)
 
     def _record(self, worker: WorkerHandle, key: str, result: Any, attempt: int, start: float, end: float,
@@ -440,18 +441,15 @@ class WorkerPool:
     def _requester(self, worker: WorkerHandle, request: int) -> tuple:
         return (self.rank, worker.name, worker.process.pid, request)
 
-    def _pool_message(self, worker: WorkerHandle, message: tuple, events: List[Event]) -> None:
-        verb, pool = message[0], message[1]
-        request = message[3] if verb == "acquire" else message[2]
-        requester = self._requester(worker, request)
-        count = message[2] if verb == "acquire" else 0
-        if pool in self.global_pools:
-            events.append(Event("pool", message=(verb, requester, pool, count)))
+    def _pool_message(self, worker: WorkerHandle, message: PoolRequest, events: List[Event]) -> None:
+        requester = self._requester(worker, message.request)
+        if message.pool in self.global_pools:
+            events.append(Event("pool", message=(message.verb, requester, message.pool, message.count)))
             return
-        for who, reply in self.node_resources.handle(verb, pool, requester, count):
+        for who, reply in self.node_resources.handle(message.verb, message.pool, requester, message.count):
             self.deliver(who, reply)
 
-    def deliver(self, requester: tuple, message: tuple) -> None:
+    def deliver(self, requester: tuple, message: PoolAnswer) -> None:
         """Send a pool answer to the worker that asked, if it is still the same process."""
         worker = self.workers.get(requester[1])
         if worker is not None and worker.process.pid == requester[2]:

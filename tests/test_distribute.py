@@ -1,6 +1,6 @@
 """The leader's logic (common.distribute) without processes: the real Leader and Followers, one
 thread per rank taking turns, over common.inprocess's world and simulated workers, on a fake clock
-(heartbeat timeouts and item durations are simulated seconds). Each test takes milliseconds. The
+(heartbeat timeouts and item durations are simulated seconds). Each test takes well under a second. The
 same behaviours with real processes: tests/test_engine.py, test_lost_rank.py, test_vcluster_faults.py."""
 from __future__ import annotations
 

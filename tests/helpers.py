@@ -114,3 +114,15 @@ def alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def kill_frozen(processes: list) -> None:
+    """SIGKILL processes that a test froze with SIGSTOP (psutil.Process objects), gone or not."""
+    import psutil
+
+    for process in processes:
+        try:
+            process.kill()
+            process.send_signal(signal.SIGCONT)
+        except psutil.NoSuchProcess:
+            pass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from helpers import TOY, journal_entries, rank_pids, run, start, wait_for_results
+from helpers import TOY, journal_entries, kill_frozen, rank_pids, run, start, wait_for_results
 
 TIMEOUT = 3  # --heartbeat-timeout
 
@@ -25,15 +25,6 @@ def _freeze(pid: int) -> list:
     for process in tree:
         process.send_signal(signal.SIGSTOP)
     return tree
-
-
-def _kill(tree: list) -> None:
-    for process in tree:
-        try:
-            process.kill()
-            process.send_signal(signal.SIGCONT)
-        except psutil.NoSuchProcess:
-            pass
 
 
 def test_a_silent_rank_is_lost_its_items_run_elsewhere_and_the_run_completes(tmp_path):
@@ -51,7 +42,7 @@ def test_a_silent_rank_is_lost_its_items_run_elsewhere_and_the_run_completes(tmp
         out, err = process.communicate(timeout=120)
         ended = time.time() - frozen_at
     finally:
-        _kill(tree)
+        kill_frozen(tree)
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 0, err
@@ -82,15 +73,15 @@ def test_followers_that_lose_rank_0_stop_by_themselves_and_resume_completes(tmp_
         stopped_after = time.monotonic() - frozen_at
         assert not alive, "a follower waited for a silent rank 0"
         print(f"followers stopped {stopped_after:.1f} s after rank 0 fell silent (--heartbeat-timeout {TIMEOUT})")
-        _kill(tree)
+        kill_frozen(tree)
         process.communicate(timeout=60)
     finally:
-        _kill(tree)
+        kill_frozen(tree)
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     done = sum(1 for e in journal_entries(results) if e.get("type") == "result")
     assert done >= 4
     resumed = run(args + ["--results", str(results), "--resume"])
     assert resumed.returncode == 0, resumed.stderr
-    clean = run(args + ["--results", str(tmp_path / "clean")])
+    assert run(args + ["--results", str(tmp_path / "clean")]).returncode == 0
     assert _values(results) == _values(tmp_path / "clean")

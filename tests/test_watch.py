@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, TOY, rank_pids, run, start, wait_for_results, wait_until
+from helpers import REPO, TOY, kill_frozen, rank_pids, run, start, wait_for_results, wait_until
 
 FAKE_NVML = str(REPO / "tests" / "fake_nvml")
 
@@ -205,12 +205,7 @@ def test_a_rank_that_falls_silent_is_shown_silent_then_lost(tmp_path, quick_stat
         assert re.search(r"^ranks +2, 1 not ok$", text, re.M) and "rank 1 on" in text and "no message for" in text
         job.communicate(timeout=120)
     finally:
-        for process in frozen:
-            try:
-                process.kill()
-                process.send_signal(signal.SIGCONT)
-            except psutil.NoSuchProcess:
-                pass
+        kill_frozen(frozen)
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()

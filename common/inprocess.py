@@ -113,6 +113,7 @@ class Turns:
         self.order: List[int] = []  # participants still running, by index
         self.current: Optional[int] = None
         self.local = threading.local()
+        self.start = clock.now  # of the current run
 
     def pause(self) -> None:
         """Give the turn to the next participant and wait for it to come back."""

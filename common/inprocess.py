@@ -24,7 +24,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .app import Record
 from .items import Item
-from .worker_pool import Event
+from .worker_pool import Event, WorkerCounts
 
 
 class InProcessWorld:
@@ -203,7 +203,7 @@ class SimulatedWorker:
     started: float = 0.0  # when the head bundle's first item started
 
 
-class SimulatedPool:
+class SimulatedPool(WorkerCounts):
     """A rank's workers without processes (the interface of ``common.worker_pool.WorkerPool``).
 
     ``poll`` finishes the items whose simulated time is up, in order within each worker, and
@@ -222,18 +222,6 @@ class SimulatedPool:
         self.keep_ran = keep_ran  # False: a benchmark that must not count this list as rank 0's memory
         self.ran: List[Tuple[str, int, str]] = []  # (key, attempt, worker) of every attempt finished
         self.revoked = 0
-
-    @property
-    def idle(self) -> List[SimulatedWorker]:
-        return [w for w in self.workers.values() if w.ready and not w.assigned and not w.retiring]
-
-    @property
-    def queued(self) -> int:
-        return sum(len(w.assigned) for w in self.workers.values())
-
-    @property
-    def capacity(self) -> int:
-        return len(self.workers)
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[SimulatedWorker]:
         best, best_rank = None, None

@@ -157,7 +157,30 @@ class Event:
         return PoolCall(*self.message)
 
 
-class WorkerPool:
+class WorkerCounts:
+    """What the rank's loop asks of any pool of workers (``self.workers``: name -> handle with
+    ``ready``, ``assigned`` and ``retiring``): shared by :class:`WorkerPool` and the in-process
+    stand-in of the tests and benchmarks (``common.inprocess``)."""
+
+    workers: Dict[str, Any]
+
+    @property
+    def idle(self) -> List[Any]:
+        """Started workers with nothing to do."""
+        return [w for w in self.workers.values() if w.ready and not w.assigned and not w.retiring]
+
+    @property
+    def queued(self) -> int:
+        """Bundles handed to workers: running or waiting in a worker's inbox."""
+        return sum(len(w.assigned) for w in self.workers.values())
+
+    @property
+    def capacity(self) -> int:
+        """Workers alive or being started: what this rank can run at once."""
+        return len(self.workers)
+
+
+class WorkerPool(WorkerCounts):
     """Spawned workers of one rank. Single-threaded: the rank's loop calls ``poll``."""
 
     def __init__(self, app: Any, devices: List[Device], *, rank: int, host: str, logs_dir: Path, seed: int,
@@ -204,21 +227,6 @@ class WorkerPool:
         self.workers[name] = worker
         self.selector.register(parent_end, selectors.EVENT_READ, (worker, "conn"))
         self.selector.register(process.sentinel, selectors.EVENT_READ, (worker, "sentinel"))
-
-    @property
-    def idle(self) -> List[WorkerHandle]:
-        """Started workers with nothing to do."""
-        return [w for w in self.workers.values() if w.ready and not w.assigned and not w.retiring]
-
-    @property
-    def queued(self) -> int:
-        """Bundles handed to workers: running or waiting in a worker's inbox."""
-        return sum(len(w.assigned) for w in self.workers.values())
-
-    @property
-    def capacity(self) -> int:
-        """Workers alive or being started: what this rank can run at once."""
-        return len(self.workers)
 
     def assign(self, worker: WorkerHandle, bundle: List[Tuple[Item, int]], together: bool = False) -> None:
         """Hand over [(item, attempt), ...]: one item, a group to run together, or a chunk."""

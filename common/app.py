@@ -68,6 +68,8 @@ class App:
     module: str = ""
     #: default of ``--retries``: extra attempts for an item that fails
     default_retries: int = 1
+    #: --seed when none is given
+    default_seed: int = 0
     #: default of ``--worker-timeout``: seconds of silence (a hung worker) before a worker is killed
     default_worker_timeout: float = DEFAULT_WORKER_TIMEOUT
     #: default of ``--item-timeout``: seconds an item may run (None: no limit)

@@ -10,8 +10,11 @@ from typing import Any, Callable
 
 from .errors import UsageError
 
-#: seeds are handed to numpy and scikit-learn, which take 32-bit ones
-MAX_SEED = 2 ** 32 - 1
+#: items derive their seeds with numpy's SeedSequence, which takes any non-negative integer; consumers
+#: that need a 32-bit seed (scikit-learn) derive one from it. The bound only keeps the journal readable.
+MAX_SEED = 2 ** 256 - 1
+#: the reference's (shermanlo77/multinode-gpu-study) seed
+REFERENCE_SEED = 169514335042358758700408908237337905507
 #: a rank silent for this long is lost; the default beats Slurm's own node-failure handling
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 MAX_HEARTBEAT_TIMEOUT = 24 * 3600.0
@@ -97,7 +100,8 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                         help="torch/BLAS threads per worker (default: the rank's cores / its workers / ranks sharing them)")
     engine.add_argument("--batch", type=at_least(1), default=None,
                         help="replace a worker by a fresh process after this many items (frees leaked GPU memory)")
-    engine.add_argument("--seed", type=at_least(0, maximum=MAX_SEED), default=0, help="seed of every item's randomness")
+    engine.add_argument("--seed", type=at_least(0, maximum=MAX_SEED), default=app_class.default_seed,
+                        help="seed of every item's randomness (any non-negative integer)")
     engine.add_argument("--resume", nargs="?", const=True, default=False, metavar="TARGET",
                         help="continue the run in --results, skipping every item its journal holds")
     engine.add_argument("--retries", type=at_least(0), default=app_class.default_retries,
@@ -121,6 +125,10 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
     engine.add_argument("--results", type=folder, default=Path("results") / app_class.name,
                         help="results folder")
     engine.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if "--dry-run" not in parser._option_string_actions:  # an app may have its own (the pipelines')
+        engine.add_argument("--dry-run", action="store_true",
+                            help="check the arguments, print each planned work item as one JSON line "
+                                 "({key, params}) and exit without running, writing or holding anything")
     return parser
 
 

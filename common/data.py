@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from .errors import UsageError, quoted
+from .items import seed32
 
 DATASETS = ("mnist", "fashion-mnist", "digits")
 
@@ -320,7 +321,7 @@ def stratified_subsample(labels: np.ndarray, n: int, seed: int = 0) -> np.ndarra
         raise UsageError(f"--subsample {n}: must be between {n_classes} (one per class) and {total}")
     if n == total:
         return np.arange(total)
-    chosen, _ = train_test_split(np.arange(total), train_size=n, stratify=labels, random_state=seed)
+    chosen, _ = train_test_split(np.arange(total), train_size=n, stratify=labels, random_state=seed32(seed))
     return np.sort(chosen)
 
 

@@ -39,3 +39,11 @@ def item_seed(seed: int, key: str) -> np.random.SeedSequence:
 def torch_seed(seed_sequence: np.random.SeedSequence) -> int:
     """A 63-bit integer for ``torch.manual_seed`` drawn from the item's seed sequence."""
     return int(seed_sequence.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def seed32(seed: int) -> int:
+    """A seed for consumers that take 32-bit ones (scikit-learn): ``seed`` itself when it fits (so
+    earlier runs' small seeds give the same results), else one word derived with SeedSequence."""
+    if 0 <= seed < 2 ** 32:
+        return int(seed)
+    return int(np.random.SeedSequence(int(seed)).generate_state(1)[0])

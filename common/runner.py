@@ -7,6 +7,7 @@ rank 0 leads the distribution while the others follow, then rank 0 writes the ou
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import math
 import os
@@ -30,7 +31,7 @@ from .hold import HOLD_NAME, Hold, check_free
 from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
 from .logs import add_file_log, setup_logging
 from .mpi import world
-from .outputs import atomic_write_json, atomic_write_text, check_replaceable
+from .outputs import atomic_write_json, atomic_write_text, check_replaceable, to_jsonable
 from .progress import Progress
 from .report_html import write_report
 from .scheduler import Scheduler
@@ -210,6 +211,8 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
         return EXIT_STOPPED
     app, devices, notice = valid
     app.devices = devices
+    if getattr(app.args, "dry_run", False):
+        return _dry_run(comm, app)
     fingerprint = hold = None
     error = None
     if comm.rank == 0:
@@ -244,6 +247,25 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
             comm.abort(code)
         os._exit(code)
     return code
+
+
+def _dry_run(comm: Any, app: App) -> int:
+    """--dry-run: rank 0 prints each planned item as one JSON line; nothing written, no hold taken."""
+    error = None
+    if comm.rank == 0:
+        try:
+            app.prepare()
+            for item in app.items():
+                print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
+            sys.stdout.flush()
+        except UsageError as problem:
+            error = str(problem)
+    error = comm.bcast(error)
+    if error:
+        if comm.rank == 0:
+            print(f"{app.name}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],

@@ -18,7 +18,7 @@ from common.app import NUMBER, App, RunInfo, check_fields
 from common.data import Dataset, add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device, parse_gpu_spec
 from common.errors import UsageError
-from common.items import Item
+from common.items import Item, seed32
 from common.outputs import atomic_write_bytes, atomic_write_text
 
 from .backends import have_cuml, make_backend
@@ -189,7 +189,7 @@ class MnistSvm(App):
         from sklearn.model_selection import StratifiedKFold
 
         data = self._load()
-        splitter = StratifiedKFold(n_splits=self.args.folds, shuffle=True, random_state=self.args.seed)
+        splitter = StratifiedKFold(n_splits=self.args.folds, shuffle=True, random_state=seed32(self.args.seed))
         folds = list(splitter.split(np.zeros(len(data.y_train)), data.y_train))
         backend = make_backend(data, device.is_gpu, gpu_explicit=self.args.gpu is not None)
         return WorkerState(backend, folds, data.n_classes)

@@ -107,7 +107,8 @@ class App:
         had, a library or device missing), after ``check_arguments``, before anything is written."""
 
     def fingerprint(self) -> Dict[str, Any]:
-        """The arguments that change results; ``--resume`` refuses a journal made with others."""
+        """The app's own arguments that change results; ``--resume`` refuses a journal made with
+        others. The engine adds its own (--seed, --threads) itself."""
         return {}
 
     # ----- rank 0 -----

@@ -128,6 +128,15 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         return None, f"exit:{exit_.code or 0}"
 
 
+def engine_fingerprint(args: Any) -> Dict[str, Any]:
+    """The engine's arguments that change results, fingerprinted for every app (an app's own
+    ``fingerprint`` adds only its arguments): the seed, and --threads where given (a BLAS or torch
+    reduction's bits depend on its thread count). Not --gpu or --workers: the same seed gives the
+    same answer on any number of devices, and a requeued job may resume on other nodes."""
+    threads = getattr(args, "threads", None)
+    return {"seed": args.seed, **({} if threads is None else {"threads": threads})}
+
+
 def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     """Rank 0: refuse a folder another run holds, refuse to overwrite a journal or to resume
     another run; then make the folder and take its hold. Sets ``app.journaled`` from the journal
@@ -135,7 +144,7 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     args = app.args
     folder: Path = args.results
     journal_path = folder / JOURNAL_NAME
-    fingerprint = {"app": app.name, **app.fingerprint()}
+    fingerprint = {"app": app.name, **engine_fingerprint(args), **app.fingerprint()}
     try:
         os.stat(folder)
     except FileNotFoundError:

@@ -101,7 +101,7 @@ class MnistNN(App):
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args
         limit = {} if args.max_macs is None else {"max_macs": args.max_macs}  # journals from before it resume
-        return {"n_bootstrap": args.n_bootstrap, "n_tuning": args.n_tuning, "seed": args.seed,
+        return {"n_bootstrap": args.n_bootstrap, "n_tuning": args.n_tuning,
                 "dataset": args.dataset, "subsample": args.subsample, "max_epochs": args.max_epochs,
                 "batch_size": args.batch_size, "folds": args.folds, **limit}
 

@@ -79,7 +79,7 @@ class MnistSvm(App):
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args
         return {"n_tuning": args.n_tuning, "dataset": args.dataset, "folds": args.folds,
-                "subsample": args.subsample, "seed": args.seed}
+                "subsample": args.subsample}
 
     # ----- rank 0 -----
     def prepare(self) -> None:

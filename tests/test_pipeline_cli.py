@@ -104,6 +104,23 @@ def test_the_shipped_example_end_to_end_with_its_fallbacks(tmp_path):
     assert "| diverges | ok | FAILED" in markdown
 
 
+def test_a_resume_with_another_seed_or_threads_is_refused(tmp_path):
+    """The engine fingerprints its own arguments for every app: a pipelines run resumed under
+    another --seed (or --threads) would finish with mixed seeds."""
+    definition = write(tmp_path / "p.json", {"name": "exp", "steps": [{"id": "a", "command": "echo $PIPELINE_SEED"}]})
+    results = tmp_path / "results"
+    first = pipeline_cli(definition, results, "--seed", "1")
+    assert first.returncode == 0, first.stderr
+    journal = (results / "journal.jsonl").read_bytes()
+    for extra in (["--seed", "2"], ["--seed", "1", "--threads", "2"]):
+        again = run(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
+                     "--threads", "1", "--no-progress", "--resume", *extra])
+        assert again.returncode == 2 and len(again.stderr.splitlines()) == 1, again.stderr
+        assert "other arguments" in again.stderr and extra[-2].lstrip("-") in again.stderr, again.stderr
+    assert (results / "journal.jsonl").read_bytes() == journal
+    assert pipeline_cli(definition, results, "--seed", "1", "--resume").returncode == 0
+
+
 def sleepers(count: int, seconds: float, gpu: bool = True) -> dict:
     return {"pipelines": [{"name": f"p{i}", "steps": [{"id": "hold", "gpu": gpu, "command": f"sleep {seconds}"}]}
                           for i in range(count)]}

@@ -56,7 +56,7 @@ class ToyApp(App):
             raise UsageError(f"n_items must be at least 1, got {self.args.n_items}")
 
     def fingerprint(self):
-        return {"n_items": self.args.n_items, "seed": self.args.seed, "wave": self.args.wave,
+        return {"n_items": self.args.n_items, "wave": self.args.wave,
                 "lognormal": self.args.lognormal}
 
     def durations(self):

@@ -123,11 +123,21 @@ def _slurm(vcluster):
 
 
 def submit(vcluster, results: Path, nodes: int, *sbatch_args: str) -> str:
+    vcluster.wait_nodes_up()  # an earlier fault may have left a node DOWN for a while
     script = generated_script(vcluster, nodes, [str(REPO / "tests" / "toy_app.py"), *ARGS])
     done = vcluster.run("node1", ["sbatch", "--parsable", f"--output={vcluster.shared}/slurm-%j.out", *sbatch_args,
                                   str(script), *ARGS, "--results", str(results)], timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]
+
+
+def first_results(vcluster, results: Path, job: str = "") -> None:
+    """Until the run has journaled a few results (the moment to inject a fault)."""
+    try:
+        wait_for(lambda: results_count(results) >= 6, 120, "first results")
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{job_log(vcluster, job) if job else ''}\n{vcluster.squeue()}\n"
+                             f"{vcluster.logs()}") from None
 
 
 def job_state(vcluster, job: str) -> str:
@@ -152,7 +162,7 @@ def test_slurm_a_lost_node_leaves_the_job_going_and_it_completes(vcluster, clean
     results = fresh(vcluster, f"slurm-{fault}")
     job = submit(vcluster, results, 2)
     try:
-        wait_for(lambda: results_count(results) >= 6, 120, "first results")
+        first_results(vcluster, results, job)
         fault_at, wall = time.monotonic(), time.time()
         if fault == "kill":
             assert vcluster.kill_python("node2")
@@ -181,7 +191,7 @@ def test_slurm_scancel_of_the_whole_job_then_resubmission_completes(vcluster, cl
     _slurm(vcluster)
     results = fresh(vcluster, "slurm-scancel")
     job = submit(vcluster, results, 2)
-    wait_for(lambda: results_count(results) >= 6, 120, "first results")
+    first_results(vcluster, results, job)
     vcluster.run("node1", ["scancel", job], check=True)
     ended = wait_job(vcluster, job, 60)
     print(f"slurm, scancel: job {job_state(vcluster, job)} {ended:.1f} s later with {results_count(results)} results journaled")
@@ -198,7 +208,7 @@ def test_slurm_a_batch_host_that_dies_with_its_slurmd_is_requeued_and_resumes(vc
     results = fresh(vcluster, "slurm-node-death")
     job = submit(vcluster, results, 2, "--nodelist=node2,node3")
     try:
-        wait_for(lambda: results_count(results) >= 6, 120, "first results")
+        first_results(vcluster, results, job)
         fault_at = time.monotonic()
         vcluster.kill_node("node2")  # its slurmd, the batch shell, the rank and workers; its link down
         requeued = wait_for(lambda: int(vcluster.job_field(job, "Restarts") or 0) >= 1, 180, "the requeue")

@@ -457,6 +457,32 @@ class VirtualCluster:
                 raise TimeoutError(f"job {job} still {state} after {timeout} s\n{self.logs()}")
             time.sleep(0.5)
 
+    def wait_nodes_up(self, timeout: float = 120) -> None:
+        """Until every node is back in service (after a fault test cut or killed one): a node
+        Slurm set DOWN is resumed once its slurmd answers again."""
+        deadline = time.monotonic() + timeout
+        restarted = set()
+        while True:
+            states = dict(line.split() for line in self.run("node1", ["sinfo", "-h", "-N", "-o", "%N %T"]).stdout.splitlines()
+                          if line.strip())
+            for node, state in states.items():
+                # not responding although its link is back: a slurmd registers only when it starts
+                if state.endswith("*") and node not in restarted:
+                    restarted.add(node)
+                    self.stop_slurmd(node, signal.SIGTERM)
+                    time.sleep(1)
+                    self.stop_slurmd(node)
+                    self.start_slurmd(node)
+            if all(state.rstrip("*") in ("idle", "mixed", "allocated") and not state.endswith("*")
+                   for state in states.values()):
+                return
+            for node, state in states.items():
+                if state.startswith(("down", "drain")) and not state.endswith("*"):
+                    self.run("node1", ["scontrol", "update", f"nodename={node}", "state=resume"])
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nodes not back in service after {timeout} s: {states}\n{self.logs()}")
+            time.sleep(0.5)
+
     def job_output(self, job: str) -> str:
         """What the batch script printed (its stdout and stderr)."""
         path = self.shared / f"slurm-{job}.out"

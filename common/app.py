@@ -82,15 +82,18 @@ class App:
         #: rank 0, set before ``items()``: every result the journal held when the run started
         #: (``--resume``), by key; empty for a fresh run
         self.journaled: Dict[str, Record] = {}
-        #: every rank, set once ``--gpu`` is resolved: the devices this rank's workers run on
+        #: every rank, set by the engine before ``check_arguments``/``validate`` from --gpu, --workers
+        #: and --workers-per-gpu (ranks sharing a node's GPUs already split): the devices this rank's
+        #: workers run on. Apps read these and never parse --gpu again.
         self.devices: List[Device] = []
 
     def on_gpu(self) -> bool:
-        """Whether this rank's workers run on GPUs: the engine's devices, or for an app built by
-        hand (no devices) what ``--gpu`` asks for."""
-        from .devices import parse_gpu_spec
+        """Whether this rank's workers run on GPUs (the engine's devices)."""
+        return any(d.is_gpu for d in self.devices)
 
-        return any(d.is_gpu for d in self.devices) if self.devices else parse_gpu_spec(self.args.gpu) is not None
+    def gpus(self) -> List[str]:
+        """This rank's distinct GPUs by name (``gpu0``; one each, however many workers share it)."""
+        return list(dict.fromkeys(d.gpu_name for d in self.devices if d.is_gpu))
 
     # ----- command line (every rank) -----
     @classmethod

@@ -119,6 +119,7 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         # ranks of one node that see the same GPUs share them out
         devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers),
                                           args.workers_per_gpu)
+        app.devices = devices  # decided once, here: validate() and every later method read them
         app.check_arguments()
         app.validate()
         return (app, devices, notice), None

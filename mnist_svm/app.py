@@ -10,13 +10,14 @@ import argparse
 import csv
 import dataclasses
 import io
+import sys
 from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
 from common.app import NUMBER, App, RunInfo, check_fields
 from common.data import Dataset, add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
-from common.devices import Device, parse_gpu_spec
+from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, seed32
 from common.outputs import atomic_write_bytes, atomic_write_text
@@ -46,6 +47,7 @@ class WorkerState:
 
 class MnistSvm(App):
     name = "mnist_svm"
+    use_cuml = False  # set by validate()
     description = "Cross-validated grid search of an RBF SVM (C x gamma x folds), one fit per work item"
 
     @classmethod
@@ -71,10 +73,14 @@ class MnistSvm(App):
 
     def validate(self) -> None:
         args = self.args
-        if args.gpu is not None and parse_gpu_spec(args.gpu) is not None and not have_cuml():
+        if args.gpu is not None and self.on_gpu() and not have_cuml():
             raise UsageError(f"--gpu {args.gpu}: cuML is not installed (install RAPIDS cuML), or use --gpu cpu "
                              f"to fit with scikit-learn")
         check_available(args.dataset, args.data_dir)
+        #: decided once from the engine's devices; pickled into the workers with the app
+        self.use_cuml = self.on_gpu() and have_cuml()
+        if self.on_gpu() and not self.use_cuml:  # the default GPU 0, without cuML
+            print("mnist_svm: cuML is not installed: fitting with scikit-learn on the CPU", file=sys.stderr)
 
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args
@@ -94,7 +100,7 @@ class MnistSvm(App):
 
     def items(self) -> list:
         # scikit-learn workers (CPUs, or GPUs without cuML) share a (gamma, fold)'s kernel between its C
-        return grid_items(self.grid, share_kernels=not (self.on_gpu() and have_cuml()))
+        return grid_items(self.grid, share_kernels=not self.use_cuml)
 
     def complete(self, item: Item, results: Mapping[str, Any]) -> Item:
         """The refit item gets the best (C, gamma) by mean validation error."""
@@ -191,7 +197,7 @@ class MnistSvm(App):
         data = self._load()
         splitter = StratifiedKFold(n_splits=self.args.folds, shuffle=True, random_state=seed32(self.args.seed))
         folds = list(splitter.split(np.zeros(len(data.y_train)), data.y_train))
-        backend = make_backend(data, device.is_gpu, gpu_explicit=self.args.gpu is not None)
+        backend = make_backend(data, device.is_gpu and self.use_cuml)
         return WorkerState(backend, folds, data.n_classes)
 
     def run_item(self, state: WorkerState, item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:

@@ -7,7 +7,6 @@ cuML and CuPy are imported here, inside a GPU worker, and nowhere else.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -143,13 +142,8 @@ class CumlBackend:
         return int(self.cp.unique(self.cp.asarray(model.support_)).size)
 
 
-def make_backend(data: Dataset, on_gpu: bool, gpu_explicit: bool) -> Any:
-    """cuML on a GPU worker; scikit-learn on a CPU worker, or on a GPU without cuML by default."""
-    if on_gpu:
-        if have_cuml():
-            return CumlBackend(data)
-        if gpu_explicit:  # validate() already refuses this; a worker elsewhere may still lack cuML
-            raise RuntimeError("cuML is not installed on this node: install RAPIDS cuML or use --gpu cpu")
-        print("mnist_svm: cuML is not installed: fitting with scikit-learn on the CPU", file=sys.stderr)
-    return SklearnBackend(data)
+def make_backend(data: Dataset, use_cuml: bool) -> Any:
+    """cuML where the app chose it (a GPU worker with cuML installed, decided once in
+    ``validate``); scikit-learn otherwise."""
+    return CumlBackend(data) if use_cuml else SklearnBackend(data)
 

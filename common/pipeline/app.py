@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ..app import App, RunInfo
-from ..devices import Device, visible_gpus
+from ..devices import Device
 from ..errors import UsageError
 from ..items import Item, torch_seed
 from . import nodelock
@@ -211,7 +211,8 @@ class PipelineApp(App):
         return {"pipelines": sorted(self.by_name)}
 
     def pools(self) -> Dict[str, Any]:
-        gpu = self.capacities.get(GPU_POOL) or len(visible_gpus()) or self.args.workers
+        # the engine's devices: --gpu as given, and only this rank's share of a node's GPUs
+        gpu = self.capacities.get(GPU_POOL) or len(self.gpus()) or self.args.workers
         pools = {name: (capacity, "global") for name, capacity in self.capacities.items() if name != GPU_POOL}
         pools[GPU_POOL] = (gpu, "node")
         self.gpu_capacity = gpu  # for the workers' node-wide slots (a worker sees only its own GPU)
@@ -292,7 +293,7 @@ class PipelineApp(App):
         from .. import worker
 
         gpu = device.physical if device.is_gpu else None
-        gpus_here = sum(1 for d in self.devices if d.is_gpu)
+        gpus_here = len(self.gpus())  # GPUs, not workers: --workers-per-gpu puts several on one
         capacity = getattr(self, "gpu_capacity", 1)
         # Node-wide: always a GPU; on a node without GPU only a gpu pool sized on purpose (--resource gpu=N)
         slots = nodelock.slot_names(gpu, gpus_here, capacity) if gpu is not None or self.explicit_gpu_pool else []

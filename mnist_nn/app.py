@@ -26,7 +26,9 @@ from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
 
-from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate
+from common.cli import REFERENCE_SEED
+
+from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate, reference_candidates
 from .tensorboard_log import write_fit_events
 
 #: what a fold's fit and a refit return, and each entry of their epoch logs (``check_result``)
@@ -72,6 +74,7 @@ class MnistNN(App):
     name = "mnist_nn"
     description = ("Fits an ensemble of conv nets: each is tuned by random search with K-fold cross-validation "
                    "on its own bootstrap (within folds) sample; reports each model's and the ensemble's test error")
+    default_seed = REFERENCE_SEED
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -81,6 +84,20 @@ class MnistNN(App):
         parser.add_argument("--max-epochs", type=at_least(1), default=20,
                             help="most epochs of a fit (it stops earlier once the loss falls by less than 20%%)")
         parser.add_argument("--batch-size", type=at_least(1), default=10, help="images per SGD step")
+        parser.add_argument("--draws", choices=("reference", "keyed"), default="reference",
+                            help="reference: the reference's bootstraps and candidates for the same --seed and "
+                                 "training-set size (one generator per bootstrap: permutation, contiguous folds "
+                                 "resampled within themselves, then the candidates in order); keyed: each "
+                                 "bootstrap and candidate from its own key (shuffled KFold; candidates do not "
+                                 "depend on the data size)")
+        parser.add_argument("--epoch-loss", choices=("reference", "mean"), default="reference",
+                            help="reference: an epoch's (and a validation fold's) loss is the sum of its batches' "
+                                 "mean losses and a fit stops once it is above 0.8 x the previous epoch's; mean: "
+                                 "the mean over images, stopping once not below 0.8 x (fold losses comparable "
+                                 "whatever the fold sizes)")
+        parser.add_argument("--normalise", choices=("reference", "data"), default="reference",
+                            help="reference: pixels x/255 - 0.5 (ToTensor, Normalize(0.5, 1)); data: scaled by the "
+                                 "training set's own mean and standard deviation")
         parser.add_argument("--max-macs", type=at_least(MIN_MAX_MACS, float), default=None, metavar="N",
                             help="NOT the reference's search: draw only nets whose forward pass takes at most N "
                                  "multiply-adds an image (so at most N weights; e.g. 1e6), redrawing bigger ones; "
@@ -103,7 +120,9 @@ class MnistNN(App):
         limit = {} if args.max_macs is None else {"max_macs": args.max_macs}  # journals from before it resume
         return {"n_bootstrap": args.n_bootstrap, "n_tuning": args.n_tuning,
                 "dataset": args.dataset, "subsample": args.subsample, "max_epochs": args.max_epochs,
-                "batch_size": args.batch_size, "folds": args.folds, **limit}
+                "batch_size": args.batch_size, "folds": args.folds, **limit,
+                **{name: "reference" for name in ("draws", "epoch_loss", "normalise")
+                   if getattr(args, name) == "reference"}}
 
     # ----- rank 0 -----
     def prepare(self) -> None:
@@ -115,12 +134,23 @@ class MnistNN(App):
                              f"--folds {args.folds}")
         if args.batch_size > len(dataset.y_train):
             raise UsageError(f"--batch-size {args.batch_size} is more than the {len(dataset.y_train)} training images")
+        self.n_train = len(dataset.y_train)
 
     def candidate(self, bootstrap: int, number: int) -> Candidate:
-        return draw_candidate(self.args.seed, bootstrap, number, self.args.max_macs)
+        return self.candidates(bootstrap)[number]
 
     def candidates(self, bootstrap: int) -> List[Candidate]:
-        return [self.candidate(bootstrap, c) for c in range(self.args.n_tuning)]
+        """With --draws reference, needs ``n_train`` (set by ``prepare``)."""
+        args = self.args
+        cache = self.__dict__.setdefault("_candidates", {})
+        if bootstrap not in cache:
+            if args.draws == "reference":
+                cache[bootstrap] = reference_candidates(args.seed, bootstrap, self.n_train, args.folds,
+                                                        args.n_tuning, args.max_macs)
+            else:
+                cache[bootstrap] = [draw_candidate(args.seed, bootstrap, c, args.max_macs)
+                                    for c in range(args.n_tuning)]
+        return cache[bootstrap]
 
     def items(self) -> List[Item]:
         args = self.args
@@ -190,11 +220,14 @@ class MnistNN(App):
             keep_freed_memory()
         args = self.args
         dataset = load_dataset(args.dataset, args.data_dir, subsample=args.subsample, seed=args.seed)
-        return {"data": to_device(dataset, device.torch_device), "folds": {}}
+        return {"data": to_device(dataset, device.torch_device, args.normalise), "folds": {}}
 
     def folds(self, state: Dict[str, Any], bootstrap: int) -> List[np.ndarray]:
-        from .sampling import bootstrap_folds
+        from .sampling import bootstrap_folds, reference_bootstrap
 
+        if bootstrap not in state["folds"] and self.args.draws == "reference":
+            state["folds"][bootstrap] = reference_bootstrap(len(state["data"].y_train), self.args.folds,
+                                                            self.args.seed, bootstrap)[0]
         if bootstrap not in state["folds"]:
             state["folds"][bootstrap] = bootstrap_folds(len(state["data"].y_train), self.args.folds, self.args.seed,
                                                         bootstrap)
@@ -218,9 +251,10 @@ class MnistNN(App):
         args, data, params = self.args, state["data"], item.params
         training, validation = fold_indexes(self.folds(state, params["bootstrap"]), params["fold"])
         net, log = fit(data.x_train, data.y_train, training, Candidate(**params["hyper"]), args.max_epochs,
-                       args.batch_size, torch_seed(seed), on_epoch=epoch_logger(item.key))
+                       args.batch_size, torch_seed(seed), on_epoch=epoch_logger(item.key), epoch_loss=args.epoch_loss)
         rows = torch.from_numpy(validation).to(data.device)
-        scores = evaluate(net, data.x_train.index_select(0, rows), data.y_train.index_select(0, rows))
+        scores = evaluate(net, data.x_train.index_select(0, rows), data.y_train.index_select(0, rows),
+                          args.batch_size if args.epoch_loss == "reference" else None)
         return {"val_loss": finite_or_none(scores["loss"]), "val_error": scores["error"], "epochs": len(log),
                 "log": log}
 
@@ -235,7 +269,7 @@ class MnistNN(App):
         b = params["bootstrap"]
         candidate = Candidate(**params["hyper"])
         net, log = fit(data.x_train, data.y_train, bootstrap_sample(self.folds(state, b)), candidate, args.max_epochs,
-                       args.batch_size, torch_seed(seed), on_epoch=epoch_logger(item.key))
+                       args.batch_size, torch_seed(seed), on_epoch=epoch_logger(item.key), epoch_loss=args.epoch_loss)
         train_scores = evaluate(net, data.x_train, data.y_train)
         logits = predict_logits(net, data.x_test)
         probabilities = torch.softmax(logits.float(), 1).cpu().numpy().astype("<f4")

@@ -81,3 +81,28 @@ def draw_candidate(seed: int, bootstrap: int, candidate: int, max_macs: Optional
         )
         if max_macs is None or drawn.cost <= max_macs:
             return drawn
+
+
+def draw_from(rng: np.random.Generator, max_macs: Optional[float] = None) -> Candidate:
+    """One candidate from ``rng`` in the reference's order (``random_parameter``): conv channels,
+    kernel size, hidden units, learning rate, momentum. With ``max_macs``, draws again until small."""
+    while True:
+        drawn = Candidate(
+            n_conv_layer=int(rng.integers(1, 1000)),
+            kernel_size=int(rng.integers(2, 11)),
+            n_hidden_layer=int(rng.integers(1, 2000)),
+            learning_rate=float(math.pow(10.0, rng.random() * 4.0 - 5.0)),
+            momentum=float(math.pow(10.0, rng.random() * 2.0 - 2.0)),
+        )
+        if max_macs is None or drawn.cost <= max_macs:
+            return drawn
+
+
+def reference_candidates(seed: int, bootstrap: int, n_train: int, folds: int, n_tuning: int,
+                         max_macs: Optional[float] = None) -> list:
+    """The reference's candidates of one bootstrap: drawn in order from its generator after the
+    bootstrap's own draws (so they depend on the training-set size, as in the reference)."""
+    from .sampling import reference_bootstrap
+
+    _, rng = reference_bootstrap(n_train, folds, seed, bootstrap)
+    return [draw_from(rng, max_macs) for _ in range(n_tuning)]

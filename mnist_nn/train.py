@@ -1,8 +1,9 @@
 """The reference's training loop in plain PyTorch, on data that already lives on the device.
 
 As the reference's ``train_model``: ``Net``, ``nn.CrossEntropyLoss``, ``torch.optim.SGD(lr,
-momentum)``, batches of 10 walked in the same order every epoch, and a stop once an epoch's loss is
-not below 0.8 x the previous one's. What makes it fast leaves the algorithm alone: the data set is
+momentum)``, batches of 10 walked in the same order every epoch, an epoch's loss the sum of its
+batches' mean losses, and a stop once it is above 0.8 x the previous one's. ``epoch_loss="mean"``
+(``--epoch-loss mean``) is the per-image mean instead, stopping once not below 0.8 x. What makes it fast leaves the algorithm alone: the data set is
 one tensor on the worker's device, loaded once; a batch is an index gather from it (no DataLoader,
 PIL or per-sample Python); the epoch's loss and errors are summed on the device and read once an
 epoch, so a GPU is never synchronised inside the batch loop; evaluation runs in large batches.
@@ -22,8 +23,14 @@ from common.data import Dataset, resize_images
 from .model import Net
 from .search import IMAGE_SIZE, TRAIN_BYTES_PER_WEIGHT, Candidate
 
-#: stop when an epoch's loss is not below this share of the previous epoch's (the reference's rule)
+#: stop when an epoch's loss is above this share of the previous epoch's (the reference's rule)
 TOLERANCE = 0.8
+#: how an epoch's (and a validation fold's) loss is counted: the reference's sum of the batches'
+#: mean losses, or the mean over images (comparable between folds of different sizes)
+EPOCH_LOSSES = ("reference", "mean")
+#: pixel scaling: the reference's ToTensor + Normalize(0.5, 1) (x/255 - 0.5), or the training set's
+#: own mean and standard deviation
+NORMALISATIONS = ("reference", "data")
 #: ``on_epoch(entry)``: the log entry of the epoch that just ended
 EpochHook = Callable[[Dict[str, Any]], None]
 #: bytes of conv activations one evaluation batch may take
@@ -46,8 +53,11 @@ class DeviceData:
         return self.x_train.device
 
 
-def normalisation(dataset: Dataset) -> Tuple[float, float]:
-    """Mean and standard deviation of the training pixels on 0-1 (MNIST's 0.1307/0.3081)."""
+def normalisation(dataset: Dataset, how: str = "reference") -> Tuple[float, float]:
+    """(mean, std) to scale pixels on 0-1 with: the reference's (0.5, 1), or with ``how="data"`` the
+    training pixels' own (MNIST's 0.1307/0.3081)."""
+    if how == "reference":
+        return 0.5, 1.0
     pixels = dataset.x_train.astype(np.float64) / 255.0
     return float(pixels.mean()), float(pixels.std())
 
@@ -60,9 +70,9 @@ def to_model_input(images: np.ndarray, mean: float, std: float, device: str = "c
     return ((tensor.float() / 255.0 - mean) / std).unsqueeze(1).contiguous()
 
 
-def to_device(dataset: Dataset, device: str) -> DeviceData:
-    """Put a whole data set on ``device`` once (one tensor per part)."""
-    mean, std = normalisation(dataset)
+def to_device(dataset: Dataset, device: str, normalise: str = "reference") -> DeviceData:
+    """Put a whole data set on ``device`` once (one tensor per part), scaled as ``normalise`` says."""
+    mean, std = normalisation(dataset, normalise)
     return DeviceData(
         x_train=to_model_input(dataset.x_train, mean, std, device),
         y_train=torch.from_numpy(dataset.y_train).to(device),
@@ -107,16 +117,21 @@ def require_gpu_room(candidate: Candidate, device: torch.device) -> None:
                           f"{need / 2**30:.1f} GiB of GPU memory to train; {device} has {available / 2**30:.1f} GiB free")
 
 
-def should_stop(loss: float, previous: float, epoch: int, max_epochs: int) -> bool:
-    """The reference's rule: stop once an epoch's loss is not below ``TOLERANCE`` x the previous
-    epoch's (equal stops too), on a loss that is not finite, or at ``max_epochs``."""
-    return not math.isfinite(loss) or loss >= previous * TOLERANCE or epoch >= max_epochs
+def should_stop(loss: float, previous: float, epoch: int, max_epochs: int, rule: str = "reference") -> bool:
+    """The reference's rule: stop once an epoch's loss is above ``TOLERANCE`` x the previous epoch's
+    (``rule="mean"``: not below, so equal stops too), or at ``max_epochs``. Unlike the reference
+    (where NaN compares false and the fit runs all its epochs), a loss that is not finite stops."""
+    if not math.isfinite(loss) or epoch >= max_epochs:
+        return True
+    return loss > previous * TOLERANCE if rule == "reference" else loss >= previous * TOLERANCE
 
 
 def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidate, max_epochs: int,
-        batch_size: int, init_seed: int, on_epoch: Optional[EpochHook] = None) -> Tuple[Net, List[Dict[str, Any]]]:
+        batch_size: int, init_seed: int, on_epoch: Optional[EpochHook] = None,
+        epoch_loss: str = "reference") -> Tuple[Net, List[Dict[str, Any]]]:
     """Train a new net on ``x[index]``, ``y[index]``, walked in order ``batch_size`` at a time each
-    epoch; returns the net (eval mode) and one log entry per epoch, each also given to ``on_epoch``."""
+    epoch; returns the net (eval mode) and one log entry per epoch, each also given to ``on_epoch``.
+    ``epoch_loss``: see ``EPOCH_LOSSES``."""
     if x.device.type == "cuda":
         require_gpu_room(candidate, x.device)
     net = new_net(candidate, init_seed, x.device)
@@ -137,18 +152,18 @@ def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidat
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            loss_sum += loss.detach() * len(rows)
+            loss_sum += loss.detach() if epoch_loss == "reference" else loss.detach() * len(rows)
             wrong += (logits.argmax(1) != labels).sum()
-        epoch_loss = float(loss_sum) / len(index)  # per-sample mean over the epoch
+        value = float(loss_sum) if epoch_loss == "reference" else float(loss_sum) / len(index)
         seconds = time.perf_counter() - start
-        log.append({"epoch": epoch, "loss": epoch_loss if math.isfinite(epoch_loss) else None,
+        log.append({"epoch": epoch, "loss": value if math.isfinite(value) else None,
                     "error": int(wrong) / len(index), "samples_per_s": len(index) / seconds, "seconds": seconds,
                     "lr": candidate.learning_rate})
         if on_epoch is not None:
             on_epoch(log[-1])
-        if should_stop(epoch_loss, previous, epoch, max_epochs):
+        if should_stop(value, previous, epoch, max_epochs, epoch_loss):
             break
-        previous = epoch_loss
+        previous = value
     return net.eval(), log
 
 
@@ -164,8 +179,11 @@ def predict_logits(net: Net, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([net(part) for part in x.split(eval_batch_size(net))])
 
 
-def evaluate(net: Net, x: torch.Tensor, y: torch.Tensor) -> Dict[str, float]:
-    """Mean cross-entropy and error rate of ``net`` on (x, y) (means taken in float64)."""
+def evaluate(net: Net, x: torch.Tensor, y: torch.Tensor, batch_size: Optional[int] = None) -> Dict[str, float]:
+    """Cross-entropy and error rate of ``net`` on (x, y) (in float64). The loss is the mean over
+    images, or with ``batch_size`` the reference's validation loss: the sum of the mean losses of
+    consecutive batches of that size (the last may be shorter)."""
     logits = predict_logits(net, x)
     losses = torch.nn.functional.cross_entropy(logits, y, reduction="none").double()
-    return {"loss": float(losses.mean()), "error": float((logits.argmax(1) != y).double().mean())}
+    loss = losses.mean() if batch_size is None else sum(part.mean() for part in losses.split(batch_size))
+    return {"loss": float(loss), "error": float((logits.argmax(1) != y).double().mean())}

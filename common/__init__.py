@@ -21,15 +21,27 @@ Layout (one concept a module):
   pipeline/       train -> evaluate -> report pipelines on the engine
   slurm/          sbatch script generator
 
-Importing the package imports nothing heavy (numpy comes with the names below, on first use), so
+Importing the package imports nothing heavy (each name below is imported on first use), so
 an app's ``__main__`` can defer stop signals (``common.startup``) before the slow imports start.
 """
 from typing import Any
 
-__all__ = ["App", "Item", "Record", "RunInfo", "UsageError", "item_seed", "torch_seed"]
-
-_WHERE = {"App": "app", "Record": "app", "RunInfo": "app", "UsageError": "errors", "Item": "items",
-          "item_seed": "items", "torch_seed": "items"}
+#: The app-facing API: everything an application needs, importable from ``common`` itself. The
+#: other modules are the engine's internals (their layout above may change between versions).
+_WHERE = {
+    # the contract (app.py, items.py, errors.py) and the entry point
+    "App": "app", "Record": "app", "RunInfo": "app", "check_fields": "app", "NUMBER": "app",
+    "NUMBER_OR_NONE": "app", "Item": "items", "item_seed": "items", "torch_seed": "items", "seed32": "items",
+    "UsageError": "errors", "main": "runner", "Device": "devices", "defer_stop_signals": "startup",
+    "at_least": "cli", "REFERENCE_SEED": "cli",
+    # writing outputs (outputs.py): atomic, so a crash never leaves half a file
+    "atomic_write_bytes": "outputs", "atomic_write_json": "outputs", "atomic_write_text": "outputs",
+    "new_figure": "outputs", "save_figure": "outputs",
+    # the shared data sets (data.py)
+    "Dataset": "data", "load_dataset": "data", "resize_images": "data", "add_data_arguments": "data",
+    "check_available": "data", "check_data_flags": "data", "ensure_available": "data",
+}
+__all__ = list(_WHERE)
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,7 @@ from typing import Dict
 
 import torch
 
-from .search import IMAGE_SIZE, N_CLASSES
+from .shapes import IMAGE_SIZE, N_CLASSES
 
 
 class Net(torch.nn.Module):

@@ -12,11 +12,11 @@ import numpy as np
 
 from common.items import item_seed
 
+from .shapes import IMAGE_SIZE, N_CLASSES
+
 if TYPE_CHECKING:
     from .model import Net
 
-IMAGE_SIZE = 28
-N_CLASSES = 10
 #: bytes per weight to train a net: the weights, their gradient and SGD's momentum (float32)
 TRAIN_BYTES_PER_WEIGHT = 12
 

@@ -38,7 +38,7 @@ SHIPPED: Dict[str, str] = {
 
 def shipped_scripts() -> Dict[str, str]:
     """File name -> script text, as the generator makes them now."""
-    from .__main__ import build_parser, spec_from_args
+    from .arguments import build_parser, spec_from_args
     from .template import render
 
     scripts = {}

@@ -5,8 +5,9 @@ Subclass :class:`App`, override what you need, and start it with
 ``raise SystemExit(common.runner.main(MyApp))`` from the app's ``__main__``.
 
 Where each method runs:
-  every rank     ``add_arguments`` (class method), ``validate``, ``fingerprint``
-  rank 0         ``prepare``, ``check_result``, ``items``, ``complete``, ``finish``
+  every rank     ``add_arguments`` (class method), ``check_arguments``, ``validate`` (``devices``
+                 already set), ``pools``
+  rank 0         ``fingerprint``, ``prepare``, ``check_result``, ``items``, ``complete``, ``finish``
   worker process ``setup_worker`` once, then ``run_item`` per item (never MPI here)
 The instance is pickled into the spawned workers, so keep big data out of ``__init__``;
 load it in ``setup_worker``.
@@ -109,12 +110,12 @@ class App:
         """Raise ``common.errors.UsageError`` on bad input for this machine (data that cannot be
         had, a library or device missing), after ``check_arguments``, before anything is written."""
 
+    # ----- rank 0 -----
     def fingerprint(self) -> Dict[str, Any]:
         """The app's own arguments that change results; ``--resume`` refuses a journal made with
         others. The engine adds its own (--seed, --threads) itself."""
         return {}
 
-    # ----- rank 0 -----
     def prepare(self) -> None:
         """Rank 0, once, before any work starts (e.g. download data). May raise UsageError."""
 
@@ -144,8 +145,10 @@ class App:
         """The app's part of summary.md (the engine adds run facts and failures)."""
         return ""
 
+    # ----- every rank -----
     def pools(self) -> Dict[str, Any]:
-        """Named resource pools workers may acquire: ``{name: (capacity, "node"|"global")}``."""
+        """Every rank: named resource pools workers may acquire: ``{name: (capacity, "node"|"global")}``
+        (a "node" pool's capacity is this rank's)."""
         return {}
 
     # ----- worker process -----

@@ -1,4 +1,5 @@
-"""The rank's view of MPI, imported only on the rank's main path and never by worker code.
+"""The rank's view of MPI. mpi4py itself is imported only on the rank's main path (``world()``);
+worker code and pipeline steps import this module only for ``without_launcher``, which needs no MPI.
 
 Without mpi4py, or with ``MULTINODE_GPU_NO_MPI=1``, the job is a single rank and needs no launcher.
 """

@@ -1,7 +1,8 @@
 """The worker process: one per GPU (or per CPU slot), spawned by its rank, never touching MPI.
 
-It loads the app's data once (``App.setup_worker``), then asks its rank for items one at a time
-over a pipe and answers with each result or traceback. Code running inside an item may call
+It loads the app's data once (``App.setup_worker``), then runs what its rank pushes to it over a
+pipe (an item, a group run together, or a chunk of short items) and answers with each result or
+traceback. Code running inside an item may call
 :func:`acquire` to hold a slot of a named resource pool.
 
 Liveness: from its first moment a thread beside the item sends a heartbeat whenever nothing else

@@ -5,7 +5,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 # The CPU build of torch (a range that this satisfies installs nothing more).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install test bench demo gpu-check clean
+.PHONY: install lint test bench demo gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -17,7 +17,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e ".[test,yaml]"
 	touch $@
 
-test: install
+# ruff (installed by make install through the test extra): rules and exceptions in pyproject.toml
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest -q tests
 
 # bench_svm measures on the real Fashion-MNIST from Debian's dataset-fashion-mnist package.

@@ -50,7 +50,7 @@ def overhead(n1: int = 300, n2: int = 3000, repeats: int = 3) -> dict:
         times = {}
         for n in (n1, n2):
             best = float("inf")
-            for r in range(repeats):
+            for _ in range(repeats):
                 with tempfile.TemporaryDirectory() as folder:
                     best = min(best, timed(make(n, Path(folder) / "r")))
             times[n] = best

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from common.data import load_dataset, resize_images
-from mnist_nn.search import Candidate, draw_candidate
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
+from mnist_nn.search import Candidate, draw_candidate
 from mnist_nn.train import fit, keep_freed_memory, to_device
 
 from .machine import cpu_model

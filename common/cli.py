@@ -61,7 +61,7 @@ def at_least(minimum: float, kind: Callable = int, maximum: float = math.inf) ->
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, got {text!r}") from None
         if not value >= minimum:  # also refuses nan
             raise argparse.ArgumentTypeError(f"must be at least {_plain(minimum)}, got {text}")
         if value > maximum:

@@ -18,16 +18,32 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
+from . import write_failures
 from .app import Record
 from .cli import DEFAULT_HEARTBEAT_TIMEOUT
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from .journal import Journal
-from .messages import (Broken, Bye, Dropped, End, Failed, Heartbeat, Items, PoolAnswer, PoolCall, PoolReply, Release,
-                       Request, Result, Status, Stop, StopRequest)
+from .messages import (
+    Broken,
+    Bye,
+    Dropped,
+    End,
+    Failed,
+    Heartbeat,
+    Items,
+    PoolAnswer,
+    PoolCall,
+    PoolReply,
+    Release,
+    Request,
+    Result,
+    Status,
+    Stop,
+    StopRequest,
+)
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
-from . import write_failures
 from .worker_pool import Event, WorkerPool, failure_kind
 
 log = logging.getLogger("multinode_gpu")

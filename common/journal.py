@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from . import write_failures
 from .app import Record
 from .errors import UsageError, quoted
 from .outputs import to_jsonable
-from . import write_failures
 
 JOURNAL_NAME = "journal.jsonl"
 FORMAT_VERSION = 1

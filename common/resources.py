@@ -11,6 +11,7 @@ from typing import Deque, Dict, Hashable, List, Tuple
 
 from .messages import PoolAnswer
 
+
 @dataclass
 class Pool:
     capacity: int

@@ -19,17 +19,18 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from . import startup, write_failures
 from .app import App, RunInfo
 from .cli import build_parser, module_command
 from .devices import resolve_devices, visible_gpus
 from .distribute import Follower, Leader
-from .messages import Bye
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, quoted
 from .gpu_monitor import GpuMonitor
 from .gpu_usage import write_gpu_usage
 from .hold import HOLD_NAME, Hold, check_free
 from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
 from .logs import add_file_log, setup_logging
+from .messages import Bye
 from .mpi import world
 from .outputs import atomic_write_json, atomic_write_text, check_replaceable, to_jsonable
 from .progress import Progress
@@ -39,7 +40,6 @@ from .status_file import RankReporter, StatusWriter
 from .timeline import plot_timeline
 from .worker import STOP_SIGNALS
 from .worker_pool import WorkerPool
-from . import startup, write_failures
 from .write_failures import free_reserve, reserve_space
 
 log = logging.getLogger("multinode_gpu")

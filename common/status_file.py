@@ -110,7 +110,7 @@ class StatusWriter:
         self.done.append((now, this_run))
         while len(self.done) > 2 and self.done[1][0] <= now - RATE_WINDOW_SECONDS:
             self.done.popleft()
-        (first_time, first_done), span = self.done[0], now - self.done[0][0]
+        (_, first_done), span = self.done[0], now - self.done[0][0]
         rate = (this_run - first_done) / span if span > 0 else 0.0
         remaining = scheduler.unresolved
         failed = list(scheduler.failed.items())

@@ -21,15 +21,26 @@ import sys
 import threading
 import time
 import traceback
-from multiprocessing.connection import Connection
 from collections import deque
+from multiprocessing.connection import Connection
 from typing import Any, Deque, Dict, Iterator, Optional
 
 from .items import item_seed
-from .messages import (Alive, Assign, ItemDone, ItemError, PoolAnswer, PoolRequest, Quit, Ready, Revoke, Revoked,
-                       SetupFailed)
 from .linux import die_with_parent
 from .logs import worker_file_log
+from .messages import (
+    Alive,
+    Assign,
+    ItemDone,
+    ItemError,
+    PoolAnswer,
+    PoolRequest,
+    Quit,
+    Ready,
+    Revoke,
+    Revoked,
+    SetupFailed,
+)
 
 log = logging.getLogger("multinode_gpu.worker")
 

@@ -21,8 +21,8 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from multiprocessing import resource_tracker
+from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import psutil
@@ -31,8 +31,22 @@ from .app import Record
 from .devices import Device
 from .items import Item
 from .logs import worker_file_log
-from .messages import (Assign, Dropped, Failed, ItemDone, ItemError, PoolAnswer, PoolCall, PoolRequest, Quit, Ready,
-                       Result, Revoke, Revoked, SetupFailed)
+from .messages import (
+    Assign,
+    Dropped,
+    Failed,
+    ItemDone,
+    ItemError,
+    PoolAnswer,
+    PoolCall,
+    PoolRequest,
+    Quit,
+    Ready,
+    Result,
+    Revoke,
+    Revoked,
+    SetupFailed,
+)
 from .mpi import without_launcher
 from .resources import ResourceBroker
 from .worker import DUMP_SIGNAL, STOP_SIGNALS, TERMINATE_SIGNAL, worker_main

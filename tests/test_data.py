@@ -9,8 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.data import (DEBIAN_FASHION_MNIST, DATASETS, IDX_FILES, Dataset, check_available, find_idx_files,
-                         load_dataset, read_idx, resize_images)
+from common.data import (
+    DATASETS,
+    DEBIAN_FASHION_MNIST,
+    IDX_FILES,
+    Dataset,
+    check_available,
+    find_idx_files,
+    load_dataset,
+    read_idx,
+    resize_images,
+)
 from common.errors import UsageError
 
 HAVE_DEBIAN_FASHION = all(

@@ -10,8 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (TOY, assert_usage_error, journal_entries, rank_pids, run, snapshot, start, stop_run,
-                     wait_for_results, wait_until)
+from helpers import (
+    TOY,
+    assert_usage_error,
+    journal_entries,
+    rank_pids,
+    run,
+    snapshot,
+    start,
+    stop_run,
+    wait_for_results,
+    wait_until,
+)
 
 
 def values(results: Path) -> dict:
@@ -182,8 +192,9 @@ def test_longest_items_start_first(tmp_path):
     assert proc.returncode == 0, proc.stderr
     records = [e for e in journal_entries(tmp_path / "r") if e.get("type") == "result"]
     started = [r["key"] for r in sorted(records, key=lambda r: r["start"])]
-    from toy_app import ToyApp  # noqa: E402
     import argparse
+
+    from toy_app import ToyApp  # noqa: E402
 
     durations = ToyApp(argparse.Namespace(n_items=12, sleep=0.02, lognormal=1.0)).durations()
     expected = [f"item-{i:04d}" for i in sorted(range(12), key=lambda i: -durations[i])]

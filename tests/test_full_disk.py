@@ -12,9 +12,8 @@ from typing import Iterator
 
 import pytest
 
-from helpers import TOY, REPO, run, start, wait_for_results
-
 from common.journal import read_journal
+from helpers import REPO, TOY, run, start, wait_for_results
 
 
 @contextlib.contextmanager

@@ -9,9 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import REPO, TOY, assert_usage_error, journal_entries, run, snapshot, start, wait_for_results, wait_until
-
 from common.hold import HOLD_NAME, _me, read_hold, stale_because
+from helpers import REPO, TOY, assert_usage_error, journal_entries, run, snapshot, start, wait_for_results, wait_until
 
 
 def values(results: Path) -> dict:

@@ -18,14 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run
-
 from common.data import load_dataset
 from common.items import Item
+from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run
 from mnist_nn.app import MnistNN, cv_scores, fit_key, refit_key
 from mnist_nn.model import load_saved_model
-from mnist_nn.search import draw_candidate
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
+from mnist_nn.search import draw_candidate
 from mnist_nn.train import predict_logits, to_model_input
 
 #: bootstrap 0's fits take about 0.35 s each here: long enough to stop a run inside the first wave

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from common.pipeline.definition import parse_definition
-from helpers import alive
 from common.pipeline.flow import PipelineRunner, RunLayout
+from helpers import alive
 
 
 def run_pipeline(tmp_path: Path, steps, start=None, gpu=None, **fields):

@@ -198,7 +198,7 @@ class VirtualCluster:
         self._ip("-n", self.switch, "link", "set", "lo", "up")
         self._ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         self._ip("-n", self.switch, "link", "set", "br0", "up")
-        for index, node in enumerate(self.nodes, 1):
+        for node in self.nodes:
             netns = self.netns(node)
             self._add_netns(netns)
             self._ip("link", "add", self.port(node), "netns", self.switch, "type", "veth", "peer", "name", "eth0",
@@ -537,7 +537,7 @@ class VirtualCluster:
         """Install the host's ``unreachable`` route for a 10.213.K.0/24 nobody routes yet. ``ip route
         add`` (not replace) fails on a route that exists: a subnet another session's cluster uses is
         never taken over, nor its route deleted at our teardown."""
-        for attempt in range(50):
+        for _ in range(50):
             added = subprocess.run(["ip", "route", "add", "unreachable", f"{self.subnet}.0/24"], capture_output=True,
                                    text=True)
             if added.returncode == 0:

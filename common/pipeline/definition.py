@@ -19,9 +19,18 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import UsageError
 from .loops import unbounded_cycle
-from .schema import (CONDITIONS, MAX_MATRIX, MAX_NAME_LENGTH, MAX_RETRIES, MAX_RETRY_DELAY, NAME, POOL,
-                     check_matrix,
-                     did_you_mean, first_error)
+from .schema import (
+    CONDITIONS,
+    MAX_MATRIX,
+    MAX_NAME_LENGTH,
+    MAX_RETRIES,
+    MAX_RETRY_DELAY,
+    NAME,
+    POOL,
+    check_matrix,
+    did_you_mean,
+    first_error,
+)
 from .sizes import parse_memory
 from .text import short
 

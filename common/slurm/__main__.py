@@ -9,14 +9,12 @@ import argparse
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 from ..errors import EXIT_USAGE, UsageError
 from .arguments import build_parser, spec_from_args
 from .program import check_container, check_program
 from .shipped import write_shipped
-from .spec import MPI_PLUGINS, JobSpec
 from .template import render
 
 

@@ -36,6 +36,14 @@ REFIT_FIELDS = {"C": NUMBER, "gamma": NUMBER, "test_error": NUMBER, "confusion_m
 MAX_FITS = 100_000
 
 
+def reference_folds(n: int, folds: int) -> List[tuple]:
+    """The reference's folds: contiguous slices between round(linspace(0, n, folds + 1)), as
+    (training rows, validation rows)."""
+    edges = np.round(np.linspace(0, n, folds + 1)).astype(np.int64)
+    rows = np.arange(n)
+    return [(np.concatenate([rows[:lo], rows[hi:]]), rows[lo:hi]) for lo, hi in zip(edges[:-1], edges[1:])]
+
+
 @dataclasses.dataclass
 class WorkerState:
     """What a worker keeps between items: the backend holding the data, and the fold rows."""
@@ -52,6 +60,13 @@ class MnistSvm(App):
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--cv", choices=("reference", "stratified"), default="reference",
+                            help="reference: contiguous, unshuffled folds (boundaries round(linspace(0, n, folds + 1))); "
+                                 "stratified: shuffled by --seed, each fold with the classes' proportions")
+        parser.add_argument("--multiclass", choices=("ovr", "ovo"), default="ovr",
+                            help="ovr: one binary SVC per class, the largest decision value wins (the reference's "
+                                 "cuML multiclass_strategy='ovr'); ovo: one SVC per pair of classes (libsvm's and "
+                                 "cuML's default)")
         parser.add_argument("n_tuning", type=int,
                             help="grid points per axis: log10 C in linspace(-3, 6, n), log10 gamma in linspace(-6, -2, n)")
         add_data_arguments(parser)
@@ -85,7 +100,9 @@ class MnistSvm(App):
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args
         return {"n_tuning": args.n_tuning, "dataset": args.dataset, "folds": args.folds,
-                "subsample": args.subsample}
+                "subsample": args.subsample,
+                **({"cv": "reference"} if args.cv == "reference" else {}),
+                **({"multiclass": "ovr"} if args.multiclass == "ovr" else {})}
 
     # ----- rank 0 -----
     def prepare(self) -> None:
@@ -195,9 +212,13 @@ class MnistSvm(App):
         from sklearn.model_selection import StratifiedKFold
 
         data = self._load()
-        splitter = StratifiedKFold(n_splits=self.args.folds, shuffle=True, random_state=seed32(self.args.seed))
-        folds = list(splitter.split(np.zeros(len(data.y_train)), data.y_train))
-        backend = make_backend(data, device.is_gpu and self.use_cuml)
+        args = self.args
+        if args.cv == "stratified":
+            splitter = StratifiedKFold(n_splits=args.folds, shuffle=True, random_state=seed32(args.seed))
+            folds = list(splitter.split(np.zeros(len(data.y_train)), data.y_train))
+        else:
+            folds = reference_folds(len(data.y_train), args.folds)
+        backend = make_backend(data, device.is_gpu and self.use_cuml, args.multiclass)
         return WorkerState(backend, folds, data.n_classes)
 
     def run_item(self, state: WorkerState, item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:

@@ -23,12 +23,28 @@ CACHE_MB = 1024
 PRECOMPUTE_MAX_BYTES = 2 * 1024 ** 3
 
 
-def standardise(images: np.ndarray) -> np.ndarray:
-    """uint8 (n, h, w) -> float32 (n, h*w) centred and scaled as the reference."""
-    flat = images.reshape(len(images), -1).astype(np.float32)
-    flat -= np.float32(PIXEL_CENTRE)
-    flat /= np.float32(PIXEL_SCALE)
+def standardise(images: np.ndarray, dtype: Any = np.float32) -> np.ndarray:
+    """uint8 (n, h, w) -> (n, h*w) centred and scaled as the reference, in ``dtype`` (float64 on a
+    CPU: libsvm computes in float64, and float32 pixels could change a prediction)."""
+    flat = images.reshape(len(images), -1).astype(dtype)
+    flat -= dtype(PIXEL_CENTRE)
+    flat /= dtype(PIXEL_SCALE)
     return flat
+
+
+def _multiclass(svc: Any, multiclass: str) -> Any:
+    """One-vs-rest (the reference's cuML ``multiclass_strategy="ovr"``): one binary SVC per class,
+    predicting the class of the largest decision value; or libsvm's own one-vs-one."""
+    from sklearn.multiclass import OneVsRestClassifier
+
+    return OneVsRestClassifier(svc) if multiclass == "ovr" else svc
+
+
+def _support(model: Any) -> np.ndarray:
+    """Training-row indexes of the support vectors (of every binary SVC, without repeats)."""
+    if hasattr(model, "estimators_"):
+        return np.unique(np.concatenate([e.support_ for e in model.estimators_]))
+    return np.asarray(model.support_)
 
 
 def have_cuml() -> bool:
@@ -42,12 +58,9 @@ class PrecomputedModel:
 
     svc: Any
     gamma: float
+    support: np.ndarray  # indexes (into the fit's rows) of every support vector
     support_x: np.ndarray  # float64 rows of the support vectors
     n_train: int
-
-    @property
-    def n_support_(self) -> np.ndarray:
-        return self.svc.n_support_
 
 
 class SklearnBackend:
@@ -61,8 +74,9 @@ class SklearnBackend:
 
     name = "sklearn"
 
-    def __init__(self, data: Dataset):
-        self.x = {"train": standardise(data.x_train), "test": standardise(data.x_test)}
+    def __init__(self, data: Dataset, multiclass: str = "ovr"):
+        self.multiclass = multiclass
+        self.x = {"train": standardise(data.x_train, np.float64), "test": standardise(data.x_test, np.float64)}
         self.y = {"train": data.y_train, "test": data.y_test}
         self.truth = self.y  # labels on the host, to score predictions
 
@@ -87,10 +101,13 @@ class SklearnBackend:
         if kernel is None:
             kernel = self.train_kernel(gamma, rows)
         if kernel is None:
-            return SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB).fit(self._rows("train", rows), y)
-        # a precomputed kernel is a lookup: libsvm's default cache is plenty, and saves memory
-        svc = SVC(C=c, kernel="precomputed").fit(kernel, y)
-        return PrecomputedModel(svc, gamma, self._rows("train", rows[svc.support_]), len(rows))
+            return _multiclass(SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB),
+                               self.multiclass).fit(self._rows("train", rows), y)
+        # a precomputed kernel is a lookup: libsvm's default cache is plenty, and saves memory; the
+        # one-vs-rest SVCs all read the one kernel of the fold
+        svc = _multiclass(SVC(C=c, kernel="precomputed"), self.multiclass).fit(kernel, y)
+        support = _support(svc)
+        return PrecomputedModel(svc, gamma, support, self._rows("train", rows[support]), len(rows))
 
     def predict(self, model: Any, split: str, rows: Any = slice(None)) -> np.ndarray:
         from sklearn.metrics.pairwise import rbf_kernel
@@ -100,11 +117,12 @@ class SklearnBackend:
             return model.predict(x)
         # libsvm reads only the support vectors' columns: compute those, leave the rest zero
         kernel = np.zeros((len(x), model.n_train))
-        kernel[:, model.svc.support_] = rbf_kernel(x, model.support_x, gamma=model.gamma)
+        kernel[:, model.support] = rbf_kernel(x, model.support_x, gamma=model.gamma)
         return model.svc.predict(kernel)
 
     def n_support(self, model: Any) -> int:
-        return int(np.sum(model.n_support_))
+        """Distinct support vectors over the binary SVCs."""
+        return int(len(model.support) if isinstance(model, PrecomputedModel) else len(_support(model)))
 
 
 class CumlBackend:
@@ -112,9 +130,10 @@ class CumlBackend:
 
     name = "cuml"
 
-    def __init__(self, data: Dataset):
+    def __init__(self, data: Dataset, multiclass: str = "ovr"):
         import cupy as cp
 
+        self.multiclass = multiclass
         self.cp = cp
         self.x = {"train": cp.asarray(standardise(data.x_train)), "test": cp.asarray(standardise(data.x_test))}
         self.y = {"train": cp.asarray(data.y_train.astype(np.float32)), "test": cp.asarray(data.y_test.astype(np.float32))}
@@ -128,7 +147,8 @@ class CumlBackend:
         from cuml.svm import SVC
 
         index = self.cp.asarray(rows)
-        return SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB).fit(self.x["train"][index],
+        return SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB,
+                   multiclass_strategy=self.multiclass).fit(self.x["train"][index],
                                                                             self.y["train"][index])
 
     def predict(self, model: Any, split: str, rows: Any = slice(None)) -> np.ndarray:
@@ -142,8 +162,8 @@ class CumlBackend:
         return int(self.cp.unique(self.cp.asarray(model.support_)).size)
 
 
-def make_backend(data: Dataset, use_cuml: bool) -> Any:
+def make_backend(data: Dataset, use_cuml: bool, multiclass: str = "ovr") -> Any:
     """cuML where the app chose it (a GPU worker with cuML installed, decided once in
     ``validate``); scikit-learn otherwise."""
-    return CumlBackend(data) if use_cuml else SklearnBackend(data)
+    return CumlBackend(data, multiclass) if use_cuml else SklearnBackend(data, multiclass)
 

@@ -215,7 +215,7 @@ def test_max_macs_draws_only_small_nets_and_changes_nothing_else():
 
 
 def test_on_a_cpu_rank_0_warns_once_before_nets_of_hundreds_of_millions_of_weights(caplog):
-    args = argparse.Namespace(gpu="cpu", seed=0, folds=5, n_bootstrap=2, n_tuning=2, max_macs=None)
+    args = argparse.Namespace(gpu="cpu", seed=0, folds=5, n_bootstrap=2, n_tuning=2, max_macs=None, draws="keyed")
     with caplog.at_level("WARNING", logger="multinode_gpu"):
         MnistNN(args).items()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
@@ -228,7 +228,7 @@ def test_on_a_cpu_rank_0_warns_once_before_nets_of_hundreds_of_millions_of_weigh
 
 
 def test_complete_refits_the_candidate_with_the_lowest_mean_cv_loss():
-    app = MnistNN(type("Args", (), {"seed": 0, "n_tuning": 3, "folds": 2, "max_macs": None})())
+    app = MnistNN(type("Args", (), {"seed": 0, "n_tuning": 3, "folds": 2, "max_macs": None, "draws": "keyed"})())
     losses = {0: [0.5, 0.9], 1: [0.6, 0.6], 2: [0.1, None]}  # candidate 2 diverged on a fold
     results = {fit_key(4, c, f): {"val_loss": loss} for c, pair in losses.items() for f, loss in enumerate(pair)}
     assert cv_scores(results, 4, 3, 2) == {0: 0.7, 1: 0.6, 2: float("inf")}

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from common.data import load_dataset
+from common.devices import Device
 from common.items import Item
 from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run
 from mnist_nn.app import MnistNN, cv_scores, fit_key, refit_key
@@ -223,7 +224,9 @@ def test_on_a_cpu_rank_0_warns_once_before_nets_of_hundreds_of_millions_of_weigh
     caplog.clear()
     with caplog.at_level("WARNING", logger="multinode_gpu"):
         MnistNN(argparse.Namespace(**{**vars(args), "max_macs": 1e6})).items()
-        MnistNN(argparse.Namespace(**{**vars(args), "gpu": "0"})).items()
+        on_gpu = MnistNN(argparse.Namespace(**{**vars(args), "gpu": "0"}))
+        on_gpu.devices = [Device("cuda", 0)]  # what the engine sets from --gpu 0
+        on_gpu.items()
     assert not caplog.records
 
 

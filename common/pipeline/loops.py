@@ -10,10 +10,18 @@ count as a bound: whether it runs depends on the step before it, which is easy t
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List
+from typing import Any, Dict, List, Protocol, Sequence
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .definition import Pipeline
+
+class Pipeline(Protocol):
+    """What these checks read of a ``definition.Pipeline`` (named here so that definition, which
+    calls them, and this module do not import each other)."""
+
+    @property
+    def step_ids(self) -> Sequence[str]: ...
+
+    @property
+    def steps(self) -> Sequence[Any]: ...
 
 
 def moves(pipeline: "Pipeline") -> Dict[str, List[str]]:

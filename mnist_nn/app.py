@@ -20,14 +20,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields
-from common.cli import at_least
+from common.cli import REFERENCE_SEED, at_least
 from common.data import add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
 
-from common.cli import REFERENCE_SEED
-
+from .records import cv_scores, encode_array, fit_key, model_stem, refit_key
 from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate, reference_candidates
 from .tensorboard_log import write_fit_events
 
@@ -56,18 +55,6 @@ MIN_MAX_MACS = 300_000
 CPU_WARN_WEIGHTS = 100_000_000
 
 logger = logging.getLogger(__name__)
-
-
-def fit_key(bootstrap: int, candidate: int, fold: int) -> str:
-    return f"b={bootstrap:02d},c={candidate:02d},f={fold}"
-
-
-def refit_key(bootstrap: int) -> str:
-    return f"b={bootstrap:02d},refit"
-
-
-def model_stem(bootstrap: int) -> str:
-    return f"bootstrap-{bootstrap}"
 
 
 class MnistNN(App):
@@ -300,18 +287,6 @@ class MnistNN(App):
         return {"sha256": digest, "bytes": len(raw), "embedded": None}
 
 
-def cv_scores(results: Mapping[str, Any], bootstrap: int, n_tuning: int, folds: int) -> Dict[int, float]:
-    """Candidate -> mean validation loss, for candidates whose K folds are all done (diverged = inf)."""
-    scores = {}
-    for c in range(n_tuning):
-        found = [results.get(fit_key(bootstrap, c, f)) for f in range(folds)]
-        if any(result is None for result in found):
-            continue
-        losses = [math.inf if r["val_loss"] is None else r["val_loss"] for r in found]
-        scores[c] = float(np.mean(losses))
-    return scores
-
-
 def epoch_logger(key: str) -> EpochHook:
     """A line in the worker's log (``<results>/logs/``) per epoch of item ``key``'s fit, as it
     ends: ``tail -f`` shows how far a long fit has got."""
@@ -339,13 +314,3 @@ def warn_big_nets(candidates: Sequence[Candidate]) -> None:
 def finite_or_none(value: float) -> Optional[float]:
     """JSON has no NaN or infinity: a diverged fit's loss is recorded as null."""
     return value if math.isfinite(value) else None
-
-
-def encode_array(array: np.ndarray) -> Dict[str, Any]:
-    """A float32 array as base64 of its little-endian bytes: exact, and 3x smaller than JSON numbers."""
-    return {"shape": list(array.shape), "float32_base64": base64.b64encode(array.tobytes()).decode("ascii")}
-
-
-def decode_array(encoded: Mapping[str, Any]) -> np.ndarray:
-    raw = base64.b64decode(encoded["float32_base64"])
-    return np.frombuffer(raw, dtype="<f4").reshape(encoded["shape"]).astype(np.float32)

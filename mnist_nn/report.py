@@ -19,7 +19,7 @@ from common.app import RunInfo
 from common.data import load_dataset
 from common.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
-from .app import cv_scores, decode_array, model_stem, refit_key
+from .records import cv_scores, decode_array, model_stem, refit_key
 from .search import IMAGE_SIZE
 
 RESULT_COLUMNS = ["bootstrap", "candidate", "n_conv_layer", "kernel_size", "n_hidden_layer", "learning_rate",

@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from .cli import env_seconds
 from .errors import UsageError, quoted
 from .outputs import atomic_write_json
 
@@ -41,11 +42,7 @@ STALE_PERIODS = 3
 
 
 def refresh_seconds() -> float:
-    try:
-        value = float(os.environ.get("MULTINODE_GPU_HOLD_SECONDS", REFRESH_SECONDS))
-    except ValueError:
-        return REFRESH_SECONDS
-    return value if value > 0 else REFRESH_SECONDS
+    return env_seconds("MULTINODE_GPU_HOLD_SECONDS", REFRESH_SECONDS)
 
 
 def _boot_id() -> str:

@@ -6,21 +6,18 @@ bar becomes one endless line, so there it is a plain line every ``every`` second
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from typing import Any, Optional, TextIO
 
+from .cli import env_seconds
+
 PROGRESS_SECONDS = 30.0
 
 
 def progress_seconds() -> float:
-    try:
-        value = float(os.environ.get("MULTINODE_GPU_PROGRESS_SECONDS", PROGRESS_SECONDS))
-    except ValueError:
-        return PROGRESS_SECONDS
-    return value if value > 0 else PROGRESS_SECONDS
+    return env_seconds("MULTINODE_GPU_PROGRESS_SECONDS", PROGRESS_SECONDS)
 
 
 def format_seconds(seconds: Optional[float]) -> str:

@@ -13,6 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
+from .cli import env_seconds
 from .errors import EXIT_OK, EXIT_STOPPED
 from .outputs import atomic_write_json
 
@@ -27,11 +28,7 @@ MAX_FAILURES_LISTED = 20
 
 
 def status_seconds() -> float:
-    try:
-        value = float(os.environ.get("MULTINODE_GPU_STATUS_SECONDS", STATUS_SECONDS))
-    except ValueError:
-        return STATUS_SECONDS
-    return value if value > 0 else STATUS_SECONDS
+    return env_seconds("MULTINODE_GPU_STATUS_SECONDS", STATUS_SECONDS)
 
 
 def rank_snapshot(pool: Any, monitor: Any) -> Dict[str, Any]:

@@ -71,16 +71,7 @@ def draw_candidate(seed: int, bootstrap: int, candidate: int, max_macs: Optional
     the reference's distribution restricted to small nets.
     """
     rng = np.random.default_rng(item_seed(seed, f"bootstrap={bootstrap},candidate={candidate}"))
-    while True:
-        drawn = Candidate(
-            n_conv_layer=int(rng.integers(1, 1000)),
-            kernel_size=int(rng.integers(2, 11)),
-            n_hidden_layer=int(rng.integers(1, 2000)),
-            learning_rate=float(math.pow(10.0, rng.random() * 4.0 - 5.0)),
-            momentum=float(math.pow(10.0, rng.random() * 2.0 - 2.0)),
-        )
-        if max_macs is None or drawn.cost <= max_macs:
-            return drawn
+    return draw_from(rng, max_macs)
 
 
 def draw_from(rng: np.random.Generator, max_macs: Optional[float] = None) -> Candidate:

@@ -147,6 +147,18 @@ def test_pipelines_on_three_nodes_equal_one_rank(vcluster, reference):
     assert len(hosts) >= 2, f"the pipelines ran on {hosts} only"
 
 
+#: what Debian's Slurm 22.05 pmi2 plugin logs when MPI_Init's PMI2 exchange arrives corrupted (seen in
+#: some runs under srun here, never under hydra; cause not found, see the closing note of issue 13)
+PMI2_FLAKE = "mpi/pmi2: value not properly terminated"
+
+
+def known_pmi2_flake(output: str) -> None:
+    """A run that failed only because MPI could not start through PMI2 is an expected failure of
+    the test cluster, not of the engine: reported as such (xfail), never as a pass."""
+    if PMI2_FLAKE in output:
+        pytest.xfail("MPI_Init failed in the test Slurm's PMI2 exchange (known, unexplained flake)")
+
+
 def _slurm(vcluster):
     vcluster.require_slurm()
 
@@ -195,6 +207,7 @@ def test_a_generated_slurm_script_on_two_nodes_equals_one_rank(vcluster, which, 
     script = generated_script(vcluster, 2, [program[1], *app_args])
     job = vcluster.sbatch(script, *app_args, "--results", str(results), wait=True)
     log = vcluster.job_output(job)
+    known_pmi2_flake(log)
     assert vcluster.job_state(job) == "COMPLETED", log + vcluster.logs()
     assert summary(results)["ranks"] == 2, log
     assert summary(results)["status"] == "complete", log
@@ -212,6 +225,7 @@ def test_slurm_gres_pins_each_worker_to_its_own_fake_gpu(vcluster):
     done = vcluster.run("node1", ["srun", "-N2", "--ntasks-per-node=1", "--gres=gpu:2", "--mpi=pmi2", PYTHON, *TOY, "8",
                                   "--sleep", "2", "--gpu", "all", "--threads", "1", "--no-progress", "--results", str(results)],
                         timeout=300)
+    known_pmi2_flake(done.stderr)
     assert done.returncode == 0, done.stderr
     assert [w["devices"] for w in summary(results)["workers"]] == [["gpu0", "gpu1"]] * 2
     assert [w["host"] for w in summary(results)["workers"]] == ["node1", "node2"]

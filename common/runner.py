@@ -223,18 +223,10 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
     app.devices = devices
     if getattr(app.args, "dry_run", False):
         return _dry_run(comm, app)
-    fingerprint = hold = None
-    error = None
-    if comm.rank == 0:
-        try:
-            fingerprint, hold = _check_results_folder(app)
-        except UsageError as problem:
-            error = str(problem)
-    error = comm.bcast(error)
-    if error:
-        if comm.rank == 0:
-            print(f"{app_class.name}: error: {error}", file=sys.stderr)
+    checked, failed = _on_rank_0(comm, app, lambda: _check_results_folder(app))
+    if failed:
         return EXIT_USAGE
+    fingerprint, hold = checked or (None, None)
     try:
         code = _run(comm, app, notice, fingerprint, argv, stop)
     except Exception:
@@ -261,21 +253,28 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
 
 def _dry_run(comm: Any, app: App) -> int:
     """--dry-run: rank 0 prints each planned item as one JSON line; nothing written, no hold taken."""
-    error = None
+    def plan() -> None:
+        app.prepare()
+        for item in app.items():
+            print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
+        sys.stdout.flush()
+
+    return EXIT_USAGE if _on_rank_0(comm, app, plan)[1] else EXIT_OK
+
+
+def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]:
+    """``work()`` on rank 0; its UsageError, told to every rank, is one line on stderr.
+    Returns (what it returned on rank 0, whether it failed), the failure on every rank."""
+    result, error = None, None
     if comm.rank == 0:
         try:
-            app.prepare()
-            for item in app.items():
-                print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
-            sys.stdout.flush()
+            result = work()
         except UsageError as problem:
             error = str(problem)
     error = comm.bcast(error)
-    if error:
-        if comm.rank == 0:
-            print(f"{app.name}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    return EXIT_OK
+    if error and comm.rank == 0:
+        print(f"{app.name}: error: {error}", file=sys.stderr)
+    return result, bool(error)
 
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],

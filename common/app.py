@@ -7,7 +7,8 @@ Subclass :class:`App`, override what you need, and start it with
 Where each method runs:
   every rank     ``add_arguments`` (class method), ``check_arguments``, ``validate`` (``devices``
                  already set), ``pools``
-  rank 0         ``fingerprint``, ``prepare``, ``check_result``, ``items``, ``complete``, ``finish``
+  rank 0         ``fingerprint``, ``output_names``, ``prepare``, ``check_result``, ``items``, ``complete``,
+                 ``finish``, ``headline``
   worker process ``setup_worker`` once, then ``run_item`` per item (never MPI here)
 The instance is pickled into the spawned workers, so keep big data out of ``__init__``;
 load it in ``setup_worker``.
@@ -144,6 +145,21 @@ class App:
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         """The app's part of summary.md (the engine adds run facts and failures)."""
         return ""
+
+    def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:
+        """Rank 0, after a complete run's outputs are written: the lines the engine prints on
+        stdout at the very end (the numbers a user of the app looks for first, such as the
+        reference's closing prints). ``summary`` is summary.json's content. Not called for a
+        stopped run, one with failed items, or ``--dry-run``."""
+        return []
+
+    def output_names(self) -> Tuple[str, ...]:
+        """The names (``fnmatch`` patterns) of what ``finish`` and the workers write at the top of
+        the results folder: files, and folders such as ``models``. A run without a journal to
+        resume is refused in a folder already holding one of these or one of the engine's, so
+        ``--results .`` works beside a user's other files and never overwrites them. The
+        default ``*`` claims every name: such an app needs a new or empty folder."""
+        return ("*",)
 
     # ----- every rank -----
     def pools(self) -> Dict[str, Any]:

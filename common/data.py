@@ -68,8 +68,14 @@ class Dataset:
 
 
 def default_data_dir() -> Path:
-    """``data/`` in the current folder, as the reference used."""
+    """``data/`` in the current folder: where the data are downloaded when found nowhere."""
     return Path("data")
+
+
+def reference_download_dir(name: str) -> Path:
+    """``./MNIST/raw`` (``./FashionMNIST/raw``): where the reference's ``torchvision`` download,
+    rooted at the current folder, left the IDX files; looked at after ``data/``."""
+    return Path(_TORCHVISION[name][1])
 
 
 # ----- finding files -----
@@ -79,21 +85,23 @@ def _check_name(name: str) -> None:
 
 
 def _candidate_dirs(name: str, data_dir: Optional[Path]) -> List[Path]:
-    """Folders that may hold the IDX files, most specific first.
+    """Folders that may hold the IDX files, in the order they are looked at.
 
     An explicit ``--data-dir`` is the only place looked at (its root and the usual subfolders):
-    results must come from the data the user pointed at, never from a system copy. The root of
-    the default ``data/`` is searched only for MNIST, so MNIST files lying there are never taken
-    for Fashion-MNIST; without ``--data-dir``, Debian's Fashion-MNIST is the last resort.
+    results must come from the data the user pointed at, never from a system copy. Without it:
+    the default ``data/`` (and its subfolders), then the reference's download in the current
+    folder (``./MNIST/raw``), then, for Fashion-MNIST, Debian's copy. The root of ``data/`` is
+    searched only for MNIST, so MNIST files lying there are never taken for Fashion-MNIST.
     """
     explicit = data_dir is not None
     root = Path(data_dir) if explicit else default_data_dir()
     if name == "mnist":
-        return [root, root / "mnist", root / _TORCHVISION["mnist"][1]]
+        dirs = [root, root / "mnist", root / _TORCHVISION["mnist"][1]]
+        return dirs if explicit else dirs + [reference_download_dir(name)]
     dirs = [root / "fashion-mnist", root / _TORCHVISION["fashion-mnist"][1]]
     if explicit:
         return [root] + dirs
-    return dirs + [DEBIAN_FASHION_MNIST]
+    return dirs + [reference_download_dir(name), DEBIAN_FASHION_MNIST]
 
 
 def _find_in(folder: Path, stem: str) -> Optional[Path]:
@@ -180,8 +188,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=DATASETS, default="mnist", help="data set")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the IDX files (or its mnist/, fashion-mnist/, MNIST/raw/, FashionMNIST/raw/), "
-                             "shared by every node, and the only place looked at; when not given: data/ "
-                             "(Fashion-MNIST is also looked for in /usr/share/datasets/fashion-mnist)")
+                             "shared by every node, and the only place looked at; when not given: data/, then "
+                             "./MNIST/raw or ./FashionMNIST/raw (the reference's torchvision download), then for "
+                             "Fashion-MNIST /usr/share/datasets/fashion-mnist; a download goes to data/")
     parser.add_argument("--subsample", type=int, default=None, metavar="N",
                         help="use N training images (stratified) for quick runs; the test set is kept whole")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds (split by --seed)")

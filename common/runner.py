@@ -7,6 +7,7 @@ rank 0 leads the distribution while the others follow, then rank 0 writes the ou
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import json
 import logging
 import math
@@ -46,7 +47,9 @@ log = logging.getLogger("multinode_gpu")
 
 #: what the engine writes at the top of the results folder (each checked replaceable on --resume)
 ENGINE_OUTPUTS = ("summary.json", "summary.md", "report.html", "status.json", "timeline.png", "timeline.svg",
-                  "gpu_usage.png", "gpu_usage.svg", "gpu_usage.pdf", "gpu_usage.csv", JOURNAL_NAME)
+                  "timeline.pdf", "gpu_usage.png", "gpu_usage.svg", "gpu_usage.pdf", "gpu_usage.csv", JOURNAL_NAME)
+#: the engine's folder of rank and worker logs in the results folder
+LOGS_DIR = "logs"
 
 #: seconds a busy worker gets to end what it started (pipeline steps) once the run is over
 WORKER_KILL_AFTER = 10.0
@@ -174,18 +177,20 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
                                  f"writes ({problem}): the journal is damaged; use another --results") from None
     elif folder.exists() and not folder.is_dir():
         raise UsageError(f"--results {quoted(folder)}: exists and is not a folder")
-    if folder.is_dir():  # an earlier run's outputs: each must be replaceable at the end, or the
-        # run would do its work and then leave new figures beside an old summary
-        check_replaceable(folder, ENGINE_OUTPUTS, skip=("logs", HOLD_NAME))
+    own = _own_entries(folder, app) if folder.is_dir() else []
+    if own:  # an earlier run's outputs: each must be replaceable at the end, or the run would do its
+        # work and then leave new figures beside an old summary (a user's other files are not looked at)
+        check_replaceable(folder, ENGINE_OUTPUTS, skip=[name for name in os.listdir(folder) if name not in own]
+                          + [LOGS_DIR, HOLD_NAME])
+    if not journal_path.exists():
+        clashes = [name for name in own if not (folder / name).is_dir() or any((folder / name).iterdir())]
+        if clashes:  # someone's files named like ours, or results whose journal is gone: never overwrite them
+            raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({', '.join(clashes[:3])}"
+                             f"{', ...' if len(clashes) > 3 else ''}), which this run would overwrite; move them away "
+                             f"or choose another --results")
     app.prepare()
-    if folder.is_dir() and not journal_path.exists():
-        others = sorted(path.name for path in folder.iterdir()
-                        if path.name not in ("logs", HOLD_NAME) and not path.name.startswith(f".{HOLD_NAME}."))
-        if others:  # someone's files, or results whose journal is gone: never overwrite them
-            raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({', '.join(others[:3])}"
-                             f"{', ...' if len(others) > 3 else ''}); choose a new or empty folder")
     try:
-        for place in (folder, folder / "logs"):
+        for place in (folder, folder / LOGS_DIR):
             place.mkdir(parents=True, exist_ok=True)
             probe = place / ".write-test"
             probe.write_bytes(b"")
@@ -195,6 +200,15 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     except OSError as error:
         raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
     return fingerprint, hold
+
+
+def _own_entries(folder: Path, app: App) -> List[str]:
+    """The names at the top of ``folder`` that this run writes: the engine's outputs, its logs
+    folder and the app's ``output_names`` (the hold aside: ``check_free`` has judged it)."""
+    patterns = (*ENGINE_OUTPUTS, LOGS_DIR, *app.output_names())
+    return sorted(name for name in os.listdir(folder)
+                  if name != HOLD_NAME and not name.startswith(f".{HOLD_NAME}.")
+                  and any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
 
 
 def main(app_class: type, argv: Optional[List[str]] = None) -> int:
@@ -465,6 +479,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                  lambda: plot_timeline(leader.bars, results / "timeline"))
     summary["gpu_usage_plot"] = None if full else _written(results, "the GPU usage figure", results / "gpu_usage.png",
                                                            lambda: write_gpu_usage(reports, results))
+    run = None
     if outcome != "stopped" and write_failures.first() is None:
         run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
         summary.update(_written(results, "the outputs", results, lambda: app.finish(run)) or {})
@@ -498,6 +513,10 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         print(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
               f"finish with the same launcher and: {summary['resume_command']}", file=sys.stderr)
         return EXIT_STOPPED
+    if not failed and run is not None:  # complete: the app's headline, as the reference's closing prints
+        for line in app.headline(run, summary):
+            print(line)
+        sys.stdout.flush()
     print(f"{app.name}: {summary['status']}: {len(records)} of {len(items)} items in {summary['wall_seconds']:.1f} s; "
           f"results in {results}/ (summary.md)", file=sys.stderr)
     return EXIT_FAILED_ITEMS if failed else EXIT_OK

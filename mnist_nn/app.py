@@ -185,6 +185,17 @@ class MnistNN(App):
 
         return write_outputs(self, run)
 
+    def output_names(self) -> tuple:
+        """What finish and the workers write (the reference's figure names too: prob_*, test_*)."""
+        return ("results.csv", "training_log.csv", "cv_results.csv", "ensemble.json", "ensemble_error.*",
+                "training_curves.*", "certainty*", "prob_*", "test_[0-9]*", "test_errn*", "models", "tensorboard")
+
+    def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:
+        """The reference's closing prints: the run's wall time, the ensemble's (majority vote) test error."""
+        if summary.get("ensemble_test_error") is None:
+            return []
+        return [f"Time taken {summary['wall_seconds']} s", f"ensemble test error: {summary['ensemble_test_error']}"]
+
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         from .report import summary_markdown
 

@@ -127,6 +127,21 @@ class MnistSvm(App):
     def check_result(self, key: str, result: Any) -> None:
         check_fields(result, REFIT_FIELDS if key == REFIT_KEY else FIT_FIELDS)
 
+    def output_names(self) -> tuple:
+        """What finish writes: validation_error.npy, the validation figures, fits.csv."""
+        return ("validation_*", "fits.csv")
+
+    def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:
+        """The reference's closing prints, worded and formatted as there: the wall time of this run's
+        cross-validation fits, then the refit's (C, gamma) and its test error in percent."""
+        refit = run.results().get(REFIT_KEY)
+        if not refit:
+            return []
+        fits = [record for key, record in run.records.items() if key != REFIT_KEY and key not in self.journaled]
+        timing = [f"Time taken for k-fold validation: {max(r.end for r in fits) - min(r.start for r in fits)} s"] if fits else []
+        return timing + [f"Best penalty parameter: {refit['C']}", f"Best kernel parameter: {refit['gamma']}",
+                         f"Test error: {refit['test_error'] * 100}%"]
+
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         grid, folder = self.grid, run.results_dir
         results = run.results()

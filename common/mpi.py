@@ -130,6 +130,29 @@ def world() -> Any:
         mpi4py.rc.initialize = False
         mpi4py.rc.finalize = False
         return SingleRank()
+    mpi4py.rc.initialize = False  # initialised below, once the netmod is decided
+    mpi4py.rc.finalize = True
     from mpi4py import MPI
 
+    if not MPI.Is_initialized():
+        netmod = srun_pmi_netmod(os.environ, MPI.Get_library_version())
+        if netmod:
+            os.environ["MPIR_CVAR_CH4_NETMOD"] = netmod
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
     return MpiWorld(MPI)
+
+
+def srun_pmi_netmod(env: Mapping[str, str], library: str) -> Optional[str]:
+    """The MPICH netmod a rank started by ``srun --mpi=pmi2`` must use, or None for MPI's default.
+
+    Slurm's pmi2 plugin reads each PMI-1 request with a single ``read()`` of at most 1024 bytes
+    (its source says "TODO: read until newline"). MPICH's UCX netmod publishes a 4 KB address
+    in nine segments whose lines can exceed that, depending on what the uninitialised part of
+    the buffer holds: MPI_Init then fails at random ("mpi/pmi2: value not properly terminated",
+    then a UCX assertion). OFI's address is one short line. Only an MPICH built with both
+    netmods (the ``mpich`` wheel), and only where the user has not chosen one."""
+    if env.get("SLURM_MPI_TYPE") != "pmi2" or "PMI_FD" not in env or "MPIR_CVAR_CH4_NETMOD" in env:
+        return None
+    device = next((line for line in library.splitlines() if line.startswith("MPICH Device:")), "")
+    netmods = device.split(":", 1)[-1].replace("ch4:", " ").split()
+    return "ofi" if "ucx" in netmods and "ofi" in netmods else None

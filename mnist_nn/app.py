@@ -89,6 +89,11 @@ class MnistNN(App):
                             help="NOT the reference's search: draw only nets whose forward pass takes at most N "
                                  "multiply-adds an image (so at most N weights; e.g. 1e6), redrawing bigger ones; "
                                  "for CPUs, where the reference's nets of hundreds of millions of weights take hours")
+        parser.add_argument("--certainty-images", type=at_least(0), default=100, metavar="N",
+                            help="a certainty figure (each digit's probability over the models, as the reference's) "
+                                 "for each of the first N test images, and one for the first test image the "
+                                 "ensemble misclassifies, in <results>/certainty/ (0: none; outputs only, so "
+                                 "--resume may change it)")
 
     # ----- every rank (check_arguments also in python -m common.slurm) -----
     def check_arguments(self) -> None:

@@ -1,16 +1,21 @@
 """The figures: each model's test error against the ensemble's, the certainty box plots, training curves."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from common.outputs import new_figure, save_figure
+from common.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
-#: how many test images get a certainty figure
-N_CERTAINTY = 4
+#: the certainty figures' folder in the results, and their names in it
+CERTAINTY_FOLDER = "certainty"
+TEST_IMAGE_NAME = "test_image_{}"
+MISCLASSIFIED_NAME = "first_misclassified_{}"
+#: names written in that folder (what an earlier run left there that this one did not write is removed)
+CERTAINTY_FILE = re.compile(r"(test_image|first_misclassified)_[0-9]+\.(png|pdf|svg)")
 
 
 def plot_ensemble_errors(model_errors: Sequence[float], bootstraps: Sequence[int], ensemble: Mapping[str, float],
@@ -30,36 +35,52 @@ def plot_ensemble_errors(model_errors: Sequence[float], bootstraps: Sequence[int
     save_figure(fig, path)
 
 
-def chosen_images(probabilities: np.ndarray, labels: np.ndarray, count: int = N_CERTAINTY) -> List[int]:
-    """The first test images, the one the ensemble is least sure of, and the first it gets wrong."""
-    mean = probabilities.mean(0)
-    wrong = np.flatnonzero(mean.argmax(1) != labels)
-    picks = [0, 1, int(mean.max(1).argmin())] + ([int(wrong[0])] if len(wrong) else [])
-    picks += list(range(2, len(labels)))[: count]
-    unique: List[int] = []
-    for index in picks:
-        if index < len(labels) and index not in unique:
-            unique.append(index)
-    return unique[:count]
+def plot_certainty(probabilities: np.ndarray, images: np.ndarray, labels: np.ndarray, votes: np.ndarray,
+                   count: int, folder: Path) -> Dict[str, Any]:
+    """The reference's certainty figures: for each of the first ``count`` test images, and for the
+    first one the ensemble's majority vote (``votes``) gets wrong, a box plot over the models of the
+    probability each gives each digit, beside the image. PNG and PDF in ``folder/certainty/``.
 
-
-def plot_certainty(probabilities: np.ndarray, images: np.ndarray, labels: np.ndarray, folder: Path) -> List[str]:
-    """The reference's certainty figure: per digit, a box plot over models of its probability."""
-    names = []
-    for index in chosen_images(probabilities, labels):
-        fig, (left, right) = new_figure(8, 3.2, 1, 2, gridspec_kw={"width_ratios": [1, 2.6], "wspace": 0.3})
-        left.imshow(images[index], cmap="gray")
+    One figure is redrawn for every image, at a fixed size: building and cropping a figure each
+    time took twice as long. Returns the test images' figure names (relative to ``folder``, no
+    suffix) and, in a list of at most one, the misclassified image's index, label, vote and figure."""
+    pages = [(TEST_IMAGE_NAME.format(index), index, f"test image {index}") for index in range(min(count, len(labels)))]
+    wrong = np.flatnonzero(votes != labels)
+    misclassified = []
+    if count > 0 and len(wrong):
+        first = int(wrong[0])
+        pages.append((MISCLASSIFIED_NAME.format(first), first, f"first misclassified, test image {first}"))
+        misclassified.append({"index": first, "label": int(labels[first]), "vote": int(votes[first]),
+                              "figure": f"{CERTAINTY_FOLDER}/{pages[-1][0]}"})
+    target = Path(folder) / CERTAINTY_FOLDER
+    written = set()
+    if pages:
+        n_models, _, n_classes = probabilities.shape
+        fig, (left, right) = new_figure(8, 3.2, 1, 2, gridspec_kw={"width_ratios": [1, 2.4], "wspace": 0.25})
+        fig.subplots_adjust(left=0.05, right=0.98, bottom=0.15, top=0.86)
+        picture = left.imshow(images[pages[0][1]], cmap="gray", vmin=0, vmax=255)
         left.set_axis_off()
-        left.set_title(f"test image {index}\nlabel {labels[index]}")
-        right.boxplot(probabilities[:, index, :], positions=range(probabilities.shape[2]))
+        right.set_xlim(-0.5, n_classes - 0.5)
         right.set_ylim(-0.05, 1.05)
+        right.set_xticks(range(n_classes))
         right.set_xlabel("digit")
-        right.set_ylabel("predicted probability")
-        right.set_title(f"over {probabilities.shape[0]} model(s)")
-        name = f"certainty-{index}"
-        save_figure(fig, folder / name)
-        names.append(name)
-    return names
+        right.set_ylabel("certainty (probability)")
+        right.set_title(f"each digit's probability over {n_models} model(s)")
+        boxes: Dict[str, list] = {}
+        for name, index, title in pages:
+            picture.set_data(images[index])
+            left.set_title(f"{title}\nlabel {labels[index]}, ensemble vote {votes[index]}", fontsize=10)
+            for artist in (artist for group in boxes.values() for artist in group):
+                artist.remove()
+            boxes = right.boxplot(probabilities[:, index, :], positions=range(n_classes), manage_ticks=False)
+            written.update(path.name for path in save_figure(fig, target / name, FIGURE_SET_FORMATS, tight=False,
+                                                             close=False))
+    if target.is_dir():  # an earlier run's figures that this one did not draw (another --certainty-images)
+        for path in target.iterdir():
+            if CERTAINTY_FILE.fullmatch(path.name) and path.name not in written:
+                path.unlink()
+    test_images = [f"{CERTAINTY_FOLDER}/{name}" for name, _, _ in pages[:len(pages) - len(misclassified)]]
+    return {"test_images": test_images, "misclassified": misclassified}
 
 
 def plot_training_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> None:

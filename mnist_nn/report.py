@@ -25,6 +25,8 @@ from .search import IMAGE_SIZE
 RESULT_COLUMNS = ["bootstrap", "candidate", "n_conv_layer", "kernel_size", "n_hidden_layer", "learning_rate",
                   "momentum", "cv_loss", "epochs", "training_error", "test_error"]
 LOG_COLUMNS = ["item", "bootstrap", "candidate", "fold", "epoch", "loss", "error", "samples_per_s", "seconds", "lr"]
+#: how many of the certainty figures summary.md shows (the others are in the results' certainty/)
+SUMMARY_CERTAINTY = 4
 CV_COLUMNS = ["bootstrap", "candidate", "n_conv_layer", "kernel_size", "n_hidden_layer", "learning_rate",
               "momentum", "cv_loss", "chosen"]
 
@@ -89,13 +91,18 @@ def save_model(folder: Path, bootstrap: int, result: Mapping[str, Any], app: Any
     return {"bootstrap": bootstrap, "file": f"models/{pt.name}", "present": present}
 
 
-def ensemble_errors(probabilities: np.ndarray, labels: np.ndarray) -> Dict[str, float]:
-    """Test errors of the majority vote (ties to the lowest digit) and of the mean probability."""
+def majority_votes(probabilities: np.ndarray) -> np.ndarray:
+    """The ensemble's digit for each image: the one most models predict (ties to the lowest digit)."""
     votes = probabilities.argmax(2)  # (models, images)
     counts = np.zeros((votes.shape[1], probabilities.shape[2]), dtype=np.int64)
     for model_votes in votes:
         counts[np.arange(votes.shape[1]), model_votes] += 1
-    return {"majority_vote": float(np.mean(counts.argmax(1) != labels)),
+    return counts.argmax(1)
+
+
+def ensemble_errors(probabilities: np.ndarray, labels: np.ndarray) -> Dict[str, float]:
+    """Test errors of the majority vote (ties to the lowest digit) and of the mean probability."""
+    return {"majority_vote": float(np.mean(majority_votes(probabilities) != labels)),
             "mean_probability": float(np.mean(probabilities.mean(0).argmax(1) != labels))}
 
 
@@ -125,13 +132,17 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
         return summary
     dataset = load_dataset(args.dataset, args.data_dir)  # only its test set is used: never subsampled
     probabilities = np.stack([decode_array(refits[b]["test_probabilities"]) for b in sorted(refits)])
+    votes = majority_votes(probabilities)
     errors = ensemble_errors(probabilities, dataset.y_test)
     summary["ensemble_test_error"] = errors["majority_vote"]
     summary["ensemble_test_error_mean_probability"] = errors["mean_probability"]
     atomic_write_text(folder / "ensemble.json", json.dumps({**errors, "models": models}, indent=2) + "\n")
     plot_ensemble_errors([m["test_error"] for m in models], [m["bootstrap"] for m in models], errors,
                          folder / "ensemble_error")
-    summary["certainty_figures"] = plot_certainty(probabilities, dataset.x_test, dataset.y_test, folder)
+    certainty = plot_certainty(probabilities, dataset.x_test, dataset.y_test, votes, args.certainty_images, folder)
+    summary["certainty_figures"] = certainty["test_images"] + [m["figure"] for m in certainty["misclassified"]]
+    summary["certainty_test_images"] = len(certainty["test_images"])
+    summary["certainty_first_misclassified"] = certainty["misclassified"][0] if certainty["misclassified"] else None
     return summary
 
 
@@ -151,10 +162,27 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
         lines += [f"- model files missing here: {', '.join(summary['models_missing'])} "
                   f"({summary.get('models_missing_note', '')})", ""]
     lines += ["Files: `results.csv` (one row per model), `cv_results.csv` (every candidate's CV loss), "
-              "`training_log.csv` (every epoch of every fit), `models/bootstrap-<i>.pt` + `.json`.", "",
+              "`training_log.csv` (every epoch of every fit), `models/bootstrap-<i>.pt` + `.json`; each figure also as "
+              "`.svg` and `.pdf`.", "",
               "![ensemble error](ensemble_error.png)", "", "![training curves](training_curves.png)", ""]
-    lines += [f"![certainty]({name}.png)" for name in summary.get("certainty_figures", [])]
+    lines += certainty_markdown(summary)
     return "\n".join(lines) + "\n"
+
+
+def certainty_markdown(summary: Mapping[str, Any]) -> List[str]:
+    """summary.md shows the first few certainty figures and the misclassified one; the rest are in the folder."""
+    count, wrong = summary.get("certainty_test_images") or 0, summary.get("certainty_first_misclassified")
+    if not count:
+        return []
+    shown = summary["certainty_figures"][:min(count, SUMMARY_CERTAINTY)]
+    lines = ["### Certainty: each digit's probability over the models", "",
+             f"The first {count} test image(s) in `certainty/` (`test_image_<i>.png`, `.pdf`); {len(shown)} here.", ""]
+    lines += [f"![certainty, {name.rpartition('/')[2].replace('_', ' ')}]({name}.png)" for name in shown]
+    if wrong is None:
+        return lines + ["", "The ensemble's majority vote misclassifies no test image.", ""]
+    return lines + ["", f"The first test image the ensemble's majority vote misclassifies ({wrong['index']}: label "
+                        f"{wrong['label']}, vote {wrong['vote']}):", "",
+                    f"![certainty, first misclassified]({wrong['figure']}.png)", ""]
 
 
 def model_table(models: List[Mapping[str, Any]]) -> List[str]:

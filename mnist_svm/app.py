@@ -24,7 +24,7 @@ from common.outputs import atomic_write_bytes, atomic_write_text
 
 from .backends import have_cuml, make_backend
 from .grid import REFIT_KEY, Grid, best_point, error_table, grid_items
-from .plots import plot_boxplots, plot_heatmap
+from .plots import PER_GAMMA_FOLDER, plot_boxplots, plot_boxplots_per_gamma, plot_heatmap
 
 #: what a (C, gamma, fold) fit and the refit return (``check_result``)
 FIT_FIELDS = {"error": NUMBER, "n_support": int, "backend": str}
@@ -160,6 +160,7 @@ class MnistSvm(App):
                     "test_error": None, "confusion_matrix": None}
         plot_heatmap(grid, table, best["i_C"], best["i_gamma"], folder / "validation_heatmap")
         plot_boxplots(grid, table, folder / "validation_boxplots")
+        summary["per_gamma_figures"] = plot_boxplots_per_gamma(grid, table, folder)
         refit = results.get(REFIT_KEY) or {}
         summary.update({"best_C": best["C"], "best_gamma": best["gamma"], "cv_error": best["cv_error"],
                         "cv_folds": best["cv_folds"],
@@ -214,7 +215,10 @@ class MnistSvm(App):
         lines += ["![mean validation error over the grid](validation_heatmap.png)", "",
                   "![fold errors over C, one panel per gamma](validation_boxplots.png)", ""]
         lines += ["Files: `validation_error.npy` (folds x gamma x C), `fits.csv`, "
-                  "`validation_heatmap.png`/`.svg`, `validation_boxplots.png`/`.svg`.", ""]
+                  "`validation_heatmap.png`/`.svg`/`.pdf`, `validation_boxplots.png`/`.svg`/`.pdf`, and the "
+                  f"reference's figure per gamma `{PER_GAMMA_FOLDER}/validation_error_<i>.png`/`.pdf` "
+                  f"(i = 0 for gamma {self.grid.gamma_values[0]:.3g} to {summary['n_tuning'] - 1} for "
+                  f"{self.grid.gamma_values[-1]:.3g}).", ""]
         return "\n".join(lines)
 
     # ----- worker process -----

@@ -1,15 +1,16 @@
-"""The figures of a grid search: a heatmap of mean validation error, and the reference's box plots."""
+"""The figures of a grid search: a heatmap of mean validation error, and the reference's box plots
+(all gammas in one figure, and one figure per gamma as the reference wrote them)."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import List
+from typing import Any, List
 
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter
 
-from common.outputs import new_figure, save_figure
+from common.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
 from .grid import Grid, fold_mean
 
@@ -54,22 +55,27 @@ def _extent(values: np.ndarray) -> list:
     return [values[0] - step / 2, values[-1] + step / 2]
 
 
+def _boxplot_panel(ax: Any, grid: Grid, table: np.ndarray, i_gamma: int) -> None:
+    """The fold errors (%) at each C for one gamma, boxes at their log10 C as the reference drew them."""
+    log_c = np.log10(grid.c_values)
+    step = (log_c[-1] - log_c[0]) / (len(log_c) - 1) if len(log_c) > 1 else 1.0
+    data = [column[~np.isnan(column)] * 100 for column in table[:, i_gamma, :].T]
+    # boxes at their log10 C, so the axis reads as numbers however fine the grid
+    ax.boxplot(data, positions=log_c, widths=0.6 * step, manage_ticks=False)
+    ax.set_xlim(*_extent(log_c))
+
+
 def plot_boxplots(grid: Grid, table: np.ndarray, path: Path) -> List[Path]:
     """One panel per gamma: the fold errors at each C, as the reference drew them."""
     columns = min(grid.n_tuning, 4)
     rows = math.ceil(grid.n_tuning / columns)
     fig, axes = new_figure(3.6 * columns, 2.8 * rows, rows, columns, squeeze=False)
-    log_c = np.log10(grid.c_values)
-    step = (log_c[-1] - log_c[0]) / (len(log_c) - 1) if len(log_c) > 1 else 1.0
     for i_gamma in range(rows * columns):
         ax = axes[i_gamma // columns][i_gamma % columns]
         if i_gamma >= grid.n_tuning:
             ax.set_visible(False)
             continue
-        data = [column[~np.isnan(column)] * 100 for column in table[:, i_gamma, :].T]
-        # boxes at their log10 C, so the axis reads as numbers however fine the grid
-        ax.boxplot(data, positions=log_c, widths=0.6 * step, manage_ticks=False)
-        ax.set_xlim(*_extent(log_c))
+        _boxplot_panel(ax, grid, table, i_gamma)
         ax.set_title(f"gamma = {grid.gamma_values[i_gamma]:.3g}", fontsize=9)
         ax.set_xlabel("log10 C", fontsize=8)
         ax.set_ylabel("validation error (%)", fontsize=8)
@@ -77,3 +83,24 @@ def plot_boxplots(grid: Grid, table: np.ndarray, path: Path) -> List[Path]:
     fig.tight_layout()
     return save_figure(fig, path)
 
+
+#: the reference's figure per gamma, validation_error_<i_gamma>, in this folder of the results
+PER_GAMMA_FOLDER = "validation_error_by_gamma"
+
+
+def plot_boxplots_per_gamma(grid: Grid, table: np.ndarray, folder: Path) -> List[str]:
+    """The reference's figures: one per gamma (``validation_error_<i>``, PNG and PDF), the fold
+    errors at each C; the same panels as ``plot_boxplots``, each on its own page. Returns their
+    names relative to ``folder``, without suffix."""
+    names = []
+    for i_gamma in range(grid.n_tuning):
+        fig, ax = new_figure(6.4, 4.8)
+        _boxplot_panel(ax, grid, table, i_gamma)
+        gamma = grid.gamma_values[i_gamma]
+        ax.set_title(f"log10 gamma = {np.log10(gamma):.4g} (gamma = {gamma:.3g})")
+        ax.set_xlabel("log10 C")
+        ax.set_ylabel(f"validation error over {grid.folds} folds (%)")
+        name = f"{PER_GAMMA_FOLDER}/validation_error_{i_gamma}"
+        save_figure(fig, Path(folder) / name, FIGURE_SET_FORMATS)
+        names.append(name)
+    return names

@@ -1,0 +1,131 @@
+"""The reference's figures, through the apps' real command lines on digits: every figure also as
+PDF, mnist_nn's certainty figures (``--certainty-images``) and mnist_svm's box plot per gamma."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import assert_usage_error, run, snapshot
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: the small mnist_nn run of test_mnist_nn (2 models, 1 candidate, 3 folds, 3 epochs on 600 images)
+NN_SMALL = ["2", "1", "--dataset", "digits", "--subsample", "600", "--max-epochs", "3", "--folds", "3",
+            "--seed", "1763", "--draws", "keyed", "--epoch-loss", "mean", "--normalise", "data", "--threads", "1",
+            "--gpu", "cpu", "--no-progress"]
+SVM_TUNING = 3
+
+
+def assert_figure(stem: Path, formats: tuple) -> None:
+    """Each of ``formats`` is there and is what its suffix says."""
+    for form in formats:
+        data = stem.with_suffix(f".{form}").read_bytes()
+        assert data.startswith({"png": PNG_SIGNATURE, "pdf": b"%PDF", "svg": b"<?xml"}[form]), f"{stem}.{form}"
+        assert len(data) > 1000, f"{stem}.{form} is nearly empty"
+
+
+def certainty_files(results: Path) -> list:
+    folder = results / "certainty"
+    return sorted(path.name for path in folder.iterdir()) if folder.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def nn_run(tmp_path_factory) -> Path:
+    results = tmp_path_factory.mktemp("figures") / "nn"
+    proc = run(["-m", "mnist_nn", *NN_SMALL, "--certainty-images", "3", "--results", str(results)], timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    return results
+
+
+def test_mnist_nn_writes_every_figure_as_pdf_too(nn_run):
+    for stem in ("ensemble_error", "training_curves", "timeline"):
+        assert_figure(nn_run / stem, ("png", "svg", "pdf"))
+
+
+def test_certainty_images_3_gives_3_test_images_and_the_first_misclassified(nn_run):
+    summary = json.loads((nn_run / "summary.json").read_text())
+    wrong = summary["certainty_first_misclassified"]
+    names = [f"test_image_{index}.{form}" for index in range(3) for form in ("pdf", "png")]
+    if wrong is not None:
+        names += [f"first_misclassified_{wrong['index']}.{form}" for form in ("pdf", "png")]
+    assert certainty_files(nn_run) == sorted(names)
+    for name in names:
+        assert_figure(nn_run / "certainty" / Path(name).stem, ("png", "pdf"))
+    markdown = (nn_run / "summary.md").read_text()
+    shown = re.findall(r"!\[certainty[^]]*\]\((certainty/[^)]+)\.png\)", markdown)
+    assert shown[:3] == [f"certainty/test_image_{index}" for index in range(3)]
+    if wrong is None:
+        assert len(shown) == 3 and "misclassifies no test image" in markdown
+    else:
+        # the ensemble's majority vote really gets it wrong, and no earlier test image
+        assert wrong["vote"] != wrong["label"] and shown[3:] == [f"certainty/first_misclassified_{wrong['index']}"]
+        assert wrong["figure"] == f"certainty/first_misclassified_{wrong['index']}"
+
+
+def test_resume_with_certainty_images_0_is_accepted_and_leaves_none(nn_run, tmp_path):
+    """The flag changes outputs, not results: not in the fingerprint, so --resume may change it;
+    the earlier run's certainty figures go (no stale figures beside a summary that does not name them)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(nn_run, copy)
+    proc = run(["-m", "mnist_nn", *NN_SMALL, "--certainty-images", "0", "--results", str(copy), "--resume"],
+               timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((copy / "summary.json").read_text())
+    assert summary["certainty_figures"] == [] and summary["certainty_first_misclassified"] is None
+    assert certainty_files(copy) == []
+    assert "![certainty" not in (copy / "summary.md").read_text()
+    assert (copy / "results.csv").read_text() == (nn_run / "results.csv").read_text()
+
+
+def test_negative_certainty_images_is_one_line_and_exit_2(tmp_path):
+    results = tmp_path / "bad"
+    proc = run(["-m", "mnist_nn", "1", "1", "--dataset", "digits", "--certainty-images", "-1", "--gpu", "cpu",
+                "--results", str(results)], timeout=60)
+    assert_usage_error(proc, "--certainty-images")
+    assert snapshot(results) == {}
+
+
+def test_certainty_figures_of_a_whole_ensemble_without_the_engine(tmp_path):
+    """plot_certainty alone: more images asked for than the test set has, and an ensemble that
+    misclassifies nothing (no misclassified figure)."""
+    from mnist_nn.plots import plot_certainty
+    from mnist_nn.report import majority_votes
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, 5)
+    probabilities = np.full((3, 5, 10), 0.01, dtype=np.float32)
+    probabilities[:, np.arange(5), labels] = 0.91
+    images = rng.integers(0, 256, (5, 8, 8)).astype(np.uint8)
+    votes = majority_votes(probabilities)
+    assert (votes == labels).all()
+    drawn = plot_certainty(probabilities, images, labels, votes, 100, tmp_path)
+    assert drawn == {"test_images": [f"certainty/test_image_{i}" for i in range(5)], "misclassified": []}
+    assert len(certainty_files(tmp_path)) == 10
+    votes[4] = (labels[4] + 1) % 10
+    drawn = plot_certainty(probabilities, images, labels, votes, 2, tmp_path)
+    assert drawn["misclassified"] == [{"index": 4, "label": int(labels[4]), "vote": int(votes[4]),
+                                       "figure": "certainty/first_misclassified_4"}]
+    assert certainty_files(tmp_path) == ["first_misclassified_4.pdf", "first_misclassified_4.png",
+                                         "test_image_0.pdf", "test_image_0.png", "test_image_1.pdf",
+                                         "test_image_1.png"]
+
+
+def test_mnist_svm_writes_one_box_plot_per_gamma_and_every_figure_as_pdf(tmp_path):
+    results = tmp_path / "svm"
+    proc = run(["-m", "mnist_svm", str(SVM_TUNING), "--dataset", "digits", "--subsample", "600", "--folds", "3",
+                "--results", str(results), "--no-progress"], timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    for stem in ("validation_heatmap", "validation_boxplots", "timeline"):
+        assert_figure(results / stem, ("png", "svg", "pdf"))
+    folder = results / "validation_error_by_gamma"
+    assert sorted(path.name for path in folder.iterdir()) == sorted(
+        f"validation_error_{i}.{form}" for i in range(SVM_TUNING) for form in ("png", "pdf"))
+    for i in range(SVM_TUNING):
+        assert_figure(folder / f"validation_error_{i}", ("png", "pdf"))
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["per_gamma_figures"] == [f"validation_error_by_gamma/validation_error_{i}" for i in range(SVM_TUNING)]
+    assert "validation_error_by_gamma/validation_error_<i>.png" in (results / "summary.md").read_text()

@@ -154,7 +154,8 @@ def save_figure(fig: Any, path_without_suffix: Path, formats: Sequence[str] = FI
     written = []
     for form in formats:
         buffer = io.BytesIO()
-        fig.savefig(buffer, format=form, bbox_inches=box, **_SAVE_OPTIONS[form])
+        with matplotlib.rc_context({"svg.hashsalt": "multinode-gpu"}):  # the SVG's ids: else random each time
+            fig.savefig(buffer, format=form, bbox_inches=box, **_SAVE_OPTIONS[form])
         target = base.with_suffix(f".{form}")
         atomic_write_bytes(target, buffer.getvalue())
         written.append(target)

@@ -129,3 +129,18 @@ def test_mnist_svm_writes_one_box_plot_per_gamma_and_every_figure_as_pdf(tmp_pat
     summary = json.loads((results / "summary.json").read_text())
     assert summary["per_gamma_figures"] == [f"validation_error_by_gamma/validation_error_{i}" for i in range(SVM_TUNING)]
     assert "validation_error_by_gamma/validation_error_<i>.png" in (results / "summary.md").read_text()
+
+
+def test_the_same_figure_gives_the_same_bytes_in_every_format(tmp_path):
+    """No creation date or random ids: a rerun's figures differ only where the results do."""
+    from common.outputs import FIGURE_FORMATS, new_figure, save_figure
+
+    written = []
+    for attempt in range(2):
+        fig, ax = new_figure(3, 2)
+        ax.plot([0, 1, 4], label="line")
+        ax.set_title("title")
+        ax.legend()
+        written.append([path.read_bytes() for path in save_figure(fig, tmp_path / f"figure{attempt}")])
+    assert [len(files) for files in written] == [len(FIGURE_FORMATS)] * 2
+    assert written[0] == written[1]

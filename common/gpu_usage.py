@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from .gpu_monitor import Sample
-from .outputs import atomic_write_bytes, atomic_write_text, new_figure, save_figure
+from .outputs import atomic_write_text, new_figure, save_figure
 
 log = logging.getLogger("multinode_gpu")
 
@@ -85,7 +85,4 @@ def _plot(series: Mapping[str, Mapping[str, Any]], path_without_suffix: Path) ->
     handles = [Line2D([], [], color=colours[name], linestyle=styles[name], label=f"{name} ({series[name]['host']})")
                for name in names]
     axes[0, 0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="pdf", bbox_inches="tight")
-    atomic_write_bytes(Path(path_without_suffix).with_suffix(".pdf"), buffer.getvalue())
     save_figure(fig, path_without_suffix)

@@ -182,13 +182,13 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
         # work and then leave new figures beside an old summary (a user's other files are not looked at)
         check_replaceable(folder, ENGINE_OUTPUTS, skip=[name for name in os.listdir(folder) if name not in own]
                           + [LOGS_DIR, HOLD_NAME])
+    app.prepare()  # its own one-line errors (a --resume of nothing, ...) say more than a clash
     if not journal_path.exists():
         clashes = [name for name in own if not (folder / name).is_dir() or any((folder / name).iterdir())]
         if clashes:  # someone's files named like ours, or results whose journal is gone: never overwrite them
             raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({', '.join(clashes[:3])}"
                              f"{', ...' if len(clashes) > 3 else ''}), which this run would overwrite; move them away "
                              f"or choose another --results")
-    app.prepare()
     try:
         for place in (folder, folder / LOGS_DIR):
             place.mkdir(parents=True, exist_ok=True)

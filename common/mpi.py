@@ -67,6 +67,7 @@ class MpiWorld:
         self._sends: List[Any] = []
         self._status = mpi.Status()
         self._poll_failed = False
+        self._send_failed: set = set()  # the ranks a send to has failed (said once each)
         self.finalize = True  # False: a peer is gone; leave without MPI_Finalize
 
     def allgather(self, value: Any) -> List[Any]:
@@ -85,8 +86,10 @@ class MpiWorld:
             self._sends.append(self.comm.isend(value, dest=dest, tag=self.TAG))
             if len(self._sends) > 64:
                 self._sends = [r for r in self._sends if not r.Test()]
-        except self.MPI.Exception as error:
-            log.warning("sending to rank %d failed: %s", dest, error)
+        except self.MPI.Exception as error:  # its rank is gone or cut off: liveness finds out which
+            if dest not in self._send_failed:  # one line per peer, not an error stack per message
+                self._send_failed.add(dest)
+                log.warning("sending to rank %d failed: %s", dest, _last_line(error))
 
     def poll(self) -> Optional[Tuple[int, Any]]:
         """The next message for this rank as (source, message), or None."""
@@ -98,7 +101,7 @@ class MpiWorld:
         except self.MPI.Exception as error:  # a peer's connection broke: liveness finds out which
             if not self._poll_failed:
                 self._poll_failed = True
-                log.warning("receiving failed: %s", error)
+                log.warning("receiving failed: %s", _last_line(error))
             return None
 
     def flush(self, timeout: float = math.inf) -> bool:
@@ -115,6 +118,12 @@ class MpiWorld:
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)
+
+
+def _last_line(error: Exception) -> str:
+    """An MPI error in one line: MPICH's error stack ends with its cause (the rest is call sites)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else repr(error)
 
 
 def world() -> Any:

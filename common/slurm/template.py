@@ -56,7 +56,8 @@ trap 'forward TERM' TERM
 restarts=${SLURM_RESTART_COUNT:-0}
 log "start $((restarts + 1)) on ${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST:-}"
 LAUNCH=({{launch}})
-# A step that dies (a rank killed, a node lost: MPICH then crashes the ranks still talking to it)
+# A step that ends abnormally (a rank killed: the others finish without it, then MPI_Abort ends the
+# step, the one way out with a rank missing; or an MPI that crashes the ranks still talking to it)
 # is started again with --resume on the job's nodes that are still up, up to {{step_restarts}} times.
 attempt=0
 while :; do

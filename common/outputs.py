@@ -136,12 +136,13 @@ _SAVE_OPTIONS: Dict[str, Dict[str, Any]] = {"png": {"dpi": 120}, "svg": {"metada
 
 
 def save_figure(fig: Any, path_without_suffix: Path, formats: Sequence[str] = FIGURE_FORMATS, *,
-                tight: bool = True, close: bool = True) -> List[Path]:
+                tight: bool = True) -> List[Path]:
     """Save a matplotlib figure in each of ``formats`` (atomically); returns the paths.
 
     ``tight`` crops to what is drawn, measured once rather than once per format as
     ``bbox_inches="tight"`` does; ``tight=False`` keeps the figure's own size (a figure redrawn
-    for many images, all the same size). ``close=False`` keeps a pyplot figure open to redraw."""
+    for many images, all the same size). Figures come from :func:`new_figure`, outside pyplot:
+    nothing to close, and one figure can be redrawn and saved again."""
     import io
 
     import matplotlib
@@ -152,15 +153,11 @@ def save_figure(fig: Any, path_without_suffix: Path, formats: Sequence[str] = FI
         fig.draw_without_rendering()
         box = fig.get_tightbbox().padded(matplotlib.rcParams["savefig.pad_inches"])
     written = []
-    for form in formats:
-        buffer = io.BytesIO()
-        with matplotlib.rc_context({"svg.hashsalt": "multinode-gpu"}):  # the SVG's ids: else random each time
+    with matplotlib.rc_context({"svg.hashsalt": "multinode-gpu"}):  # the SVG's ids: else random each time
+        for form in formats:
+            buffer = io.BytesIO()
             fig.savefig(buffer, format=form, bbox_inches=box, **_SAVE_OPTIONS[form])
-        target = base.with_suffix(f".{form}")
-        atomic_write_bytes(target, buffer.getvalue())
-        written.append(target)
-    if close:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+            target = base.with_suffix(f".{form}")
+            atomic_write_bytes(target, buffer.getvalue())
+            written.append(target)
     return written

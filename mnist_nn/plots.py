@@ -73,8 +73,7 @@ def plot_certainty(probabilities: np.ndarray, images: np.ndarray, labels: np.nda
             for artist in (artist for group in boxes.values() for artist in group):
                 artist.remove()
             boxes = right.boxplot(probabilities[:, index, :], positions=range(n_classes), manage_ticks=False)
-            written.update(path.name for path in save_figure(fig, target / name, FIGURE_SET_FORMATS, tight=False,
-                                                             close=False))
+            written.update(path.name for path in save_figure(fig, target / name, FIGURE_SET_FORMATS, tight=False))
     if target.is_dir():  # an earlier run's figures that this one did not draw (another --certainty-images)
         for path in target.iterdir():
             if CERTAINTY_FILE.fullmatch(path.name) and path.name not in written:

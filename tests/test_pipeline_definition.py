@@ -87,7 +87,8 @@ BAD = {
     "gpu not a boolean": (pipeline(step("a", gpu="yes")), ["gpu must be true or false"]),
     "two GPUs": (pipeline(step("a", resources={"gpu": 2})), ["at most one GPU"]),
     "bad env": (pipeline(step("a", env={"A B": "1"})), ["not a valid variable name"]),
-    "mounts without a container": (pipeline(step("a", mounts=[])), ["mounts are given but no container"]),
+    "mounts without a container": (pipeline(step("a", mounts=[])), [
+        "mounts need a container image and none is given", '"container"', "--container IMAGE", "PIPELINE_CONTAINER"]),
     "mounts of an image that does not exist": (pipeline(step("a", container="/x", mounts=[{"host_path": "/d", "container_path": "d"}])),
                                 ["container_path must be an absolute path"]),
     "container image that does not exist": (pipeline(step("a", container="/no/such/image.sif")),
@@ -101,7 +102,8 @@ BAD = {
     "reserved pipeline name": (pipeline(step("a"), name="logs"), ["reserved"]),
     "duplicate pipeline names": ({"pipelines": [pipeline(step("a")), pipeline(step("b"))]}, ["duplicate pipeline name 'p'"]),
     "no steps": (pipeline(), ["steps must be a non-empty list"]),
-    "not an object": ([1, 2], ["expected a pipeline object"]),
+    "not an object": ("steps", ["expected a pipeline object", "a list of tasks (par)"]),
+    "a list of tasks that are not objects": ([1, 2], ["task #1: a task must be an object, got 1"]),
 }
 
 

@@ -228,9 +228,9 @@ def test_container_steps_run_through_apptainer_exec(tmp_path, fake_apptainer):
     assert result["status"] == "ok", (layout.step_dir("train") / "stderr.log").read_text()
     args = (layout.step_dir("train") / "apptainer-args.txt").read_text().splitlines()
     run_dir = str(layout.run_dir.resolve())
-    assert args[:6] == ["exec", "--nv", "--bind", f"{run_dir}:{run_dir}", "--bind", f"{tmp_path}:/data:ro"]
-    assert args[6:9] == ["--bind", "/scratch:/scratch", str(image)]
-    assert args[9:11] == ["/bin/sh", "-c"]
+    assert args[:6] == ["exec", "--nv", "--bind", f"{run_dir}:{run_dir}", "--bind", f"{run_dir}/shared:/shared"]
+    assert args[6:11] == ["--bind", f"{tmp_path}:/data:ro", "--bind", "/scratch:/scratch", str(image)]
+    assert args[11:13] == ["/bin/sh", "-c"]
     assert (layout.shared / "inside.txt").read_text() == "inside\n"
 
 

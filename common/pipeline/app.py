@@ -21,7 +21,7 @@ from ..devices import Device
 from ..errors import UsageError
 from ..items import Item, torch_seed
 from . import nodelock
-from .container import find_apptainer
+from .container import CONTAINER_ENV, default_image, find_apptainer
 from .definition import POOL_PATTERN, Pipeline, check_pools, load_definition
 from .flow import PipelineRunner, RunLayout, RunStopping, read_progress
 from .report import plan_text, statuses_on_disk, summary_markdown
@@ -151,6 +151,9 @@ class PipelineApp(App):
                             help="shell command that runs prompt steps: the prompt on its standard input, "
                                  "PIPELINE_MODEL and PIPELINE_TOOLS in its environment, its standard output "
                                  "saved as the step's output.md (also PIPELINE_AGENT)")
+        parser.add_argument("--container", default=None, metavar="IMAGE",
+                            help="image (file or URI) of the steps whose definition names none: they run in it "
+                                 f"with apptainer (also {CONTAINER_ENV}); a step's or pipeline's own 'container' wins")
         parser.add_argument("--dry-run", action="store_true",
                             help="check the definition, print the plan (pipelines, steps, pools, conditions) "
                                  "and exit without running or writing anything")
@@ -159,7 +162,8 @@ class PipelineApp(App):
 
     # ----- every rank -----
     def validate(self) -> None:
-        self.pipelines = load_definition(self.args.definition)
+        image = default_image(self.args.container, os.environ)
+        self.pipelines = load_definition(self.args.definition, default_image=image)
         self.by_name = {p.name: p for p in self.pipelines}
         self.capacities = configured_pools(self.args.resource, os.environ)
         self.queue_timeout = queue_timeout(self.args.queue_timeout, os.environ)

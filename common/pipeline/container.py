@@ -1,14 +1,19 @@
-"""The command line that runs a step inside an Apptainer (or Singularity) image."""
+"""The command line that runs a step inside an Apptainer (or Singularity) image, and the default
+image of steps whose definition names none."""
 from __future__ import annotations
 
 import os
 import shutil
-from typing import List, Optional, Sequence
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence
 
-from .definition import Step
+from ..errors import UsageError
+from .definition import SHARED_IN_CONTAINER, Step, resolve_image
 
 #: Override the program, e.g. a site's wrapper: PIPELINE_APPTAINER=/opt/apptainer/bin/apptainer
 APPTAINER_ENV = "PIPELINE_APPTAINER"
+#: The image of every step whose definition names none (``--container IMAGE`` wins over it)
+CONTAINER_ENV = "PIPELINE_CONTAINER"
 
 
 def find_apptainer() -> Optional[str]:
@@ -19,16 +24,33 @@ def find_apptainer() -> Optional[str]:
     return shutil.which("apptainer") or shutil.which("singularity")
 
 
-def container_command(step: Step, inner: Sequence[str], run_dir: str, apptainer: str) -> List[str]:
-    """``apptainer exec [--nv] --bind RUN_DIR --bind host:inside[:ro] ... IMAGE inner...``.
+def default_image(flag: Optional[str], environ: Mapping[str, str]) -> Optional[str]:
+    """The image of steps whose definition names none: ``--container``, else ``PIPELINE_CONTAINER``
+    (a file relative to the current folder, or a URI); None when neither is given."""
+    where, value = ("--container", flag) if flag is not None else (CONTAINER_ENV, environ.get(CONTAINER_ENV) or None)
+    if value is None:
+        return None
+    if not value.strip():
+        raise UsageError(f"{where}: the image is empty")
+    try:
+        return resolve_image(value, Path.cwd())
+    except ValueError as error:
+        raise UsageError(f"{where}: {error}") from None
 
-    The run's folder is bound at the same path, so ``$PIPELINE_SHARED`` means the same
-    inside; ``--nv`` (NVIDIA driver and libraries) is given to GPU steps.
+
+def container_command(step: Step, inner: Sequence[str], run_dir: str, apptainer: str) -> List[str]:
+    """``apptainer exec [--nv] --bind RUN_DIR --bind SHARED:/shared --bind host:inside[:ro] ... IMAGE inner...``.
+
+    The run's folder is bound at the same path, so ``$PIPELINE_SHARED`` means the same inside; its
+    shared folder is also bound at ``/shared``, where the format's prompts and commands write and
+    read (``/shared/checkpoints/model_final.pt``), so nothing lands on the node's own ``/shared``.
+    ``--nv`` (NVIDIA driver and libraries) is given to GPU steps.
     """
     argv = [apptainer, "exec"]
     if step.gpu:
         argv.append("--nv")
-    argv += ["--bind", f"{run_dir}:{run_dir}"]
+    shared = os.path.join(run_dir, "shared")  # RunLayout.shared
+    argv += ["--bind", f"{run_dir}:{run_dir}", "--bind", f"{shared}:{SHARED_IN_CONTAINER}"]
     for mount in step.mounts:
         argv += ["--bind", f"{mount.host_path}:{mount.container_path}" + (":ro" if mount.readonly else "")]
     return argv + [step.container] + list(inner)

@@ -35,7 +35,7 @@ from .sizes import parse_memory
 from .text import short
 
 __all__ = ["CONDITIONS", "MAX_NAME_LENGTH", "MAX_RETRIES", "Mount", "Pipeline", "Step", "check_pools",
-           "load_definition", "parse_definition"]
+           "load_definition", "parse_definition", "resolve_image"]
 
 POOL_PATTERN = re.compile(POOL[1:-1])
 NAME_PATTERN = re.compile(NAME[1:-1])
@@ -43,6 +43,12 @@ IMAGE_URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 #: Linux's MAX_ARG_STRLEN (32 pages): the longest single argument or NAME=value, its NUL included
 MAX_ARG_STRLEN = 32 * 4096
 MATRIX_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: where the pipeline's shared folder is bound inside a container (as well as at its own path)
+SHARED_IN_CONTAINER = "/shared"
+#: the one step of a par() task's pipeline: RESULTS/TASK/task/output.md
+TASK_STEP = "task"
+#: the ways to give steps with mounts an image, named when none is given
+IMAGE_WAYS = "pass --container IMAGE, or set PIPELINE_CONTAINER"
 
 
 @dataclass(frozen=True)
@@ -116,14 +122,17 @@ class Pipeline:
 class _Where:
     """Builds the one-line message: 'FILE: pipeline 'p', step 's': problem'."""
 
-    def __init__(self, source: str, pipeline: Optional[str] = None, step: Optional[str] = None):
-        self.source, self.pipeline, self.step = source, pipeline, step
+    def __init__(self, source: str, pipeline: Optional[str] = None, step: Optional[str] = None, task: bool = False):
+        self.source, self.pipeline, self.step, self.task = source, pipeline, step, task
 
     def error(self, problem: str) -> UsageError:
         parts = [self.source]
-        if self.pipeline is not None:
+        if self.task:  # a par() task: a pipeline of one step, named by the task alone
+            parts.append(f"task {self.pipeline!r}" if self.pipeline is not None and
+                         not self.pipeline.startswith("#") else f"task {self.pipeline}")
+        elif self.pipeline is not None:
             parts.append(f"pipeline {self.pipeline!r}")
-        if self.step is not None:
+        if self.step is not None and not self.task:
             parts.append(f"step {self.step!r}")
         return UsageError(": ".join([", ".join(parts), problem]))
 
@@ -173,6 +182,8 @@ def _expand_matrix(raw: Any, where: _Where) -> List[Tuple[Any, Dict[str, str]]]:
                             "-".join([name] + [f"{key}{_slug(value)}" for key, value in values.items()]))
         if isinstance(raw.get("steps"), list):
             copy["steps"] = [_substitute_step(step, values) for step in raw["steps"]]
+        if "container" in raw:
+            copy["container"] = _substitute(raw["container"], values)
         expanded.append((copy, {key: _text(value) for key, value in values.items()}))
     return expanded
 
@@ -181,7 +192,7 @@ def _substitute_step(step: Any, values: Mapping[str, Any]) -> Any:
     if not isinstance(step, dict):
         return step
     step = dict(step)
-    for key in ("id", "next", "on_fail", "command", "prompt", "model", "container"):
+    for key in ("id", "next", "on_fail", "command", "prompt", "model", "container", "tools"):
         if key in step:
             step[key] = _substitute(step[key], values, in_name=key in ("id", "next", "on_fail"))
     if isinstance(step.get("tools"), list):
@@ -239,31 +250,59 @@ def _env(value: Any, where: _Where) -> Dict[str, str]:
     return env
 
 
-def _image(value: Optional[str], base: Path, where: _Where) -> Optional[str]:
-    if value is None or IMAGE_URI.match(value):  # docker://, library://, oras://: apptainer fetches it
+def resolve_image(value: str, base: Path) -> str:
+    """An image as apptainer takes it: a URI as it is, a file as an absolute path (relative to
+    ``base``). Raises ValueError, saying where it looked, when the file does not exist."""
+    if IMAGE_URI.match(value):  # docker://, library://, oras://: apptainer fetches it
         return value
     path = Path(value).expanduser()
     path = path if path.is_absolute() else base / path
     if not path.is_file():
-        raise where.error(f"container image {short(value)} does not exist (looked for {short(str(path), 200)})")
+        raise ValueError(f"container image {short(value)} does not exist (looked for {short(str(path), 200)})")
     return str(path.resolve())
 
 
+def _image(value: Optional[str], base: Path, where: _Where) -> Optional[str]:
+    if value is None:
+        return None
+    try:
+        return resolve_image(value, base)
+    except ValueError as error:
+        raise where.error(str(error)) from None
+
+
 def _mounts(value: Any, base: Path, where: _Where) -> Tuple[Mount, ...]:
-    mounts = []
+    mounts: List[Mount] = []
     for entry in value or ():
-        host = entry["host_path"]
+        host, inside = entry["host_path"], entry["container_path"]
         if ":" in host:
             raise where.error(f"mount host_path must be a path without ':', got {short(host)}")
+        normal = os.path.normpath(inside)
+        if normal == SHARED_IN_CONTAINER or normal.startswith(SHARED_IN_CONTAINER + "/"):
+            raise where.error(f"mount container_path {short(inside)}: {SHARED_IN_CONTAINER} is where the pipeline's "
+                              "shared folder is bound; mount elsewhere")
+        if any(os.path.normpath(m.container_path) == normal for m in mounts):
+            raise where.error(f"two mounts at container_path {short(inside)}")
         host_path = Path(host).expanduser()
         host_path = host_path if host_path.is_absolute() else base / host_path
-        mounts.append(Mount(str(host_path), entry["container_path"], entry.get("readonly", False)))
+        mounts.append(Mount(str(host_path), inside, entry.get("readonly", False)))
     return tuple(mounts)
 
 
-def _step(data: Dict[str, Any], base: Path, where: _Where) -> Step:
-    """A step the schema accepted, with what the schema cannot check."""
-    where = _Where(where.source, where.pipeline, data["id"])
+def _tools(value: Any, where: _Where) -> Tuple[str, ...]:
+    """A list of tool names or one comma-separated string of them (as the format's document
+    writes them, ``"Read,Write,Bash"``), names trimmed; the schema refused empty names."""
+    names = [name.strip() for name in (value.split(",") if isinstance(value, str) else value or ())]
+    for number, name in enumerate(names):
+        if name in names[:number]:
+            raise where.error(f"tools lists {short(name)} twice")
+    return tuple(names)
+
+
+def _step(data: Dict[str, Any], base: Path, where: _Where, default_image: Optional[str] = None) -> Step:
+    """A step the schema accepted, with what the schema cannot check; ``default_image`` (already
+    resolved) is the image of a step that names none."""
+    where = _Where(where.source, where.pipeline, data["id"], where.task)
     command, python, prompt = data.get("command"), data.get("python"), data.get("prompt")
     for what, text in (("command", command), ("prompt", prompt)):
         if text is not None and "\0" in text:
@@ -278,16 +317,22 @@ def _step(data: Dict[str, Any], base: Path, where: _Where) -> Step:
         memory = None if memory_text is None else parse_memory(memory_text)
     except ValueError as error:
         raise where.error(str(error)) from None
+    container = _image(data.get("container"), base, where) or default_image
+    if "mounts" in data and container is None:
+        owners = "the task or the file" if where.task else "the step, its pipeline or the file"
+        raise where.error(f"mounts need a container image and none is given: give {owners} a \"container\", "
+                          f"{IMAGE_WAYS}")
     return Step(id=data["id"], command=command, python=python, prompt=prompt, model=data.get("model"),
-                tools=tuple(data.get("tools", ())), gpu=gpu, resources=resources,
+                tools=_tools(data.get("tools"), where), gpu=gpu, resources=resources,
                 timeout=_number(data, "timeout", where), on_fail=data.get("on_fail"),
                 condition=data.get("condition"), next=data.get("next"), max_retries=data.get("max_retries"),
                 retry_delay=_number(data, "retry_delay", where, 0.0), env=env, memory=memory,
                 memory_text=None if memory_text is None else str(memory_text),
-                container=_image(data.get("container"), base, where), mounts=_mounts(data.get("mounts"), base, where))
+                container=container, mounts=_mounts(data.get("mounts"), base, where))
 
 
-def _pipeline(data: Any, base: Path, where: _Where, matrix: Dict[str, str]) -> Pipeline:
+def _pipeline(data: Any, base: Path, where: _Where, matrix: Dict[str, str],
+              default_image: Optional[str] = None) -> Pipeline:
     name = _valid_name(data.get("name")) if isinstance(data, dict) else None
     if name is not None:
         where = _Where(where.source, name)
@@ -300,7 +345,8 @@ def _pipeline(data: Any, base: Path, where: _Where, matrix: Dict[str, str]) -> P
             step_id = _valid_name(raw_step.get("id")) if isinstance(raw_step, dict) else None
             step_where = _Where(where.source, where.pipeline, step_id)
         raise step_where.error(problem)
-    steps = [_step(raw, base, where) for raw in data["steps"]]
+    image = _image(data.get("container"), base, where) or default_image
+    steps = [_step(raw, base, where, image) for raw in data["steps"]]
     seen = set()
     for step in steps:
         if step.id in seen:
@@ -383,26 +429,79 @@ def _read(path: Path) -> Any:
         raise UsageError(f"{path}: not valid JSON: nested too deeply") from None
 
 
-def parse_definition(data: Any, source: str = "<definition>", base: Path = Path(".")) -> List[Pipeline]:
-    """Check an already-loaded definition: one pipeline, or ``{"pipelines": [...]}``."""
+def _file_image(data: Mapping[str, Any], base: Path, where: _Where, default_image: Optional[str]) -> Optional[str]:
+    """The ``container`` of a whole file (its pipelines' or tasks' default image), else ``default_image``."""
+    if "container" not in data:
+        return default_image
+    found = first_error("image", {"container": data["container"]})
+    if found is not None:
+        raise where.error(found[1])
+    return _image(data["container"], base, where)
+
+
+def _task_name(task: Any, number: int, count: int) -> str:
+    """A task's pipeline name: its ``id``, else task-N (N zero-padded so that the folders sort)."""
+    given = _valid_name(task.get("id")) if isinstance(task, dict) else None
+    return given or f"task-{number:0{len(str(count))}d}"
+
+
+def _tasks(data: Any, where: _Where, base: Path, default_image: Optional[str]) -> List[Pipeline]:
+    """A par() file: a list of tasks, or ``{"tasks": [...]}``; each task runs as a pipeline of one
+    step, ``task``, named by the task's ``id`` or task-N."""
+    if isinstance(data, dict):
+        extra = [key for key in data if key not in ("tasks", "container")]
+        if extra:
+            raise where.error(f"unknown field {short(extra[0])} in the file (it holds 'tasks')"
+                              f"{did_you_mean(str(extra[0]), ['tasks', 'container'])}")
+        default_image = _file_image(data, base, where, default_image)
+        data = data["tasks"]
+    if not isinstance(data, list) or not data:
+        raise where.error("tasks must be a non-empty list")
+    if len(data) > MAX_MATRIX:
+        raise where.error(f"the file holds {len(data):,} tasks, more than {MAX_MATRIX}")
+    pipelines = []
+    for number, task in enumerate(data, 1):
+        name = _task_name(task, number, len(data))
+        task_where = _Where(where.source, name, task=True)
+        if not isinstance(task, dict):
+            raise _Where(where.source, f"#{number}", task=True).error(f"a task must be an object, got {short(task)}")
+        found = first_error("task", task)
+        if found is not None:
+            raise (task_where if _valid_name(task.get("id")) or "id" not in task else
+                   _Where(where.source, f"#{number}", task=True)).error(found[1])
+        step = {key: value for key, value in task.items() if key != "id"}
+        step["id"] = TASK_STEP
+        pipelines.append(Pipeline(name=name, steps=(_step(step, base, task_where, default_image),)))
+    return pipelines
+
+
+def parse_definition(data: Any, source: str = "<definition>", base: Path = Path("."),
+                     default_image: Optional[str] = None) -> List[Pipeline]:
+    """Check an already-loaded definition: one pipeline, ``{"pipelines": [...]}``, or a par() list
+    of tasks (``[...]`` or ``{"tasks": [...]}``). ``default_image`` (resolved) is the image of the
+    steps whose definition names none (``--container``, ``PIPELINE_CONTAINER``)."""
     where = _Where(source)
-    if isinstance(data, dict) and "pipelines" in data:
+    if isinstance(data, list) or (isinstance(data, dict) and "tasks" in data and "steps" not in data):
+        pipelines = _tasks(data, where, base, default_image)
+        raw = []
+    elif isinstance(data, dict) and "pipelines" in data:
         raw = data["pipelines"]
-        extra = [key for key in data if key != "pipelines"]
+        extra = [key for key in data if key not in ("pipelines", "container")]
         if extra:
             raise where.error(f"unknown field {short(extra[0])} in the file (it holds 'pipelines')"
-                              f"{did_you_mean(str(extra[0]), ['pipelines'])}")
+                              f"{did_you_mean(str(extra[0]), ['pipelines', 'container'])}")
         if not isinstance(raw, list) or not raw:
             raise where.error("pipelines must be a non-empty list")
+        default_image = _file_image(data, base, where, default_image)
+        pipelines = []
     elif isinstance(data, dict):
-        raw = [data]
+        raw, pipelines = [data], []
     else:
-        raise where.error("expected a pipeline object or {\"pipelines\": [...]}")
-    pipelines = []
+        raise where.error("expected a pipeline object, {\"pipelines\": [...]}, or a list of tasks (par)")
     for number, entry in enumerate(raw):
         entry_where = _Where(source, f"#{number + 1}" if len(raw) > 1 else None)
         for expanded, values in _expand_matrix(entry, entry_where):
-            pipelines.append(_pipeline(expanded, base, entry_where, values))
+            pipelines.append(_pipeline(expanded, base, entry_where, values, default_image))
         if len(pipelines) > MAX_MATRIX:
             raise where.error(f"the file makes more than {MAX_MATRIX} pipelines")
     names = set()
@@ -413,10 +512,10 @@ def parse_definition(data: Any, source: str = "<definition>", base: Path = Path(
     return pipelines
 
 
-def load_definition(path: Path) -> List[Pipeline]:
+def load_definition(path: Path, default_image: Optional[str] = None) -> List[Pipeline]:
     """Read and check a definition file; relative image and mount paths are relative to it."""
     path = Path(path)
-    return parse_definition(_read(path), str(path), path.resolve().parent)
+    return parse_definition(_read(path), str(path), path.resolve().parent, default_image)
 
 
 def check_pools(pipelines: List[Pipeline], capacities: Mapping[str, Optional[int]], source: str) -> None:

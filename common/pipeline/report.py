@@ -116,7 +116,11 @@ def plan_text(pipelines: List[Pipeline], capacities: Mapping[str, Optional[int]]
             if step.on_fail:
                 parts.append(f"on failure {step.on_fail}")
             if step.container:
-                parts.append(f"in {step.container}")
+                parts.append(f"in {step.container}" + (" with --nv" if step.gpu else "") +
+                             ", shared/ bound at /shared")
+            if step.mounts:
+                parts.append("mounts " + ", ".join(f"{m.host_path} at {m.container_path}" + (" (read-only)" if m.readonly
+                                                                                             else "") for m in step.mounts))
             lines.append(f"  {number}. {step.id}: " + "; ".join(parts))
         lines.append("")
     return "\n".join(lines)

@@ -41,6 +41,13 @@ def _seconds(title: str = "a positive number of seconds") -> Dict[str, Any]:
             "title": f"{title} up to {MAX_SECONDS}"}
 
 
+#: a tool name: no ',', not only spaces (names are trimmed); a string of them separated by ','
+TOOL_NAME = "^[^,]*[^,\\s][^,]*$"
+TOOL_LIST = "^[^,]*[^,\\s][^,]*(,[^,]*[^,\\s][^,]*)*$"
+#: where a step's image comes from when it names none: its pipeline's, the file's, --container, PIPELINE_CONTAINER
+IMAGE = {"type": "string", "pattern": "\\S", "title": "the path (or URI) of an image",
+         "description": "relative paths are relative to the definition file"}
+
 MOUNT = {
     "type": "object", "title": "an object {host_path, container_path, readonly}",
     "properties": {
@@ -67,10 +74,14 @@ STEP = {
                                   "its standard output becomes output.md"},
         "model": {"type": "string", "minLength": 1, "title": "a model name",
                   "description": "for the agent, as PIPELINE_MODEL"},
-        "tools": {"type": "array", "items": {"type": "string", "minLength": 1, "pattern": "^[^,]*$",
-                                             "title": "a tool name without ','"},
-                  "uniqueItems": True, "title": "a list of tool names",
-                  "description": "for the agent, as PIPELINE_TOOLS (comma-separated)"},
+        "tools": {"title": "a list of tool names or one comma-separated string of them",
+                  "description": "for the agent, as PIPELINE_TOOLS (comma-separated); names are trimmed",
+                  "oneOf": [
+                      {"type": "array", "uniqueItems": True, "title": "a list of tool names",
+                       "items": {"type": "string", "pattern": TOOL_NAME, "title": "a tool name without ','"}},
+                      {"type": "string", "pattern": TOOL_LIST,
+                       "title": "tool names separated by ',' (such as 'Read,Write,Bash'), none of them empty"},
+                  ]},
         "gpu": {"type": "boolean", "title": "true or false", "description": "hold one GPU of the node"},
         "resources": {
             "title": "a list of pool names or {name: count}",
@@ -93,13 +104,36 @@ STEP = {
                 "propertyNames": {"pattern": ENV_NAME, "title": "a valid variable name"},
                 "additionalProperties": {"type": ["string", "number"], "title": "a string or a number"}},
         "memory": {"type": ["string", "integer"], "title": "a size such as '16g' or '512m', or bytes"},
-        "container": {"type": "string", "pattern": "\\S", "title": "the path (or URI) of an image"},
-        "mounts": {"type": "array", "items": MOUNT, "title": "a list of {host_path, container_path, readonly}"},
+        "container": IMAGE,
+        "mounts": {"type": "array", "items": MOUNT, "title": "a list of {host_path, container_path, readonly}",
+                   "description": "need an image: the step's, its pipeline's or file's 'container', "
+                                  "--container IMAGE or PIPELINE_CONTAINER"},
     },
     "required": ["id"],
     "additionalProperties": False,
     "oneOf": [{"required": ["command"]}, {"required": ["python"]}, {"required": ["prompt"]}],
-    "dependentRequired": {"model": ["prompt"], "tools": ["prompt"], "mounts": ["container"]},
+    "dependentRequired": {"model": ["prompt"], "tools": ["prompt"]},
+}
+
+#: one task of a par() file: a step without id (optional: it names the task) and without jumps
+TASK = {
+    **STEP, "title": "a task: an object such as a step, without next, on_fail, condition",
+    "properties": {**{name: value for name, value in STEP["properties"].items()
+                      if name not in ("next", "on_fail", "condition")},
+                   "id": {"type": "string", "pattern": NAME, "maxLength": MAX_NAME_LENGTH,
+                          "not": {"const": "logs"}, "title": "the task's name",
+                          "description": "names its run's folder; default task-N"}},
+    "required": [],
+}
+
+TASKS = {"type": "array", "minItems": 1, "maxItems": MAX_MATRIX, "items": TASK,
+         "title": "a non-empty list of tasks (par)"}
+
+TASKS_FILE = {
+    "type": "object", "title": "an object {\"tasks\": [...]}",
+    "properties": {"tasks": TASKS, "container": IMAGE},
+    "required": ["tasks"],
+    "additionalProperties": False,
 }
 
 PIPELINE = {
@@ -119,6 +153,7 @@ PIPELINE = {
                                                       "title": "a string, number or boolean"},
                                             "title": "a non-empty list of values"}},
         "steps": {"type": "array", "minItems": 1, "items": STEP, "title": "a non-empty list of steps"},
+        "container": IMAGE,
     },
     "required": ["name", "steps"],
     "additionalProperties": False,
@@ -127,7 +162,8 @@ PIPELINE = {
 FILE = {
     "type": "object", "title": "an object {\"pipelines\": [...]}",
     "properties": {"pipelines": {"type": "array", "minItems": 1, "items": PIPELINE,
-                                 "title": "a non-empty list of pipelines"}},
+                                 "title": "a non-empty list of pipelines"},
+                   "container": IMAGE},
     "required": ["pipelines"],
     "additionalProperties": False,
 }
@@ -136,8 +172,9 @@ FILE = {
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "multinode-gpu pipeline definition",
-    "description": "One pipeline, or {\"pipelines\": [...]}; see docs/pipelines.md",
-    "anyOf": [PIPELINE, FILE],
+    "description": "One pipeline, {\"pipelines\": [...]}, or a par() list of tasks (or {\"tasks\": [...]}); "
+                   "see docs/pipelines.md",
+    "anyOf": [PIPELINE, FILE, TASKS, TASKS_FILE],
 }
 
 _WHAT = {"steps": "a step", "pipelines": "a pipeline", "mounts": "a mount"}
@@ -200,7 +237,8 @@ def _one_of(validator, subschemas, instance: Any, schema: Dict[str, Any]) -> Ite
 _Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {
     "pattern": _is_pattern, "type": _type, "enum": _enum, "uniqueItems": _unique_items, "oneOf": _one_of,
     "minLength": _length("min"), "maxLength": _length("max")})
-_VALIDATORS = {"pipeline": _Validator(PIPELINE), "file": _Validator(FILE),
+_VALIDATORS = {"pipeline": _Validator(PIPELINE), "file": _Validator(FILE), "task": _Validator(TASK),
+               "image": _Validator({"properties": {"container": IMAGE}}),
                "matrix": _Validator({"properties": {"matrix": PIPELINE["properties"]["matrix"]}})}
 
 
@@ -263,17 +301,15 @@ def _problem(error: jsonschema.ValidationError) -> str:
     if keyword == "dependentRequired":
         field = next(name for name, needs in error.validator_value.items()
                      if name in value and any(need not in value for need in needs))
-        if field == "mounts":
-            return "mounts are given but no container"
         return f"{field} is only for prompt steps (it is passed to the agent)"
     if "propertyNames" in error.schema_path:
         return f"{_name_owner(path)} name {short(value)} is not {schema.get('title', 'valid')}"
     if path and path[-1] in ("id", "name") and keyword in ("type", "pattern", "minLength", "maxLength", "not"):
-        what = "step id" if path[-1] == "id" else "pipeline name"
+        what = "pipeline name" if path[-1] == "name" else "task id" if path == ["id"] else "step id"
         if keyword == "maxLength":
             return f"{what} {short(value)} is longer than {MAX_NAME_LENGTH} characters"
         if keyword == "not":
-            why = "the run's shared folder" if path[-1] == "id" else "the engine writes that folder in the results folder"
+            why = "the run's shared folder" if value == "shared" else "the engine writes that folder in the results folder"
             return f"{what} {value!r} is reserved ({why})"
         return f"{what} {short(value)} is malformed: {NAME_RULE}"
     if keyword == "uniqueItems":
@@ -287,6 +323,8 @@ def _problem(error: jsonschema.ValidationError) -> str:
 def _object(schema: Dict[str, Any], label: str) -> str:
     """'a step', 'a pipeline', 'a mount' or 'the file': the object an error is about."""
     fields = schema.get("properties", {})
+    if schema.get("title", "").startswith("a task"):
+        return "a task"
     for field, what in (("command", "a step"), ("steps", "a pipeline"), ("host_path", "a mount")):
         if field in fields:
             return what

@@ -312,3 +312,15 @@ def test_par_tasks_write_through_their_mounts_one_at_a_time(sandbox, tmp_path, m
     _, _, spans = par_run(sandbox, tmp_path, monkeypatch, capacity=2, seconds=4)
     (first, first_end), (second, second_end) = sorted(spans.values())
     assert second < first_end, f"SWARM_RESOURCE_gpu=2, yet the tasks ran one after the other: {spans}"
+
+
+def test_the_docs_table_names_every_construct_of_the_document():
+    text = (REPO / "docs" / "pipelines.md").read_text()
+    table = text.split("## The format document, construct by construct", 1)[1]
+    first_column = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")]
+    constructs = ["pipeline(", "par(", "unwrap(ref=", "resume=", "SWARM_RESOURCE_", "SWARM_QUEUE_TIMEOUT", "budget",
+                  "deadline_seconds", "gpu: true", "resources:", "mounts", "memory", "timeout", "model", "tools",
+                  "condition", "next", "on_fail", "max_retries", "/shared/", "output.md"]
+    for construct in constructs:
+        assert any(construct in cell for cell in first_column), f"docs/pipelines.md: no row for {construct}"
+    assert all(line.count(" | ") == 2 for line in table.splitlines() if line.startswith("| ")), "3 columns a row"

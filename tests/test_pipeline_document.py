@@ -20,6 +20,7 @@ from typing import Dict, List
 import jsonschema
 import pytest
 
+import mount_sandbox
 from common.errors import UsageError
 from common.pipeline.definition import parse_definition
 from common.pipeline.schema import SCHEMA
@@ -82,11 +83,6 @@ class Sandbox:
 
 @pytest.fixture
 def sandbox(tmp_path, image, monkeypatch) -> Sandbox:
-    sys.path.insert(0, str(SANDBOX.parent))
-    try:
-        import mount_sandbox
-    finally:
-        sys.path.remove(str(SANDBOX.parent))
     why = mount_sandbox.unavailable()
     if why:
         pytest.skip(f"no private bind mounts here: {why}")

@@ -127,9 +127,8 @@ class _Where:
 
     def error(self, problem: str) -> UsageError:
         parts = [self.source]
-        if self.task:  # a par() task: a pipeline of one step, named by the task alone
-            parts.append(f"task {self.pipeline!r}" if self.pipeline is not None and
-                         not self.pipeline.startswith("#") else f"task {self.pipeline}")
+        if self.task:  # a par() task: a pipeline of one step, named by the task alone ('task-1', or #1)
+            parts.append(f"task {self.pipeline}" if str(self.pipeline).startswith("#") else f"task {self.pipeline!r}")
         elif self.pipeline is not None:
             parts.append(f"pipeline {self.pipeline!r}")
         if self.step is not None and not self.task:

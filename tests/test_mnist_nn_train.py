@@ -124,6 +124,28 @@ def test_a_folds_result_is_the_same_every_time_it_runs(tmp_path):
     assert results[0] == results[1] and results[0]["epochs"] >= 1
 
 
+def test_workers_sharing_a_gpu_give_back_its_cache_after_every_item(tmp_path, monkeypatch):
+    """With --workers-per-gpu > 1 (the worker's device has a slot) torch.cuda.empty_cache() runs after
+    each item, a failed one too. (torch.cuda.empty_cache is recorded: there is no CUDA here.)"""
+    args = argparse.Namespace(dataset="digits", data_dir=None, subsample=150, seed=5, folds=3, max_epochs=1,
+                              batch_size=10, n_bootstrap=1, n_tuning=1, gpu="cpu", max_macs=None, results=tmp_path,
+                              draws="reference", epoch_loss="reference", normalise="reference")
+    app = MnistNN(args)
+    state = app.setup_worker(Device("cpu", 0))
+    assert state["release_cache"] is False  # a CPU worker (as a GPU worker alone on its GPU) keeps its cache
+    released = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: released.append(1))
+    state["release_cache"] = True  # as setup_worker sets it for Device("cuda", 0, "0", slot=1)
+    tiny = Candidate(n_conv_layer=2, kernel_size=3, n_hidden_layer=16, learning_rate=0.05, momentum=0.9)
+    item = Item(fit_key(0, 0, 1), {"kind": "fit", "bootstrap": 0, "candidate": 0, "fold": 1, "hyper": tiny.as_dict()})
+    app.run_item(state, item, item_seed(5, item.key))
+    assert len(released) == 1
+    broken = Item(fit_key(0, 0, 2), {**item.params, "fold": 7})  # no such fold: the item fails
+    with pytest.raises(IndexError):
+        app.run_item(state, broken, item_seed(5, broken.key))
+    assert len(released) == 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_an_epoch_never_waits_for_the_device_inside_its_batch_loop():
     """torch.cuda's sync debug mode warns at each synchronisation: a few per epoch (reading its

@@ -8,6 +8,6 @@ from numpy import array as _array
 __version__ = "14.2.0"
 
 
-def asnumpy(a, stream=None, order="C", out=None, blocking=True):  # noqa: ARG001 (CuPy's signature)
+def asnumpy(a, stream=None, order="C", out=None, *, blocking=True):  # noqa: ARG001 (CuPy 13.6 and 14.2)
     """A host copy, as CuPy's device-to-host copy."""
     return _array(a, order=order, copy=True)

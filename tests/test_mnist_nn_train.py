@@ -148,19 +148,37 @@ def test_workers_sharing_a_gpu_give_back_its_cache_after_every_item(tmp_path, mo
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_an_epoch_never_waits_for_the_device_inside_its_batch_loop():
-    """torch.cuda's sync debug mode warns at each synchronisation: a few per epoch (reading its
-    loss and errors), never one per batch."""
+    """torch.cuda's sync debug mode, on only from each batch loop's start to its epoch's log entry
+    (set-up, the net's and the indexes' upload, not counted): none in the loop, then exactly the
+    epoch's two reads (its loss and its errors)."""
+    from benchmarks.gpu_check import count_synchronisations
+
     cuda = to_device(load_dataset("digits", subsample=400, seed=0), "cuda")
-    index = np.arange(300)  # 30 batches
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            _, log = fit(cuda.x_train, cuda.y_train, index, CANDIDATE, 2, 10, init_seed=0)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) <= 4 * len(log), [str(w.message) for w in syncs]
+    counts = count_synchronisations(cuda, np.arange(300), CANDIDATE, 2)  # 30 batches an epoch
+    assert counts["in_batch_loops"] == 0 and counts["after_batch_loops"] == 2 * counts["epochs"], counts
+
+
+def test_synchronisations_are_watched_only_from_each_batch_loop_to_its_epochs_log(data, monkeypatch):
+    """How the GPU test above counts, on the CPU: torch.cuda.set_sync_debug_mode (CUDA-only) is
+    recorded, and the batch loop warns once as a synchronisation would."""
+    from benchmarks.gpu_check import count_synchronisations
+    from mnist_nn import train
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", events.append)
+    loop = train.train_epoch
+
+    def one_sync_per_loop(*args, **kwargs):
+        events.append("batch loop")
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+        return loop(*args, **kwargs)
+
+    monkeypatch.setattr(train, "train_epoch", one_sync_per_loop)
+    counts = count_synchronisations(data, np.arange(100), CANDIDATE, 2)
+    assert counts == {"in_batch_loops": counts["epochs"], "after_batch_loops": 0, "epochs": counts["epochs"]}
+    assert counts["epochs"] >= 1
+    assert events == ["warn", "batch loop", "default"] * counts["epochs"] + ["default"]
+    assert train.train_epoch is one_sync_per_loop  # put back as it found it
 
 
 def test_the_reference_normalisation_is_x_over_255_minus_half():

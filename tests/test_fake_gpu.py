@@ -103,3 +103,23 @@ def test_a_keyword_the_pinned_cuml_does_not_take_is_a_type_error(fake_gpu_module
     with pytest.raises(TypeError):
         SVC(1.0)  # keyword-only
     assert SVC(C=2.0, decision_function_shape="ovr").get_params()["C"] == 2.0
+
+
+def test_one_binary_svc_per_class_predicts_as_cumls_own_one_vs_rest(fake_gpu_modules):
+    """The reference's statistics: cuML's own one-vs-rest (scikit-learn's OneVsRestClassifier over
+    binary cuML SVCs, ``decision_function_shape="ovr"``, the old ``multiclass_strategy="ovr"``) and
+    CumlBackend's binary SVC per class on device arrays predict the same labels (same binary fits,
+    argmax of their decision values)."""
+    import cupy as cp
+    from cuml.svm import SVC
+
+    from common.data import load_dataset
+    from mnist_svm.backends import CACHE_MB, CumlBackend
+
+    data = load_dataset("digits", subsample=400, seed=2)
+    rows, c, gamma = np.arange(300), 3.0, 1e-3
+    backend = CumlBackend(data)
+    ours = backend.predict(backend.fit(c, gamma, rows), "test")
+    theirs = SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB, decision_function_shape="ovr").fit(
+        backend.x["train"][rows], backend.y["train"][rows]).predict(backend.x["test"])
+    assert np.array_equal(ours, np.rint(cp.asnumpy(theirs)).astype(np.int64))

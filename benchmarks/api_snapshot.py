@@ -7,7 +7,7 @@ installed, the signature of every function or method in ``USED``, read with ``in
 installed package; entries of other versions already in the file are kept, so running it on the
 CUDA 11 stack and on the CUDA 12 stack records both pins. ``--source`` reads them instead from a
 source checkout of that version (for a library that cannot be imported here: cuML without a GPU),
-from the ``def`` lines, with ``ast``. tests/test_fake_gpu.py checks the fakes (tests/fake_gpu,
+from the ``def`` lines, with ``ast``. tests/test_api_snapshot.py checks the fakes (tests/fake_gpu,
 tests/fake_nvml) and the project's own calls against every version in the file: run this wherever
 the GPU stack is installed, and whenever a pin in requirements-cu11.txt / -cu12.txt changes.
 """

@@ -35,7 +35,8 @@ bench: install
 
 # Everything that needs a GPU, into bench-results/gpu-check/gpu-check.md and .json. Installs
 # nothing: it runs on the checkout with a Python that has CUDA torch (this venv's where there is
-# one, else python3; or GPU_PYTHON=...). Without a GPU it says so in one line and exits 0.
+# one, else python3; or GPU_PYTHON=...). Without a GPU it says so in one line and exits 0; on a GPU
+# node whose torch cannot use the GPU (the venv's CPU build), one line and a failure.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	PYTHONPATH=. $(GPU_PYTHON) -m benchmarks.gpu_check

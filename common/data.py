@@ -5,16 +5,21 @@ so an app never cares where the pixels came from. IDX files are read whole (one
 ``np.frombuffer`` per file, not one image at a time) and checked, so a corrupt or truncated
 download fails with one clear line instead of a reshape error deep inside a worker.
 
-torchvision is imported only in :func:`ensure_available`, and only when a file is missing: it
-cannot even be imported with a CPU build of torch, and nothing else here needs it.
+torchvision (and so torch) is never imported by a rank: where a file is missing, a child process
+asks torchvision for its mirrors and downloads (``python -m common.data mirrors|download``), so
+rank 0 stays free of torch's start-up and memory, and a torchvision that fails to import (with a CPU
+build of torch) is one line of the child's.
 """
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import math
 import os
 import socket
+import subprocess
+import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +43,9 @@ IDX_FILES = {
 
 #: where Debian's ``dataset-fashion-mnist`` package puts the files
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+#: how long a child may take to import torchvision, and to download a data set
+TORCHVISION_IMPORT_SECONDS = 300
+DOWNLOAD_SECONDS = 3600
 
 #: torchvision's class and the folder it downloads into, under the root it is given
 _TORCHVISION = {"mnist": ("MNIST", "MNIST/raw"), "fashion-mnist": ("FashionMNIST", "FashionMNIST/raw")}
@@ -158,20 +166,35 @@ def _missing_message(name: str, data_dir: Optional[Path], why: str) -> str:
             f"{where}, or use --dataset digits")
 
 
-def _torchvision_problem() -> Optional[str]:
-    """Why torchvision cannot download here, or ``None`` if it can be imported."""
+def _torchvision_child(*argv: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m common.data ARGV`` in a child process (torchvision imports torch: not here)."""
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     try:
-        import torchvision  # noqa: F401  (lazy: it fails to import with a CPU torch)
-    except Exception as error:  # ImportError, or RuntimeError from a CUDA-only build
-        return f"torchvision cannot be imported: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
-    return None
+        return subprocess.run([sys.executable, "-m", "common.data", *argv], capture_output=True, text=True,
+                              env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 1, "", f"torchvision took more than {timeout:.0f} s")
 
 
-def _offline_problem(name: str, timeout: float = 3.0) -> Optional[str]:
-    """Why the download mirror cannot be reached, or ``None`` if a connection opens."""
-    import torchvision.datasets as tvd
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
 
-    mirrors = getattr(getattr(tvd, _TORCHVISION[name][0]), "mirrors", None) or []
+
+def _mirrors(name: str) -> tuple:
+    """(torchvision's download mirrors for ``name``, None), or (None, why torchvision cannot download)."""
+    child = _torchvision_child("mirrors", name, timeout=TORCHVISION_IMPORT_SECONDS)
+    if child.returncode != 0:
+        return None, f"torchvision cannot be imported: {_last_line(child.stderr)}"
+    return json.loads(_last_line(child.stdout)), None
+
+
+def _download_problem(name: str, timeout: float = 3.0) -> Optional[str]:
+    """Why the IDX files cannot be downloaded here (torchvision, or no mirror reachable), or ``None``."""
+    mirrors, problem = _mirrors(name)
+    if problem:
+        return problem
     for url in mirrors:
         parsed = urlparse(url)
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -181,6 +204,28 @@ def _offline_problem(name: str, timeout: float = 3.0) -> Optional[str]:
         except OSError:
             continue
     return "offline: no download mirror can be reached"
+
+
+def _child_main(argv: List[str]) -> int:
+    """The child's side: ``mirrors NAME`` prints them as JSON; ``download NAME ROOT`` fetches both
+    splits into ROOT. A failure is one line on stderr and exit 1."""
+    try:
+        import torchvision.datasets as tvd
+    except Exception as error:  # ImportError, or RuntimeError from a CUDA-only build
+        print(str(error).splitlines()[0] if str(error) else type(error).__name__, file=sys.stderr)
+        return 1
+    dataset_class = getattr(tvd, _TORCHVISION[argv[1]][0])
+    if argv[0] == "mirrors":
+        print(json.dumps(list(getattr(dataset_class, "mirrors", None) or [])))
+        return 0
+    try:
+        dataset_class(root=argv[2], train=True, download=True)
+        dataset_class(root=argv[2], train=False, download=True)
+    except Exception as error:
+        print(f"download failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -218,7 +263,7 @@ def check_available(name: str, data_dir: Optional[Path] = None) -> None:
         return
     if data_dir is not None and Path(data_dir).exists() and not Path(data_dir).is_dir():
         raise UsageError(f"{name}: --data-dir {quoted(data_dir)} is not a folder")
-    problem = _torchvision_problem() or _offline_problem(name)
+    problem = _download_problem(name)
     if problem:
         raise UsageError(_missing_message(name, data_dir, problem))
 
@@ -228,20 +273,17 @@ def ensure_available(name: str, data_dir: Optional[Path] = None) -> None:
     _check_name(name)
     if name == "digits" or find_idx_files(name, data_dir) is not None:
         return
-    problem = _torchvision_problem()
+    _, problem = _mirrors(name)
     if problem:
         raise UsageError(_missing_message(name, data_dir, problem))
-    import torchvision.datasets as tvd
-
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     try:
         root.mkdir(parents=True, exist_ok=True)
-        dataset_class = getattr(tvd, _TORCHVISION[name][0])
-        dataset_class(root=str(root), train=True, download=True)
-        dataset_class(root=str(root), train=False, download=True)
-    except Exception as error:
-        raise UsageError(_missing_message(name, data_dir, f"download failed: {type(error).__name__}: "
-                                          f"{str(error).splitlines()[0] if str(error) else ''}")) from None
+    except OSError as error:
+        raise UsageError(_missing_message(name, data_dir, f"cannot make {quoted(root)}: {error.strerror or error}")) from None
+    child = _torchvision_child("download", name, str(root), timeout=DOWNLOAD_SECONDS)
+    if child.returncode != 0:
+        raise UsageError(_missing_message(name, data_dir, _last_line(child.stderr)))
     if find_idx_files(name, data_dir) is None:
         raise UsageError(_missing_message(name, data_dir, "the download left no IDX files"))
 
@@ -370,3 +412,7 @@ def resize_images(images: np.ndarray, size: int = 28) -> np.ndarray:
     if images.dtype == np.uint8:
         return np.clip(np.rint(resized), 0, 255).astype(np.uint8)
     return resized.astype(np.float32, copy=False)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child_main(sys.argv[1:]))

@@ -60,6 +60,12 @@ def visible_gpus() -> List[str]:
         return [] if not ids or ids[0] in ("-1", "none", "NoDevFiles") else ids
     if slurm_gave_no_gpu():
         return []
+    return node_gpus()
+
+
+def node_gpus() -> List[str]:
+    """Indexes of the GPUs the driver lists on this node (NVML, else ``nvidia-smi -L``), whatever
+    CUDA_VISIBLE_DEVICES says; none without a driver. Initialises no CUDA."""
     try:
         import pynvml  # provided by nvidia-ml-py
 

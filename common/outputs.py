@@ -6,7 +6,7 @@ import os
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Sequence
+from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Sequence
 
 import numpy as np
 
@@ -24,13 +24,19 @@ _UMASK = _current_umask()
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file beside ``path``, then rename it over ``path``."""
+    atomic_write_with(path, lambda handle: handle.write(data))
+
+
+def atomic_write_with(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """``write(handle)`` into a temporary file beside ``path``, then rename it over ``path``: for
+    what is too big to hold in memory as bytes first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for the whole group to read
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -126,6 +126,26 @@ def should_stop(loss: float, previous: float, epoch: int, max_epochs: int, rule:
     return loss > previous * TOLERANCE if rule == "reference" else loss >= previous * TOLERANCE
 
 
+def train_epoch(net: Net, optimizer: torch.optim.Optimizer, loss_function: torch.nn.Module, x: torch.Tensor,
+                y: torch.Tensor, batches: Tuple[torch.Tensor, ...], epoch_loss: str = "reference",
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One epoch's batch loop: returns the epoch's loss sum and wrong predictions as device tensors,
+    unread, so nothing in here waits for the GPU (a function of its own so that checks can watch
+    exactly this loop for synchronisations: ``make gpu-check``, tests/test_mnist_nn_train.py)."""
+    loss_sum = torch.zeros((), device=x.device)  # summed on the device: read once, after the epoch
+    wrong = torch.zeros((), dtype=torch.long, device=x.device)
+    for rows in batches:
+        images, labels = x.index_select(0, rows), y.index_select(0, rows)
+        logits = net(images)
+        loss = loss_function(logits, labels)  # the batch's mean, as the reference's
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach() if epoch_loss == "reference" else loss.detach() * len(rows)
+        wrong += (logits.argmax(1) != labels).sum()
+    return loss_sum, wrong
+
+
 def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidate, max_epochs: int,
         batch_size: int, init_seed: int, on_epoch: Optional[EpochHook] = None,
         epoch_loss: str = "reference") -> Tuple[Net, List[Dict[str, Any]]]:
@@ -143,17 +163,7 @@ def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidat
     net.train()
     for epoch in range(1, max_epochs + 1):
         start = time.perf_counter()
-        loss_sum = torch.zeros((), device=x.device)  # summed on the device: read once, after the epoch
-        wrong = torch.zeros((), dtype=torch.long, device=x.device)
-        for rows in batches:
-            images, labels = x.index_select(0, rows), y.index_select(0, rows)
-            logits = net(images)
-            loss = loss_function(logits, labels)  # the batch's mean, as the reference's
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.detach() if epoch_loss == "reference" else loss.detach() * len(rows)
-            wrong += (logits.argmax(1) != labels).sum()
+        loss_sum, wrong = train_epoch(net, optimizer, loss_function, x, y, batches, epoch_loss)
         value = float(loss_sum) if epoch_loss == "reference" else float(loss_sum) / len(index)
         seconds = time.perf_counter() - start
         log.append({"epoch": epoch, "loss": value if math.isfinite(value) else None,

@@ -65,8 +65,9 @@ class MnistSvm(App):
                                  "stratified: shuffled by --seed, each fold with the classes' proportions")
         parser.add_argument("--multiclass", choices=("ovr", "ovo"), default="ovr",
                             help="ovr: one binary SVC per class, the largest decision value wins (the reference's "
-                                 "cuML multiclass_strategy='ovr'); ovo: one SVC per pair of classes (libsvm's and "
-                                 "cuML's default)")
+                                 "cuML multiclass_strategy='ovr', a keyword cuML 25.06 removed: here one binary "
+                                 "SVC per class, on the GPU with cuML); ovo: one SVC per pair of classes (libsvm's "
+                                 "and cuML's default, decision_function_shape='ovo')")
         parser.add_argument("n_tuning", type=int,
                             help="grid points per axis: log10 C in linspace(-3, 6, n), log10 gamma in linspace(-6, -2, n)")
         add_data_arguments(parser)

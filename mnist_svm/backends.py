@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -125,8 +125,25 @@ class SklearnBackend:
         return int(len(model.support) if isinstance(model, PrecomputedModel) else len(_support(model)))
 
 
+@dataclass
+class OneVsRestModel:
+    """One binary cuML SVC per class on the device (class k against the rest), as the reference's
+    cuML ``multiclass_strategy="ovr"`` fitted them through scikit-learn's ``OneVsRestClassifier``:
+    the class of the largest decision value wins."""
+
+    classes: np.ndarray  # on the host: the fit's classes, in increasing order
+    svcs: List[Any]  # one binary SVC per class (a single one for two classes, as scikit-learn)
+
+
 class CumlBackend:
-    """cuML's SVC on the worker's one GPU; the data lives on the device for the worker's life."""
+    """cuML's SVC on the worker's one GPU; the data lives on the device for the worker's life.
+
+    One-vs-rest is fitted here, one binary ``cuml.svm.SVC`` per class on device arrays: cuML's
+    own multiclass SVC (``decision_function_shape``; ``multiclass_strategy`` is gone since 25.06)
+    hands the fold to scikit-learn's wrapper on the host and each binary SVC copies its rows back,
+    once per class. The fold's rows are gathered once, column-major as cuML's SVC takes them, so
+    no binary fit copies them again.
+    """
 
     name = "cuml"
 
@@ -143,23 +160,41 @@ class CumlBackend:
         """cuML computes its kernel on the GPU itself: nothing to share."""
         return None
 
+    def _gather(self, split: str, rows: Any) -> Any:
+        """These rows of a split, on the device, column-major (cuML's SVC converts to that order)."""
+        index = rows if isinstance(rows, slice) else self.cp.asarray(rows)
+        return self.cp.asfortranarray(self.x[split][index])
+
     def fit(self, c: float, gamma: float, rows: np.ndarray, kernel: None = None) -> Any:
         from cuml.svm import SVC
 
-        index = self.cp.asarray(rows)
-        return SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB,
-                   multiclass_strategy=self.multiclass).fit(self.x["train"][index],
-                                                                            self.y["train"][index])
+        cp = self.cp
+        x, y = self._gather("train", rows), self.y["train"][cp.asarray(rows)]
+        settings = {"C": c, "gamma": gamma, "kernel": "rbf", "cache_size": CACHE_MB}
+        if self.multiclass == "ovo":
+            return SVC(**settings, decision_function_shape="ovo").fit(x, y)
+        classes = cp.unique(y)
+        positive = classes[1:] if len(classes) == 2 else classes
+        svcs = [SVC(**settings).fit(x, (y == k).astype(cp.float32)) for k in positive]
+        return OneVsRestModel(cp.asnumpy(classes).astype(np.int64), svcs)
 
     def predict(self, model: Any, split: str, rows: Any = slice(None)) -> np.ndarray:
-        index = rows if isinstance(rows, slice) else self.cp.asarray(rows)
-        predicted = model.predict(self.x[split][index])
-        return np.rint(self.cp.asnumpy(self.cp.asarray(predicted))).astype(np.int64)
+        cp, x = self.cp, self._gather(split, rows)
+        if not isinstance(model, OneVsRestModel):
+            return np.rint(cp.asnumpy(cp.asarray(model.predict(x)))).astype(np.int64)
+        scores = cp.stack([cp.asarray(svc.decision_function(x)).ravel() for svc in model.svcs], axis=1)
+        if len(model.classes) == 2:
+            return model.classes[cp.asnumpy(scores[:, 0] > 0).astype(np.int64)]
+        # scikit-learn's OneVsRestClassifier.predict gives a tie to the later class: argmax from the end
+        last = len(model.svcs) - 1 - cp.argmax(scores[:, ::-1], axis=1)
+        return model.classes[cp.asnumpy(last)]
 
     def n_support(self, model: Any) -> int:
-        """Distinct support vectors. cuML's multiclass (one-vs-one) SVC sets no ``n_support_``; its
-        ``support_`` joins the pairwise models' row indexes, so count the distinct rows."""
-        return int(self.cp.unique(self.cp.asarray(model.support_)).size)
+        """Distinct support vectors (row indexes into the fit's rows) over the binary SVCs; cuML's
+        one-vs-one ``support_`` joins the pairwise models' indexes, so count distinct rows there too."""
+        cp = self.cp
+        svcs = model.svcs if isinstance(model, OneVsRestModel) else [model]
+        return int(cp.unique(cp.concatenate([cp.asarray(svc.support_).ravel() for svc in svcs])).size)
 
 
 def make_backend(data: Dataset, use_cuml: bool, multiclass: str = "ovr") -> Any:

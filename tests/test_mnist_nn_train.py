@@ -124,21 +124,61 @@ def test_a_folds_result_is_the_same_every_time_it_runs(tmp_path):
     assert results[0] == results[1] and results[0]["epochs"] >= 1
 
 
+def test_workers_sharing_a_gpu_give_back_its_cache_after_every_item(tmp_path, monkeypatch):
+    """With --workers-per-gpu > 1 (the worker's device has a slot) torch.cuda.empty_cache() runs after
+    each item, a failed one too. (torch.cuda.empty_cache is recorded: there is no CUDA here.)"""
+    args = argparse.Namespace(dataset="digits", data_dir=None, subsample=150, seed=5, folds=3, max_epochs=1,
+                              batch_size=10, n_bootstrap=1, n_tuning=1, gpu="cpu", max_macs=None, results=tmp_path,
+                              draws="reference", epoch_loss="reference", normalise="reference")
+    app = MnistNN(args)
+    state = app.setup_worker(Device("cpu", 0))
+    assert state["release_cache"] is False  # a CPU worker (as a GPU worker alone on its GPU) keeps its cache
+    released = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: released.append(1))
+    state["release_cache"] = True  # as setup_worker sets it for Device("cuda", 0, "0", slot=1)
+    tiny = Candidate(n_conv_layer=2, kernel_size=3, n_hidden_layer=16, learning_rate=0.05, momentum=0.9)
+    item = Item(fit_key(0, 0, 1), {"kind": "fit", "bootstrap": 0, "candidate": 0, "fold": 1, "hyper": tiny.as_dict()})
+    app.run_item(state, item, item_seed(5, item.key))
+    assert len(released) == 1
+    broken = Item(fit_key(0, 0, 2), {**item.params, "fold": 7})  # no such fold: the item fails
+    with pytest.raises(IndexError):
+        app.run_item(state, broken, item_seed(5, broken.key))
+    assert len(released) == 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_an_epoch_never_waits_for_the_device_inside_its_batch_loop():
-    """torch.cuda's sync debug mode warns at each synchronisation: a few per epoch (reading its
-    loss and errors), never one per batch."""
+    """torch.cuda's sync debug mode, on only from each batch loop's start to its epoch's log entry
+    (set-up, the net's and the indexes' upload, not counted): none in the loop, then exactly the
+    epoch's two reads (its loss and its errors)."""
+    from benchmarks.gpu_check import count_synchronisations
+
     cuda = to_device(load_dataset("digits", subsample=400, seed=0), "cuda")
-    index = np.arange(300)  # 30 batches
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            _, log = fit(cuda.x_train, cuda.y_train, index, CANDIDATE, 2, 10, init_seed=0)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) <= 4 * len(log), [str(w.message) for w in syncs]
+    counts = count_synchronisations(cuda, np.arange(300), CANDIDATE, 2)  # 30 batches an epoch
+    assert counts["in_batch_loops"] == 0 and counts["after_batch_loops"] == 2 * counts["epochs"], counts
+
+
+def test_synchronisations_are_watched_only_from_each_batch_loop_to_its_epochs_log(data, monkeypatch):
+    """How the GPU test above counts, on the CPU: torch.cuda.set_sync_debug_mode (CUDA-only) is
+    recorded, and the batch loop warns once as a synchronisation would."""
+    from benchmarks.gpu_check import count_synchronisations
+    from mnist_nn import train
+
+    events = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", events.append)
+    loop = train.train_epoch
+
+    def one_sync_per_loop(*args, **kwargs):
+        events.append("batch loop")
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+        return loop(*args, **kwargs)
+
+    monkeypatch.setattr(train, "train_epoch", one_sync_per_loop)
+    counts = count_synchronisations(data, np.arange(100), CANDIDATE, 2)
+    assert counts == {"in_batch_loops": counts["epochs"], "after_batch_loops": 0, "epochs": counts["epochs"]}
+    assert counts["epochs"] >= 1
+    assert events == ["warn", "batch loop", "default"] * counts["epochs"] + ["default"]
+    assert train.train_epoch is one_sync_per_loop  # put back as it found it
 
 
 def test_the_reference_normalisation_is_x_over_255_minus_half():

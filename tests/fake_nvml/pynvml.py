@@ -72,7 +72,7 @@ def nvmlDeviceGetUtilizationRates(handle):
     return _Utilization(int(60 + 35 * _phase(index)))
 
 
-def nvmlDeviceGetMemoryInfo(handle):
+def nvmlDeviceGetMemoryInfo(handle, version=None):  # noqa: ARG001 (nvidia-ml-py's signature)
     index = _index(handle)
     return _Memory(int((8000 + 2000 * _phase(index)) * 2**20), 40960 * 2**20)
 

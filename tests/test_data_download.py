@@ -1,0 +1,47 @@
+"""A missing MNIST is downloaded by a child process: no rank imports torchvision, so none imports
+torch. torchvision is the fake of tests/fake_torchvision (the real one cannot reach its mirrors
+here): it imports torch and writes small IDX files, from a "mirror" this test serves."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+from helpers import REPO
+
+FAKE_TORCHVISION = REPO / "tests" / "fake_torchvision"
+
+
+def test_a_missing_mnist_is_downloaded_by_a_child_and_the_rank_never_imports_torch(tmp_path):
+    data, results = tmp_path / "data", tmp_path / "results"
+    script = ("import sys\n"
+              "from common.runner import main\n"
+              "from mnist_svm.app import MnistSvm\n"
+              f"code = main(MnistSvm, ['1', '--dataset', 'mnist', '--data-dir', {str(data)!r}, '--gpu', 'cpu', "
+              f"'--no-progress', '--results', {str(results)!r}])\n"
+              "print('exit', code, 'torch' in sys.modules, 'torchvision' in sys.modules)\n")
+    with socket.create_server(("127.0.0.1", 0)) as mirror:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FAKE_TORCHVISION), str(REPO)]),
+                   FAKE_TORCHVISION_MIRROR=f"http://127.0.0.1:{mirror.getsockname()[1]}/")
+        proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[-4:] == ["exit", "0", "False", "False"], proc.stdout
+    assert sorted(p.name for p in (data / "MNIST" / "raw").iterdir()) == [
+        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz"]
+    assert (results / "summary.json").is_file()
+
+
+def test_a_torchvision_that_cannot_be_imported_is_one_line_naming_why(tmp_path):
+    broken = tmp_path / "broken" / "torchvision"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(broken.parent), str(REPO)]))
+    proc = subprocess.run([sys.executable, "-m", "mnist_svm", "1", "--dataset", "mnist", "--data-dir",
+                           str(tmp_path / "data"), "--gpu", "cpu", "--results", str(tmp_path / "results")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "torchvision cannot be imported: operator torchvision::nms does not exist" in proc.stderr
+    assert not (tmp_path / "results").exists()

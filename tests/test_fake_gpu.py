@@ -1,0 +1,125 @@
+"""mnist_svm's GPU branch without a GPU: the fake cuML and CuPy of tests/fake_gpu (the pinned cuML
+SVC's constructor exactly, fitting with scikit-learn) stand in for RAPIDS, so the branch's device
+arrays, one-vs-rest fits, refit, predictions and summary run end to end here, and a keyword the
+pinned cuML does not take fails as it would on a GPU."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.gpu_check import FAKE_GPU, SVM_FLIPS  # make gpu-check's own tolerance for cuML
+from helpers import REPO
+
+
+@pytest.fixture
+def fake_gpu_modules(monkeypatch):
+    """The fakes importable in this process; taken out of sys.modules afterwards, so no other test
+    sees a cuML."""
+    monkeypatch.syspath_prepend(str(FAKE_GPU))
+    yield
+    for name in [n for n in sys.modules if n.split(".")[0] in ("cuml", "cupy")]:
+        del sys.modules[name]
+
+
+def svm_run(results: Path, gpu: str, *extra: str) -> subprocess.CompletedProcess:
+    """mnist_svm on the digits subset; ``gpu`` "0" pretends one GPU (CUDA_VISIBLE_DEVICES=0, the
+    fakes first on PYTHONPATH)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gpu != "cpu":
+        env.update(CUDA_VISIBLE_DEVICES=gpu, PYTHONPATH=os.pathsep.join([str(FAKE_GPU), str(REPO)]))
+    argv = [sys.executable, "-m", "mnist_svm", "3", "--dataset", "digits", "--subsample", "600", "--gpu", gpu,
+            "--no-progress", "--results", str(results), *extra]
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def cpu_and_gpu(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fake_gpu")
+    runs = {kind: svm_run(folder / kind, gpu) for kind, gpu in (("cpu", "cpu"), ("gpu", "0"))}
+    for kind, proc in runs.items():
+        assert proc.returncode == 0, f"{kind}: {proc.stderr}"
+    return folder, runs
+
+
+def test_the_gpu_branch_runs_end_to_end_and_equals_the_cpu_branch(cpu_and_gpu):
+    folder, runs = cpu_and_gpu
+    summaries = {kind: json.loads((folder / kind / "summary.json").read_text()) for kind in runs}
+    assert summaries["gpu"]["backend"] == "cuml" and summaries["cpu"]["backend"] == "sklearn"
+    with open(folder / "gpu" / "fits.csv") as handle:
+        fits = list(csv.DictReader(handle))
+    assert len(fits) == 3 * 3 * 5 and {fit["device"] for fit in fits} == {"gpu0"}
+    errors = {kind: np.load(folder / kind / "validation_error.npy") for kind in runs}
+    fold_rows = 600 // 5  # float32 pixels on the "GPU", float64 on the CPU: a point on the margin may flip
+    flips = np.abs(errors["gpu"] - errors["cpu"]) * fold_rows
+    assert flips.max() <= SVM_FLIPS + 1e-9, flips
+    assert (summaries["gpu"]["best_C"], summaries["gpu"]["best_gamma"]) == (
+        summaries["cpu"]["best_C"], summaries["cpu"]["best_gamma"])
+    assert abs(summaries["gpu"]["test_error"] - summaries["cpu"]["test_error"]) * summaries["gpu"]["n_test"] <= 5
+    assert runs["gpu"].stdout.splitlines()[-1].startswith("Test error: ")
+
+
+def test_one_vs_rest_on_the_device_predicts_as_scikit_learns_one_vs_rest(fake_gpu_modules):
+    """The same rows, C and gamma: CumlBackend's binary SVC per class (argmax of the decision values)
+    and SklearnBackend's OneVsRestClassifier on libsvm agree on nearly every prediction."""
+    from common.data import load_dataset
+    from mnist_svm.backends import CumlBackend, OneVsRestModel, SklearnBackend
+
+    data = load_dataset("digits", subsample=500, seed=1)
+    rows, c, gamma = np.arange(400), 10.0, 1e-3
+    gpu, cpu = CumlBackend(data), SklearnBackend(data)
+    model = gpu.fit(c, gamma, rows)
+    assert isinstance(model, OneVsRestModel) and len(model.svcs) == 10
+    predicted = gpu.predict(model, "test")
+    assert predicted.dtype == np.int64 and predicted.shape == data.y_test.shape
+    agree = np.mean(predicted == cpu.predict(cpu.fit(c, gamma, rows), "test"))
+    assert agree >= 0.995, agree
+    assert 0 < gpu.n_support(model) <= len(rows)
+
+
+def test_one_vs_one_goes_through_cumls_own_multiclass_svc(fake_gpu_modules):
+    from common.data import load_dataset
+    from mnist_svm.backends import CumlBackend
+
+    data = load_dataset("digits", subsample=300, seed=1)
+    gpu = CumlBackend(data, multiclass="ovo")
+    model = gpu.fit(10.0, 1e-3, np.arange(300))
+    assert model.decision_function_shape == "ovo"
+    assert np.mean(gpu.predict(model, "test") == data.y_test) > 0.8
+    assert 0 < gpu.n_support(model) <= 300
+
+
+def test_a_keyword_the_pinned_cuml_does_not_take_is_a_type_error(fake_gpu_modules):
+    from cuml.svm import SVC
+
+    with pytest.raises(TypeError):
+        SVC(C=1.0, multiclass_strategy="ovr")  # removed in cuML 25.06
+    with pytest.raises(TypeError):
+        SVC(1.0)  # keyword-only
+    assert SVC(C=2.0, decision_function_shape="ovr").get_params()["C"] == 2.0
+
+
+def test_one_binary_svc_per_class_predicts_as_cumls_own_one_vs_rest(fake_gpu_modules):
+    """The reference's statistics: cuML's own one-vs-rest (scikit-learn's OneVsRestClassifier over
+    binary cuML SVCs, ``decision_function_shape="ovr"``, the old ``multiclass_strategy="ovr"``) and
+    CumlBackend's binary SVC per class on device arrays predict the same labels (same binary fits,
+    argmax of their decision values)."""
+    import cupy as cp
+    from cuml.svm import SVC
+
+    from common.data import load_dataset
+    from mnist_svm.backends import CACHE_MB, CumlBackend
+
+    data = load_dataset("digits", subsample=400, seed=2)
+    rows, c, gamma = np.arange(300), 3.0, 1e-3
+    backend = CumlBackend(data)
+    ours = backend.predict(backend.fit(c, gamma, rows), "test")
+    theirs = SVC(C=c, gamma=gamma, kernel="rbf", cache_size=CACHE_MB, decision_function_shape="ovr").fit(
+        backend.x["train"][rows], backend.y["train"][rows]).predict(backend.x["test"])
+    assert np.array_equal(ours, np.rint(cp.asnumpy(theirs)).astype(np.int64))

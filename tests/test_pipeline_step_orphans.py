@@ -1,11 +1,12 @@
 """A pipeline step's program dies with its worker, also when a shell forked it (``/bin/sh -c 'sleep
-600'``): after SIGKILL of the worker, and after SIGHUP to the run's process group (a closed
-terminal). Real processes: the pipeline app, its worker, the shell and sleep."""
+600'``): after SIGKILL of the worker (also when the program put itself in a process group of its
+own), and after SIGHUP to the run's process group (a closed terminal). Real processes: the pipeline app, its worker, the shell and sleep."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sys
 
 import psutil
 import pytest
@@ -34,11 +35,17 @@ def _gone(process: psutil.Process) -> bool:
         return True
 
 
-@pytest.mark.parametrize("how", ["SIGKILL of the worker", "SIGHUP to the run's process group"])
-def test_a_forked_step_program_dies_with_its_worker(tmp_path, how):
+#: sleep in a process group of its own, still in the step's session
+OWN_GROUP = f"""{sys.executable} -c 'import os; os.setpgid(0, 0); os.execvp("sleep", ["sleep", "600"])'"""
+
+
+@pytest.mark.parametrize("how,command", [("SIGKILL of the worker", "sleep 600"),
+                                         ("SIGHUP to the run's process group", "sleep 600"),
+                                         ("SIGKILL of the worker", OWN_GROUP)])
+def test_a_forked_step_program_dies_with_its_worker(tmp_path, how, command):
     seconds = "600"
     definition = tmp_path / "hold.json"
-    definition.write_text(json.dumps({"name": "hold", "steps": [{"id": "wait", "command": f"sleep {seconds}"}]}))
+    definition.write_text(json.dumps({"name": "hold", "steps": [{"id": "wait", "command": command}]}))
     process = start(["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "1",
                      "--results", str(tmp_path / "res")])
     sleep = None

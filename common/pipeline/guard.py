@@ -4,8 +4,8 @@ A step runs in its own session (so a closed terminal's SIGHUP or a Ctrl-C meant 
 not reach it directly), and Linux's parent-death signal reaches only the worker's own child:
 ``/bin/sh -c 'sleep 600'`` forks ``sleep``, which would outlive a worker killed with SIGKILL. So
 the worker's child is this guard: it starts the program in the step's session and waits for it;
-when the worker dies, the guard is told (PR_SET_PDEATHSIG) and SIGKILLs the step's whole process
-group, itself included. Otherwise it passes the program's exit status on as its own.
+when the worker dies, the guard is told (PR_SET_PDEATHSIG) and SIGKILLs every process of the
+step's session (each of its process groups), itself included. Otherwise it passes the program's exit status on as its own.
 
 Stop signals sent to the step's group (a timeout's SIGTERM) reach the program directly; the guard
 ignores them and waits, so the program keeps its grace before SIGKILL. It runs without ``site``
@@ -23,6 +23,23 @@ WORKER_GONE_SIGNAL = signal.SIGHUP
 CANNOT_START = 127
 
 
+def _kill_session() -> None:
+    """SIGKILL every process of this session (the step's: it may hold several process groups),
+    then this process group, the guard included."""
+    session = os.getsid(0)
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()  # after "pid (command)"
+            if int(fields[3]) == session:
+                os.kill(int(name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours
+            continue
+    os.killpg(0, signal.SIGKILL)
+
+
 def _set_death_signal(libc, signum: int) -> None:
     if libc is not None:
         libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
@@ -37,12 +54,12 @@ def main(argv: list) -> int:
 
     def worker_gone(signum: int, frame: object) -> None:
         if os.getppid() != worker:  # not a group signal sent by the step itself: the worker is gone
-            os.killpg(0, signal.SIGKILL)
+            _kill_session()
 
     signal.signal(WORKER_GONE_SIGNAL, worker_gone)
     _set_death_signal(libc, WORKER_GONE_SIGNAL)
     if os.getppid() != worker:  # it died before the signal was set up
-        os.killpg(0, signal.SIGKILL)
+        _kill_session()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, signal.SIG_IGN)
     child = os.fork()

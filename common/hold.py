@@ -32,6 +32,7 @@ from typing import Any, Dict, Optional
 from .cli import env_seconds
 from .errors import UsageError, quoted
 from .outputs import atomic_write_json
+from .regular_file import NotRegularFile, read_regular
 
 log = logging.getLogger("multinode_gpu")
 
@@ -107,7 +108,7 @@ def _read(path: Path) -> Optional[Dict[str, Any]]:
     as ``{"damaged": True}``: stale once it has not changed for the default stale time."""
     try:
         mtime = path.stat().st_mtime
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(path, "the results folder's hold"))  # a FIFO: refused, never waited on
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
@@ -247,7 +248,10 @@ class Hold:
     def refresh_now(self) -> None:
         """Say we are alive: rewrite the file (atomically), or, where that fails (a full disk),
         touch it, which needs no space."""
-        current = read_hold(self.folder)
+        try:
+            current = read_hold(self.folder)
+        except NotRegularFile:
+            current = None
         if current is None or current.get("token") != self.me["token"]:
             if not self.lost:
                 self.lost = describe(current) if current and not current.get("damaged") else "unknown"
@@ -268,7 +272,10 @@ class Hold:
         self._done.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
-        current = read_hold(self.folder)
+        try:
+            current = read_hold(self.folder)
+        except NotRegularFile:
+            return
         if current is not None and current.get("token") == self.me["token"]:
             try:
                 self.path.unlink()

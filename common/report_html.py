@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from .journal import JOURNAL_NAME
+from .journal import JOURNAL_NAME, parse_line, whole_lines
 from .outputs import atomic_write_text
+from .regular_file import NotRegularFile, read_regular
 
 log = logging.getLogger("multinode_gpu")
 
@@ -85,17 +86,14 @@ def _tracebacks(results: Path) -> List[Dict[str, Any]]:
     """The last failed attempts with their tracebacks, from the journal."""
     attempts: List[Dict[str, Any]] = []
     try:
-        lines = (results / JOURNAL_NAME).read_bytes().splitlines()
-    except OSError:
+        lines = whole_lines(read_regular(results / JOURNAL_NAME, "the journal"))[0]
+    except (OSError, NotRegularFile):
         return []
     for raw in lines:
         if b'"attempt_failed"' not in raw:
             continue
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("type") == "attempt_failed":
+        entry = parse_line(raw)
+        if entry is not None and entry.get("type") == "attempt_failed":
             attempts.append(entry)
     return attempts[-MAX_TRACEBACKS:]
 

@@ -35,9 +35,10 @@ from .messages import Bye
 from .mpi import world
 from .outputs import atomic_write_json, atomic_write_text, check_replaceable, to_jsonable
 from .progress import Progress
+from .regular_file import refuse_unless_regular
 from .report_html import write_report
 from .scheduler import Scheduler
-from .status_file import RankReporter, StatusWriter
+from .status_file import STATUS_NAME, RankReporter, StatusWriter
 from .timeline import plot_timeline
 from .worker import STOP_SIGNALS
 from .worker_pool import WorkerPool
@@ -156,6 +157,9 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     except OSError as error:  # a name over the filesystem's limit, a loop of links, no permission
         raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
     if folder.is_dir():
+        for name, what in ((JOURNAL_NAME, "the journal"), (HOLD_NAME, "the results folder's hold"),
+                           (STATUS_NAME, "the status file")):
+            refuse_unless_regular(folder / name, what)  # a FIFO would make its reader wait for ever
         check_free(folder)  # read-only: a live run's hold is refused before anything else
     if journal_path.exists():
         if not args.resume:
@@ -446,6 +450,13 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     results: Path = args.results
     scheduler = leader.scheduler
     records = {**resumed, **leader.records}
+    journal.check_place()
+    failure = write_failures.first()
+    if failure is not None and failure.moved_away:  # outputs written now would have no journal behind them
+        print(f"{app.name}: stopped: {failure.describe()}; nothing more is written ({len(records)} of {len(items)} "
+              f"items had finished, in that journal); if it was renamed, move it back, then finish with the same "
+              f"launcher and: {module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+        return EXIT_STOPPED
     failed = [{"key": key, "error": error} for key, error in scheduler.failed.items()]
     final_items = [scheduler.items[item.key] for item in items]
     ended_at = time.time()

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
 from .errors import quoted
-from .journal import JOURNAL_NAME
+from .journal import JOURNAL_NAME, parse_line, whole_lines
 from .progress import format_seconds
+from .regular_file import NotRegularFile, read_regular
 from .status_file import STATUS_NAME, STATUS_SECONDS
 
 #: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals, plus a
@@ -48,22 +49,19 @@ class JournalCounts:
         self.lost: Dict[int, dict] = {}
 
     def update(self) -> None:
+        """Read what was appended since the last call (:class:`NotRegularFile` where the journal
+        is a FIFO or another file that is not one)."""
         try:
-            with open(self.path, "rb") as handle:
-                if os.fstat(handle.fileno()).st_size < self.offset:  # a new journal: start again
-                    self.__init__(self.path)
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except OSError:
+            if os.stat(self.path).st_size < self.offset:  # a new journal: start again
+                self.__init__(self.path)
+            chunk = read_regular(self.path, "the journal", self.offset)
+        except OSError:  # not there yet, or gone
             return
-        end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next read
+        lines, end, _ = whole_lines(chunk)  # a line still being written (torn for now) waits for the next read
         self.offset += end
-        for raw in chunk[:end].splitlines():
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue
-            if not isinstance(entry, dict):
+        for raw in lines:
+            entry = parse_line(raw)
+            if entry is None:
                 continue
             kind = entry.get("type")
             if kind == "header":
@@ -81,12 +79,27 @@ class JournalCounts:
                 self.lost[entry.get("rank")] = entry
 
 
+#: what every run's status.json holds (a pipeline step's status.json, also named so, does not)
+RUN_STATUS_FIELDS = ("app", "state", "updated", "items_total")
+
+
 def read_status(path: Path) -> Optional[dict]:
     """The status file, or None where there is none (a job from before it, or not yet started).
-    It is replaced atomically, so a read never sees half of one; a damaged one counts as absent."""
+    It is replaced atomically, so a read never sees half of one; a damaged one, or one that is
+    not a run's (a pipeline step's), counts as absent. :class:`NotRegularFile` where it is a FIFO
+    or another file that is not one."""
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        value = json.loads(read_regular(path, "the status file"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) and all(name in value for name in RUN_STATUS_FIELDS) else None
+
+
+def _read_summary(path: Path) -> Optional[dict]:
+    """A finished run's summary.json, or None (absent, damaged, or a FIFO: never waited on)."""
+    try:
+        value = json.loads(read_regular(path, "the summary"))
+    except (OSError, ValueError, RecursionError, NotRegularFile):
         return None
     return value if isinstance(value, dict) else None
 
@@ -108,9 +121,13 @@ def _number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
 def describe(results: Path, status: Optional[dict], journal: JournalCounts, now: float) -> str:
     """The report as text: what ``python -m common.status`` prints."""
     if status is None and journal.header is None:
-        raise NotAResultsFolder(f"{results}: no {STATUS_NAME} and no {JOURNAL_NAME}: not the results folder "
+        if (results / STATUS_NAME).exists() or (results / JOURNAL_NAME).exists():
+            raise NotAResultsFolder(f"{quoted(results)}: not the results folder of a run: its {STATUS_NAME} and "
+                                    f"{JOURNAL_NAME} are not a run's (a pipeline step's folder? give the folder "
+                                    f"that --results named)")
+        raise NotAResultsFolder(f"{quoted(results)}: no {STATUS_NAME} and no {JOURNAL_NAME}: not the results folder "
                                 f"of a run (or the run has not started yet)")
-    summary = read_status(results / "summary.json") if (results / "summary.json").exists() else None
+    summary = _read_summary(results / "summary.json")
     lines: List[str] = []
     if status is None:  # a run from before the status file: the journal alone
         app = (journal.header or {}).get("fingerprint", {}).get("app", "?")
@@ -280,8 +297,12 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
     clear = args.watch is not None and out.isatty()
     try:
         while True:
-            journal.update()
-            status = read_status(results / STATUS_NAME)
+            try:
+                journal.update()
+                status = read_status(results / STATUS_NAME)
+            except NotRegularFile as problem:  # a FIFO would make every read wait for ever
+                print(f"python -m common.status: error: {problem}", file=sys.stderr)
+                return 2
             try:
                 if not results.is_dir():  # --watch started before the job: wait for it
                     raise NotAResultsFolder(f"{results}: no such folder yet")

@@ -13,6 +13,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
+from . import write_failures
 from .cli import env_seconds
 from .errors import EXIT_OK, EXIT_STOPPED
 from .outputs import atomic_write_json
@@ -99,6 +100,9 @@ class StatusWriter:
             self.write(leader, "stopping" if leader.stopping else "running")
 
     def write(self, leader: Any, state: str) -> None:
+        failure = write_failures.first()
+        if failure is not None and failure.moved_away:  # never a status file in a folder made again by someone
+            return
         now = time.time()
         self.snapshots[0] = rank_snapshot(self.pool, self.monitor)
         self.heard[0] = now

@@ -21,6 +21,8 @@ from .errors import quoted
 RESERVE_BYTES = 64 * 1024
 RESERVE_NAME = ".space-reserve"
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: what a failure is about when the results folder or its journal was deleted, renamed or replaced
+MOVED_AWAY = "the results folder"
 
 
 @dataclass
@@ -35,10 +37,17 @@ class WriteFailure:
 
     @property
     def journal(self) -> bool:
-        return self.what == "the journal"
+        return self.what in ("the journal", MOVED_AWAY)
+
+    @property
+    def moved_away(self) -> bool:
+        """The folder (or its journal) was deleted, renamed or replaced: nothing more may be written there."""
+        return self.what == MOVED_AWAY
 
     def describe(self) -> str:
         """"cannot write the journal 'results/x/journal.jsonl' (No space left on device)"."""
+        if self.moved_away:
+            return self.error.strerror or str(self.error)
         reason = self.error.strerror or str(self.error)
         return f"cannot write {self.what}{' ' + quoted(self.path) if self.path else ''} ({reason})"
 

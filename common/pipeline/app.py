@@ -22,7 +22,7 @@ from ..errors import UsageError
 from ..items import Item, torch_seed
 from . import nodelock
 from .container import CONTAINER_ENV, default_image, find_apptainer
-from .definition import POOL_PATTERN, Pipeline, check_pools, load_definition
+from .definition import POOL_PATTERN, Pipeline, check_pools, load_definition, shown_path
 from .flow import PipelineRunner, RunLayout, RunStopping, read_progress
 from .report import plan_text, statuses_on_disk, summary_markdown
 from .text import short
@@ -169,12 +169,12 @@ class PipelineApp(App):
         self.queue_timeout = queue_timeout(self.args.queue_timeout, os.environ)
         known: Dict[str, Optional[int]] = dict(self.capacities)
         known.setdefault(GPU_POOL, None)  # per node, known on each node
-        check_pools(self.pipelines, known, str(self.args.definition))
+        check_pools(self.pipelines, known, shown_path(self.args.definition))
         if any(s.container for p in self.pipelines for s in p.steps) and find_apptainer() is None:
-            raise UsageError(f"{self.args.definition}: a step runs in a container, but neither apptainer nor "
+            raise UsageError(f"{shown_path(self.args.definition)}: a step runs in a container, but neither apptainer nor "
                              "singularity is on PATH (or set PIPELINE_APPTAINER)")
         self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
-        self.agent = agent_command(self.args.agent, os.environ, self.pipelines, str(self.args.definition))
+        self.agent = agent_command(self.args.agent, os.environ, self.pipelines, shown_path(self.args.definition))
         self.results = Path(self.args.results).absolute()
         self.definition_dir = Path(self.args.definition).absolute().parent
         self.explicit_gpu_pool = GPU_POOL in self.capacities

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..errors import UsageError
+from ..errors import UsageError, quoted
 from .loops import unbounded_cycle
 from .schema import (
     CONDITIONS,
@@ -400,32 +400,39 @@ def _yaml_loader():
     return UniqueKeyLoader
 
 
+def shown_path(path: object) -> str:
+    """A path for the start of a one-line message: as it is, or quoted (newlines and other control
+    characters escaped) where it holds any."""
+    text = str(path)
+    return text if text.isprintable() else quoted(text)
+
+
 def _read(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UsageError(f"{path}: no such pipeline definition") from None
+        raise UsageError(f"{shown_path(path)}: no such pipeline definition") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path}: cannot read: {error}") from None
+        raise UsageError(f"{shown_path(path)}: cannot read: {error}") from None
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError:
-            raise UsageError(f"{path}: YAML needs PyYAML (pip install 'multinode-gpu[yaml]'), or write JSON") from None
+            raise UsageError(f"{shown_path(path)}: YAML needs PyYAML (pip install 'multinode-gpu[yaml]'), or write JSON") from None
         try:
             return yaml.load(text, Loader=_yaml_loader())
         except yaml.YAMLError as error:
-            raise UsageError(f"{path}: not valid YAML: {' '.join(str(error).split())}") from None
+            raise UsageError(f"{shown_path(path)}: not valid YAML: {' '.join(str(error).split())}") from None
         except RecursionError:
-            raise UsageError(f"{path}: not valid YAML: nested too deeply") from None
+            raise UsageError(f"{shown_path(path)}: not valid YAML: nested too deeply") from None
         except ValueError as error:  # an integer over Python's digit limit
-            raise UsageError(f"{path}: not valid YAML: {' '.join(str(error).split())[:200]}") from None
+            raise UsageError(f"{shown_path(path)}: not valid YAML: {' '.join(str(error).split())[:200]}") from None
     try:
         return json.loads(text, object_pairs_hook=_unique_keys)
     except ValueError as error:  # JSONDecodeError, a duplicate key, or an integer over Python's digit limit
-        raise UsageError(f"{path}: not valid JSON: {' '.join(str(error).split())}") from None
+        raise UsageError(f"{shown_path(path)}: not valid JSON: {' '.join(str(error).split())}") from None
     except RecursionError:
-        raise UsageError(f"{path}: not valid JSON: nested too deeply") from None
+        raise UsageError(f"{shown_path(path)}: not valid JSON: nested too deeply") from None
 
 
 def _file_image(data: Mapping[str, Any], base: Path, where: _Where, default_image: Optional[str]) -> Optional[str]:
@@ -514,7 +521,7 @@ def parse_definition(data: Any, source: str = "<definition>", base: Path = Path(
 def load_definition(path: Path, default_image: Optional[str] = None) -> List[Pipeline]:
     """Read and check a definition file; relative image and mount paths are relative to it."""
     path = Path(path)
-    return parse_definition(_read(path), str(path), path.resolve().parent, default_image)
+    return parse_definition(_read(path), shown_path(path), path.resolve().parent, default_image)
 
 
 def check_pools(pipelines: List[Pipeline], capacities: Mapping[str, Optional[int]], source: str) -> None:

@@ -89,10 +89,13 @@ def members(root: int, processes: Optional[Dict[int, ProcessInfo]] = None,
     return [processes[pid] for pid in sorted(found) if not processes[pid].zombie]
 
 
-def resident_bytes(root: int, adopted_since: Optional[float] = None) -> int:
-    """Resident memory of all the step's processes together."""
+def resident_bytes(root: int, adopted_since: Optional[float] = None, count_root: bool = True) -> int:
+    """Resident memory of all the step's processes together (``root`` left out where it is the
+    step's guard rather than its program)."""
     total = 0
     for info in members(root, adopted_since=adopted_since):
+        if info.pid == root and not count_root:
+            continue
         try:
             total += psutil.Process(info.pid).memory_info().rss
         except psutil.Error:  # ended meanwhile

@@ -8,12 +8,16 @@ pipeline's deadline, ends every process of the step (SIGTERM, then SIGKILL).
 
 When the engine stops a busy worker (SIGUSR2, raised here as an exception; SIGKILL 10 s later)
 the step is ended the same way within ``KILL_GRACE_SECONDS`` (5 s), so its status is written
-before the worker goes. A step dies with SIGKILL if its worker dies first (PR_SET_PDEATHSIG).
+before the worker goes. A step dies with SIGKILL if its worker dies first: the worker's child is
+a guard (:mod:`common.pipeline.guard`) that is told of the worker's death (PR_SET_PDEATHSIG) and
+kills the step's whole process group, the program a shell forked included.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +41,8 @@ MEMORY_POLL_SECONDS = 0.2
 KILL_GRACE_SECONDS = float(os.environ.get("PIPELINE_KILL_GRACE", "5"))
 #: The folder holding the ``common`` package: python steps import the same code as the engine.
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+#: The program that runs each step's own (:mod:`common.pipeline.guard`), run as a file: it imports nothing of ours.
+GUARD = str(Path(__file__).resolve().with_name("guard.py"))
 #: Signals that stop a worker (the engine's); held back while a step is being ended and recorded.
 STOP_SIGNALS = (TERMINATE_SIGNAL,)
 
@@ -125,6 +131,11 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
     return env
 
 
+def guarded(argv: Sequence[str]) -> List[str]:
+    """``argv`` under the guard that ends the step's processes with this worker (see its module)."""
+    return [sys.executable, "-I", "-S", GUARD, str(os.getpid()), *argv]
+
+
 def _die_with_worker() -> None:
     """In the child: SIGKILL it if the worker that started it dies (it is in its own session).
 
@@ -161,7 +172,9 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
         offset = out.tell()
         started, clock = time.time(), time.monotonic()
         try:
-            process = subprocess.Popen(list(argv), stdin=given, stdout=out, stderr=err, env=dict(env), cwd=step_dir,
+            if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:  # as Popen would say
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+            process = subprocess.Popen(guarded(argv), stdin=given, stdout=out, stderr=err, env=dict(env), cwd=step_dir,
                                        start_new_session=True, preexec_fn=_die_with_worker)
         except OSError as error:
             err.write(f"cannot start {argv[0]}: {error}\n".encode())
@@ -178,7 +191,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
                     status, reason = "timeout", "pipeline deadline passed"
                 elif memory is not None and now >= next_memory_check:
                     next_memory_check = now + MEMORY_POLL_SECONDS
-                    resident = proctree.resident_bytes(process.pid, since)
+                    resident = proctree.resident_bytes(process.pid, since, count_root=False)  # not the guard
                     peak = max(peak, resident)
                     if resident > memory:
                         status = "failed"

@@ -1,0 +1,76 @@
+"""The journal's last line, read the same way everywhere: a complete record without its newline is
+kept (and the engine adds the newline before its next record); a torn, non-JSON tail is dropped."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import REPO, TOY, journal_entries, run
+
+
+def _result_keys(results: Path):
+    return [entry["key"] for entry in journal_entries(results) if entry.get("type") == "result"]
+
+
+def test_a_last_record_without_its_newline_is_kept_through_two_resumes(tmp_path):
+    results = tmp_path / "r"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    args = [TOY, "10", "--marker-dir", str(marks), "--results", str(results), "--no-progress"]
+    assert run(args).returncode == 0
+    journal = results / "journal.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    positions = [i for i, line in enumerate(lines) if '"type":"result"' in line]
+    last = lines[positions[5]]
+    kept_key = json.loads(last)["key"]
+    # the first six results, the sixth without its newline: the writer died just before it
+    journal.write_text("".join(lines[:positions[5]]) + last.rstrip("\n"))
+    for marker in marks.iterdir():
+        marker.unlink()
+    for _ in range(2):
+        proc = run(args + ["--resume"])
+        assert proc.returncode == 0, proc.stderr
+        assert kept_key in _result_keys(results), "the record without its newline left the journal"
+        assert json.loads((results / "summary.json").read_text())["items_done"] == 10
+    assert not (marks / kept_key).exists(), f"{kept_key} was run again"
+    keys = _result_keys(results)
+    assert len(keys) == len(set(keys)) == 10
+    assert json.loads((results / "summary.json").read_text())["items_resumed"] == 10
+    assert all(line.endswith("\n") for line in journal.read_text().splitlines(keepends=True))
+
+
+def test_every_reader_agrees_on_the_last_line(tmp_path):
+    from common.journal import whole_lines
+    from common.report_html import _tracebacks
+    from common.status import JournalCounts
+
+    header = json.dumps({"type": "header", "fingerprint": {"app": "toy"}})
+    failed = json.dumps({"type": "attempt_failed", "key": "a", "traceback": "boom"})
+    result = json.dumps({"type": "result", "key": "a"})
+    for tail, kept in ((result, True), (result[:-5], False), (failed, True)):
+        folder = tmp_path / str(len(tail))
+        folder.mkdir()
+        (folder / "journal.jsonl").write_text(f"{header}\n{failed}\n{tail}")
+        lines, end, missing = whole_lines((folder / "journal.jsonl").read_bytes())
+        assert (len(lines) == 3) == kept and missing == kept
+        counts = JournalCounts(folder / "journal.jsonl")
+        counts.update()
+        assert ("a" in counts.done) == (kept and tail == result)
+        assert len(_tracebacks(folder)) == (2 if tail == failed else 1)
+
+
+def test_status_counts_a_last_record_without_its_newline(tmp_path):
+    """python -m common.status, a real process, over a journal whose last record lacks its newline."""
+    results = tmp_path / "r"
+    assert run([TOY, "4", "--results", str(results), "--no-progress"]).returncode == 0
+    journal = results / "journal.jsonl"
+    lines = [line for line in journal.read_text().splitlines() if '"type":"result"' in line]
+    (results / "status.json").unlink()
+    header = journal.read_text().splitlines()[0]
+    journal.write_text(header + "\n" + "\n".join(lines))  # no newline after the fourth result
+    shown = subprocess.run([sys.executable, "-m", "common.status", str(results)], cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "4 done" in shown.stdout

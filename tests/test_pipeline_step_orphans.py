@@ -1,0 +1,67 @@
+"""A pipeline step's program dies with its worker, also when a shell forked it (``/bin/sh -c 'sleep
+600'``): after SIGKILL of the worker (also when the program put itself in a process group of its
+own), and after SIGHUP to the run's process group (a closed terminal). Real processes: the pipeline app, its worker, the shell and sleep."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import psutil
+import pytest
+
+from helpers import start, wait_until
+
+
+def _sleep_of(run_pid: int, seconds: str):
+    """The step's ``sleep SECONDS``, a descendant of the run's rank process."""
+    try:
+        for process in psutil.Process(run_pid).children(recursive=True):
+            try:
+                if process.cmdline() == ["sleep", seconds]:
+                    return process
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        return None
+    return None
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+#: sleep in a process group of its own, still in the step's session
+OWN_GROUP = f"""{sys.executable} -c 'import os; os.setpgid(0, 0); os.execvp("sleep", ["sleep", "600"])'"""
+
+
+@pytest.mark.parametrize("how,command", [("SIGKILL of the worker", "sleep 600"),
+                                         ("SIGHUP to the run's process group", "sleep 600"),
+                                         ("SIGKILL of the worker", OWN_GROUP)])
+def test_a_forked_step_program_dies_with_its_worker(tmp_path, how, command):
+    seconds = "600"
+    definition = tmp_path / "hold.json"
+    definition.write_text(json.dumps({"name": "hold", "steps": [{"id": "wait", "command": command}]}))
+    process = start(["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "1",
+                     "--results", str(tmp_path / "res")])
+    sleep = None
+    try:
+        assert wait_until(lambda: _sleep_of(process.pid, seconds) is not None, timeout=120), "the step never started"
+        sleep = _sleep_of(process.pid, seconds)
+        assert sleep.parent().name() == "sh"  # dash forks it: only the shell is the worker's own
+        if how.startswith("SIGKILL"):
+            worker = next(p for p in sleep.parents() if p.ppid() == process.pid)
+            worker.send_signal(signal.SIGKILL)
+        else:
+            os.killpg(process.pid, signal.SIGHUP)
+        assert wait_until(lambda: _gone(sleep), timeout=5), f"sleep {sleep.pid} outlived its worker ({how})"
+    finally:
+        if sleep is not None and not _gone(sleep):
+            sleep.kill()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=60)

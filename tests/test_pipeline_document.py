@@ -320,3 +320,14 @@ def test_the_docs_table_names_every_construct_of_the_document():
     for construct in constructs:
         assert any(construct in cell for cell in first_column), f"docs/pipelines.md: no row for {construct}"
     assert all(line.count(" | ") == 2 for line in table.splitlines() if line.startswith("| ")), "3 columns a row"
+
+
+def test_the_slurm_generator_accepts_the_document_with_a_default_image(image):
+    """``python -m common.slurm ... -- common.pipeline DOC --container IMAGE`` checks the definition
+    with the image the job will give its steps; without one, the same one-line refusal as the runner."""
+    slurm = ["-m", "common.slurm", "--gpus-per-node", "1", "--", "common.pipeline", str(ML)]
+    refused = run(slurm)
+    assert_usage_error(refused, "mounts need a container image", "--container IMAGE", "PIPELINE_CONTAINER")
+    script = run([*slurm, "--container", str(image)])
+    assert script.returncode == 0, script.stderr
+    assert script.stdout.startswith("#!") and f"--container {image}" in script.stdout

@@ -82,18 +82,21 @@ def check_program(command: List[str]) -> None:
             parse_gpu_spec(args.gpu)  # the form only: the compute nodes' GPUs are not visible here
         app_class(args).check_arguments()
         if target == "common.pipeline":
-            _check_definition(args.definition)
+            _check_definition(args.definition, getattr(args, "container", None))
     except UsageError as error:
         raise UsageError(f"{target}: {error}") from None
 
 
-def _check_definition(path: Path) -> None:
-    """The pipeline definition exists and passes the runner's own checks of its format."""
+def _check_definition(path: Path, container: Optional[str]) -> None:
+    """The pipeline definition exists and passes the runner's own checks of its format, with the
+    default image the job would give steps that name none (the program's --container, else
+    PIPELINE_CONTAINER)."""
+    from ..pipeline.container import default_image
     from ..pipeline.definition import load_definition
 
     if not _is_file(path, "the pipeline definition"):
         raise UsageError(f"{quoted(path)}: no such pipeline definition")
-    load_definition(path)
+    load_definition(path, default_image=default_image(container, os.environ))
 
 
 def check_container(image: Optional[str]) -> None:

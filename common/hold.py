@@ -29,20 +29,20 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from .cli import env_seconds
 from .errors import UsageError, quoted
 from .outputs import atomic_write_json
+from .settings import HOLD_SECONDS, seconds
 
 log = logging.getLogger("multinode_gpu")
 
 HOLD_NAME = "hold.json"
-REFRESH_SECONDS = 20.0
+REFRESH_SECONDS = float(HOLD_SECONDS.default)  # type: ignore[arg-type]
 #: a hold not refreshed for this many of its holder's refresh periods is stale
 STALE_PERIODS = 3
 
 
 def refresh_seconds() -> float:
-    return env_seconds("MULTINODE_GPU_HOLD_SECONDS", REFRESH_SECONDS)
+    return seconds(HOLD_SECONDS)
 
 
 def _boot_id() -> str:

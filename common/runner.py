@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import startup, write_failures
+from . import settings, startup, write_failures
 from .app import App, RunInfo
 from .cli import build_parser, module_command
 from .devices import resolve_devices, visible_gpus
@@ -39,7 +39,6 @@ from .report_html import write_report
 from .scheduler import Scheduler
 from .status_file import RankReporter, StatusWriter
 from .timeline import plot_timeline
-from .worker import STOP_SIGNALS
 from .worker_pool import WorkerPool
 from .write_failures import free_reserve, reserve_space
 
@@ -69,9 +68,13 @@ class _StopFlag:
         self.why: Optional[str] = None
         self.count = 0
         self._last = -math.inf
+        #: while rank 0 writes the outputs, a third Ctrl-C interrupts them (KeyboardInterrupt, which
+        #: the runner turns into a stop: --resume writes them); anywhere else the second signal has
+        #: already ended every wait
+        self.outputs_interruptible = False
 
     def install(self) -> None:
-        for number in STOP_SIGNALS:
+        for number in startup.STOP_SIGNALS:
             signal.signal(number, self._handle)
 
     def _handle(self, number: int, frame: Any) -> None:
@@ -81,7 +84,8 @@ class _StopFlag:
         self._last = now
         self.count += 1
         self.why = self.why or f"received {signal.Signals(number).name}"
-        if self.count >= 3 and number == signal.SIGINT:
+        if self.count >= 3 and number == signal.SIGINT and self.outputs_interruptible:
+            self.outputs_interruptible = False
             raise KeyboardInterrupt  # Ctrl-C three times: the user insists
 
     @property
@@ -213,11 +217,25 @@ def _own_entries(folder: Path, app: App) -> List[str]:
 
 def main(app_class: type, argv: Optional[List[str]] = None) -> int:
     """Run an app from the command line on this rank; returns the exit code (same on every rank)."""
+    startup.guard_standard_streams()  # a closed pipe or a full stdout never changes the outcome
+    try:
+        return _main(app_class, argv)
+    finally:  # the exit code is decided: a signal during the interpreter's shutdown must not change it
+        startup.ignore_stop_signals()
+
+
+def _main(app_class: type, argv: Optional[List[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     stop = _StopFlag()
     stop.install()  # from the first moment: a walltime signal during start-up still ends cleanly
     for number in startup.received():  # one that came while the program was still importing
         stop._handle(number, None)
+    try:  # every environment variable of ours, read now: garbage is one line, not a later traceback
+        settings.check_environment()
+    except UsageError as error:  # before MPI is joined: the launcher's rank 0 says it
+        if settings.launcher_rank() == 0:
+            print(f"{app_class.name}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     comm = world()
     setup_logging(comm.rank)
     valid, error = _validate_everywhere(comm, app_class, argv)
@@ -365,8 +383,17 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         reports = [report] + [byes[rank] for rank in sorted(byes)]
         progress.close()
         with leader.keeping_followers():
-            code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
-                           started_at)
+            stop.outputs_interruptible = True
+            try:
+                code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
+                               started_at)
+            except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
+                print(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item "
+                      f"is journaled: write them with the same launcher and: "
+                      f"{module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+                code = EXIT_STOPPED
+            finally:
+                stop.outputs_interruptible = False
             status.finished(leader, code)
         journal.close()
         free_reserve(results)

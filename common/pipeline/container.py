@@ -1,10 +1,10 @@
 """The command line that runs a step inside an Apptainer (or Singularity) image."""
 from __future__ import annotations
 
-import os
 import shutil
 from typing import List, Optional, Sequence
 
+from .. import settings
 from .definition import Step
 
 #: Override the program, e.g. a site's wrapper: PIPELINE_APPTAINER=/opt/apptainer/bin/apptainer
@@ -13,7 +13,7 @@ APPTAINER_ENV = "PIPELINE_APPTAINER"
 
 def find_apptainer() -> Optional[str]:
     """``$PIPELINE_APPTAINER``, else ``apptainer`` or ``singularity`` on PATH, else None."""
-    chosen = os.environ.get(APPTAINER_ENV)
+    chosen = settings.value(settings.APPTAINER)
     if chosen:
         return shutil.which(chosen)
     return shutil.which("apptainer") or shutil.which("singularity")

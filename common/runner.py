@@ -7,11 +7,14 @@ rank 0 leads the distribution while the others follow, then rank 0 writes the ou
 from __future__ import annotations
 
 import datetime
+import errno
 import fnmatch
 import json
 import logging
 import math
+import multiprocessing
 import os
+import resource
 import signal
 import socket
 import sys
@@ -52,6 +55,11 @@ LOGS_DIR = "logs"
 
 #: seconds a busy worker gets to end what it started (pipeline steps) once the run is over
 WORKER_KILL_AFTER = 10.0
+
+#: open files a rank needs (MPI, logs, journal, figures), and more for each of its workers (the pipe
+#: to it, its sentinel, what multiprocessing opens while starting it): about 3 measured, 8 allowed
+FILES_PER_RANK = 64
+FILES_PER_WORKER = 8
 
 #: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
 #: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
@@ -127,6 +135,7 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers),
                                           args.workers_per_gpu)
         app.devices = devices  # decided once, here: validate() and every later method read them
+        _check_open_files(len(devices), comm.size)
         app.check_arguments()
         app.validate()
         return (app, devices, notice), None
@@ -134,6 +143,30 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         return None, str(error)
     except SystemExit as exit_:  # --help
         return None, f"exit:{exit_.code or 0}"
+
+
+def _check_open_files(workers: int, ranks: int) -> None:
+    """Raise the soft limit on open files to what the rank needs (up to the hard limit), or refuse
+    the run in one line naming the limit: past it a worker cannot be started, and the run would
+    stop half-way with workers left waiting."""
+    needed = FILES_PER_RANK + FILES_PER_WORKER * workers + 2 * ranks
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return
+    raise UsageError(f"the limit on open files (ulimit -n) is {hard}; {workers} worker(s) on this rank need at "
+                     f"least {needed}: raise it (ulimit -n {max(1024, needed)}) or start fewer workers")
+
+
+def _end_children() -> None:
+    """Kill this rank's workers (an unexpected error ends the run): multiprocessing would otherwise
+    wait for them at exit, and they wait for their rank: a hang that even SIGTERM cannot end."""
+    for child in multiprocessing.active_children():
+        child.kill()
+    for child in multiprocessing.active_children():
+        child.join(5)
 
 
 def engine_fingerprint(args: Any) -> Dict[str, Any]:
@@ -261,9 +294,21 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     fingerprint, hold = checked or (None, None)
     try:
         code = _run(comm, app, notice, fingerprint, argv, stop)
-    except Exception:
+    except Exception as error:
+        _end_children()
         if hold is not None:
             hold.release()
+        if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):  # a limit, not a bug
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            message = (f"{app_class.name}: error: too many open files ({error.strerror}; this rank's limit, ulimit -n, "
+                       f"is {limit}): its workers were stopped; raise the limit and rerun with --resume")
+            log.error(message)
+            if comm.rank == 0 or comm.size == 1:
+                print(message, file=sys.stderr)
+            if comm.size > 1:
+                logging.shutdown()
+                comm.abort(EXIT_FAILED_ITEMS)
+            return EXIT_FAILED_ITEMS
         if comm.size > 1:  # the other ranks would wait for this one for ever: end the whole job
             log.exception("unexpected error; aborting all %d ranks", comm.size)
             logging.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -36,6 +37,29 @@ def state_of(results: Path) -> str:
 def toy(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, TOY, *args], cwd=REPO, capture_output=True, text=True, timeout=180,
                           **kwargs)
+
+
+# ----- item 4: too few file descriptors ----------------------------------------------------------
+
+def test_too_low_a_limit_on_open_files_is_one_line_naming_it(tmp_path):
+    """``ulimit -n 32`` (soft and hard): refused before anything starts, never a hang."""
+    results = tmp_path / "results"
+    proc = toy("8", "--workers", "4", "--gpu", "cpu", "--results", str(results),
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32)))
+    assert_usage_error(proc, "ulimit -n", "is 32")
+    assert not results.exists()
+
+
+def test_a_low_soft_limit_on_open_files_is_raised(tmp_path):
+    """``ulimit -Sn 32`` under a higher hard limit: the rank raises its own soft limit and runs."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 256:
+        pytest.skip(f"the hard limit here is {hard}")
+    results = tmp_path / "results"
+    proc = toy("8", "--workers", "4", "--gpu", "cpu", "--results", str(results), "--no-progress",
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (32, hard)))
+    assert proc.returncode == 0, proc.stderr
+    assert state_of(results) == "complete"
 
 
 # ----- item 8: two stop signals in quick succession --------------------------------------------

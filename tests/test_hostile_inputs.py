@@ -220,3 +220,72 @@ def test_a_pipeline_of_3000_steps_is_planned(tmp_path):
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "RecursionError" not in proc.stderr and "s2999" in proc.stdout
+
+
+# ----- item 13: tracebacks on odd files and values ---------------------------------------------
+
+def test_a_hold_of_this_host_with_pid_minus_1_is_judged_by_its_age(tmp_path):
+    """A hold.json naming this host with ``pid: -1`` (psutil raised ValueError): not a process to
+    look up; a fresh one is refused in one line as any live hold."""
+    results = tmp_path / "results"
+    results.mkdir()
+    now = time.time()
+    hold = {"host": __import__("socket").gethostname(), "pid": -1, "process_started": now,
+            "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            "pid_namespace": str(os.stat("/proc/self/ns/pid").st_ino), "since": now, "refreshed": now,
+            "refresh_seconds": 20.0, "token": "x"}
+    (results / "hold.json").write_text(json.dumps(hold))
+    proc = toy("3", "--gpu", "cpu", "--results", str(results))
+    assert_usage_error(proc, "in use by another run", "pid -1")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    results = tmp_path_factory.mktemp("status") / "results"
+    proc = toy("3", "--gpu", "cpu", "--results", str(results), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    return results
+
+
+def status_of(results: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "common.status", str(results), *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("field, value", [("every", "often"), ("items_total", "many"), ("workers", "abc"),
+                                          ("ranks", 3), ("updated", [1])])
+def test_status_with_a_wrong_typed_field_reads_the_journal_instead(tmp_path, finished_run, field, value):
+    results = tmp_path / "results"
+    __import__("shutil").copytree(finished_run, results)
+    status = json.loads((results / "status.json").read_text())
+    status[field] = value
+    (results / "status.json").write_text(json.dumps(status))
+    proc = status_of(results)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "" and proc.stdout.startswith("toy: complete"), (proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("damage", ["list key", "string fingerprint"])
+def test_status_with_odd_journal_records_prints_no_traceback(tmp_path, finished_run, damage):
+    results = tmp_path / "results"
+    __import__("shutil").copytree(finished_run, results)
+    journal = results / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    if damage == "list key":
+        lines.append(json.dumps({"type": "result", "key": ["item-0000"], "result": {}}))
+        lines.append(json.dumps({"type": "failed", "key": "item-0009", "error": 5}))
+    else:
+        header = json.loads(lines[0])
+        header["fingerprint"] = "abc"
+        lines[0] = json.dumps(header)
+        (results / "status.json").unlink()
+    journal.write_text("\n".join(lines) + "\n")
+    proc = status_of(results)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout, (proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("period", ["inf", "1e300", "nan"])
+def test_status_watch_with_an_absurd_period_is_one_line(finished_run, period):
+    proc = status_of(finished_run, "--watch", period)
+    assert_usage_error(proc, "--watch")

@@ -289,3 +289,32 @@ def test_status_with_odd_journal_records_prints_no_traceback(tmp_path, finished_
 def test_status_watch_with_an_absurd_period_is_one_line(finished_run, period):
     proc = status_of(finished_run, "--watch", period)
     assert_usage_error(proc, "--watch")
+
+
+# ----- item 15: the Slurm script generator -----------------------------------------------------
+
+def generate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "common.slurm", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("walltime", ["\u0661\u0662:00:00", "01:\uff10\uff10:00", "\u0967-00:00:00"])
+def test_slurm_time_with_non_ascii_digits_is_refused(walltime):
+    """Python's \\d takes Arabic-Indic or full-width digits; sbatch refuses them only after submission."""
+    assert_usage_error(generate("--gpus-per-node", "1", "--time", walltime, "--", "mnist_svm", "2"), "--time")
+
+
+@pytest.mark.parametrize("count", [str(10 ** 30), "1001", "-1"])
+def test_slurm_max_requeues_is_bounded(count):
+    assert_usage_error(generate("--gpus-per-node", "1", "--max-requeues", count, "--", "mnist_svm", "2"),
+                       "--max-requeues")
+
+
+def test_slurm_container_takes_an_apptainer_sandbox_folder(tmp_path):
+    sandbox = tmp_path / "sandbox"
+    (sandbox / ".singularity.d").mkdir(parents=True)
+    made = generate("--gpus-per-node", "1", "--container", str(sandbox), "--", "mnist_svm", "2")
+    assert made.returncode == 0 and made.stdout.startswith("#!/bin/bash"), made.stderr
+    assert str(sandbox) in made.stdout
+    assert_usage_error(generate("--gpus-per-node", "1", "--container", str(tmp_path), "--", "mnist_svm", "2"),
+                       "--container", "not an Apptainer sandbox")

@@ -86,6 +86,16 @@ def test_stop_signals_while_the_process_exits_do_not_kill_it(tmp_path, sig):
     assert not results.exists()
 
 
+def test_the_pipeline_package_defers_stop_signals_before_its_slow_imports():
+    """``python -m common.pipeline`` imports the package before its __main__ defers stop signals:
+    the package itself must import nothing slow (flow, steps, the engine took 1-3 s here), else a
+    SIGTERM meanwhile kills the run with no line."""
+    code = "import sys, common.pipeline; print(sorted(m for m in sys.modules if m.startswith('common.')))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['common.pipeline']", proc.stdout
+
+
 # ----- item 9: SIGUSR2 -------------------------------------------------------------------------
 
 def test_sigusr2_stops_a_run_like_sigusr1(tmp_path):

@@ -135,7 +135,8 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers),
                                           args.workers_per_gpu)
         app.devices = devices  # decided once, here: validate() and every later method read them
-        _check_open_files(len(devices), comm.size)
+        if not getattr(args, "dry_run", False):  # a dry run starts no worker
+            _check_open_files(len(devices), comm.size)
         app.check_arguments()
         app.validate()
         return (app, devices, notice), None
@@ -300,8 +301,8 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
             hold.release()
         if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):  # a limit, not a bug
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            message = (f"{app_class.name}: error: too many open files ({error.strerror}; this rank's limit, ulimit -n, "
-                       f"is {limit}): its workers were stopped; raise the limit and rerun with --resume")
+            message = (f"{app_class.name}: error: {error.strerror} (this rank's limit on open files, ulimit -n, is "
+                       f"{limit}): its workers were stopped; raise the limit and rerun with --resume")
             log.error(message)
             if comm.rank == 0 or comm.size == 1:
                 print(message, file=sys.stderr)

@@ -220,6 +220,16 @@ def test_no_mpi_off_values_leave_mpi_on(tmp_path, value):
     assert json.loads((results / "summary.json").read_text())["ranks"] == 2
 
 
+def test_garbage_no_mpi_under_mpiexec_is_one_line_from_rank_0(tmp_path):
+    """Refused before MPI is joined: only the launcher's rank 0 says it."""
+    results = tmp_path / "results"
+    proc = subprocess.run([os.path.join(sys.prefix, "bin", "mpiexec"), "-n", "2", sys.executable, TOY, "4",
+                           "--gpu", "cpu", "--results", str(results)], cwd=REPO, capture_output=True, text=True,
+                          timeout=240, env=dict(os.environ, MULTINODE_GPU_NO_MPI="yes"))
+    assert_usage_error(proc, "MULTINODE_GPU_NO_MPI")
+    assert not results.exists()
+
+
 # ----- item 12: a pipeline of thousands of steps ------------------------------------------------
 
 def test_a_pipeline_of_3000_steps_is_planned(tmp_path):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -53,15 +52,6 @@ class Parser(argparse.ArgumentParser):
     def _print_message(self, message: str, file: Any = None) -> None:
         if not self.quiet:
             super()._print_message(message, file)
-
-
-def env_seconds(name: str, default: float) -> float:
-    """A period in seconds from the environment variable ``name`` (tests shorten them), else ``default``."""
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
 
 
 def at_least(minimum: float, kind: Callable = int, maximum: float = math.inf) -> Callable[[str], Any]:

@@ -29,21 +29,21 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from .cli import env_seconds
 from .errors import UsageError, quoted
 from .outputs import atomic_write_json
 from .regular_file import NotRegularFile, read_regular
+from .settings import HOLD_SECONDS, seconds
 
 log = logging.getLogger("multinode_gpu")
 
 HOLD_NAME = "hold.json"
-REFRESH_SECONDS = 20.0
+REFRESH_SECONDS = float(HOLD_SECONDS.default)  # type: ignore[arg-type]
 #: a hold not refreshed for this many of its holder's refresh periods is stale
 STALE_PERIODS = 3
 
 
 def refresh_seconds() -> float:
-    return env_seconds("MULTINODE_GPU_HOLD_SECONDS", REFRESH_SECONDS)
+    return seconds(HOLD_SECONDS)
 
 
 def _boot_id() -> str:
@@ -134,7 +134,8 @@ def stale_because(holder: Dict[str, Any], now: Optional[float] = None) -> Option
     same_machine = (holder.get("host") == me["host"] and holder.get("pid_namespace") == me["pid_namespace"])
     if same_machine and holder.get("boot_id") and holder.get("boot_id") != me["boot_id"]:
         return "its host has rebooted since"
-    if same_machine and isinstance(holder.get("pid"), int):
+    pid = holder.get("pid")
+    if same_machine and isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2 ** 31:  # a real pid
         started = _process_started(holder["pid"])
         recorded = holder.get("process_started")
         if started is None or (started > 0 and isinstance(recorded, (int, float)) and abs(started - recorded) > 1.0):
@@ -189,7 +190,13 @@ class Hold:
         """Take the hold (a stale one with a notice) or raise :class:`UsageError` naming the holder."""
         for _ in range(5):
             if self._create():
-                self._start_refreshing()
+                try:
+                    self._start_refreshing()
+                except RuntimeError as error:  # "can't start new thread": the limit on processes (ulimit -u)
+                    with contextlib.suppress(OSError):
+                        self.path.unlink()
+                    raise UsageError(f"--results {quoted(self.folder)}: cannot start the thread that keeps its "
+                                     f"{HOLD_NAME} fresh ({error}); raise the limit on processes (ulimit -u)") from None
                 return
             holder = read_hold(self.folder)
             if holder is None:

@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from . import settings
+
 log = logging.getLogger("multinode_gpu")
 
 # Variables through which a child process would find (and re-join) the rank's MPI job.
@@ -128,7 +130,7 @@ def _last_line(error: Exception) -> str:
 
 def world() -> Any:
     """This process's MPI world; a single rank when there is no MPI to join."""
-    if os.environ.get("MULTINODE_GPU_NO_MPI"):
+    if settings.value(settings.NO_MPI):
         return SingleRank()
     try:
         import mpi4py

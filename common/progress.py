@@ -11,13 +11,13 @@ import threading
 import time
 from typing import Any, Optional, TextIO
 
-from .cli import env_seconds
+from . import settings
 
-PROGRESS_SECONDS = 30.0
+PROGRESS_SECONDS = float(settings.PROGRESS_SECONDS.default)  # type: ignore[arg-type]
 
 
 def progress_seconds() -> float:
-    return env_seconds("MULTINODE_GPU_PROGRESS_SECONDS", PROGRESS_SECONDS)
+    return settings.seconds(settings.PROGRESS_SECONDS)
 
 
 def format_seconds(seconds: Optional[float]) -> str:

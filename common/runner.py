@@ -7,11 +7,14 @@ rank 0 leads the distribution while the others follow, then rank 0 writes the ou
 from __future__ import annotations
 
 import datetime
+import errno
 import fnmatch
 import json
 import logging
 import math
+import multiprocessing
 import os
+import resource
 import signal
 import socket
 import sys
@@ -20,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import startup, write_failures
+from . import settings, startup, write_failures
 from .app import App, RunInfo
 from .cli import build_parser, module_command
 from .devices import resolve_devices, visible_gpus
@@ -40,7 +43,6 @@ from .report_html import write_report
 from .scheduler import Scheduler
 from .status_file import STATUS_NAME, RankReporter, StatusWriter
 from .timeline import plot_timeline
-from .worker import STOP_SIGNALS
 from .worker_pool import WorkerPool
 from .write_failures import free_reserve, reserve_space
 
@@ -54,6 +56,11 @@ LOGS_DIR = "logs"
 
 #: seconds a busy worker gets to end what it started (pipeline steps) once the run is over
 WORKER_KILL_AFTER = 10.0
+
+#: open files a rank needs (MPI, logs, journal, figures), and more for each of its workers (the pipe
+#: to it, its sentinel, what multiprocessing opens while starting it): about 3 measured, 8 allowed
+FILES_PER_RANK = 64
+FILES_PER_WORKER = 8
 
 #: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
 #: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
@@ -70,9 +77,13 @@ class _StopFlag:
         self.why: Optional[str] = None
         self.count = 0
         self._last = -math.inf
+        #: while rank 0 writes the outputs, a third Ctrl-C interrupts them (KeyboardInterrupt, which
+        #: the runner turns into a stop: --resume writes them); anywhere else the second signal has
+        #: already ended every wait
+        self.outputs_interruptible = False
 
     def install(self) -> None:
-        for number in STOP_SIGNALS:
+        for number in startup.STOP_SIGNALS:
             signal.signal(number, self._handle)
 
     def _handle(self, number: int, frame: Any) -> None:
@@ -82,7 +93,8 @@ class _StopFlag:
         self._last = now
         self.count += 1
         self.why = self.why or f"received {signal.Signals(number).name}"
-        if self.count >= 3 and number == signal.SIGINT:
+        if self.count >= 3 and number == signal.SIGINT and self.outputs_interruptible:
+            self.outputs_interruptible = False
             raise KeyboardInterrupt  # Ctrl-C three times: the user insists
 
     @property
@@ -124,6 +136,8 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers),
                                           args.workers_per_gpu)
         app.devices = devices  # decided once, here: validate() and every later method read them
+        if not getattr(args, "dry_run", False):  # a dry run starts no worker
+            _check_open_files(len(devices), comm.size)
         app.check_arguments()
         app.validate()
         return (app, devices, notice), None
@@ -131,6 +145,30 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         return None, str(error)
     except SystemExit as exit_:  # --help
         return None, f"exit:{exit_.code or 0}"
+
+
+def _check_open_files(workers: int, ranks: int) -> None:
+    """Raise the soft limit on open files to what the rank needs (up to the hard limit), or refuse
+    the run in one line naming the limit: past it a worker cannot be started, and the run would
+    stop half-way with workers left waiting."""
+    needed = FILES_PER_RANK + FILES_PER_WORKER * workers + 2 * ranks
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return
+    raise UsageError(f"the limit on open files (ulimit -n) is {hard}; {workers} worker(s) on this rank need at "
+                     f"least {needed}: raise it (ulimit -n {max(1024, needed)}) or start fewer workers")
+
+
+def _end_children() -> None:
+    """Kill this rank's workers (an unexpected error ends the run): multiprocessing would otherwise
+    wait for them at exit, and they wait for their rank: a hang that even SIGTERM cannot end."""
+    for child in multiprocessing.active_children():
+        child.kill()
+    for child in multiprocessing.active_children():
+        child.join(5)
 
 
 def engine_fingerprint(args: Any) -> Dict[str, Any]:
@@ -217,11 +255,25 @@ def _own_entries(folder: Path, app: App) -> List[str]:
 
 def main(app_class: type, argv: Optional[List[str]] = None) -> int:
     """Run an app from the command line on this rank; returns the exit code (same on every rank)."""
+    startup.guard_standard_streams()  # a closed pipe or a full stdout never changes the outcome
+    try:
+        return _main(app_class, argv)
+    finally:  # the exit code is decided: a signal during the interpreter's shutdown must not change it
+        startup.ignore_stop_signals()
+
+
+def _main(app_class: type, argv: Optional[List[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     stop = _StopFlag()
     stop.install()  # from the first moment: a walltime signal during start-up still ends cleanly
     for number in startup.received():  # one that came while the program was still importing
         stop._handle(number, None)
+    try:  # every environment variable of ours, read now: garbage is one line, not a later traceback
+        settings.check_environment()
+    except UsageError as error:  # before MPI is joined: the launcher's rank 0 says it
+        if settings.launcher_rank() == 0:
+            print(f"{app_class.name}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     comm = world()
     setup_logging(comm.rank)
     valid, error = _validate_everywhere(comm, app_class, argv)
@@ -247,9 +299,21 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
     fingerprint, hold = checked or (None, None)
     try:
         code = _run(comm, app, notice, fingerprint, argv, stop)
-    except Exception:
+    except Exception as error:
+        _end_children()
         if hold is not None:
             hold.release()
+        if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):  # a limit, not a bug
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            message = (f"{app_class.name}: error: {error.strerror} (this rank's limit on open files, ulimit -n, is "
+                       f"{limit}): its workers were stopped; raise the limit and rerun with --resume")
+            log.error(message)
+            if comm.rank == 0 or comm.size == 1:
+                print(message, file=sys.stderr)
+            if comm.size > 1:
+                logging.shutdown()
+                comm.abort(EXIT_FAILED_ITEMS)
+            return EXIT_FAILED_ITEMS
         if comm.size > 1:  # the other ranks would wait for this one for ever: end the whole job
             log.exception("unexpected error; aborting all %d ranks", comm.size)
             logging.shutdown()
@@ -369,8 +433,17 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         reports = [report] + [byes[rank] for rank in sorted(byes)]
         progress.close()
         with leader.keeping_followers():
-            code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
-                           started_at)
+            stop.outputs_interruptible = True
+            try:
+                code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
+                               started_at)
+            except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
+                print(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item "
+                      f"is journaled: write them with the same launcher and: "
+                      f"{module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+                code = EXIT_STOPPED
+            finally:
+                stop.outputs_interruptible = False
             status.finished(leader, code)
         journal.close()
         free_reserve(results)

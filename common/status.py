@@ -28,6 +28,11 @@ STALE_MARGIN_SECONDS = 5.0
 #: a rank whose snapshot is older than this many intervals is shown as silent
 SILENT_INTERVALS = 3
 FINAL_STATES = ("complete", "failed", "stopped")
+#: the longest --watch period (a day): longer is no refresh at all, and past ~1e9 s sleep() overflows
+MAX_WATCH_SECONDS = 86400.0
+#: what a status.json whose fields have the wrong types raises while it is described: it then
+#: counts as damaged, as one that is not JSON does
+DAMAGED = (TypeError, ValueError, AttributeError, KeyError, OverflowError, IndexError)
 
 
 class NotAResultsFolder(Exception):
@@ -64,13 +69,16 @@ class JournalCounts:
             if entry is None:
                 continue
             kind = entry.get("type")
+            if "key" in entry and not isinstance(entry["key"], str):  # not a record the engine writes
+                continue
             if kind == "header":
                 self.header = entry
             elif kind == "result" and "key" in entry:
                 self.done.add(entry["key"])
                 self.failed.pop(entry["key"], None)
             elif kind == "failed" and "key" in entry:
-                self.failed[entry["key"]] = ((entry.get("error") or "").splitlines() or [""])[-1]
+                error = entry.get("error")
+                self.failed[entry["key"]] = (error.splitlines() or [""])[-1] if isinstance(error, str) else ""
             elif kind == "start":  # a resumed run retries what failed before
                 self.start, self.stops, self.failed = entry, [], {}
             elif kind == "stop":
@@ -130,8 +138,9 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     summary = _read_summary(results / "summary.json")
     lines: List[str] = []
     if status is None:  # a run from before the status file: the journal alone
-        app = (journal.header or {}).get("fingerprint", {}).get("app", "?")
-        state = summary.get("status") if summary else "unknown (no status file)"
+        fingerprint = (journal.header or {}).get("fingerprint")
+        app = fingerprint.get("app", "?") if isinstance(fingerprint, dict) else "?"
+        state = summary.get("status") if summary else "unknown (no readable status file)"
         lines.append(f"{app}: {state}")
         lines.append(f"items    {len(journal.done)} done, {len(journal.failed)} failed (from the journal; the total "
                      f"is not known without {STATUS_NAME})")
@@ -278,9 +287,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
     args = _parser().parse_args(argv)
-    if args.watch is not None and not args.watch > 0:
-        print(f"python -m common.status: error: --watch takes a positive number of seconds, got {args.watch:g}",
-              file=sys.stderr)
+    if args.watch is not None and not 0 < args.watch <= MAX_WATCH_SECONDS:  # also refuses nan
+        print(f"python -m common.status: error: --watch takes a positive number of seconds up to "
+              f"{MAX_WATCH_SECONDS:g}, got {args.watch:g}", file=sys.stderr)
         return 2
     results: Path = args.results
     try:
@@ -306,7 +315,10 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             try:
                 if not results.is_dir():  # --watch started before the job: wait for it
                     raise NotAResultsFolder(f"{results}: no such folder yet")
-                text = describe(results, status, journal, time.time())
+                try:
+                    text = describe(results, status, journal, time.time())
+                except DAMAGED:  # a field of the wrong type: the file counts as damaged, the journal alone speaks
+                    text = describe(results, None, journal, time.time())
             except NotAResultsFolder as problem:
                 if args.watch is None:
                     print(f"python -m common.status: error: {problem}", file=sys.stderr)

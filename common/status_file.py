@@ -13,15 +13,14 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from . import write_failures
-from .cli import env_seconds
+from . import settings, write_failures
 from .errors import EXIT_OK, EXIT_STOPPED
 from .outputs import atomic_write_json
 
 STATUS_NAME = "status.json"
 FORMAT_VERSION = 1
 #: how often the file is rewritten (and followers report); MULTINODE_GPU_STATUS_SECONDS overrides it
-STATUS_SECONDS = 5.0
+STATUS_SECONDS = float(settings.STATUS_SECONDS.default)  # type: ignore[arg-type]
 #: the rate (and so the ETA) is measured over this much recent time
 RATE_WINDOW_SECONDS = 300.0
 #: failures listed in the file (the count is always complete)
@@ -29,7 +28,7 @@ MAX_FAILURES_LISTED = 20
 
 
 def status_seconds() -> float:
-    return env_seconds("MULTINODE_GPU_STATUS_SECONDS", STATUS_SECONDS)
+    return settings.seconds(settings.STATUS_SECONDS)
 
 
 def rank_snapshot(pool: Any, monitor: Any) -> Dict[str, Any]:

@@ -25,6 +25,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any, Deque, Dict, Iterator, Optional
 
+from . import startup
 from .items import item_seed
 from .linux import die_with_parent
 from .logs import worker_file_log
@@ -258,6 +259,9 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
         signal.signal(ignored, _ignore)
     signal.signal(TERMINATE_SIGNAL, _on_terminate)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the pool started us
+    if TERMINATE_SIGNAL in startup.received():  # the rank ended us while the app's __main__ imported
+        beating.set()
+        return
     handler = worker_file_log(log_path, name)  # falls back to stderr when the disk is full
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     log.info("started: pid %d, device %s, CUDA_VISIBLE_DEVICES=%s, threads %d",
@@ -291,3 +295,4 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     finally:
         beating.set()
         logging.shutdown()
+        startup.ignore_stop_signals()  # none kills this process while it shuts down (Python's defaults)

@@ -47,6 +47,8 @@ class ToyApp(App):
         parser.add_argument("--broken-setup", action="store_true", help="every worker fails to start")
         parser.add_argument("--crashing-setup", action="store_true", help="every worker dies (SIGKILL) while starting")
         parser.add_argument("--broken-finish", action="store_true", help="rank 0's finish() raises")
+        parser.add_argument("--finish-seconds", type=float, default=0.0,
+                            help="rank 0's finish() takes this long (a slow figure) before it writes values.json")
         parser.add_argument("--group", type=int, default=0, help="items i // GROUP form a group run together")
 
     def validate(self):
@@ -118,6 +120,7 @@ class ToyApp(App):
     def finish(self, run: RunInfo):
         if self.args.broken_finish:
             raise RuntimeError("a bug in finish()")
+        time.sleep(self.args.finish_seconds)
         values = {key: result["value"] for key, result in run.results().items()}
         atomic_write_json(run.results_dir / "values.json", values)
         return {"n_values": len(values)}

@@ -8,8 +8,20 @@ pipeline), steps (one attempt of a step), proctree (a step's processes via /proc
 (apptainer command line), call (python steps), report (the summary table and the --dry-run plan),
 schema (the format as JSON Schema), nodelock (node-wide GPU slots), text (short values in
 messages), app (the engine app). The shipped examples are in examples/pipelines/.
-"""
-from .definition import Pipeline, Step, load_definition, parse_definition
-from .flow import PipelineRunner, RunLayout
 
-__all__ = ["Pipeline", "Step", "load_definition", "parse_definition", "PipelineRunner", "RunLayout"]
+Importing the package imports nothing heavy (each name below on first use), so that ``python -m
+common.pipeline`` defers stop signals (``common.startup``) before the slow imports start.
+"""
+from typing import Any
+
+_WHERE = {"Pipeline": "definition", "Step": "definition", "load_definition": "definition",
+          "parse_definition": "definition", "PipelineRunner": "flow", "RunLayout": "flow"}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,18 +7,19 @@ import shutil
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
+from .. import settings
 from ..errors import UsageError
 from .definition import SHARED_IN_CONTAINER, Step, resolve_image
 
 #: Override the program, e.g. a site's wrapper: PIPELINE_APPTAINER=/opt/apptainer/bin/apptainer
 APPTAINER_ENV = "PIPELINE_APPTAINER"
 #: The image of every step whose definition names none (``--container IMAGE`` wins over it)
-CONTAINER_ENV = "PIPELINE_CONTAINER"
+CONTAINER_ENV = settings.CONTAINER.name
 
 
 def find_apptainer() -> Optional[str]:
     """``$PIPELINE_APPTAINER``, else ``apptainer`` or ``singularity`` on PATH, else None."""
-    chosen = os.environ.get(APPTAINER_ENV)
+    chosen = settings.value(settings.APPTAINER)
     if chosen:
         return shutil.which(chosen)
     return shutil.which("apptainer") or shutil.which("singularity")
@@ -27,7 +28,7 @@ def find_apptainer() -> Optional[str]:
 def default_image(flag: Optional[str], environ: Mapping[str, str]) -> Optional[str]:
     """The image of steps whose definition names none: ``--container``, else ``PIPELINE_CONTAINER``
     (a file relative to the current folder, or a URI); None when neither is given."""
-    where, value = ("--container", flag) if flag is not None else (CONTAINER_ENV, environ.get(CONTAINER_ENV) or None)
+    where, value = ("--container", flag) if flag is not None else (CONTAINER_ENV, settings.value(settings.CONTAINER, environ))
     if value is None:
         return None
     if not value.strip():

@@ -10,7 +10,7 @@ count as a bound: whether it runs depends on the step before it, which is easy t
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Protocol, Sequence
+from typing import Any, Dict, Iterator, List, Protocol, Sequence
 
 
 class Pipeline(Protocol):
@@ -45,26 +45,24 @@ def unbounded_cycle(pipeline: "Pipeline") -> List[str]:
     bounded = set(bounding_steps(pipeline))
     graph = {node: [t for t in targets if t not in bounded]
              for node, targets in moves(pipeline).items() if node not in bounded}
+    # depth-first, with an explicit stack: a pipeline of thousands of steps is a path that deep,
+    # past Python's recursion limit
     state: Dict[str, int] = {}  # 1 = on the current path, 2 = done
-    path: List[str] = []
-
-    def visit(node: str) -> List[str]:
-        state[node] = 1
-        path.append(node)
-        for target in graph[node]:
-            if state.get(target) == 1:
+    for root in graph:
+        if root in state:
+            continue
+        state[root] = 1
+        path: List[str] = [root]
+        pending: List[Iterator[str]] = [iter(graph[root])]
+        while pending:
+            target = next(pending[-1], None)
+            if target is None:  # every move from the path's end explored
+                pending.pop()
+                state[path.pop()] = 2
+            elif state.get(target) == 1:
                 return path[path.index(target):]
-            if target not in state:
-                found = visit(target)
-                if found:
-                    return found
-        path.pop()
-        state[node] = 2
-        return []
-
-    for node in graph:
-        if node not in state:
-            cycle = visit(node)
-            if cycle:
-                return list(cycle)
+            elif target not in state:
+                state[target] = 1
+                path.append(target)
+                pending.append(iter(graph[target]))
     return []

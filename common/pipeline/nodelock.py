@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from .. import settings
+
 LOCK_DIR_ENV = "PIPELINE_LOCK_DIR"
 POLL_SECONDS = 0.1
 
@@ -34,7 +36,7 @@ class SlotWaitStopped(Exception):
 
 def lock_dir() -> Path:
     """The folder of this node's slot files (made private to this user)."""
-    chosen = os.environ.get(LOCK_DIR_ENV)
+    chosen = settings.value(settings.LOCK_DIR)
     if chosen:
         folder = Path(chosen)
     else:

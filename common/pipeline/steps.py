@@ -7,7 +7,7 @@ step's processes together, read from /proc a few times a second. Either limit, o
 pipeline's deadline, ends every process of the step (SIGTERM, then SIGKILL).
 
 When the engine stops a busy worker (SIGUSR2, raised here as an exception; SIGKILL 10 s later)
-the step is ended the same way within ``KILL_GRACE_SECONDS`` (5 s), so its status is written
+the step is ended the same way within ``PIPELINE_KILL_GRACE`` (5 s), so its status is written
 before the worker goes. A step dies with SIGKILL if its worker dies first: the worker's child is
 a guard (:mod:`common.pipeline.guard`) that is told of the worker's death (PR_SET_PDEATHSIG) and
 kills the step's whole process group, the program a shell forked included.
@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
+from .. import settings
 from ..linux import die_with_parent
 from ..mpi import without_launcher
 from ..worker import TERMINATE_SIGNAL
@@ -35,10 +36,15 @@ from .container import container_command
 from .definition import Step
 from .sizes import format_bytes
 
+
+def kill_grace() -> float:
+    """Seconds between SIGTERM and SIGKILL when a step is ended (time to flush a checkpoint):
+    ``PIPELINE_KILL_GRACE``, checked when the run started."""
+    return settings.seconds(settings.KILL_GRACE)
+
+
 POLL_SECONDS = 0.05
 MEMORY_POLL_SECONDS = 0.2
-#: Seconds between SIGTERM and SIGKILL when a step is ended (time to flush a checkpoint).
-KILL_GRACE_SECONDS = float(os.environ.get("PIPELINE_KILL_GRACE", "5"))
 #: The folder holding the ``common`` package: python steps import the same code as the engine.
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 #: The program that runs each step's own (:mod:`common.pipeline.guard`), run as a file: it imports nothing of ours.
@@ -198,7 +204,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
                         reason = f"memory limit {format_bytes(memory)} exceeded ({format_bytes(resident)} resident)"
                 if status is not None:
                     ending_since = time.monotonic()
-                    proctree.end_tree(process.pid, KILL_GRACE_SECONDS, since)
+                    proctree.end_tree(process.pid, kill_grace(), since)
                     break
                 time.sleep(POLL_SECONDS)
             code = process.wait()
@@ -210,7 +216,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
             # signals held back, so the caller can still write its status before the worker goes.
             with held_signals(STOP_SIGNALS):
                 spent = 0.0 if ending_since is None else time.monotonic() - ending_since
-                proctree.end_tree(process.pid, max(0.5, KILL_GRACE_SECONDS - spent), since)
+                proctree.end_tree(process.pid, max(0.5, kill_grace() - spent), since)
                 if process.poll() is None:
                     process.kill()
                 process.wait()

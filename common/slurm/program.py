@@ -99,9 +99,19 @@ def _check_definition(path: Path, container: Optional[str]) -> None:
     load_definition(path, default_image=default_image(container, os.environ))
 
 
+#: what every Apptainer (and Singularity) sandbox folder holds
+SANDBOX_MARK = ".singularity.d"
+
+
 def check_container(image: Optional[str]) -> None:
-    """The Apptainer image exists (a ``docker://``-style URI is fetched by apptainer itself)."""
+    """The Apptainer image exists: a file (.sif), or a sandbox folder (``apptainer build --sandbox``);
+    a ``docker://``-style URI is fetched by apptainer itself."""
     if image is None or "://" in image:
+        return
+    if os.path.isdir(image):
+        if not os.path.isdir(os.path.join(image, SANDBOX_MARK)):
+            raise UsageError(f"--container {quoted(image)}: a folder, but not an Apptainer sandbox image (it has no "
+                             f"{SANDBOX_MARK})")
         return
     if not _is_file(image, "--container"):
         raise UsageError(f"--container {quoted(image)}: no such image file (relative paths are from this folder, "

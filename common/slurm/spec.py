@@ -18,7 +18,10 @@ MPI_PLUGINS = ("pmi2", "pmix")
 MAX_NODES = 100_000
 #: more GPUs per node, ranks per node or CPUs per rank than any node has
 MAX_PER_NODE = {"--gpus-per-node": 256, "--ntasks-per-node": 4096, "--cpus-per-task": 16384}
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+):(\d\d):(\d\d)$")
+#: ASCII digits only: Python's \d also takes other scripts' digits, which sbatch refuses after submission
+_TIME = re.compile(r"^(?:([0-9]+)-)?([0-9]+):([0-9][0-9]):([0-9][0-9])$")
+#: more restarts than anyone means; a number this size also stays inside the script's integer test
+MAX_REQUEUES = 1000
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SAFE_WORD = re.compile(r"^[\w.,:@%+=/-]+$")
 
@@ -113,8 +116,8 @@ class JobSpec:
             raise UsageError(f"--time {self.time} is not longer than the {self.warning} s walltime warning: ask for more time or a smaller --warning")
         if self.grace is not None and not 0 <= self.grace < self.warning:
             raise UsageError(f"--grace {self.grace}: must be at least 0 and below the {self.warning} s walltime warning")
-        if self.max_requeues < 0:
-            raise UsageError(f"--max-requeues {self.max_requeues}: must be 0 or more")
+        if not 0 <= self.max_requeues <= MAX_REQUEUES:
+            raise UsageError(f"--max-requeues {self.max_requeues}: must be 0 to {MAX_REQUEUES}")
         for name, value in (("--partition", self.partition), ("--account", self.account),
                             ("--container", self.container), ("--job-name", self.job_name),
                             ("--venv", self.venv)):

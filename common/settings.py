@@ -1,0 +1,112 @@
+"""Every environment variable of ours, in one place: its type, default and meaning.
+
+Each is read when it is needed, never at import, and every run checks them all as it starts
+(:func:`check_environment`): a value that is not what the variable takes is refused in one line
+naming it (exit 2) instead of being silently replaced by the default or raising later in a
+thread. Booleans take ``1``/``true`` (on) and ``0``/``false``/empty (off); seconds are finite,
+positive and below a stated bound; an empty text setting means its default. The README's table
+of environment variables lists the same.
+
+The pipeline app's own variables of a family (``PIPELINE_RESOURCE_<NAME>``, ``PIPELINE_AGENT``,
+``PIPELINE_QUEUE_TIMEOUT``) are checked where the pipeline app reads its definition
+(``common.pipeline.app``), because what is valid there depends on the definition.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional, Tuple, Union
+
+from .errors import UsageError
+
+TRUE_WORDS = ("1", "true")
+FALSE_WORDS = ("", "0", "false")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: ``kind`` is "seconds", "bool" or "text"; ``maximum`` bounds seconds."""
+
+    name: str
+    kind: str
+    default: Union[float, bool, None]
+    meaning: str
+    maximum: float = math.inf
+
+
+NO_MPI = Setting("MULTINODE_GPU_NO_MPI", "bool", False,
+                 "run as a single rank without joining MPI (no launcher needed)")
+HOLD_SECONDS = Setting("MULTINODE_GPU_HOLD_SECONDS", "seconds", 20.0,
+                       "how often rank 0 rewrites the results folder's hold.json (stale after 3 periods)", 3600.0)
+PROGRESS_SECONDS = Setting("MULTINODE_GPU_PROGRESS_SECONDS", "seconds", 30.0,
+                           "seconds between plain progress lines when stderr is not a terminal", 86400.0)
+STATUS_SECONDS = Setting("MULTINODE_GPU_STATUS_SECONDS", "seconds", 5.0,
+                         "how often status.json is rewritten (and the other ranks report to rank 0)", 3600.0)
+KILL_GRACE = Setting("PIPELINE_KILL_GRACE", "seconds", 5.0,
+                     "seconds between SIGTERM and SIGKILL when a pipeline step is ended", 3600.0)
+LOCK_DIR = Setting("PIPELINE_LOCK_DIR", "text", None,
+                   "folder of the node-wide GPU slot locks of pipeline steps "
+                   "(default /dev/shm/multinode-gpu-pipeline-<uid>)")
+APPTAINER = Setting("PIPELINE_APPTAINER", "text", None,
+                    "the apptainer program for steps with a container (default apptainer or singularity on PATH)")
+CONTAINER = Setting("PIPELINE_CONTAINER", "text", None,
+                    "the Apptainer image of pipeline steps whose definition names none (--container wins)")
+
+#: every variable a run reads, checked when it starts (the README's table lists the same)
+ALL: Tuple[Setting, ...] = (NO_MPI, HOLD_SECONDS, PROGRESS_SECONDS, STATUS_SECONDS, KILL_GRACE, LOCK_DIR, APPTAINER,
+                            CONTAINER)
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def value(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Union[float, bool, str, None]:
+    """The setting's value from ``environ`` (the process's environment by default), or its default
+    when unset; a value it does not take raises :class:`UsageError` naming the variable."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(setting.name)
+    if text is None:
+        return setting.default
+    if setting.kind == "bool":
+        word = text.strip().lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise UsageError(f"{setting.name}={_shown(text)}: expected 1 or true (on), 0, false or empty (off)")
+    if setting.kind == "seconds":
+        try:
+            seconds = float(text)
+        except ValueError:
+            raise UsageError(f"{setting.name}={_shown(text)}: expected a number of seconds") from None
+        if not 0 < seconds <= setting.maximum:  # also refuses nan and inf
+            raise UsageError(f"{setting.name}={_shown(text)}: must be more than 0 and at most "
+                             f"{setting.maximum:g} seconds")
+        return seconds
+    return text or None  # empty: the default, as unset
+
+
+def seconds(setting: Setting) -> float:
+    """A "seconds" setting's value (checked when the run started)."""
+    result = value(setting)
+    assert isinstance(result, float)
+    return result
+
+
+def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Every setting read once: the first bad one raises :class:`UsageError` (one line naming it)."""
+    for setting in ALL:
+        value(setting, environ)
+
+
+def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:
+    """This process's rank as its MPI launcher set it (hydra, Open MPI, Slurm), 0 without one: who
+    prints an error found before MPI is joined."""
+    environ = os.environ if environ is None else environ
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        text = environ.get(name, "")
+        if text.isascii() and text.isdigit():
+            return int(text)
+    return 0

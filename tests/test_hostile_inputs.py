@@ -1,0 +1,340 @@
+"""What a hostile but realistic user does (issue 27): signals at odd moments, stdout and stderr
+that are closed, piped into `head` or full, garbage in our environment variables, huge pipelines.
+Real processes, real signals, real files; each case one line and the right exit code."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, TOY, assert_usage_error, error_lines, start, wait_for_results, wait_until
+
+STOP_CODE = 75
+SVM = ["--dataset", "digits", "--subsample", "200", "--folds", "2", "--gpu", "cpu", "--no-progress"]
+
+
+def handler_installed(pid: int, number: int) -> bool:
+    """Whether process ``pid`` catches signal ``number`` (its SigCgt mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            caught = next(line for line in status if line.startswith("SigCgt:"))
+    except (FileNotFoundError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (number - 1)))
+
+
+def state_of(results: Path) -> str:
+    return json.loads((results / "status.json").read_text())["state"]
+
+
+def toy(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, TOY, *args], cwd=REPO, capture_output=True, text=True, timeout=180,
+                          **kwargs)
+
+
+# ----- item 4: too few file descriptors ----------------------------------------------------------
+
+def test_too_low_a_limit_on_open_files_is_one_line_naming_it(tmp_path):
+    """``ulimit -n 32`` (soft and hard): refused before anything starts, never a hang."""
+    results = tmp_path / "results"
+    proc = toy("8", "--workers", "4", "--gpu", "cpu", "--results", str(results),
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32)))
+    assert_usage_error(proc, "ulimit -n", "is 32")
+    assert not results.exists()
+
+
+def test_a_low_soft_limit_on_open_files_is_raised(tmp_path):
+    """``ulimit -Sn 32`` under a higher hard limit: the rank raises its own soft limit and runs."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 256:
+        pytest.skip(f"the hard limit here is {hard}")
+    results = tmp_path / "results"
+    proc = toy("8", "--workers", "4", "--gpu", "cpu", "--results", str(results), "--no-progress",
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (32, hard)))
+    assert proc.returncode == 0, proc.stderr
+    assert state_of(results) == "complete"
+
+
+# ----- item 8: two stop signals in quick succession --------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signals_while_the_process_exits_do_not_kill_it(tmp_path, sig):
+    """A stop during start-up, then more of them while the process shuts down (the interpreter gives
+    Python-handled signals their default action back then): still the one line and exit 75."""
+    results = tmp_path / "results"
+    process = start(["-m", "mnist_svm", "2", *SVM, "--results", str(results)])
+    assert wait_until(lambda: handler_installed(process.pid, signal.SIGUSR1), timeout=30, every=0.001)
+    os.kill(process.pid, sig)
+    line = process.stderr.readline()  # the "stopped ... before the run started" line: main has returned
+    assert "before the run started" in line, line
+    while process.poll() is None:  # the second, third, ... signal lands in the interpreter's shutdown
+        try:
+            os.kill(process.pid, sig)
+        except ProcessLookupError:
+            break
+        time.sleep(0.002)
+    rest = process.stderr.read()
+    assert process.wait(timeout=60) == STOP_CODE, (line, rest)
+    assert "Traceback" not in rest, rest
+    assert not results.exists()
+
+
+def test_the_pipeline_package_defers_stop_signals_before_its_slow_imports():
+    """``python -m common.pipeline`` imports the package before its __main__ defers stop signals:
+    the package itself must import nothing slow (flow, steps, the engine took 1-3 s here), else a
+    SIGTERM meanwhile kills the run with no line."""
+    code = "import sys, common.pipeline; print(sorted(m for m in sys.modules if m.startswith('common.')))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['common.pipeline']", proc.stdout
+
+
+# ----- item 9: SIGUSR2 -------------------------------------------------------------------------
+
+def test_sigusr2_stops_a_run_like_sigusr1(tmp_path):
+    """Open MPI's mpirun forwards USR2 to the ranks: rank 0 stops as on USR1 (summary, no hold
+    left, exit 75), and --resume finishes."""
+    results = tmp_path / "results"
+    process = start([TOY, "12", "--sleep", "0.5", "--workers", "2", "--results", str(results), "--no-progress"])
+    wait_for_results(results, 2)
+    os.kill(process.pid, signal.SIGUSR2)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == STOP_CODE, err
+    assert "received SIGUSR2" in err and "Traceback" not in err, err
+    assert json.loads((results / "summary.json").read_text())["status"] == "stopped"
+    assert not (results / "hold.json").exists()
+    resumed = toy("12", "--sleep", "0.5", "--workers", "2", "--results", str(results), "--no-progress", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+
+
+# ----- item 10: a third Ctrl-C while rank 0 writes its outputs ----------------------------------
+
+def test_a_third_ctrl_c_while_writing_outputs_is_one_line_and_resume_writes_them(tmp_path):
+    results = tmp_path / "results"
+    process = start([TOY, "4", "--results", str(results), "--no-progress", "--gpu", "cpu", "--finish-seconds", "30"])
+    assert wait_until(lambda: (results / "status.json").exists() and state_of(results) == "finishing", timeout=120)
+    for _ in range(3):  # 2 s and more apart: each one counts (a sooner one is the same signal passed on)
+        os.kill(process.pid, signal.SIGINT)
+        time.sleep(2.3)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == STOP_CODE, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    stopped = [line for line in error_lines(err) if "stopped" in line]
+    assert len(stopped) == 1 and "while writing the outputs" in stopped[0] and "--resume" in stopped[0], err
+    assert not (results / "values.json").exists()
+    assert state_of(results) == "stopped"
+    assert not (results / "hold.json").exists()
+    resumed = toy("4", "--results", str(results), "--no-progress", "--gpu", "cpu", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(json.loads((results / "values.json").read_text())) == 4
+    assert state_of(results) == "complete"
+
+
+# ----- item 7: closed, broken or full stdout and stderr ----------------------------------------
+
+def test_dry_run_into_head_exits_0_quietly():
+    """``--dry-run | head -1``: the reader leaves after a line; no BrokenPipeError, exit 0."""
+    process = subprocess.Popen([sys.executable, "-m", "mnist_svm", "24", "--dataset", "digits", "--dry-run"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = process.stdout.readline()
+    process.stdout.close()
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == 0, err
+    assert json.loads(first)["key"]
+    assert err == "", err
+
+
+@pytest.mark.parametrize("where", ["closed", "full"])
+def test_a_complete_run_with_stdout_closed_or_full_exits_0(tmp_path, where):
+    """mnist_svm prints its headline on stdout at the end: stdout closed (``>&-``) or /dev/full
+    changes nothing: exit 0, status.json complete, no .space-reserve left."""
+    results = tmp_path / "results"
+    argv = [sys.executable, "-m", "mnist_svm", "2", *SVM, "--results", str(results)]
+    if where == "closed":
+        proc = subprocess.run(argv, cwd=REPO, stderr=subprocess.PIPE, text=True, timeout=240,
+                              preexec_fn=lambda: os.close(1))
+    else:
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run(argv, cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert state_of(results) == "complete"
+    assert json.loads((results / "summary.json").read_text())["status"] == "complete"
+    assert not (results / ".space-reserve").exists()
+    # stdout closed: the journal must not have taken descriptor 1 and received the headline
+    assert "Best penalty parameter" not in (results / "journal.jsonl").read_text()
+
+
+def test_stderr_full_keeps_the_exit_codes(tmp_path):
+    """``2>/dev/full``: a refusal is still exit 2, a complete run still 0."""
+    with open("/dev/full", "w") as full:
+        refused = subprocess.run([sys.executable, TOY, "0", "--results", str(tmp_path / "r")], cwd=REPO,
+                                 stdout=subprocess.PIPE, stderr=full, timeout=120)
+        complete = subprocess.run([sys.executable, TOY, "3", "--gpu", "cpu", "--results", str(tmp_path / "ok")],
+                                  cwd=REPO, stdout=subprocess.PIPE, stderr=full, timeout=120)
+    assert refused.returncode == 2
+    assert complete.returncode == 0
+    assert state_of(tmp_path / "ok") == "complete"
+
+
+# ----- items 5 and 11: our environment variables ------------------------------------------------
+
+@pytest.mark.parametrize("name, value", [
+    ("PIPELINE_KILL_GRACE", "abc"), ("PIPELINE_KILL_GRACE", "nan"), ("PIPELINE_KILL_GRACE", "1e300"),
+    ("MULTINODE_GPU_HOLD_SECONDS", "inf"), ("MULTINODE_GPU_HOLD_SECONDS", "-1"),
+    ("MULTINODE_GPU_STATUS_SECONDS", "0"), ("MULTINODE_GPU_PROGRESS_SECONDS", "soon"),
+    ("MULTINODE_GPU_NO_MPI", "yes"), ("MULTINODE_GPU_NO_MPI", "2"),
+])
+def test_garbage_in_an_environment_variable_is_one_line_naming_it(tmp_path, name, value):
+    results = tmp_path / "results"
+    proc = toy("3", "--gpu", "cpu", "--results", str(results), env=dict(os.environ, **{name: value}))
+    assert_usage_error(proc, name)
+    assert not results.exists()
+
+
+def test_garbage_in_an_environment_variable_is_refused_by_the_pipeline_app_too(tmp_path):
+    definition = tmp_path / "p.json"
+    definition.write_text(json.dumps({"name": "p", "steps": [{"id": "a", "command": "true"}]}))
+    proc = subprocess.run([sys.executable, "-m", "common.pipeline", str(definition), "--results",
+                           str(tmp_path / "r"), "--gpu", "cpu"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PIPELINE_KILL_GRACE="abc"))
+    assert_usage_error(proc, "PIPELINE_KILL_GRACE")
+
+
+@pytest.mark.parametrize("value", ["0", "false", ""])
+def test_no_mpi_off_values_leave_mpi_on(tmp_path, value):
+    """``MULTINODE_GPU_NO_MPI=0`` under mpiexec -n 2 is one run of 2 ranks, not two racing runs."""
+    results = tmp_path / "results"
+    proc = subprocess.run([os.path.join(sys.prefix, "bin", "mpiexec"), "-n", "2", sys.executable, TOY, "4",
+                           "--gpu", "cpu", "--results", str(results), "--no-progress"], cwd=REPO,
+                          capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, MULTINODE_GPU_NO_MPI=value))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((results / "summary.json").read_text())["ranks"] == 2
+
+
+def test_garbage_no_mpi_under_mpiexec_is_one_line_from_rank_0(tmp_path):
+    """Refused before MPI is joined: only the launcher's rank 0 says it."""
+    results = tmp_path / "results"
+    proc = subprocess.run([os.path.join(sys.prefix, "bin", "mpiexec"), "-n", "2", sys.executable, TOY, "4",
+                           "--gpu", "cpu", "--results", str(results)], cwd=REPO, capture_output=True, text=True,
+                          timeout=240, env=dict(os.environ, MULTINODE_GPU_NO_MPI="yes"))
+    assert_usage_error(proc, "MULTINODE_GPU_NO_MPI")
+    assert not results.exists()
+
+
+# ----- item 12: a pipeline of thousands of steps ------------------------------------------------
+
+def test_a_pipeline_of_3000_steps_is_planned(tmp_path):
+    definition = tmp_path / "long.json"
+    steps = [{"id": f"s{i}", "command": "true"} for i in range(3000)]
+    definition.write_text(json.dumps({"name": "long", "steps": steps}))
+    proc = subprocess.run([sys.executable, "-m", "common.pipeline", str(definition), "--dry-run"], cwd=REPO,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "RecursionError" not in proc.stderr and "s2999" in proc.stdout
+
+
+# ----- item 13: tracebacks on odd files and values ---------------------------------------------
+
+def test_a_hold_of_this_host_with_pid_minus_1_is_judged_by_its_age(tmp_path):
+    """A hold.json naming this host with ``pid: -1`` (psutil raised ValueError): not a process to
+    look up; a fresh one is refused in one line as any live hold."""
+    results = tmp_path / "results"
+    results.mkdir()
+    now = time.time()
+    hold = {"host": __import__("socket").gethostname(), "pid": -1, "process_started": now,
+            "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            "pid_namespace": str(os.stat("/proc/self/ns/pid").st_ino), "since": now, "refreshed": now,
+            "refresh_seconds": 20.0, "token": "x"}
+    (results / "hold.json").write_text(json.dumps(hold))
+    proc = toy("3", "--gpu", "cpu", "--results", str(results))
+    assert_usage_error(proc, "in use by another run", "pid -1")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    results = tmp_path_factory.mktemp("status") / "results"
+    proc = toy("3", "--gpu", "cpu", "--results", str(results), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    return results
+
+
+def status_of(results: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "common.status", str(results), *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("field, value", [("every", "often"), ("items_total", "many"), ("workers", "abc"),
+                                          ("ranks", 3), ("updated", [1])])
+def test_status_with_a_wrong_typed_field_reads_the_journal_instead(tmp_path, finished_run, field, value):
+    results = tmp_path / "results"
+    __import__("shutil").copytree(finished_run, results)
+    status = json.loads((results / "status.json").read_text())
+    status[field] = value
+    (results / "status.json").write_text(json.dumps(status))
+    proc = status_of(results)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "" and proc.stdout.startswith("toy: complete"), (proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("damage", ["list key", "string fingerprint"])
+def test_status_with_odd_journal_records_prints_no_traceback(tmp_path, finished_run, damage):
+    results = tmp_path / "results"
+    __import__("shutil").copytree(finished_run, results)
+    journal = results / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    if damage == "list key":
+        lines.append(json.dumps({"type": "result", "key": ["item-0000"], "result": {}}))
+        lines.append(json.dumps({"type": "failed", "key": "item-0009", "error": 5}))
+    else:
+        header = json.loads(lines[0])
+        header["fingerprint"] = "abc"
+        lines[0] = json.dumps(header)
+        (results / "status.json").unlink()
+    journal.write_text("\n".join(lines) + "\n")
+    proc = status_of(results)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout, (proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("period", ["inf", "1e300", "nan"])
+def test_status_watch_with_an_absurd_period_is_one_line(finished_run, period):
+    proc = status_of(finished_run, "--watch", period)
+    assert_usage_error(proc, "--watch")
+
+
+# ----- item 15: the Slurm script generator -----------------------------------------------------
+
+def generate(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "common.slurm", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("walltime", ["\u0661\u0662:00:00", "01:\uff10\uff10:00", "\u0967-00:00:00"])
+def test_slurm_time_with_non_ascii_digits_is_refused(walltime):
+    """Python's \\d takes Arabic-Indic or full-width digits; sbatch refuses them only after submission."""
+    assert_usage_error(generate("--gpus-per-node", "1", "--time", walltime, "--", "mnist_svm", "2"), "--time")
+
+
+@pytest.mark.parametrize("count", [str(10 ** 30), "1001", "-1"])
+def test_slurm_max_requeues_is_bounded(count):
+    assert_usage_error(generate("--gpus-per-node", "1", "--max-requeues", count, "--", "mnist_svm", "2"),
+                       "--max-requeues")
+
+
+def test_slurm_container_takes_an_apptainer_sandbox_folder(tmp_path):
+    sandbox = tmp_path / "sandbox"
+    (sandbox / ".singularity.d").mkdir(parents=True)
+    made = generate("--gpus-per-node", "1", "--container", str(sandbox), "--", "mnist_svm", "2")
+    assert made.returncode == 0 and made.stdout.startswith("#!/bin/bash"), made.stderr
+    assert str(sandbox) in made.stdout
+    assert_usage_error(generate("--gpus-per-node", "1", "--container", str(tmp_path), "--", "mnist_svm", "2"),
+                       "--container", "not an Apptainer sandbox")

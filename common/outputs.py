@@ -5,6 +5,7 @@ import json
 import os
 import struct
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Sequence
 
@@ -114,6 +115,28 @@ def to_jsonable(value: Any) -> Any:
 
 def atomic_write_json(path: Path, value: Any) -> None:
     atomic_write_text(path, json.dumps(to_jsonable(value), indent=2, sort_keys=False) + "\n")
+
+
+def preload_figures() -> threading.Thread:
+    """Import what the end-of-run figures and report need (matplotlib and its PNG, SVG and PDF
+    backends, the fonts, markdown: about a second of CPU) in a daemon thread, while the items run,
+    so the run's end does not wait for it. Rank 0 mostly waits on its workers meanwhile."""
+    def load() -> None:
+        try:
+            import markdown  # noqa: F401  (report.html)
+            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.backends.backend_pdf  # noqa: F401
+            import matplotlib.backends.backend_svg  # noqa: F401
+            import matplotlib.figure  # noqa: F401
+            from matplotlib import font_manager
+
+            font_manager.findfont(font_manager.FontProperties())  # the font cache, read once
+        except Exception:  # only a head start: the figures import what they need anyway, and say what fails
+            pass
+
+    thread = threading.Thread(target=load, name="preload-figures", daemon=True)
+    thread.start()
+    return thread
 
 
 def new_figure(width: float, height: float, rows: int = 1, columns: int = 1, **subplots: Any) -> tuple:

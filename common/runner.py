@@ -33,7 +33,7 @@ from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
 from .logs import add_file_log, setup_logging
 from .messages import Bye
 from .mpi import world
-from .outputs import atomic_write_json, atomic_write_text, check_replaceable, to_jsonable
+from .outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
 from .progress import Progress
 from .report_html import write_report
 from .scheduler import Scheduler
@@ -338,6 +338,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     monitor.start()
     pool.stop_asked = stop  # a worker that ends once a stop was asked is not started again
     pool.start()
+    if comm.rank == 0:
+        preload_figures()  # while the workers start and the items run: the end of the run is then shorter
     if comm.rank == 0:  # status.json for python -m common.status
         status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
                               items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor)
@@ -474,9 +476,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     full = write_failures.first() is not None  # the run stopped on it: what room is left is for the summary
     if full:
         free_reserve(results)
-    if leader.bars and not full:
-        _written(results, "the timeline", results / "timeline.png",
-                 lambda: plot_timeline(leader.bars, results / "timeline"))
+    bars = leader.timeline_bars()
+    if bars and not full:
+        _written(results, "the timeline", results / "timeline.png", lambda: plot_timeline(bars, results / "timeline"))
     summary["gpu_usage_plot"] = None if full else _written(results, "the GPU usage figure", results / "gpu_usage.png",
                                                            lambda: write_gpu_usage(reports, results))
     run = None

@@ -1,6 +1,7 @@
 """Writing results so that a killed run never leaves a half-written file behind."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -123,17 +124,24 @@ def preload_figures() -> threading.Thread:
     so the run's end does not wait for it. Rank 0 mostly waits on its workers meanwhile."""
     def load() -> None:
         try:
-            import markdown  # noqa: F401  (report.html)
+            import markdown as markdown_module
             import matplotlib.backends.backend_agg  # noqa: F401
             import matplotlib.backends.backend_pdf  # noqa: F401
             import matplotlib.backends.backend_svg  # noqa: F401
             import matplotlib.figure  # noqa: F401
-            from matplotlib import font_manager
 
-            font_manager.findfont(font_manager.FontProperties())  # the font cache, read once
+            markdown_module.markdown("# warm-up\n\n| a |\n|---|\n| 1 |", extensions=["tables", "fenced_code"])
+            # one small figure in every format: fonts, text layout and each backend's first use
+            fig, ax = new_figure(2, 1)
+            ax.broken_barh([(0, 1)], (0, 1))
+            ax.set_title("warm-up")
+            save_figure(fig, Path(os.devnull), formats=(), tight=True)
+            for form in FIGURE_FORMATS:
+                fig.savefig(io.BytesIO(), format=form, **_SAVE_OPTIONS[form])
         except Exception:  # only a head start: the figures import what they need anyway, and say what fails
             pass
 
+    # The caller joins it before drawing anything itself: matplotlib is not to be used from two threads at once
     thread = threading.Thread(target=load, name="preload-figures", daemon=True)
     thread.start()
     return thread

@@ -338,8 +338,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     monitor.start()
     pool.stop_asked = stop  # a worker that ends once a stop was asked is not started again
     pool.start()
-    if comm.rank == 0:
-        preload_figures()  # while the workers start and the items run: the end of the run is then shorter
+    # while the workers start and the items run: the end of the run is then shorter
+    preloading = preload_figures() if comm.rank == 0 else None
     if comm.rank == 0:  # status.json for python -m common.status
         status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
                               items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor)
@@ -366,6 +366,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         byes = leader.await_byes(args.heartbeat_timeout + WORKER_KILL_AFTER)
         reports = [report] + [byes[rank] for rank in sorted(byes)]
         progress.close()
+        preloading.join(60)  # matplotlib in one thread at a time: the figures below wait for the warm-up
         with leader.keeping_followers():
             code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
                            started_at)

@@ -249,7 +249,8 @@ def fault_cell(runs: List[Dict[str, Any]], system: str, workload: str) -> str:
         return "n/a"
     done = [r for r in mine if r["complete"] and r["each_once"]]
     if not done:
-        why = mine[0].get("error") or ("killed at the cap" if mine[0]["killed"] else f"exit {mine[0]['code']}")
+        why = ("still hung at the cap, killed" if mine[0]["killed"]
+               else mine[0].get("error") or f"exit {mine[0]['code']}")
         return f"no ({why})"[:80].replace("|", "/")
     delay = median([r.get("fault_delay_s") for r in done])
     return f"yes{'' if len(done) == len(mine) else f' ({len(done)} of {len(mine)})'}" + (
@@ -293,12 +294,13 @@ def figure(table: Dict[str, Any], systems: List[str], path: Path) -> None:
     for position, system in enumerate(systems):
         ratios = [table[metric][system]["ratio"] or np.nan for _, metric, _, _ in METRICS]
         ax.bar(np.arange(len(METRICS)) + position * width, ratios, width, label=TITLES[system])
-    ax.set_xticks(np.arange(len(METRICS)) + 0.4 - width / 2, [title.split(",")[-1].strip() if i < 3 else "makespan / ideal"
-                                                           for i, (_, _, title, _) in enumerate(METRICS)])
+    ax.set_xticks(np.arange(len(METRICS)) + 0.4 - width / 2,
+                  ["no-op items: ms per item", "launch to first result", "last result to exit",
+                   "lognormal items: makespan / ideal"], fontsize=8)
     ax.set_yscale("log")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_ylabel("ratio to ProcessPoolExecutor (same round)")
-    ax.legend(fontsize=7, ncol=4)
+    ax.set_ylabel("ratio to ProcessPoolExecutor\n(median over rounds, each in its round)")
+    ax.legend(fontsize=7, ncol=len(systems), loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
     save_figure(fig, path, formats=("png",))
 
 

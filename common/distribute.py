@@ -65,6 +65,8 @@ class _Backoff:
 
 
 SHORT_ITEM_SECONDS = 0.5
+#: rank 0 counts as idle once nothing happened for this long (Leader.on_idle)
+IDLE_SECONDS = 0.1
 #: a follower sends its finished items together, at the latest this many seconds after the first
 #: of them finished, or once it holds this many
 RESULTS_SECONDS = 0.002
@@ -152,6 +154,9 @@ class Leader:
         self.lost: Dict[int, Dict[str, Any]] = {}  # rank -> what happened, for the summary
         self.code = EXIT_OK
         self.status: Optional[Any] = None  # common.status_file.StatusWriter, set by the runner
+        #: called once, the first time rank 0 has had nothing to do for IDLE_SECONDS after a result
+        #: came (the runner warms the end-of-run figures up then, without slowing a busy rank 0)
+        self.on_idle: Optional[Callable[[], None]] = None
 
     @property
     def live(self) -> List[int]:
@@ -164,6 +169,7 @@ class Leader:
         cap = 0.002 if self.comm.size > 1 else 0.05  # followers' requests must be answered fast
         timeout = backoff.low
         self.report_failures()
+        idle_since: Optional[float] = None
         while True:
             active = self._drain_messages()
             for event in self.pool.poll(timeout):
@@ -185,6 +191,12 @@ class Leader:
                 return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
             if self.stopping and (not self.scheduler.in_flight or time.monotonic() > self.deadline):
                 return self._end("stopped", EXIT_STOPPED)
+            if self.on_idle is not None and self.records:
+                now = time.monotonic()
+                idle_since = None if active else idle_since or now
+                if idle_since is not None and now - idle_since >= IDLE_SECONDS:
+                    self.on_idle()
+                    self.on_idle = None
             timeout = backoff.next(active, cap)
 
     def _end(self, outcome: str, code: int) -> str:

@@ -119,9 +119,10 @@ def atomic_write_json(path: Path, value: Any) -> None:
 
 
 def preload_figures() -> threading.Thread:
-    """Import what the end-of-run figures and report need (matplotlib and its PNG, SVG and PDF
-    backends, the fonts, markdown: about a second of CPU) in a daemon thread, while the items run,
-    so the run's end does not wait for it. Rank 0 mostly waits on its workers meanwhile."""
+    """A daemon thread (not started) that imports what the end-of-run figures and report need
+    (matplotlib and its PNG, SVG and PDF backends, the fonts, markdown: about a second of CPU) and
+    uses each once: started while the items run and rank 0 is idle, the run's end need not wait for
+    it."""
     def load() -> None:
         try:
             import markdown as markdown_module
@@ -142,9 +143,7 @@ def preload_figures() -> threading.Thread:
             pass
 
     # The caller joins it before drawing anything itself: matplotlib is not to be used from two threads at once
-    thread = threading.Thread(target=load, name="preload-figures", daemon=True)
-    thread.start()
-    return thread
+    return threading.Thread(target=load, name="preload-figures", daemon=True)
 
 
 def new_figure(width: float, height: float, rows: int = 1, columns: int = 1, **subplots: Any) -> tuple:

@@ -338,7 +338,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     monitor.start()
     pool.stop_asked = stop  # a worker that ends once a stop was asked is not started again
     pool.start()
-    # while the workers start and the items run: the end of the run is then shorter
+    # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
     preloading = preload_figures() if comm.rank == 0 else None
     if comm.rank == 0:  # status.json for python -m common.status
         status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
@@ -352,6 +352,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                 leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
                                 stop, args.heartbeat_timeout, hosts)
                 leader.status = status
+                leader.on_idle = preloading.start
                 outcome = leader.run()
                 status.write(leader, "finishing")
             else:
@@ -366,7 +367,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         byes = leader.await_byes(args.heartbeat_timeout + WORKER_KILL_AFTER)
         reports = [report] + [byes[rank] for rank in sorted(byes)]
         progress.close()
-        preloading.join(60)  # matplotlib in one thread at a time: the figures below wait for the warm-up
+        if preloading.is_alive():  # matplotlib in one thread at a time: the figures below wait for the warm-up
+            preloading.join(60)
         with leader.keeping_followers():
             code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
                            started_at)

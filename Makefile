@@ -5,7 +5,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 # The CPU build of torch (a range that this satisfies installs nothing more).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install lint test bench demo gpu-check clean
+.PHONY: install lint test bench bench-peers demo gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,13 @@ bench: install
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends dataset-fashion-mnist >/dev/null; } || \
 		echo "note: bench_svm needs Fashion-MNIST: apt-get install dataset-fashion-mnist"
 	$(PY) -m benchmarks
+
+# Ours beside ProcessPoolExecutor, mpi4py.futures, Dask, Ray, Parsl and joblib (interleaved rounds):
+# bench-results/bench_peers.md and .png. The peers are the optional extra `peers`, installed here
+# only (a peer that is not installed is skipped in one line).
+bench-peers: install
+	$(PY) -m pip install -q -e ".[peers]" || echo "note: some peers could not be installed; they are skipped"
+	$(PY) -m benchmarks.bench_peers
 
 # Everything that needs a GPU, into bench-results/gpu-check/gpu-check.md and .json. Installs
 # nothing: it runs on the checkout with a Python that has CUDA torch (this venv's where there is

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from benchmarks.machine import cpu_model
 
-MODULES = ["benchmarks.bench_engine", "benchmarks.bench_scale", "benchmarks.bench_svm", "benchmarks.bench_nn"]
+#: bench_peers measures the peers that are installed (make bench-peers installs them) and skips the others
+MODULES = ["benchmarks.bench_engine", "benchmarks.bench_peers", "benchmarks.bench_scale", "benchmarks.bench_svm",
+           "benchmarks.bench_nn"]
 
 
 def machine() -> str:

@@ -37,6 +37,7 @@ from .messages import (
     Release,
     Request,
     Result,
+    Results,
     Status,
     Stop,
     StopRequest,
@@ -64,6 +65,12 @@ class _Backoff:
 
 
 SHORT_ITEM_SECONDS = 0.5
+#: rank 0 counts as idle once nothing happened for this long (Leader.on_idle)
+IDLE_SECONDS = 0.1
+#: a follower sends its finished items together, at the latest this many seconds after the first
+#: of them finished, or once it holds this many
+RESULTS_SECONDS = 0.002
+RESULTS_BATCH = 256
 
 
 class _ItemPace:
@@ -133,7 +140,10 @@ class Leader:
         self.requests: Dict[int, Tuple[int, int]] = {}  # follower rank -> (need, prefetch)
         self.broken: Dict[int, str] = {}
         self.records: Dict[str, Record] = {}
-        self.bars: List[dict] = []  # for the timeline
+        # for the timeline: failed attempts and results that came twice (the kept results' bars are
+        # made from self.records at the end: no dict per item meanwhile)
+        self.bars: List[dict] = []
+        self._names: Dict[str, str] = {}  # one copy of each host, device and worker name
         self.stopping: Optional[str] = None
         self.deadline = 0.0
         self.pace = _ItemPace()
@@ -144,6 +154,9 @@ class Leader:
         self.lost: Dict[int, Dict[str, Any]] = {}  # rank -> what happened, for the summary
         self.code = EXIT_OK
         self.status: Optional[Any] = None  # common.status_file.StatusWriter, set by the runner
+        #: called once, the first time rank 0 has had nothing to do for IDLE_SECONDS after a result
+        #: came (the runner warms the end-of-run figures up then, without slowing a busy rank 0)
+        self.on_idle: Optional[Callable[[], None]] = None
 
     @property
     def live(self) -> List[int]:
@@ -156,6 +169,7 @@ class Leader:
         cap = 0.002 if self.comm.size > 1 else 0.05  # followers' requests must be answered fast
         timeout = backoff.low
         self.report_failures()
+        idle_since: Optional[float] = None
         while True:
             active = self._drain_messages()
             for event in self.pool.poll(timeout):
@@ -177,6 +191,12 @@ class Leader:
                 return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
             if self.stopping and (not self.scheduler.in_flight or time.monotonic() > self.deadline):
                 return self._end("stopped", EXIT_STOPPED)
+            if self.on_idle is not None and self.records:
+                now = time.monotonic()
+                idle_since = None if active else idle_since or now
+                if idle_since is not None and now - idle_since >= IDLE_SECONDS:
+                    self.on_idle()
+                    self.on_idle = None
             timeout = backoff.next(active, cap)
 
     def _end(self, outcome: str, code: int) -> str:
@@ -199,8 +219,8 @@ class Leader:
             if isinstance(message, Bye):
                 waiting.discard(source)
                 reports[source] = message.report
-            elif isinstance(message, Result):
-                self._finished(message.record)
+            elif isinstance(message, (Result, Results)):
+                self._results(message)
         for rank in sorted(waiting):
             self._lose(rank, f"no answer {wait:.0f} s after the end of the run")
         self.journal.maybe_sync()
@@ -281,19 +301,37 @@ class Leader:
         self._broadcast(Stop())
 
     # ----- results -----
+    def _results(self, message: Any) -> None:
+        """A :class:`Result` or :class:`Results` message."""
+        for record in message.records if isinstance(message, Results) else [message.record]:
+            self._finished(record)
+
     def _finished(self, record: Record) -> None:
         if record.rank == 0:
             self.pace.observe(record.seconds)
-        self.holding.get(record.rank, set()).discard(record.key)
-        self.bars.append({"worker": record.worker, "start": record.start, "end": record.end, "ok": True})
+        holding = self.holding.get(record.rank)
+        if holding:
+            holding.discard(record.key)
+        names = self._names  # each unpickled record brings its own copies of these
+        record.host = names.setdefault(record.host, record.host)
+        record.device = names.setdefault(record.device, record.device)
+        record.worker = names.setdefault(record.worker, record.worker)
         item = self.scheduler.items.get(record.key)
-        if item is not None and item.after:
-            record.params = item.params  # what it was built from: --resume checks it still holds
+        if item is not None:
+            record.key = item.key  # one copy of the key string, not one more per result
+            if item.after:
+                record.params = item.params  # what it was built from: --resume checks it still holds
         if self.scheduler.done(record.key, record.result):
             self.records[record.key] = record
             self.journal.add_result(record)
             self.progress.advance()
             self.report_failures()  # a dependent that could not be built from this result
+        else:
+            self.bars.append({"worker": record.worker, "start": record.start, "end": record.end, "ok": True})
+
+    def timeline_bars(self) -> List[dict]:
+        """Every attempt of this run, for the timeline: the kept results' and then the others."""
+        return [{"worker": r.worker, "start": r.start, "end": r.end, "ok": True} for r in self.records.values()] + self.bars
 
     def _attempt_failed(self, record: Record, error: str, text: str) -> None:
         """``record`` says where and when the attempt ran (its result is None)."""
@@ -342,8 +380,8 @@ class Leader:
     def _from_lost(self, source: int, message: Any) -> None:
         """A rank declared lost speaks again (its network came back): keep its finished work, and
         tell it once to end, since its items went to others."""
-        if isinstance(message, Result):
-            self._finished(message.record)
+        if isinstance(message, (Result, Results)):
+            self._results(message)
         if not self.lost[source].get("told_to_end"):
             self.lost[source]["told_to_end"] = True
             self.comm.send(End("halt", EXIT_STOPPED), source)
@@ -352,6 +390,9 @@ class Leader:
         """One message from rank ``source`` (0: an event of this rank's own workers)."""
         if isinstance(message, Request):
             self.requests[source] = (message.need, message.prefetch)
+        elif isinstance(message, Results):
+            for record in message.records:
+                self._finished(record)
         elif isinstance(message, Result):
             self._finished(message.record)
         elif isinstance(message, Failed):
@@ -449,6 +490,10 @@ class Follower:
         self.liveness = Liveness([0], heartbeat_timeout)
         self.end: Optional[End] = None
         self.silence = 0.0  # how long rank 0 had been silent when it was given up
+        # Finished items not yet sent: sent together (Results) every RESULTS_SECONDS, RESULTS_BATCH
+        # items, whenever the loop has nothing else to do, and before any other message
+        self.results: List[Record] = []
+        self.results_since = 0.0
         self.status: Optional[Any] = None  # common.status_file.RankReporter, set by the runner
 
     def run(self) -> str:
@@ -458,6 +503,7 @@ class Follower:
         while True:
             active, ending = self._drain_messages()
             if ending:
+                self.flush()  # finished before the news of the end reached this rank: rank 0 keeps them
                 return ending
             now = time.monotonic()
             if self.liveness.silent(now):
@@ -481,6 +527,9 @@ class Follower:
                 self.told_broken = True
                 self._send(Broken("; ".join(sorted(set(self.pool.given_up.values())))))
                 self._drop_buffer()
+            if self.results and (not active or len(self.results) >= RESULTS_BATCH
+                                 or time.monotonic() - self.results_since >= RESULTS_SECONDS):
+                self._send_results()
             timeout = backoff.next(active, 0.001 if self.asked else 0.02)
 
     def await_release(self) -> Optional[Release]:
@@ -499,8 +548,20 @@ class Follower:
                 return incoming[1]
 
     def _send(self, message: Any) -> None:
+        if self.results:  # in order: what finished goes before what follows it (a request, a bye)
+            self._send_results()
         self.comm.send(message, 0)
         self.liveness.sent_to(0, time.monotonic())
+
+    def _send_results(self) -> None:
+        batch, self.results = self.results, []
+        self.comm.send(Results(batch) if len(batch) > 1 else Result(batch[0]), 0)
+        self.liveness.sent_to(0, time.monotonic())
+
+    def flush(self) -> None:
+        """Send the finished items not sent yet (at the end of the run, before the :class:`Bye`)."""
+        if self.results:
+            self._send_results()
 
     def _drain_messages(self) -> Tuple[bool, Optional[str]]:
         active = False
@@ -543,6 +604,10 @@ class Follower:
         self.handed.pop(event.key, None)
         if event.kind == "done":
             self.pace.observe(event.record.seconds)
+            if not self.results:
+                self.results_since = time.monotonic()
+            self.results.append(event.record)
+            return
         self._send(event.as_message())
 
     def _start_buffered(self) -> bool:

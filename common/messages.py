@@ -1,12 +1,12 @@
 """The messages between ranks, one typed record each (pickled over MPI, one tag).
 
-Follower -> leader: :class:`Request`, :class:`Result`, :class:`Failed`, :class:`PoolCall`,
+Follower -> leader: :class:`Request`, :class:`Result`, :class:`Results`, :class:`Failed`, :class:`PoolCall`,
 :class:`Dropped`, :class:`StopRequest`, :class:`Broken`, :class:`Status`, :class:`Bye`.
 Leader -> follower: :class:`Items`, :class:`PoolReply`, :class:`Stop`, :class:`End`, :class:`Release`.
 Both ways: :class:`Heartbeat`, sent only when nothing else went to that rank for a while.
 
 Between a rank and each of its workers (over a pipe): :class:`Assign`, :class:`Revoke`, :class:`Quit`,
-:class:`PoolAnswer` one way; :class:`Ready`, :class:`SetupFailed`, :class:`ItemDone`, :class:`ItemError`,
+:class:`PoolAnswer` one way; :class:`Ready`, :class:`SetupFailed`, :class:`ItemDone`, :class:`ItemError`, :class:`Answers`,
 :class:`Revoked`, :class:`Alive`, :class:`PoolRequest` the other.
 """
 from __future__ import annotations
@@ -29,6 +29,14 @@ class Request:
 @dataclass
 class Result:
     record: Record
+
+
+@dataclass
+class Results:
+    """The items a follower finished in the last few milliseconds, in one message (one send, one
+    receive and one unpickling at rank 0 for many short items)."""
+
+    records: List[Record]
 
 
 @dataclass
@@ -185,6 +193,13 @@ class ItemError:
     traceback: str
     started: float
     ended: float
+
+
+@dataclass
+class Answers:
+    """Several :class:`ItemDone` / :class:`ItemError` of a chunk of short items, in one message."""
+
+    answers: List[Any]
 
 
 @dataclass

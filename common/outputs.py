@@ -1,10 +1,12 @@
 """Writing results so that a killed run never leaves a half-written file behind."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Sequence
 
@@ -120,6 +122,34 @@ def to_jsonable(value: Any) -> Any:
 
 def atomic_write_json(path: Path, value: Any) -> None:
     atomic_write_text(path, json.dumps(to_jsonable(value), indent=2, sort_keys=False) + "\n")
+
+
+def preload_figures() -> threading.Thread:
+    """A daemon thread (not started) that imports what the end-of-run figures and report need
+    (matplotlib and its PNG, SVG and PDF backends, the fonts, markdown: about a second of CPU) and
+    uses each once: started while the items run and rank 0 is idle, the run's end need not wait for
+    it."""
+    def load() -> None:
+        try:
+            import markdown as markdown_module
+            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.backends.backend_pdf  # noqa: F401
+            import matplotlib.backends.backend_svg  # noqa: F401
+            import matplotlib.figure  # noqa: F401
+
+            markdown_module.markdown("# warm-up\n\n| a |\n|---|\n| 1 |", extensions=["tables", "fenced_code"])
+            # one small figure in every format: fonts, text layout and each backend's first use
+            fig, ax = new_figure(2, 1)
+            ax.broken_barh([(0, 1)], (0, 1))
+            ax.set_title("warm-up")
+            save_figure(fig, Path(os.devnull), formats=(), tight=True)
+            for form in FIGURE_FORMATS:
+                fig.savefig(io.BytesIO(), format=form, **_SAVE_OPTIONS[form])
+        except Exception:  # only a head start: the figures import what they need anyway, and say what fails
+            pass
+
+    # The caller joins it before drawing anything itself: matplotlib is not to be used from two threads at once
+    return threading.Thread(target=load, name="preload-figures", daemon=True)
 
 
 def new_figure(width: float, height: float, rows: int = 1, columns: int = 1, **subplots: Any) -> tuple:

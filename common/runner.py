@@ -36,7 +36,7 @@ from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
 from .logs import add_file_log, setup_logging
 from .messages import Bye
 from .mpi import world
-from .outputs import atomic_write_json, atomic_write_text, check_replaceable, to_jsonable
+from .outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
 from .progress import Progress
 from .regular_file import refuse_unless_regular
 from .report_html import write_report
@@ -406,6 +406,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     monitor.start()
     pool.stop_asked = stop  # a worker that ends once a stop was asked is not started again
     pool.start()
+    # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
+    preloading = preload_figures() if comm.rank == 0 else None
     if comm.rank == 0:  # status.json for python -m common.status
         status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
                               items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor)
@@ -418,6 +420,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                 leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
                                 stop, args.heartbeat_timeout, hosts)
                 leader.status = status
+                leader.on_idle = preloading.start
                 outcome = leader.run()
                 status.write(leader, "finishing")
             else:
@@ -432,6 +435,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         byes = leader.await_byes(args.heartbeat_timeout + WORKER_KILL_AFTER)
         reports = [report] + [byes[rank] for rank in sorted(byes)]
         progress.close()
+        if preloading.is_alive():  # matplotlib in one thread at a time: the figures below wait for the warm-up
+            preloading.join(60)
         with leader.keeping_followers():
             stop.outputs_interruptible = True
             try:
@@ -558,9 +563,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     full = write_failures.first() is not None  # the run stopped on it: what room is left is for the summary
     if full:
         free_reserve(results)
-    if leader.bars and not full:
-        _written(results, "the timeline", results / "timeline.png",
-                 lambda: plot_timeline(leader.bars, results / "timeline"))
+    bars = leader.timeline_bars()
+    if bars and not full:
+        _written(results, "the timeline", results / "timeline.png", lambda: plot_timeline(bars, results / "timeline"))
     summary["gpu_usage_plot"] = None if full else _written(results, "the GPU usage figure", results / "gpu_usage.png",
                                                            lambda: write_gpu_usage(reports, results))
     run = None

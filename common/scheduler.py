@@ -122,6 +122,8 @@ class Scheduler:
 
     def _pop(self, key: str) -> Tuple[Item, int, Tuple[str, ...]]:
         self._ready_keys.discard(key)
+        if not self._ready_keys:  # a set keeps the room it once needed (all the items): give it back
+            self._ready_keys = set()
         item = self.items[key]
         if item.group:
             self._ready_groups[item.group].discard(key)

@@ -23,7 +23,7 @@ import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any, Deque, Dict, Iterator, Optional
+from typing import Any, Deque, Dict, Iterator, List, Optional
 
 from . import startup
 from .items import item_seed
@@ -31,6 +31,7 @@ from .linux import die_with_parent
 from .logs import worker_file_log
 from .messages import (
     Alive,
+    Answers,
     Assign,
     ItemDone,
     ItemError,
@@ -220,8 +221,13 @@ def _set_threads(threads: int) -> None:
             torch.set_num_threads(threads)
 
 
-def _run_group(app: Any, state: Any, bundle: list, seed: int, conn: Connection) -> None:
-    """Run one item, or a group of items together (``App.run_group``), and answer for each."""
+#: a chunk of short items is answered in one message once it is done, or sooner when its first
+#: unsent answer is this many seconds old
+ANSWER_SECONDS = 0.002
+
+
+def _run_group(app: Any, state: Any, bundle: list, seed: int) -> List[Any]:
+    """Run one item, or a group of items together (``App.run_group``); the answer for each."""
     items = [item for item, _ in bundle]
     names = ", ".join(item.key for item in items)
     started = time.time()
@@ -236,18 +242,46 @@ def _run_group(app: Any, state: Any, bundle: list, seed: int, conn: Connection) 
         text = traceback.format_exc()
         ended = time.time()
         log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(a) for _, a in bundle), text)
-        for item in items:
-            conn.send(ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended))
-        return
+        return [ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended) for item in items]
     ended = time.time()
     log.info("%s done in %.3f s", names, ended - started)
-    for item, result in zip(items, results):
-        conn.send(ItemDone(item.key, result, started, ended))
+    return [ItemDone(item.key, result, started, ended) for item, result in zip(items, results)]
+
+
+def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed: int, conn: Any, finished: Any) -> None:
+    """A group (run together) or a chunk of short items (one after the other); the answers go in
+    as few messages as ANSWER_SECONDS allows. ``finished`` (shared with the rank) counts the items
+    this process has finished, sent or not: if it dies, its rank knows which item it was running."""
+    if together:
+        answers = _run_group(app, state, entries, seed)
+        if finished is not None:
+            finished.value += len(entries)
+        _answer(conn, answers)
+        return
+    pending: List[Any] = []
+    since = 0.0
+    for item, attempt in entries:
+        pending += _run_group(app, state, [(item, attempt)], seed)
+        if finished is not None:
+            finished.value += 1
+        now = time.monotonic()
+        if len(pending) == 1:
+            since = now
+        if now - since >= ANSWER_SECONDS:
+            _answer(conn, pending)
+            pending = []
+    if pending:
+        _answer(conn, pending)
+
+
+def _answer(conn: Any, answers: List[Any]) -> None:
+    conn.send(answers[0] if len(answers) == 1 else Answers(answers))
 
 
 def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int,
-                heartbeat: Optional[float] = None) -> None:
-    """Entry point of the spawned process. ``heartbeat``: seconds between heartbeats (None: none)."""
+                heartbeat: Optional[float] = None, finished: Any = None) -> None:
+    """Entry point of the spawned process. ``heartbeat``: seconds between heartbeats (None: none);
+    ``finished``: a shared counter of the items it has finished (a ``multiprocessing.RawValue``)."""
     global _inbox
     conn = _Pipe(conn)  # type: ignore[assignment]
     beating = _start_heartbeat(conn, heartbeat) if heartbeat else threading.Event()
@@ -285,11 +319,7 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
             if bundle is None:
                 break
             entries, together = bundle
-            if together:
-                _run_group(app, state, entries, seed, conn)
-            else:  # a chunk of very short items: one after the other, each answered at once
-                for item, attempt in entries:
-                    _run_group(app, state, [(item, attempt)], seed, conn)
+            _run_bundle(app, state, entries, together, seed, conn, finished)
     except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):
         log.info("stopping")
     finally:

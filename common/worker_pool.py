@@ -32,6 +32,7 @@ from .devices import Device
 from .items import Item
 from .logs import worker_file_log
 from .messages import (
+    Answers,
     Assign,
     Dropped,
     Failed,
@@ -143,6 +144,9 @@ class WorkerHandle:
     running_wall: float = 0.0  # the same as epoch seconds, for the timeline
     killed_because: str = ""  # why the watch killed it (its item's error)
     killed_running: Any = None  # what it was running then
+    # items the process has finished, answered or not (shared memory it writes): answers of a chunk
+    # travel together, so on its death this tells which item it was running
+    finished: Any = None
 
 
 @dataclass
@@ -227,17 +231,18 @@ class WorkerPool(WorkerCounts):
         name = f"rank{self.rank}-{device}"
         parent_end, child_end = self.context.Pipe()
         log_path = self.logs_dir / f"{name}.log"
+        finished = self.context.RawValue("q", 0)
         process = self.context.Process(
             target=worker_main, name=name, daemon=True,
             args=(child_end, self.app, device, name, str(log_path), self.seed, self.threads),
-            kwargs={"heartbeat": self.heartbeat})
+            kwargs={"heartbeat": self.heartbeat, "finished": finished})
         # multiprocessing starts its resource tracker with the first spawned process, and then
         # unblocks SIGINT and SIGTERM (it does not restore the mask): start it first, outside the block
         resource_tracker.ensure_running()
         with _child_environment(device, self.threads), signals_blocked(STOP_SIGNALS):
             process.start()
         child_end.close()
-        worker = WorkerHandle(name, device, process, parent_end)
+        worker = WorkerHandle(name, device, process, parent_end, finished=finished)
         self.workers[name] = worker
         self.selector.register(parent_end, selectors.EVENT_READ, (worker, "conn"))
         self.selector.register(process.sentinel, selectors.EVENT_READ, (worker, "sentinel"))
@@ -370,10 +375,18 @@ class WorkerPool(WorkerCounts):
             self._kill(worker, why, said)
 
     @staticmethod
-    def _running_keys(worker: WorkerHandle) -> str:
+    def _unanswered(worker: WorkerHandle) -> int:
+        """Items the worker has finished but not yet answered for (its answers are on their way)."""
+        return max(0, worker.finished.value - worker.items_done) if worker.finished is not None else 0
+
+    def _running_keys(self, worker: WorkerHandle) -> str:
         if worker.running is None:
             return ""
-        entries = worker.running.entries if isinstance(worker.running, Bundle) else [worker.running]
+        if isinstance(worker.running, Bundle):
+            entries = worker.running.entries
+        else:  # in a chunk: past the items finished but not yet answered for
+            head = worker.assigned[0].entries
+            entries = head[min(self._unanswered(worker), len(head) - 1):][:1]
         return ", ".join(entry[0].key for entry in entries)
 
     def _kill(self, worker: WorkerHandle, why: str, said: str) -> None:
@@ -420,6 +433,9 @@ class WorkerPool(WorkerCounts):
         elif isinstance(message, SetupFailed):
             worker.setup_reported = True
             self._setup_failed(worker, message.error)
+        elif isinstance(message, Answers):
+            for answer in message.answers:
+                self._handle(worker, answer, events)
         elif isinstance(message, (ItemDone, ItemError)):
             key = message.key
             running = worker.assigned[0]
@@ -510,17 +526,22 @@ class WorkerPool(WorkerCounts):
             # barely started, and goes back uncounted
             overtaken = worker.killed_because and worker.running is not worker.killed_running
             running = worker.assigned.popleft()
-            # A group failed as one; in a chunk only the first unanswered item was running; a worker
-            # that could not even be sent its items ran none of them.
-            failed = ([] if worker.unreachable or overtaken
-                      else running.entries if running.together else running.entries[:1])
+            # Items it finished whose answers died with it (a chunk's answers travel together): they
+            # go back uncounted, and the next one is the item it was running.
+            ahead = min(self._unanswered(worker), len(running.entries))
+            # A group failed as one; in a chunk only the item after those finished was running; a
+            # worker that could not even be sent its items ran none of them.
+            failed = ([] if worker.unreachable or overtaken or (running.together and ahead)
+                      else running.entries if running.together else running.entries[ahead:ahead + 1])
+            if failed and not running.together:
+                running.entries = running.entries[:ahead] + running.entries[ahead + 1:]
             if failed and not worker.killed_because:  # the watch said why when it killed it
                 log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in failed))
             for item, attempt, handed in failed:
                 record = self._record(worker, item.key, None, attempt, max(handed, worker.running_wall), time.time(),
                                       len(failed))
                 events.append(Event("failed", record, error=why))
-            unstarted = running.entries[len(failed):] + [e for b in worker.assigned for e in b.entries]
+            unstarted = ([] if running.together and failed else running.entries) + [e for b in worker.assigned for e in b.entries]
             if unstarted:
                 events.append(Event("returned", keys=tuple(e[0].key for e in unstarted)))
         elif not worker.ready and not worker.retiring and not worker.setup_reported:

@@ -1,6 +1,6 @@
 """A small engine app for the engine's own tests and benchmarks.
 
-python tests/toy_app.py N [--sleep S] [--fail-key K] [--kill-key K] [--slow-key K] [--gil-key K] [--lognormal SIGMA] [--wave]
+python tests/toy_app.py N [--sleep S] [--done-dir D] [--fail-key K] [--kill-key K] [--slow-key K] [--gil-key K] [--lognormal SIGMA] [--wave]
 Each item returns numbers drawn from its own seed, so results show whether seeding is right.
 """
 from __future__ import annotations
@@ -43,6 +43,8 @@ class ToyApp(App):
                                  "ctypes.PyDLL, which keeps the GIL) for --gil-seconds")
         parser.add_argument("--gil-seconds", type=int, default=3600)
         parser.add_argument("--marker-dir", type=Path, default=None, help="each run of an item touches a file here")
+        parser.add_argument("--done-dir", type=Path, default=None,
+                            help="each item that ends writes its end time (epoch s) to a file named by its key here")
         parser.add_argument("--wave", action="store_true", help="add a second wave: one sum per 4 items")
         parser.add_argument("--broken-setup", action="store_true", help="every worker fails to start")
         parser.add_argument("--crashing-setup", action="store_true", help="every worker dies (SIGKILL) while starting")
@@ -108,6 +110,8 @@ class ToyApp(App):
         if item.params.get("sleep"):
             time.sleep(item.params["sleep"])
         value = float(np.random.default_rng(seed).random()) + item.params.get("sum", 0.0)
+        if self.args.done_dir is not None:
+            (self.args.done_dir / item.key).write_text(repr(time.time()))
         return {"value": value, "pid": state["pid"], "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "cuda_order": os.environ.get("CUDA_DEVICE_ORDER")}
 

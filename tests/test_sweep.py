@@ -244,3 +244,17 @@ def test_bad_input_on_two_ranks_is_still_one_line(tmp_path):
     result = sweep("sweep_functions:noisy", tmp_path / "results", "--grid", str(tmp_path / "g.json"), ranks=2)
     assert_usage_error(result, "'x' must be a list")
     assert not (tmp_path / "results").exists()
+
+
+def test_the_two_examples_run_and_find_a_good_point(tmp_path):
+    svm = run([str(REPO / "examples" / "sweep" / "svm_digits.py"), *ENGINE, "--workers", "2",
+               "--results", str(tmp_path / "svm")], ranks=2)
+    assert svm.returncode == 0, svm.stderr
+    best = summary(tmp_path / "svm")["sweep"]["best"][0]
+    assert best["mean"] < 0.05 and len(rows(tmp_path / "svm")) == 20
+    net = run([str(REPO / "examples" / "sweep" / "torch_digits.py"), *ENGINE, "--workers", "2",
+               "--results", str(tmp_path / "torch")])
+    assert net.returncode == 0, net.stderr
+    best = summary(tmp_path / "torch")["sweep"]["best"][0]
+    assert best["mean"] < 0.2 and best["n"] == 3 and len(rows(tmp_path / "torch")) == 18
+    assert {row["device"] for row in rows(tmp_path / "torch")} <= {"cpu0", "cpu1"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from benchmarks.machine import cpu_model
 
-MODULES = ["benchmarks.bench_engine", "benchmarks.bench_scale", "benchmarks.bench_svm", "benchmarks.bench_nn"]
+MODULES = ["benchmarks.bench_engine", "benchmarks.bench_sweep", "benchmarks.bench_scale", "benchmarks.bench_svm", "benchmarks.bench_nn"]
 
 
 def machine() -> str:

@@ -243,8 +243,10 @@ class SweepApp(App):
                 for point in plan.points for repeat in range(plan.repeats)]
 
     def check_result(self, key: str, result: Any) -> None:
-        if not isinstance(result, dict):
-            raise ValueError(f"a {type(result).__name__}, not a JSON object")
+        if not isinstance(result, dict) or not isinstance(result.get("return"), dict):
+            raise ValueError("not a JSON object holding the function's return")
+        if isinstance(result.get("seed"), bool) or not isinstance(result.get("seed"), int):
+            raise ValueError("no integer seed")
 
     # ----- worker -----
     def setup_worker(self, device: Any) -> Any:
@@ -264,11 +266,12 @@ class SweepApp(App):
         given = {"params": dict(item.params["point"]), "seed": report.item_seed_int(seed),
                  "device": state[1], "state": state[0]}
         result = plan.function(**{name: given[name] for name in plan.wants})
-        return checked_result(item.key, result)
+        # the seed travels with the return: rank 0 writes it in results.csv without deriving it again
+        return {"seed": given["seed"], "return": checked_result(item.key, result)}
 
     # ----- rank 0, at the end -----
     def finish(self, run: RunInfo) -> Dict[str, Any]:
-        return report.write(run, self.plan, self.args.seed)
+        return report.write(run, self.plan)
 
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         return report.markdown(summary.get("sweep") or {})

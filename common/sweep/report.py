@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from ..items import item_seed
 from ..outputs import atomic_write_text, new_figure, save_figure
 from .space import point_key, value_text
 
@@ -47,14 +46,14 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _rows(run: "RunInfo", seed: int) -> List[Dict[str, Any]]:
+def _rows(run: "RunInfo") -> List[Dict[str, Any]]:
     rows = []
     for item in run.items:
         record = run.records.get(item.key)
         if record is None:
             continue
         rows.append({"key": item.key, "point": item.params["point"], "repeat": item.params["repeat"],
-                     "seed": item_seed_int(item_seed(seed, item.key)), "result": record.result,
+                     "seed": record.result["seed"], "result": record.result["return"],
                      "seconds": round(record.seconds, 6), "host": record.host, "device": record.device})
     return rows
 
@@ -108,10 +107,10 @@ def _best(rows: List[Dict[str, Any]], metric: str, goal: str) -> List[Dict[str, 
     return ranked
 
 
-def write(run: "RunInfo", plan: "Plan", seed: int) -> Dict[str, Any]:
+def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
     """Write the sweep's files into ``run.results_dir``; returns summary.json's ``sweep`` field."""
     folder = Path(run.results_dir)
-    rows = _rows(run, seed)
+    rows = _rows(run)
     parameters = _names([row["point"] for row in rows]) or _names(plan.points)
     values = _names([row["result"] for row in rows if isinstance(row["result"], dict)], _scalar)
     atomic_write_text(folder / "results.csv", _csv(rows, parameters, values))

@@ -55,6 +55,11 @@ def _check_name(name: Any, where: str) -> str:
 
 def _plain(value: Any, where: str) -> Any:
     """A parameter value as JSON holds it (numpy scalars, tuples converted); refused if it is not JSON-able."""
+    kind = type(value)
+    if kind is int or kind is str or kind is bool or value is None or (kind is float and math.isfinite(value)):
+        return value  # most values: a 20,000-point grid is checked on every rank
+    if isinstance(value, float):
+        raise UsageError(f"{where}: {value!r} is not a value JSON can hold")
     plain = to_jsonable(value)
     try:
         json.dumps(plain, allow_nan=False)
@@ -80,7 +85,7 @@ def grid_points(grid: Any) -> List[Dict[str, Any]]:
         plain = [_plain(v, f"the grid's {name!r}") for v in values]
         seen = set()
         for value in plain:
-            text = json.dumps(value, sort_keys=True)
+            text = value_text(value)
             if text in seen:
                 raise UsageError(f"the grid's {name!r} lists {text} twice")
             seen.add(text)
@@ -169,7 +174,12 @@ def sample_points(space: Any, samples: int, seed: int) -> List[Dict[str, Any]]:
 def value_text(value: Any) -> str:
     """A parameter value in a key or a table: as JSON writes it, but a plain word bare (``rbf``, not
     ``"rbf"``) where that cannot be read as another value (``"1"``, ``"true"`` keep their quotes)."""
-    if isinstance(value, str) and value and value.strip() == value and not any(c in value for c in ',="[]{}\n'):
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float and math.isfinite(value):
+        return repr(value)  # as json.dumps writes it
+    if kind is str and value and value.strip() == value and not any(c in value for c in ',="[]{}\n'):
         try:
             json.loads(value)
         except ValueError:

@@ -5,7 +5,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 # The CPU build of torch (a range that this satisfies installs nothing more).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install lint test bench demo gpu-check clean
+.PHONY: install install-torchvision lint test bench demo gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -16,6 +16,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q mpi4py mpich
 	$(PY) -m pip install -q -e ".[test,yaml]"
 	touch $@
+
+# torchvision, with which python -m mnist_nn downloads MNIST (as the reference does) when the IDX
+# files are nowhere. Not part of install: PyPI's torchvision does not import beside the CPU torch
+# above ('operator torchvision::nms does not exist'), so this replaces torch with a release whose
+# torchvision imports (x86_64: a CUDA build, 5.5 GB in the venv instead of 0.75 GB, whose import
+# takes twice the CPU time; aarch64: a CPU build). Tests, CI and the demo need neither (digits).
+TORCHVISION_PAIR ?= $(if $(filter aarch64,$(shell uname -m)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
+install-torchvision: install
+	$(PY) -m pip install -q $(TORCHVISION_PAIR)
 
 # ruff (installed by make install through the test extra): rules and exceptions in pyproject.toml
 lint: install

@@ -163,7 +163,8 @@ def _torchvision_problem() -> Optional[str]:
     try:
         import torchvision  # noqa: F401  (lazy: it fails to import with a CPU torch)
     except Exception as error:  # ImportError, or RuntimeError from a CUDA-only build
-        return f"torchvision cannot be imported: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+        return (f"torchvision cannot be imported: {str(error).splitlines()[0] if str(error) else type(error).__name__}; "
+                f"install the torchvision built for this torch (in a checkout: make install-torchvision)")
     return None
 
 

@@ -44,10 +44,11 @@ def marks(folder: Path) -> Counter:
     return Counter({p.name: len(p.read_text().splitlines()) for p in Path(folder).iterdir()})
 
 
-def test_a_grid_on_two_ranks_by_two_workers_equals_one_by_one(tmp_path):
+def test_a_grid_on_two_ranks_by_two_workers_equals_one_by_one(tmp_path, monkeypatch):
     grid = write(tmp_path / "grid.json", {"x": [1, 2, 3, 4, 5], "kind": ["a", "b"]})
     one = sweep("sweep_functions:noisy", tmp_path / "one", "--grid", str(grid), "--minimise", "loss", workers=1)
     assert one.returncode == 0, one.stderr
+    monkeypatch.setenv("SWEEP_SLEEP", "0.3")  # items long enough that both ranks get some, however loaded the machine
     many = sweep("sweep_functions:noisy", tmp_path / "many", "--grid", str(grid), "--minimise", "loss", ranks=2)
     assert many.returncode == 0, many.stderr
     assert returns(tmp_path / "one") == returns(tmp_path / "many")

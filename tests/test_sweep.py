@@ -122,6 +122,10 @@ def test_a_script_with_sweep_main_takes_every_engine_flag(tmp_path):
     assert len(returns(tmp_path / "r")) == 16
     assert summary(tmp_path / "r")["fingerprint"]["function"] == "sweep_script:fit"
     assert result.stdout.startswith("best loss: ") and "(mean of 2 repeats) at x=3" in result.stdout
+    again = run([script, *ENGINE, "--results", str(tmp_path / "r"), "--resume", "--maximise", "seed_seen"])
+    assert again.returncode == 0, again.stderr  # the command line's --maximise replaces the script's minimise
+    assert summary(tmp_path / "r")["items_this_run"] == 0
+    assert (summary(tmp_path / "r")["sweep"]["metric"], summary(tmp_path / "r")["sweep"]["goal"]) == ("seed_seen", "max")
 
 
 def test_sigterm_then_resume_runs_only_the_rest(tmp_path, monkeypatch):

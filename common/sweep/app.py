@@ -170,6 +170,12 @@ class SweepApp(App):
 
     def check_arguments(self) -> None:
         args = self.args
+        if self.preset is not None and args.minimise is not None and args.maximise is not None:
+            # one of them is sweep.main's own: the command line's other one replaces it
+            if args.minimise == self.preset.minimise:
+                args.minimise = None
+            elif args.maximise == self.preset.maximise:
+                args.maximise = None
         if args.minimise is not None and args.maximise is not None:
             raise UsageError("give --minimise or --maximise, not both")
         for flag in ("minimise", "maximise"):

@@ -17,8 +17,8 @@ from pathlib import Path
 from benchmarks.machine import cpu_model
 
 #: bench_peers measures the peers that are installed (make bench-peers installs them) and skips the others
-MODULES = ["benchmarks.bench_engine", "benchmarks.bench_peers", "benchmarks.bench_scale", "benchmarks.bench_svm",
-           "benchmarks.bench_nn"]
+MODULES = ["benchmarks.bench_engine", "benchmarks.bench_peers", "benchmarks.bench_sweep", "benchmarks.bench_scale",
+           "benchmarks.bench_svm", "benchmarks.bench_nn"]
 
 
 def machine() -> str:

@@ -19,6 +19,7 @@ Layout (one concept a module):
   gpu_usage.py, report_html.py   gpu_usage.png/.csv and report.html at the end of a run
   data.py         MNIST / Fashion-MNIST / digits loading shared by the apps
   pipeline/       train -> evaluate -> report pipelines on the engine
+  sweep/          your own function over a grid, a list or random samples (sweep.main, python -m common.sweep)
   slurm/          sbatch script generator
 
 Importing the package imports nothing heavy (each name below is imported on first use), so

@@ -186,7 +186,8 @@ def _mirrors(name: str) -> tuple:
     """(torchvision's download mirrors for ``name``, None), or (None, why torchvision cannot download)."""
     child = _torchvision_child("mirrors", name, timeout=TORCHVISION_IMPORT_SECONDS)
     if child.returncode != 0:
-        return None, f"torchvision cannot be imported: {_last_line(child.stderr)}"
+        return None, (f"torchvision cannot be imported: {_last_line(child.stderr)}; install the torchvision built "
+                      f"for this torch (in a checkout: make install-torchvision)")
     return json.loads(_last_line(child.stdout)), None
 
 

@@ -29,7 +29,7 @@ def run(program: Sequence[str], ranks: int = 1, timeout: float = 240, **kwargs) 
 
 def start(program: Sequence[str], ranks: int = 1, **kwargs) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen(command(program, ranks), cwd=REPO, env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen(command(program, ranks), cwd=kwargs.pop("cwd", REPO), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
 
 

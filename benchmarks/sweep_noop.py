@@ -1,0 +1,45 @@
+"""The same 20,000 no-op calls as a sweep and as an App, for ``benchmarks.bench_sweep``.
+
+python -m common.sweep benchmarks.sweep_noop:noop --grid GRID    the sweep (GRID: {"i": [0, 1, ...]})
+python benchmarks/sweep_noop.py N                                 the App: items i=0 ... i=N-1, each calling noop()
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.app import App  # noqa: E402
+from common.items import Item  # noqa: E402
+
+
+def noop() -> Dict[str, Any]:
+    """Nothing: what remains of a run is the machinery's cost."""
+    return {}
+
+
+class NoopApp(App):
+    """Items keyed as the sweep keys them, each calling :func:`noop`; no outputs of its own."""
+
+    name = "noop"
+
+    @classmethod
+    def add_arguments(cls, parser: Any) -> None:
+        parser.add_argument("n_items", type=int)
+
+    def fingerprint(self) -> Dict[str, Any]:
+        return {"n_items": self.args.n_items}
+
+    def items(self) -> List[Item]:
+        return [Item(f"i={i}", {"point": {"i": i}, "repeat": 0}) for i in range(self.args.n_items)]
+
+    def run_item(self, state: Any, item: Item, seed: Any) -> Any:
+        return noop()
+
+
+if __name__ == "__main__":
+    from common.runner import main
+
+    raise SystemExit(main(NoopApp))

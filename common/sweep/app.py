@@ -1,0 +1,337 @@
+"""The sweep as an engine app: a user's function run once per point (and repeat) on every GPU of
+every node, with the engine's journal, resume, retries and reports.
+
+Two front doors build the same :class:`SweepApp`: :func:`main` from a script
+(``sweep.main(fit, grid={...})``) and ``python -m common.sweep MODULE:FUNCTION --grid FILE``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import logging
+import multiprocessing
+import os
+import pickle
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..app import App, RunInfo
+from ..cli import at_least
+from ..errors import UsageError, quoted
+from ..items import Item
+from ..outputs import to_jsonable
+from . import report
+from .space import check_unique, grid_points, list_points, load_file, point_key, sample_points
+
+log = logging.getLogger("multinode_gpu")
+
+#: the names a sweep function's parameters may have, and what each receives
+ARGUMENTS = ("params", "seed", "device", "state")
+
+
+@dataclass
+class Preset:
+    """What :func:`main` was given in Python: the function and its space (instead of files)."""
+
+    function: Callable[..., Any]
+    grid: Any = None
+    space: Any = None
+    points: Any = None
+    setup: Optional[Callable[..., Any]] = None
+    samples: Optional[int] = None
+    repeats: int = 1
+    minimise: Optional[str] = None
+    maximise: Optional[str] = None
+
+
+@dataclass
+class Plan:
+    """Every rank's resolved sweep: the function, its setup, the points and how results are judged."""
+
+    function: Callable[..., Any]
+    setup: Optional[Callable[..., Any]]
+    points: List[Dict[str, Any]]
+    kind: str  # "grid", "points" or "samples"
+    repeats: int
+    metric: Optional[str] = None
+    goal: str = "min"  # "min" or "max"
+    wants: Tuple[str, ...] = field(default_factory=tuple)  # which of ARGUMENTS the function takes
+
+
+def function_name(function: Callable[..., Any]) -> str:
+    """``module:qualname``; a script's ``__main__`` is named by the script's file (``my_sweep:fit``),
+    as ``python -m common.sweep my_sweep:fit`` names it, so either front door resumes the other's run."""
+    module = function.__module__
+    if module in ("__main__", "__mp_main__"):
+        path = getattr(sys.modules.get(module), "__file__", None)
+        module = Path(path).stem if path else module
+    return f"{module}:{function.__qualname__}"
+
+
+def resolve(target: str, what: str = "MODULE:FUNCTION") -> Callable[..., Any]:
+    """Import ``module:function`` (the module found from the current folder, as ``python -m`` would)."""
+    module_name, colon, name = target.partition(":")
+    if not colon or not module_name or not name:
+        raise UsageError(f"{what} must look like module:function (my_sweep:fit), got {target!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # ImportError, SyntaxError, or whatever its top level raised
+        detail = " ".join(f"{type(error).__name__}: {error}".split())
+        raise UsageError(f"cannot import {module_name!r} (from {quoted(os.getcwd())}): {detail}") from None
+    found: Any = module
+    for part in name.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            raise UsageError(f"module {module_name!r} ({quoted(getattr(module, '__file__', module_name))}) has no "
+                             f"{name!r}")
+    if not callable(found):
+        raise UsageError(f"{target!r} is a {type(found).__name__}, not a function")
+    return found
+
+
+def _wanted(function: Callable[..., Any]) -> Tuple[str, ...]:
+    """Which of ARGUMENTS the function takes by name; anything else it requires is refused."""
+    name = getattr(function, "__qualname__", repr(function))
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        raise UsageError(f"cannot read the parameters of {name!r}") from None
+    wants = []
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            return ARGUMENTS
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            continue
+        if parameter.name in ARGUMENTS and parameter.kind is not inspect.Parameter.POSITIONAL_ONLY:
+            wants.append(parameter.name)
+        elif parameter.default is inspect.Parameter.empty:
+            raise UsageError(f"{name}() takes {parameter.name!r}, which is none of {', '.join(ARGUMENTS)} "
+                             f"(a sweep function's parameters are named after what it receives)")
+    return tuple(wants)
+
+
+def _picklable(function: Callable[..., Any], what: str) -> None:
+    """Workers are spawned processes: they find the function by its module and name."""
+    try:
+        pickle.dumps(function)
+    except Exception:
+        raise UsageError(f"{what} {getattr(function, '__qualname__', function)!r} cannot be sent to the workers: define "
+                         f"it with def at the top level of a module (not a lambda or a nested function)") from None
+
+
+class SweepApp(App):
+    """A function over a space of parameters, one item per point and repeat."""
+
+    name = "sweep"
+    module = "common.sweep"
+    description = "Run a function over a grid, a list or random samples of parameters on every GPU of every node"
+    #: set by :func:`main` on the subclass it makes; None for ``python -m common.sweep``
+    preset: Optional[Preset] = None
+
+    def __init__(self, args: argparse.Namespace):
+        super().__init__(args)
+        self.preset = type(self).preset
+        self.plan: Optional[Plan] = None
+
+    def __reduce__(self) -> Any:
+        """Workers unpickle a plain SweepApp: the subclass :func:`main` makes exists only in the rank."""
+        return (SweepApp.__new__, (SweepApp,), self.__dict__)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        preset = cls.preset
+        if preset is None:
+            parser.add_argument("function", metavar="MODULE:FUNCTION",
+                                help="the function to run, found from the current folder as python -m finds a module")
+            space = parser.add_mutually_exclusive_group()
+            space.add_argument("--grid", type=Path, metavar="FILE",
+                               help="JSON (or YAML) object of parameter -> list of values: every combination")
+            space.add_argument("--points", type=Path, metavar="FILE", help="JSON (or YAML) list of points (objects)")
+            space.add_argument("--space", type=Path, metavar="FILE",
+                               help="JSON (or YAML) object of parameter -> {uniform|loguniform|int: [low, high]} "
+                                    "or {choice: [values]}; with --samples N")
+            parser.add_argument("--setup", metavar="[MODULE:]FUNCTION", default=None,
+                                help="setup(device) run once per worker; its return is the function's 'state'")
+        parser.add_argument("--samples", type=at_least(1), default=preset.samples if preset else None,
+                            help="random points drawn from the space (from --seed)")
+        parser.add_argument("--repeats", type=at_least(1), default=preset.repeats if preset else 1,
+                            help="items per point, each with its own seed (bootstraps)")
+        goal = parser.add_mutually_exclusive_group()
+        goal.add_argument("--minimise", "--minimize", metavar="NAME", default=preset.minimise if preset else None,
+                          help="the returned value to minimise: best rows and a figure of it against each parameter")
+        goal.add_argument("--maximise", "--maximize", metavar="NAME", default=preset.maximise if preset else None,
+                          help="the returned value to maximise")
+
+    def check_arguments(self) -> None:
+        args = self.args
+        if self.preset is not None and args.minimise is not None and args.maximise is not None:
+            # one of them is sweep.main's own: the command line's other one replaces it
+            if args.minimise == self.preset.minimise:
+                args.minimise = None
+            elif args.maximise == self.preset.maximise:
+                args.maximise = None
+        if args.minimise is not None and args.maximise is not None:
+            raise UsageError("give --minimise or --maximise, not both")
+        for flag in ("minimise", "maximise"):
+            if getattr(args, flag) is not None and not str(getattr(args, flag)).strip():
+                raise UsageError(f"--{flag} needs the name of a value the function returns")
+        if self.preset is None:
+            chosen = [flag for flag in ("grid", "points", "space") if getattr(args, flag) is not None]
+            if not chosen:
+                raise UsageError("say what to sweep: --grid FILE, --points FILE or --space FILE --samples N")
+            space_given = args.space is not None
+        else:
+            chosen = [name for name in ("grid", "points", "space") if getattr(self.preset, name) is not None]
+            if len(chosen) != 1:
+                raise UsageError(f"sweep.main takes one of grid=, points= or space= (got "
+                                 f"{', '.join(chosen) or 'none'})")
+            space_given = chosen == ["space"]
+        if space_given and args.samples is None:
+            raise UsageError("a random space needs --samples N (how many points to draw)")
+        if not space_given and args.samples is not None:
+            raise UsageError("--samples draws from a random space (--space); the grid or list gives its own points")
+
+    def validate(self) -> None:
+        """Every rank: import the function, read the space and make its points (all bad input is found here)."""
+        args, preset = self.args, self.preset
+        if preset is None:
+            function = resolve(args.function)
+            setup = None
+            if args.setup:
+                target = args.setup if ":" in args.setup else f"{args.function.partition(':')[0]}:{args.setup}"
+                setup = resolve(target, "--setup")
+            if args.grid is not None:
+                kind, value = "grid", load_file(args.grid, "--grid")
+            elif args.points is not None:
+                kind, value = "points", load_file(args.points, "--points")
+            else:
+                kind, value = "samples", load_file(args.space, "--space")
+        else:
+            function, setup = preset.function, preset.setup
+            kind = "samples" if preset.space is not None else ("grid" if preset.grid is not None else "points")
+            value = {"grid": preset.grid, "points": preset.points, "samples": preset.space}[kind]
+        if not callable(function):
+            raise UsageError(f"the sweep function must be a function, got a {type(function).__name__}")
+        if setup is not None and not callable(setup):
+            raise UsageError(f"setup must be a function, got a {type(setup).__name__}")
+        wants = _wanted(function)
+        _picklable(function, "the function")
+        if setup is not None:
+            _picklable(setup, "setup")
+        if kind == "grid":
+            points = grid_points(value)
+        elif kind == "points":
+            points = list_points(value)
+            check_unique(points)
+        else:
+            drawn = sample_points(value, args.samples, args.seed)
+            points = list({point_key(p): p for p in drawn}.values())  # a small space may draw a point twice
+        metric = args.minimise or args.maximise
+        self.plan = Plan(function, setup, points, kind, args.repeats, metric,
+                         "max" if args.maximise else "min", wants)
+
+    def fingerprint(self) -> Dict[str, Any]:
+        # not the space: --resume after adding points runs only the new ones
+        return {"function": function_name(self.plan.function)}
+
+    def output_names(self) -> Tuple[str, ...]:
+        return report.OUTPUT_NAMES
+
+    def items(self) -> List[Item]:
+        plan = self.plan
+        return [Item(point_key(point, repeat), {"point": point, "repeat": repeat})
+                for point in plan.points for repeat in range(plan.repeats)]
+
+    def check_result(self, key: str, result: Any) -> None:
+        if not isinstance(result, dict) or not isinstance(result.get("return"), dict):
+            raise ValueError("not a JSON object holding the function's return")
+        if isinstance(result.get("seed"), bool) or not isinstance(result.get("seed"), int):
+            raise ValueError("no integer seed")
+
+    # ----- worker -----
+    def setup_worker(self, device: Any) -> Any:
+        """Once per worker: ``setup(device)`` where given; the worker keeps its device's kind beside it."""
+        setup = self.plan.setup
+        state = None
+        if setup is not None:
+            try:
+                takes = len(inspect.signature(setup).parameters)
+            except (TypeError, ValueError):
+                takes = 1
+            state = setup(device.kind) if takes else setup()
+        return (state, device.kind)
+
+    def run_item(self, state: Any, item: Item, seed: Any) -> Any:
+        plan = self.plan
+        given = {"params": dict(item.params["point"]), "seed": report.item_seed_int(seed),
+                 "device": state[1], "state": state[0]}
+        result = plan.function(**{name: given[name] for name in plan.wants})
+        # the seed travels with the return: rank 0 writes it in results.csv without deriving it again
+        return {"seed": given["seed"], "return": checked_result(item.key, result)}
+
+    # ----- rank 0, at the end -----
+    def finish(self, run: RunInfo) -> Dict[str, Any]:
+        return report.write(run, self.plan)
+
+    def summary_markdown(self, summary: Mapping[str, Any]) -> str:
+        return report.markdown(summary.get("sweep") or {})
+
+    def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:
+        return report.headline(summary.get("sweep") or {})
+
+
+def checked_result(key: str, result: Any) -> Dict[str, Any]:
+    """The function's return as JSON: a dict of JSON values (numpy scalars and arrays converted), or
+    a one-line error naming the item and what is not JSON."""
+    if not isinstance(result, Mapping):
+        raise TypeError(f"item {key} returned a {type(result).__name__}, not a dict of JSON values")
+    plain = to_jsonable(dict(result))
+    where = _not_json(plain)
+    if where is not None:
+        path, value = where
+        raise TypeError(f"item {key} returned a value that is not JSON at {path}: a {type(value).__name__}")
+    return plain
+
+
+def _not_json(value: Any, path: str = "") -> Optional[Tuple[str, Any]]:
+    if value is None or isinstance(value, (str, bool, int, float)):
+        if isinstance(value, float) and value in (float("inf"), float("-inf")):
+            return None  # json writes Infinity, which Python reads back
+        return None
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            found = _not_json(inner, f"{path}[{json.dumps(name)}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, list):
+        for index, inner in enumerate(value):
+            found = _not_json(inner, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    return (path or "the top", value)
+
+
+def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, points: Any = None,
+         setup: Optional[Callable[..., Any]] = None, samples: Optional[int] = None, repeats: int = 1,
+         minimise: Optional[str] = None, maximise: Optional[str] = None,
+         argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``function`` over ``grid`` (dict of lists), ``points`` (list of dicts) or ``space``
+    (random, with ``samples``) as a full engine program: the command line takes every engine flag
+    (``--gpu``, ``--results``, ``--resume``, ``--dry-run``, ...). Returns the exit code; call it as
+    ``raise SystemExit(sweep.main(...))`` under ``if __name__ == "__main__":``."""
+    if multiprocessing.parent_process() is not None:
+        raise RuntimeError("sweep.main ran inside a worker: call it under `if __name__ == \"__main__\":` so that the "
+                           "workers, which import your script, do not start a sweep of their own")
+    from ..runner import main as run
+
+    preset = Preset(function, grid, space, points, setup, samples, repeats, minimise, maximise)
+    app_class = type("SweepApp", (SweepApp,), {"preset": preset, "module": "", "__module__": __name__})
+    return run(app_class, None if argv is None else list(argv))

@@ -1,0 +1,228 @@
+"""A sweep's outputs at rank 0: results.csv (one row per item), results.jsonl (whole returns), the
+best points for ``--minimise``/``--maximise`` and one figure of that value against each parameter.
+
+summary.md and report.html get these through the engine (``App.summary_markdown``); every file is
+written atomically, as the engine's own.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from ..outputs import atomic_write_text, new_figure, save_figure
+from .space import point_key, value_text
+
+if TYPE_CHECKING:  # only for the annotations: app imports this module
+    from ..app import RunInfo
+    from .app import Plan
+
+FIGURE = "sweep"
+#: what the sweep writes at the top of the results folder
+OUTPUT_NAMES = ("results.csv", "results.jsonl", f"{FIGURE}.png", f"{FIGURE}.svg", f"{FIGURE}.pdf")
+#: best points listed in summary.md and summary.json
+BEST_ROWS = 5
+#: a numeric parameter whose values span this factor or more is drawn on a log axis
+LOG_SPAN = 100.0
+
+
+def item_seed_int(seed: np.random.SeedSequence) -> int:
+    """The ``seed`` a sweep function receives: 32 bits of the item's own stream, which numpy,
+    ``random``, torch and scikit-learn all take."""
+    return int(seed.generate_state(1)[0])
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, bool, int, float))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rows(run: "RunInfo") -> List[Dict[str, Any]]:
+    rows = []
+    for item in run.items:
+        record = run.records.get(item.key)
+        if record is None:
+            continue
+        rows.append({"key": item.key, "point": item.params["point"], "repeat": item.params["repeat"],
+                     "seed": record.result["seed"], "result": record.result["return"],
+                     "seconds": round(record.seconds, 6), "host": record.host, "device": record.device})
+    return rows
+
+
+def _names(dicts: List[Mapping[str, Any]], keep: Any = None) -> List[str]:
+    """The keys of ``dicts`` in order of first appearance (those whose value passes ``keep``)."""
+    names: Dict[str, None] = {}
+    for entry in dicts:
+        for name, value in entry.items():
+            if keep is None or keep(value):
+                names.setdefault(name, None)
+    return list(names)
+
+
+def _csv(rows: List[Dict[str, Any]], parameters: List[str], values: List[str]) -> str:
+    columns = ["key", *parameters, "repeat", "seed",
+               *[name if name not in parameters and name not in ("key", "repeat", "seed", "seconds", "host", "device")
+                 else f"result.{name}" for name in values], "seconds", "host", "device"]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        cells = [row["key"], *[_cell(row["point"].get(name, "")) for name in parameters], row["repeat"], row["seed"]]
+        result = row["result"] if isinstance(row["result"], dict) else {}
+        cells += [_cell(result[name]) if name in result and _scalar(result[name]) else "" for name in values]
+        writer.writerow(cells + [row["seconds"], row["host"], row["device"]])
+    return buffer.getvalue()
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    return value if isinstance(value, (str, int, float)) else json.dumps(value)
+
+
+def _best(rows: List[Dict[str, Any]], metric: str, goal: str) -> List[Dict[str, Any]]:
+    """Points ranked by their mean of ``metric`` over repeats, best first."""
+    by_point: Dict[str, Dict[str, Any]] = {}
+    for row in rows:
+        value = row["result"].get(metric) if isinstance(row["result"], dict) else None
+        if _number(value):
+            entry = by_point.setdefault(point_key(row["point"]), {"params": row["point"], "values": []})
+            entry["values"].append(float(value))
+    ranked = []
+    for key, entry in by_point.items():
+        values = entry["values"]
+        ranked.append({"key": key, "params": entry["params"], "mean": statistics.fmean(values),
+                       "sd": statistics.stdev(values) if len(values) > 1 else None, "n": len(values),
+                       "min": min(values), "max": max(values)})
+    ranked.sort(key=lambda e: e["mean"], reverse=goal == "max")
+    return ranked
+
+
+def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
+    """Write the sweep's files into ``run.results_dir``; returns summary.json's ``sweep`` field."""
+    folder = Path(run.results_dir)
+    rows = _rows(run)
+    parameters = _names([row["point"] for row in rows]) or _names(plan.points)
+    values = _names([row["result"] for row in rows if isinstance(row["result"], dict)], _scalar)
+    atomic_write_text(folder / "results.csv", _csv(rows, parameters, values))
+    atomic_write_text(folder / "results.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    sweep: Dict[str, Any] = {"function": _function_name(plan), "kind": plan.kind, "points": len(plan.points),
+                             "repeats": plan.repeats, "parameters": parameters, "returned": values,
+                             "metric": plan.metric, "goal": plan.goal if plan.metric else None,
+                             "best": [], "figure": None, "files": ["results.csv", "results.jsonl"]}
+    ranked = _best(rows, plan.metric, plan.goal) if plan.metric else []
+    if plan.metric and not ranked:
+        sweep["note"] = f"no result holds a finite number named {plan.metric!r}"
+    sweep["best"] = ranked[:BEST_ROWS]
+    for stale in OUTPUT_NAMES[2:]:  # a figure of an earlier run's metric
+        (folder / stale).unlink(missing_ok=True)
+    if ranked:
+        _figure(ranked, parameters, plan.metric, plan.goal, folder / FIGURE)
+        sweep["figure"] = f"{FIGURE}.png"
+    return {"sweep": sweep}
+
+
+def _function_name(plan: "Plan") -> str:
+    from .app import function_name
+
+    return function_name(plan.function)
+
+
+def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, goal: str, path: Path) -> None:
+    """One panel per parameter: each point's mean (repeats as a bar from their lowest to highest
+    value), and the best value at each of the parameter's values as a line."""
+    columns = min(3, len(parameters))
+    rows = math.ceil(len(parameters) / columns)
+    fig, axes = new_figure(4.2 * columns, 3.3 * rows, rows, columns, squeeze=False)
+    pick = min if goal == "min" else max
+    for index, ax in enumerate(axes.flat):
+        if index >= len(parameters):
+            ax.set_visible(False)
+            continue
+        name = parameters[index]
+        entries = [e for e in ranked if name in e["params"]]
+        xs = [e["params"][name] for e in entries]
+        numeric = all(_number(x) for x in xs)
+        if numeric:
+            positions = [float(x) for x in xs]
+        else:
+            labels = list(dict.fromkeys(value_text(x) for x in xs))
+            positions = [labels.index(value_text(x)) for x in xs]
+            ax.set_xticks(range(len(labels)), labels, rotation=30 if max(map(len, labels)) > 6 else 0)
+            ax.set_xlim(-0.5, len(labels) - 0.5)
+        means = [e["mean"] for e in entries]
+        spread = np.array([[e["mean"] - e["min"] for e in entries], [e["max"] - e["mean"] for e in entries]])
+        if any(e["n"] > 1 for e in entries):
+            ax.errorbar(positions, means, yerr=spread, fmt="o", ms=3, alpha=0.45, color="tab:blue", elinewidth=1,
+                        label="point (repeats: lowest to highest)")
+        else:
+            ax.plot(positions, means, "o", ms=3, alpha=0.45, color="tab:blue", label="point")
+        best: Dict[float, float] = {}
+        for x, mean in zip(positions, means):
+            best[x] = pick(best.get(x, mean), mean)
+        order = sorted(best)
+        ax.plot(order, [best[x] for x in order], "-", color="tab:red", lw=1.5, label=f"best ({'lowest' if goal == 'min' else 'highest'})")
+        if numeric and min(positions) > 0 and max(positions) / min(positions) >= LOG_SPAN:
+            ax.set_xscale("log")
+        ax.set_xlabel(name)
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        if index == 0:
+            ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def _params_text(params: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name}={value_text(value)}" for name, value in params.items())
+
+
+def _number_text(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def markdown(sweep: Mapping[str, Any]) -> str:
+    """The sweep's part of summary.md (and so of report.html)."""
+    if not sweep:
+        return ""
+    lines = [f"## Sweep of `{sweep['function']}`", "",
+             f"- {sweep['points']} points ({sweep['kind']}) x {sweep['repeats']} repeat(s); parameters: "
+             + ", ".join(f"`{p}`" for p in sweep["parameters"]),
+             "- `results.csv`: one row per item (parameters, repeat, seed, every scalar returned, seconds, host, "
+             "device); `results.jsonl`: each item's whole return", ""]
+    if sweep.get("note"):
+        lines += [f"Nothing to rank: {sweep['note']}.", ""]
+    best = sweep.get("best") or []
+    if best:
+        metric = sweep["metric"]
+        parameters = sweep["parameters"]
+        lines += [f"### Best points by `{metric}` ({'lowest' if sweep['goal'] == 'min' else 'highest'} mean over "
+                  f"repeats)", "",
+                  "| | " + " | ".join(parameters) + f" | {metric} | sd | repeats |",
+                  "|---" * (len(parameters) + 4) + "|"]
+        for place, entry in enumerate(best, 1):
+            lines.append(f"| {place} | " + " | ".join(value_text(entry["params"][p]) if p in entry["params"] else ""
+                                                     for p in parameters)
+                         + f" | {_number_text(entry['mean'])} | {_number_text(entry['sd'])} | {entry['n']} |")
+        lines.append("")
+    if sweep.get("figure"):
+        lines += [f"![{sweep['metric']} against each parameter]({sweep['figure']})", ""]
+    return "\n".join(lines)
+
+
+def headline(sweep: Mapping[str, Any]) -> List[str]:
+    """The line printed on stdout after a complete run: the best point, where a metric was named."""
+    best = sweep.get("best") or []
+    if not best:
+        return []
+    top = best[0]
+    repeats = f" (mean of {top['n']} repeats)" if top["n"] > 1 else ""
+    return [f"best {sweep['metric']}: {top['mean']!r}{repeats} at {_params_text(top['params'])}"]

@@ -1,0 +1,205 @@
+"""The points of a sweep: a grid, an explicit list, or random samples, each checked as the user wrote
+it (one-line :class:`UsageError` for anything wrong), and each point's item key.
+
+A key is made of the parameter values themselves (``C=10,gamma=0.001``, ``,repeat=2`` for the
+later repeats), never of a position: adding values to a grid adds keys and leaves the others as
+they were, so ``--resume`` runs only the new points.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import zlib
+from pathlib import Path
+from typing import Any, Dict, List, Mapping
+
+import numpy as np
+
+from ..errors import UsageError, quoted
+from ..outputs import to_jsonable
+
+#: the distributions a --space may name, each with what its two bounds must be
+DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
+#: spawn-key tag of the sample draws, so they never share a stream with an item's own seed
+_SAMPLE_TAG = 0x5A3F1E
+
+
+def load_file(path: Path, what: str) -> Any:
+    """A JSON file, or YAML (``.yaml``/``.yml``, with PyYAML) as one value."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"{what} {quoted(path)}: cannot read it ({getattr(error, 'strerror', None) or error})") from None
+    if Path(path).suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise UsageError(f"{what} {quoted(path)}: reading YAML needs PyYAML (pip install pyyaml), "
+                             f"or write the file as JSON") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise UsageError(f"{what} {quoted(path)}: not valid YAML ({' '.join(str(error).split())})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UsageError(f"{what} {quoted(path)}: not valid JSON ({error})") from None
+
+
+def _check_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not name or any(c in name for c in ",=\n"):
+        raise UsageError(f"{where}: parameter name {name!r} must be a non-empty string without ',', '=' or a newline")
+    return name
+
+
+def _plain(value: Any, where: str) -> Any:
+    """A parameter value as JSON holds it (numpy scalars, tuples converted); refused if it is not JSON-able."""
+    kind = type(value)
+    if kind is int or kind is str or kind is bool or value is None or (kind is float and math.isfinite(value)):
+        return value  # most values: a 20,000-point grid is checked on every rank
+    if isinstance(value, float):
+        raise UsageError(f"{where}: {value!r} is not a value JSON can hold")
+    plain = to_jsonable(value)
+    try:
+        json.dumps(plain, allow_nan=False)
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: value {value!r} (a {type(value).__name__}) is not a JSON value") from None
+    return plain
+
+
+def grid_points(grid: Any) -> List[Dict[str, Any]]:
+    """Every combination of a grid's lists, the first parameter varying slowest."""
+    if not isinstance(grid, Mapping):
+        raise UsageError(f"the grid must be an object of parameter -> list of values, got a {type(grid).__name__}")
+    if not grid:
+        raise UsageError("the grid is empty: give at least one parameter with a list of values")
+    axes = []
+    for name, values in grid.items():
+        _check_name(name, "the grid")
+        if not isinstance(values, (list, tuple)):
+            raise UsageError(f"the grid's {name!r} must be a list of values, got a {type(values).__name__} "
+                             f"({values!r}); write [{json.dumps(to_jsonable(values), default=str)}] for one value")
+        if not values:
+            raise UsageError(f"the grid's {name!r} is an empty list: the grid would have no point")
+        plain = [_plain(v, f"the grid's {name!r}") for v in values]
+        seen = set()
+        for value in plain:
+            text = value_text(value)
+            if text in seen:
+                raise UsageError(f"the grid's {name!r} lists {text} twice")
+            seen.add(text)
+        axes.append((name, plain))
+    return [dict(zip([name for name, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
+
+
+def list_points(points: Any) -> List[Dict[str, Any]]:
+    """An explicit list of points (dicts), each checked."""
+    if not isinstance(points, (list, tuple)):
+        raise UsageError(f"the points must be a list of objects (parameter -> value), got a {type(points).__name__}")
+    if not points:
+        raise UsageError("the list of points is empty")
+    result = []
+    for number, point in enumerate(points, 1):
+        if not isinstance(point, Mapping) or not point:
+            raise UsageError(f"point {number} must be a non-empty object (parameter -> value), got {point!r}")
+        result.append({_check_name(name, f"point {number}"): _plain(value, f"point {number}'s {name!r}")
+                       for name, value in point.items()})
+    return result
+
+
+def _bounds(name: str, spec: Any, kind: str) -> tuple:
+    where = f"the space's {name!r} ({kind})"
+    if not isinstance(spec, (list, tuple)) or len(spec) != 2:
+        raise UsageError(f"{where} needs [low, high], got {spec!r}")
+    low, high = spec
+    number = int if kind == "int" else (int, float)
+    if any(isinstance(b, bool) or not isinstance(b, number) or not math.isfinite(b) for b in (low, high)):
+        raise UsageError(f"{where}: bounds must be finite {'integers' if kind == 'int' else 'numbers'}, got {spec!r}")
+    if low > high or (kind != "int" and low == high):
+        raise UsageError(f"{where}: bounds in the wrong order ({low!r} is not below {high!r})")
+    if kind == "loguniform" and low <= 0:
+        raise UsageError(f"{where}: bounds must be positive, got {low!r}")
+    return low, high
+
+
+def check_space(space: Any) -> Dict[str, tuple]:
+    """A random-search space: parameter -> ``{"uniform"|"loguniform"|"int": [low, high]}`` or
+    ``{"choice": [values]}``; returns parameter -> (distribution, arguments)."""
+    if not isinstance(space, Mapping):
+        raise UsageError(f"the space must be an object of parameter -> distribution, got a {type(space).__name__}")
+    if not space:
+        raise UsageError("the space is empty: give at least one parameter with a distribution")
+    checked = {}
+    for name, spec in space.items():
+        _check_name(name, "the space")
+        if not isinstance(spec, Mapping) or len(spec) != 1:
+            raise UsageError(f"the space's {name!r} must be one of {{\"uniform\": [low, high]}}, {{\"loguniform\": "
+                             f"[low, high]}}, {{\"int\": [low, high]}} or {{\"choice\": [values]}}, got {spec!r}")
+        (kind, arguments), = spec.items()
+        if kind not in DISTRIBUTIONS:
+            raise UsageError(f"the space's {name!r}: unknown distribution {kind!r} (known: {', '.join(DISTRIBUTIONS)})")
+        if kind == "choice":
+            if not isinstance(arguments, (list, tuple)) or not arguments:
+                raise UsageError(f"the space's {name!r} (choice) needs a non-empty list of values, got {arguments!r}")
+            checked[name] = (kind, [_plain(v, f"the space's {name!r}") for v in arguments])
+        else:
+            checked[name] = (kind, _bounds(name, arguments, kind))
+    return checked
+
+
+def sample_points(space: Any, samples: int, seed: int) -> List[Dict[str, Any]]:
+    """``samples`` points drawn from the space: sample i's value of each parameter comes from its own
+    stream (``seed``, i, the parameter's name), so asking for more samples keeps the first ones,
+    and adding a parameter leaves the others' values as they were."""
+    checked = check_space(space)
+    points = []
+    for index in range(samples):
+        point = {}
+        for name, (kind, arguments) in checked.items():
+            rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(
+                _SAMPLE_TAG, index, zlib.crc32(name.encode("utf-8")))))
+            if kind == "uniform":
+                point[name] = float(rng.uniform(*arguments))
+            elif kind == "loguniform":
+                point[name] = float(math.exp(rng.uniform(math.log(arguments[0]), math.log(arguments[1]))))
+            elif kind == "int":
+                point[name] = int(rng.integers(arguments[0], arguments[1], endpoint=True))
+            else:
+                point[name] = arguments[int(rng.integers(len(arguments)))]
+        points.append(point)
+    return points
+
+
+def value_text(value: Any) -> str:
+    """A parameter value in a key or a table: as JSON writes it, but a plain word bare (``rbf``, not
+    ``"rbf"``) where that cannot be read as another value (``"1"``, ``"true"`` keep their quotes)."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float and math.isfinite(value):
+        return repr(value)  # as json.dumps writes it
+    if kind is str and value and value.strip() == value and not any(c in value for c in ',="[]{}\n'):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def point_key(point: Mapping[str, Any], repeat: int = 0) -> str:
+    """``C=10,gamma=0.001`` (names sorted, values as :func:`value_text` writes them), with
+    ``,repeat=R`` from the second repeat on: the first repeat keeps the point's own key, so adding
+    repeats later adds items."""
+    key = ",".join(f"{name}={value_text(point[name])}" for name in sorted(point))
+    return key if repeat == 0 else f"{key},repeat={repeat}"
+
+
+def check_unique(points: List[Dict[str, Any]]) -> None:
+    """Refuse a space where two points are the same (they would be one item)."""
+    seen: Dict[str, int] = {}
+    for number, point in enumerate(points, 1):
+        key = point_key(point)
+        if key in seen:
+            raise UsageError(f"point {number} ({key}) is the same as point {seen[key]}: each point must be listed once")
+        seen[key] = number

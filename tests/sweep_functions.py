@@ -1,0 +1,63 @@
+"""Functions that tests/test_sweep.py runs through ``python -m common.sweep`` (imported from tests/ by
+the workers as a user's module would be), each doing what a user's might."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _mark(name: str) -> None:
+    """Each run of a point appends a line to a file named after it (SWEEP_MARKS), to count runs."""
+    folder = os.environ.get("SWEEP_MARKS")
+    if folder:
+        with open(Path(folder) / name.replace("/", "_"), "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+
+
+def noisy(params, seed):
+    """A number drawn from the item's seed plus a smooth function of the parameters."""
+    _mark(",".join(f"{k}={params[k]}" for k in sorted(params)) + f"-{seed}")
+    time.sleep(float(os.environ.get("SWEEP_SLEEP", "0")))
+    x = float(params.get("x", 0.0))
+    draw = float(np.random.default_rng(seed).random())
+    return {"loss": (x - 3.0) ** 2 + draw, "draw": draw, "seed_seen": seed, "vector": [x, draw],
+            "kind": str(params.get("kind", ""))}
+
+
+def everything(params, seed, device, state):
+    """Receives all four arguments: shows what a worker hands a function."""
+    return {"params": params, "seed": seed, "device": device, "state_pid": state["pid"], "pid": os.getpid()}
+
+
+def setup(device):
+    """Once per worker."""
+    return {"pid": os.getpid(), "device": device}
+
+
+def noop():
+    """Nothing at all: the benchmark's per-item overhead."""
+    return {}
+
+
+def raises(params):
+    if params["x"] == 2:
+        raise ValueError("x=2 is not allowed here")
+    return {"loss": params["x"]}
+
+
+def not_json(params):
+    return {"loss": 1.0, "model": {1, 2, 3}} if params["x"] == 1 else {"loss": 0.0}
+
+
+def not_a_dict(params):
+    return 0.5
+
+
+def wrong_signature(x, y):
+    return {"loss": x + y}
+
+
+NOT_A_FUNCTION = 3

@@ -1,0 +1,128 @@
+"""``python -m mnist_nn 1 1`` downloads MNIST through torchvision when the IDX files are nowhere: here
+against a real HTTP server on 127.0.0.1 serving IDX files (there is no outside network), the
+download, the checksums and the files' unpacking all torchvision's own. Only what torchvision takes
+from class attributes changes: ``MNIST.mirrors`` (where to fetch) and ``MNIST.resources`` (the file
+names with the MD5 sums of the files served, which are scikit-learn's digits at 28x28, not MNIST).
+
+Skipped where torchvision cannot be imported (PyPI's torchvision beside the local CPU-only torch
+2.13.0 cannot: see the README's install notes)."""
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import http.server
+import os
+import struct
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import run
+
+try:
+    import torchvision.datasets  # noqa: F401
+except Exception as error:  # ImportError, or the RuntimeError of a CUDA torchvision beside a CPU torch
+    pytest.skip(f"torchvision cannot be imported here ({type(error).__name__}: {str(error).splitlines()[0]})",
+                allow_module_level=True)
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """An IDX file of unsigned bytes: magic 0x0000080N, the dimensions big-endian, then the data."""
+    return struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape) + array.tobytes()
+
+
+def served_files(folder: Path) -> dict:
+    """MNIST's four gzip'd IDX files, made from the digits (28x28, uint8); name -> MD5."""
+    from sklearn.datasets import load_digits
+
+    from common.data import resize_images
+
+    images, labels = load_digits(return_X_y=True)
+    images = resize_images((images.reshape(-1, 8, 8) * 16).clip(0, 255).astype(np.uint8))
+    parts = {"train-images-idx3-ubyte": images[:1500], "train-labels-idx1-ubyte": labels[:1500].astype(np.uint8),
+             "t10k-images-idx3-ubyte": images[1500:], "t10k-labels-idx1-ubyte": labels[1500:].astype(np.uint8)}
+    sums = {}
+    for stem, array in parts.items():
+        data = gzip.compress(idx_bytes(np.ascontiguousarray(array)), mtime=0)
+        (folder / f"{stem}.gz").write_bytes(data)
+        sums[f"{stem}.gz"] = hashlib.md5(data).hexdigest()
+    return sums
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    """A real HTTP server on 127.0.0.1 serving the files; yields (url, md5 sums, requested paths)."""
+    served = tmp_path / "mirror"
+    served.mkdir()
+    sums = served_files(served)
+    requested = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format, *args):  # noqa: A002  (http.server's own name)
+            requested.append(self.path)
+
+    class Server(http.server.ThreadingHTTPServer):
+        def handle_error(self, request, client_address):
+            """torchvision's first GET of each file only looks for a redirect and hangs up: not an error."""
+
+    server = Server(("127.0.0.1", 0), functools.partial(Handler, directory=str(served)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", sums, requested
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def mirrored_program(tmp_path, monkeypatch, mirrors, resources) -> str:
+    """``python -c`` code that runs mnist_nn with torchvision's MNIST mirrors (and resources) set.
+    The rank asks a child process (``python -m common.data``) for the mirrors and downloads there,
+    so the change is made in a sitecustomize on PYTHONPATH, which every process of the run reads."""
+    site = tmp_path / "site"
+    site.mkdir()
+    lines = ["import torchvision.datasets as d", f"d.MNIST.mirrors = {mirrors!r}"]
+    if resources is not None:
+        lines.append(f"d.MNIST.resources = {resources!r}")
+    (site / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    return "import runpy; runpy.run_module('mnist_nn', run_name='__main__', alter_sys=True)"
+
+
+@pytest.mark.timeout(900)  # two runs, each importing a CUDA build of torch on the CPU
+def test_mnist_nn_1_1_downloads_mnist_through_torchvision_from_a_mirror(tmp_path, mirror, monkeypatch):
+    url, sums, requested = mirror
+    # the order torchvision lists them in; each checked against its MD5 by torchvision
+    resources = [(name, sums[name]) for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                                                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")]
+    program = mirrored_program(tmp_path, monkeypatch, [url], resources)
+    data = tmp_path / "data"
+    result = run(["-c", program, "1", "1", "--data-dir", str(data), "--gpu", "cpu", "--max-macs", "3e5",
+                  "--max-epochs", "2", "--folds", "2", "--certainty-images", "0", "--no-progress",
+                  "--results", str(tmp_path / "r")], cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    # torchvision asks for each file twice: once to follow redirects, once to fetch it
+    assert set(requested) == {f"/{name}" for name, _ in resources}
+    fetched = len(requested)
+    raw = data / "MNIST" / "raw"
+    for name, _ in resources:
+        assert (raw / name.removesuffix(".gz")).is_file(), name  # torchvision unpacked each one
+    assert "ensemble test error: " in result.stdout
+    again = run(["-c", program, "1", "1", "--data-dir", str(data), "--gpu", "cpu", "--max-macs", "3e5",
+                 "--max-epochs", "2", "--folds", "2", "--certainty-images", "0", "--no-progress", "--dry-run"],
+                cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert len(requested) == fetched, "found where it was downloaded: not fetched again"
+
+
+def test_an_unreachable_mirror_is_one_line_naming_what_is_missing(tmp_path, monkeypatch):
+    program = mirrored_program(tmp_path, monkeypatch, ["http://127.0.0.1:9/"], None)
+    result = run(["-c", program, "1", "1", "--data-dir", str(tmp_path / "data"), "--gpu", "cpu",
+                  "--results", str(tmp_path / "r")], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot be downloaded" in lines[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "r").exists()

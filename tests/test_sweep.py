@@ -1,0 +1,265 @@
+"""common.sweep end to end: real mpiexec, real spawned workers, real signals, the user's function
+imported from tests/sweep_functions.py as ``python -m common.sweep`` imports a user's module."""
+from __future__ import annotations
+
+import csv
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, assert_usage_error, journal_entries, run, start, stop_run
+
+TESTS = REPO / "tests"
+ENGINE = ["--gpu", "cpu", "--threads", "1", "--no-progress"]
+
+
+def sweep(target: str, results: Path, *extra: str, ranks: int = 1, workers: int = 2, cwd: Path = TESTS, **kwargs):
+    return run(["-m", "common.sweep", target, *extra, *ENGINE, "--workers", str(workers), "--results", str(results)],
+               ranks=ranks, cwd=cwd, **kwargs)
+
+
+def write(path: Path, value) -> Path:
+    path.write_text(value if isinstance(value, str) else json.dumps(value))
+    return path
+
+
+def rows(results: Path) -> list:
+    with open(Path(results) / "results.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def returns(results: Path) -> dict:
+    """key -> the function's whole return, from results.jsonl."""
+    return {entry["key"]: entry["result"] for entry in map(json.loads, (Path(results) / "results.jsonl").open())}
+
+
+def summary(results: Path) -> dict:
+    return json.loads((Path(results) / "summary.json").read_text())
+
+
+def marks(folder: Path) -> Counter:
+    return Counter({p.name: len(p.read_text().splitlines()) for p in Path(folder).iterdir()})
+
+
+def test_a_grid_on_two_ranks_by_two_workers_equals_one_by_one(tmp_path, monkeypatch):
+    grid = write(tmp_path / "grid.json", {"x": [1, 2, 3, 4, 5], "kind": ["a", "b"]})
+    one = sweep("sweep_functions:noisy", tmp_path / "one", "--grid", str(grid), "--minimise", "loss", workers=1)
+    assert one.returncode == 0, one.stderr
+    monkeypatch.setenv("SWEEP_SLEEP", "0.3")  # items long enough that both ranks get some, however loaded the machine
+    many = sweep("sweep_functions:noisy", tmp_path / "many", "--grid", str(grid), "--minimise", "loss", ranks=2)
+    assert many.returncode == 0, many.stderr
+    assert returns(tmp_path / "one") == returns(tmp_path / "many")
+    table = rows(tmp_path / "many")
+    assert len(table) == 10
+    assert list(table[0])[:5] == ["key", "x", "kind", "repeat", "seed"]
+    assert {"loss", "draw", "seconds", "host", "device"} <= set(table[0])
+    assert "vector" not in table[0]  # not a scalar: in results.jsonl only
+    assert {row["key"] for row in table} == {f"kind={k},x={x}" for x in range(1, 6) for k in "ab"}
+    assert all(int(row["seed"]) == returns(tmp_path / "many")[row["key"]]["seed_seen"] for row in table)
+    assert {e["rank"] for e in journal_entries(tmp_path / "many") if e.get("type") == "result"} == {0, 1}
+    for name in ("summary.md", "report.html", "sweep.png", "sweep.svg", "sweep.pdf", "timeline.png"):
+        assert (tmp_path / "many" / name).exists(), name
+    assert (tmp_path / "many" / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    best = summary(tmp_path / "many")["sweep"]["best"]
+    assert best[0]["params"]["x"] == 3 and best == sorted(best, key=lambda e: e["mean"])
+    assert many.stdout.startswith("best loss: ") and "x=3" in many.stdout
+    assert "Best points by `loss`" in (tmp_path / "many" / "summary.md").read_text()
+    assert "sweep.png" in (tmp_path / "many" / "summary.md").read_text()
+
+
+def test_a_list_of_points_in_yaml_with_repeats_and_every_argument(tmp_path):
+    points = write(tmp_path / "points.yaml", "- {x: 1}\n- {x: 2.5, kind: rbf}\n- {kind: \"1\"}\n")
+    result = sweep("sweep_functions:everything", tmp_path / "r", "--points", str(points), "--repeats", "3",
+                   "--setup", "setup", ranks=2)
+    assert result.returncode == 0, result.stderr
+    got = returns(tmp_path / "r")
+    assert sorted(got) == sorted(["x=1", "x=1,repeat=1", "x=1,repeat=2", "kind=rbf,x=2.5", "kind=rbf,x=2.5,repeat=1",
+                                  "kind=rbf,x=2.5,repeat=2", 'kind="1"', 'kind="1",repeat=1', 'kind="1",repeat=2'])
+    assert got["kind=rbf,x=2.5"]["params"] == {"x": 2.5, "kind": "rbf"}
+    assert len({r["seed"] for r in got.values()}) == 9, "each repeat has its own seed"
+    assert {r["device"] for r in got.values()} == {"cpu"}
+    assert all(r["state_pid"] == r["pid"] for r in got.values()), "setup ran in the worker that runs the item"
+    assert summary(tmp_path / "r")["sweep"]["figure"] is None  # no --minimise: nothing to draw
+    assert not (tmp_path / "r" / "sweep.png").exists()
+
+
+def test_random_samples_stay_in_their_space_and_more_samples_keep_the_first(tmp_path):
+    space = write(tmp_path / "space.json", {"lr": {"loguniform": [1e-4, 1e-1]}, "drop": {"uniform": [0, 0.5]},
+                                            "layers": {"int": [1, 3]}, "kind": {"choice": ["a", "b", "c"]}})
+
+    def planned(samples: int, seed: str = "7") -> list:
+        dry = sweep("sweep_functions:noisy", tmp_path / "dry", "--space", str(space), "--samples", str(samples),
+                    "--seed", seed, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        return [json.loads(line) for line in dry.stdout.splitlines()]
+
+    six, ten = planned(6), planned(10)
+    assert ten[:6] == six and len(ten) == 10
+    assert planned(6, "8") != six
+    for entry in ten:
+        point = entry["params"]["point"]
+        assert 1e-4 <= point["lr"] <= 1e-1 and 0 <= point["drop"] <= 0.5
+        assert point["layers"] in (1, 2, 3) and point["kind"] in ("a", "b", "c")
+    assert not (tmp_path / "dry").exists()
+    ran = sweep("sweep_functions:noisy", tmp_path / "r", "--space", str(space), "--samples", "6", "--seed", "7",
+                "--maximise", "draw")
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(returns(tmp_path / "r")) == sorted(entry["key"] for entry in six)
+    best = summary(tmp_path / "r")["sweep"]["best"]
+    assert best == sorted(best, key=lambda e: -e["mean"])
+
+
+def test_a_script_with_sweep_main_takes_every_engine_flag(tmp_path):
+    script = str(TESTS / "sweep_script.py")
+    dry = run([script, "--dry-run", "--gpu", "cpu"])
+    assert dry.returncode == 0, dry.stderr
+    assert len(dry.stdout.splitlines()) == 16  # 4 x 2 points x 2 repeats
+    result = run([script, *ENGINE, "--workers", "2", "--results", str(tmp_path / "r")], ranks=2)
+    assert result.returncode == 0, result.stderr
+    assert len(returns(tmp_path / "r")) == 16
+    assert summary(tmp_path / "r")["fingerprint"]["function"] == "sweep_script:fit"
+    assert result.stdout.startswith("best loss: ") and "(mean of 2 repeats) at x=3" in result.stdout
+    again = run([script, *ENGINE, "--results", str(tmp_path / "r"), "--resume", "--maximise", "seed_seen"])
+    assert again.returncode == 0, again.stderr  # the command line's --maximise replaces the script's minimise
+    assert summary(tmp_path / "r")["items_this_run"] == 0
+    assert (summary(tmp_path / "r")["sweep"]["metric"], summary(tmp_path / "r")["sweep"]["goal"]) == ("seed_seen", "max")
+
+
+def test_sigterm_then_resume_runs_only_the_rest(tmp_path, monkeypatch):
+    grid = write(tmp_path / "grid.json", {"x": list(range(16))})
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv("SWEEP_MARKS", str(tmp_path / "marks"))
+    monkeypatch.setenv("SWEEP_SLEEP", "0.3")
+    args = ["-m", "common.sweep", "sweep_functions:noisy", "--grid", str(grid), *ENGINE, "--workers", "2",
+            "--results", str(tmp_path / "r")]
+    stopped = stop_run(start(args, ranks=2, cwd=TESTS), tmp_path / "r", after=4, sig=signal.SIGTERM)
+    assert stopped.returncode == 75, stopped.stderr
+    assert "--resume" in stopped.stderr
+    done = {e["key"] for e in journal_entries(tmp_path / "r") if e.get("type") == "result"}
+    assert 4 <= len(done) < 16
+    monkeypatch.setenv("SWEEP_SLEEP", "0")
+    resumed = run(args + ["--resume"], ranks=2, cwd=TESTS)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(returns(tmp_path / "r")) == 16
+    assert summary(tmp_path / "r")["items_resumed"] == len(done)
+    counts = marks(tmp_path / "marks")
+    assert len(counts) == 16 and all(n == 1 for n in counts.values()), counts
+
+
+def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path, monkeypatch):
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv("SWEEP_MARKS", str(tmp_path / "marks"))
+    grid = tmp_path / "grid.json"
+    write(grid, {"x": [1, 2, 3]})
+    first = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid), "--minimise", "loss")
+    assert first.returncode == 0, first.stderr
+    before = returns(tmp_path / "r")
+    write(grid, {"x": [1, 2, 3, 4, 5]})
+    again = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid), "--minimise", "loss", "--resume",
+                  ranks=2)
+    assert again.returncode == 0, again.stderr
+    after = returns(tmp_path / "r")
+    assert sorted(after) == [f"x={x}" for x in range(1, 6)]
+    assert all(after[key] == value for key, value in before.items())
+    assert summary(tmp_path / "r")["items_this_run"] == 2
+    assert sum(marks(tmp_path / "marks").values()) == 5, "each point ran once"
+    write(grid, {"x": [4, 5]})
+    fewer = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid), "--resume")
+    assert fewer.returncode == 0, fewer.stderr
+    assert sorted(returns(tmp_path / "r")) == ["x=4", "x=5"] and len(rows(tmp_path / "r")) == 2
+    assert summary(tmp_path / "r")["items_this_run"] == 0
+    assert not (tmp_path / "r" / "sweep.png").exists()  # no --minimise this time: the old figure is gone
+    other = sweep("sweep_functions:raises", tmp_path / "r", "--grid", str(grid), "--resume")
+    assert_usage_error(other, "other arguments", "function")
+
+
+def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_the_item(tmp_path):
+    grid = write(tmp_path / "grid.json", {"x": [1, 2, 3]})
+    raised = sweep("sweep_functions:raises", tmp_path / "raises", "--grid", str(grid), "--retries", "1")
+    assert raised.returncode == 1, raised.stderr
+    failed = summary(tmp_path / "raises")["failed_items"]
+    assert [f["key"] for f in failed] == ["x=2"] and "ValueError: x=2 is not allowed here" in failed[0]["error"]
+    attempts = [e for e in journal_entries(tmp_path / "raises") if e.get("key") == "x=2" and e["type"] == "attempt_failed"]
+    assert len(attempts) == 2 and all(e["traceback"].startswith("Traceback") for e in attempts)
+    assert "x=2 is not allowed here" in (tmp_path / "raises" / "report.html").read_text()
+    assert len(rows(tmp_path / "raises")) == 2
+    bad = sweep("sweep_functions:not_json", tmp_path / "json", "--grid", str(grid), "--retries", "0")
+    assert bad.returncode == 1, bad.stderr
+    (failure,) = summary(tmp_path / "json")["failed_items"]
+    assert failure["key"] == "x=1"
+    assert failure["error"] == 'TypeError: item x=1 returned a value that is not JSON at ["model"]: a set'
+    scalar = sweep("sweep_functions:not_a_dict", tmp_path / "scalar", "--grid", str(grid), "--retries", "0")
+    assert scalar.returncode == 1
+    assert "returned a float, not a dict" in summary(tmp_path / "scalar")["failed_items"][0]["error"]
+
+
+BAD_INPUTS = [
+    # (target, files {name: content}, flags, fragments of the one-line error)
+    ("no_such_module:fit", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["cannot import 'no_such_module'"]),
+    ("broken:fit", {"g.json": {"x": [1]}, "broken.py": "def fit(:\n"}, ["--grid", "g.json"],
+     ["cannot import 'broken'", "SyntaxError"]),
+    ("sweep_functions:nope", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["has no 'nope'"]),
+    ("sweep_functions:NOT_A_FUNCTION", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["not a function"]),
+    ("sweep_functions", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["module:function"]),
+    ("sweep_functions:wrong_signature", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["takes 'x'"]),
+    ("sweep_functions:noisy", {"g.json": {}}, ["--grid", "g.json"], ["grid is empty"]),
+    ("sweep_functions:noisy", {"g.json": {"x": 3}}, ["--grid", "g.json"], ["'x' must be a list"]),
+    ("sweep_functions:noisy", {"g.json": {"x": []}}, ["--grid", "g.json"], ["'x' is an empty list"]),
+    ("sweep_functions:noisy", {"g.json": [1, 2]}, ["--grid", "g.json"], ["grid must be an object"]),
+    ("sweep_functions:noisy", {"g.json": "{not json"}, ["--grid", "g.json"], ["not valid JSON"]),
+    ("sweep_functions:noisy", {}, ["--grid", "missing.json"], ["cannot read it"]),
+    ("sweep_functions:noisy", {"p.json": []}, ["--points", "p.json"], ["list of points is empty"]),
+    ("sweep_functions:noisy", {"p.json": [{"x": 1}, {"x": 1}]}, ["--points", "p.json"], ["same as point 1"]),
+    ("sweep_functions:noisy", {"s.json": {"x": {"normal": [0, 1]}}}, ["--space", "s.json", "--samples", "2"],
+     ["unknown distribution 'normal'"]),
+    ("sweep_functions:noisy", {"s.json": {"x": {"uniform": [1, 0]}}}, ["--space", "s.json", "--samples", "2"],
+     ["wrong order"]),
+    ("sweep_functions:noisy", {"s.json": {"x": {"loguniform": [0, 1]}}}, ["--space", "s.json", "--samples", "2"],
+     ["must be positive"]),
+    ("sweep_functions:noisy", {"s.json": {"x": {"int": [0.5, 3]}}}, ["--space", "s.json", "--samples", "2"],
+     ["integers"]),
+    ("sweep_functions:noisy", {"s.json": {}}, ["--space", "s.json", "--samples", "2"], ["space is empty"]),
+    ("sweep_functions:noisy", {"s.json": {"x": {"uniform": [0, 1]}}}, ["--space", "s.json"], ["needs --samples"]),
+    ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--samples", "3"], ["--samples draws"]),
+    ("sweep_functions:noisy", {}, [], ["--grid FILE, --points FILE or --space FILE"]),
+    ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--repeats", "0"], ["--repeats"]),
+    ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "nothing_here"],
+     ["has no 'nothing_here'"]),
+]
+
+
+@pytest.mark.parametrize("target,files,flags,fragments", BAD_INPUTS,
+                         ids=[f"{i}-{case[0].split(':')[-1]}-{'-'.join(case[2][:1]) or 'none'}"
+                              for i, case in enumerate(BAD_INPUTS)])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, target, files, flags, fragments):
+    (tmp_path / "sweep_functions.py").write_text((TESTS / "sweep_functions.py").read_text())
+    for name, content in files.items():
+        write(tmp_path / name, content)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = sweep(target, tmp_path / "results", *flags, cwd=tmp_path)
+    assert_usage_error(result, "sweep: error:", *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == before
+
+
+def test_bad_input_on_two_ranks_is_still_one_line(tmp_path):
+    write(tmp_path / "g.json", {"x": {"uniform": [0, 1]}})
+    result = sweep("sweep_functions:noisy", tmp_path / "results", "--grid", str(tmp_path / "g.json"), ranks=2)
+    assert_usage_error(result, "'x' must be a list")
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_two_examples_run_and_find_a_good_point(tmp_path):
+    svm = run([str(REPO / "examples" / "sweep" / "svm_digits.py"), *ENGINE, "--workers", "2",
+               "--results", str(tmp_path / "svm")], ranks=2)
+    assert svm.returncode == 0, svm.stderr
+    best = summary(tmp_path / "svm")["sweep"]["best"][0]
+    assert best["mean"] < 0.05 and len(rows(tmp_path / "svm")) == 20
+    net = run([str(REPO / "examples" / "sweep" / "torch_digits.py"), *ENGINE, "--workers", "2",
+               "--results", str(tmp_path / "torch")])
+    assert net.returncode == 0, net.stderr
+    best = summary(tmp_path / "torch")["sweep"]["best"][0]
+    assert best["mean"] < 0.2 and best["n"] == 3 and len(rows(tmp_path / "torch")) == 18
+    assert {row["device"] for row in rows(tmp_path / "torch")} <= {"cpu0", "cpu1"}

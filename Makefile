@@ -5,7 +5,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 # The CPU build of torch (a range that this satisfies installs nothing more).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install lint test bench demo gpu-check clean
+.PHONY: install lint check test bench demo gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check .
 
+# The quick inner loop: lint and every test that starts no MPI job, Slurm or virtual cluster (the
+# tiers inprocess and processes, which tests/conftest.py gives each test from its code: tests/tiers.py).
+check: lint
+	$(PY) -m pytest -q -m "inprocess or processes" tests
+
+# Everything, every tier (CI's .ci/run runs this).
 test: lint
 	$(PY) -m pytest -q tests
 

@@ -5,7 +5,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 # The CPU build of torch (a range that this satisfies installs nothing more).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install install-torchvision lint test bench bench-peers demo gpu-check clean
+.PHONY: install install-torchvision lint check test bench bench-peers demo gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,12 @@ install-torchvision: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# The quick inner loop: lint and every test that starts no MPI job, Slurm or virtual cluster (the
+# tiers inprocess and processes, which tests/conftest.py gives each test from its code: tests/tiers.py).
+check: lint
+	$(PY) -m pytest -q -m "inprocess or processes" tests
+
+# Everything, every tier (CI's .ci/run runs this).
 test: lint
 	$(PY) -m pytest -q tests
 

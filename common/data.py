@@ -242,12 +242,6 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds (split by --seed)")
 
 
-def check_data_arguments(args: argparse.Namespace) -> None:
-    """Every rank, before anything is written: the data flags make sense and the data can be had."""
-    check_data_flags(args)
-    check_available(args.dataset, args.data_dir)
-
-
 def check_data_flags(args: argparse.Namespace) -> None:
     """The data flags' values alone make sense (no file looked at)."""
     if args.folds < 2:

@@ -38,9 +38,6 @@ class SingleRank:
     def allgather(self, value: Any) -> List[Any]:
         return [value]
 
-    def gather(self, value: Any) -> Optional[List[Any]]:
-        return [value]
-
     def bcast(self, value: Any) -> Any:
         return value
 
@@ -74,9 +71,6 @@ class MpiWorld:
 
     def allgather(self, value: Any) -> List[Any]:
         return self.comm.allgather(value)
-
-    def gather(self, value: Any) -> Optional[List[Any]]:
-        return self.comm.gather(value, root=0)
 
     def bcast(self, value: Any) -> Any:
         return self.comm.bcast(value, root=0)

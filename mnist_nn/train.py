@@ -28,9 +28,6 @@ TOLERANCE = 0.8
 #: how an epoch's (and a validation fold's) loss is counted: the reference's sum of the batches'
 #: mean losses, or the mean over images (comparable between folds of different sizes)
 EPOCH_LOSSES = ("reference", "mean")
-#: pixel scaling: the reference's ToTensor + Normalize(0.5, 1) (x/255 - 0.5), or the training set's
-#: own mean and standard deviation
-NORMALISATIONS = ("reference", "data")
 #: ``on_epoch(entry)``: the log entry of the epoch that just ended
 EpochHook = Callable[[Dict[str, Any]], None]
 #: bytes of conv activations one evaluation batch may take

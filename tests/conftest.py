@@ -1,2 +1,43 @@
-"""Session fixtures shared by several test modules (one definition each, so one instance per session)."""
+"""Session fixtures shared by several test modules (one definition each, so one instance per session),
+and each test's tier marker (tests/tiers.py): ``make check`` runs ``-m "inprocess or processes"``."""
+import pytest
+
+import helpers
+from tiers import MPI, TIERS, Classifier, own_code
 from vcluster import vcluster  # noqa: F401  (the virtual multi-node cluster)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """Every test gets one tier marker: its own or its module's, else the one its code shows."""
+    classifier = Classifier()
+    for item in items:
+        if any(item.get_closest_marker(tier) for tier in TIERS):
+            continue
+        function = getattr(item, "function", None)
+        if function is None:  # not a Python test function: nothing to read, assume it starts programs
+            item.add_marker(pytest.mark.processes)
+            continue
+        fixture_info = getattr(item, "_fixtureinfo", None)
+        definitions = fixture_info.name2fixturedefs.values() if fixture_info else ()
+        fixtures = [chain[-1].func for chain in definitions if chain and own_code(chain[-1].func)]
+        callspec = getattr(item, "callspec", None)
+        tier = classifier.tier(function, fixtures, dict(callspec.params) if callspec else {})
+        item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(autouse=True)
+def mpi_jobs_only_in_their_tiers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test below the ``mpi`` tier that starts an MPI job through tests/helpers.py fails, saying
+    so, instead of making ``make check`` slow: the tier its code showed was wrong."""
+    tier = next((tier for tier in TIERS if request.node.get_closest_marker(tier)), None)
+    if tier is None or TIERS.index(tier) >= MPI:
+        return
+    command = helpers.command
+
+    def refusing(program, ranks: int = 1):
+        if ranks > 1:
+            pytest.fail(f"this test starts {ranks} MPI ranks but its tier is {tier!r}: "
+                        f"mark it @pytest.mark.mpi (tests/tiers.py did not see it)", pytrace=False)
+        return command(program, ranks)
+
+    monkeypatch.setattr(helpers, "command", refusing)

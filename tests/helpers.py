@@ -46,6 +46,16 @@ def journal_entries(results: Path) -> List[dict]:
     return entries
 
 
+def values(results: Path) -> dict:
+    """The toy app's ``values.json`` (every item's value) in ``results``."""
+    return json.loads((Path(results) / "values.json").read_text())
+
+
+def summary(results: Path) -> dict:
+    """A run's ``summary.json`` in ``results``."""
+    return json.loads((Path(results) / "summary.json").read_text())
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 60, every: float = 0.05) -> bool:
     """Poll ``condition`` until it holds or ``timeout`` s pass; whether it held."""
     deadline = time.monotonic() + timeout

@@ -15,44 +15,151 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
-DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
-CLIENTS = ("sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
+#: what a throw-away Slurm needs installed (Debian: slurmctld slurmd slurm-client munge)
+SLURM_PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
 #: seconds a requeued job waits before it may start again (Slurm's default is 120)
 REQUEUE_DELAY = 5
+
+
+def missing_programs() -> List[str]:
+    """The Slurm and munge programs that are not installed here."""
+    return [name for name in SLURM_PROGRAMS if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
 
 
 def unavailable_reason() -> Optional[str]:
     """Why a throw-away Slurm cannot be started here, or ``None`` if it can."""
     if os.geteuid() != 0:
         return "the throw-away Slurm needs root (slurmd runs jobs as their user)"
-    missing = [name for name in DAEMONS + CLIENTS if shutil.which(name) is None
-               and not Path("/usr/sbin", name).exists()]
+    missing = missing_programs()
     if missing:
         return f"Slurm/munge not installed (missing {', '.join(missing)}; apt-get install slurmctld slurmd slurm-client munge)"
     return None
 
 
-def _binary(name: str) -> str:
+def binary(name: str) -> str:
+    """The path of a Slurm or munge program (daemons live in /usr/sbin, often not on PATH)."""
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def scontrol_field(job_line: str, name: str) -> str:
+    """One field (``JobState``, ``Restarts``, ...) of ``scontrol show job -o``'s line, or ""."""
+    for word in job_line.split():
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return ""
+
+
+class SlurmFiles:
+    """Every file of a throw-away Slurm under one folder, and the one slurm.conf writer: used by
+    the single-node Slurm here and by the virtual cluster's (tests/vcluster.py), so both run the
+    same configuration. ``root`` must be short: the munge socket's path has a length limit."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.etc = self.root / "etc"  # the virtual cluster's nodes see it as /etc/slurm
+        self.conf = self.etc / "slurm.conf"
+        self.munge = self.root / "munge"
+        self.munge_key = self.munge / "munge.key"
+        self.munge_socket = self.munge / "munge.sock"
+        self.state = self.root / "state"
+        self.spool = self.root / "spool"  # one folder per node
+        self.log = self.root / "log"
+        self.run = self.root / "run"  # pid files
+
+    def pid_file(self, daemon: str, node: Optional[str] = None) -> Path:
+        """``munged``, ``slurmctld`` or, with its node, ``slurmd``."""
+        return self.run / (f"{daemon}-{node}.pid" if node else f"{daemon}.pid")
+
+    def create_munge_key(self) -> None:
+        """The folders and a fresh munge key (munged refuses a socket folder others can write to)."""
+        for folder in (self.etc, self.munge, self.state, self.spool, self.log, self.run):
+            folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)
+        os.chmod(self.munge, 0o755)
+        subprocess.run([binary("mungekey"), "--create", f"--keyfile={self.munge_key}"], check=True, capture_output=True)
+        os.chmod(self.munge_key, 0o600)
+
+    def munged_command(self) -> List[str]:
+        """munged on this cluster's own socket, key, log and pid file."""
+        return [binary("munged"), f"--socket={self.munge_socket}", f"--key-file={self.munge_key}",
+                f"--log-file={self.log / 'munged.log'}", f"--pid-file={self.pid_file('munged')}",
+                f"--seed-file={self.munge / 'munged.seed'}"]
+
+    def write_conf(self, name: str, nodes: Sequence[Tuple[str, str]], cpus: int, gpus_per_node: int = 0,
+                   ports: Optional[Tuple[int, int]] = None, settings: Sequence[str] = ()) -> None:
+        """slurm.conf (and gres.conf with ``gpus_per_node`` fake GPUs, character devices with no
+        driver behind them) for ``nodes`` (name, address), the first running slurmctld, each
+        ``cpus`` CPUs in one partition ``debug``. ``ports``: slurmctld's and slurmd's (else Slurm's
+        defaults, for nodes with a network of their own); ``settings``: more lines."""
+        controller, address = nodes[0]
+        for node, _ in nodes:
+            (self.spool / node).mkdir(parents=True, exist_ok=True)
+        gres = ""
+        if gpus_per_node:
+            devices = self.root / "dev"
+            devices.mkdir(exist_ok=True)
+            for gpu in range(gpus_per_node):
+                device = devices / f"nvidia{gpu}"
+                if not device.is_char_device():
+                    os.mknod(device, 0o666 | 0o020000, os.makedev(195, gpu))
+            (self.etc / "gres.conf").write_text(f"Name=gpu File={devices}/nvidia[0-{gpus_per_node - 1}]\n")
+            gres = f" Gres=gpu:{gpus_per_node}"
+        lines = [
+            f"ClusterName={name}",
+            f"SlurmctldHost={controller}({address})",  # no name lookup needed
+            *([f"SlurmctldPort={ports[0]}", f"SlurmdPort={ports[1]}"] if ports else []),
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket},cred_expire={REQUEUE_DELAY}",
+            f"StateSaveLocation={self.state}",
+            f"SlurmdSpoolDir={self.spool}/%n",
+            f"SlurmctldPidFile={self.pid_file('slurmctld')}",
+            f"SlurmdPidFile={self.run}/slurmd-%n.pid",
+            f"SlurmctldLogFile={self.log / 'slurmctld.log'}",
+            f"SlurmdLogFile={self.log}/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SlurmdParameters=config_overrides",  # trust CPUs= below even on a smaller machine
+            "ReturnToService=2",
+            "JobRequeue=1",
+            "MpiDefault=none",
+            "MailProg=/bin/true",
+            "SchedulerParameters=sched_interval=2,bf_interval=1",  # start requeued jobs promptly
+            "KillWait=5",
+            *settings,
+            # job ids unlike any earlier cluster's: MPICH names its shared-memory segments after the
+            # PMI job id, and a segment a SIGKILLed rank left in /dev/shm must not meet a new job 2
+            f"FirstJobId={random.randint(1_000, 60_000_000)}",
+            *(["GresTypes=gpu"] if gpus_per_node else []),
+            *[f"NodeName={node} NodeAddr={node_address} CPUs={cpus}{gres} State=UNKNOWN" for node, node_address in nodes],
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        ]
+        self.conf.write_text("\n".join(lines) + "\n")
 
 
 class SlurmCluster:
     """One node, one partition ``debug``, ``cpus`` CPUs; ``env`` is what clients need."""
 
     def __init__(self, root: Path, cpus: int = 2):
-        self.root = Path(root)
+        self.files = SlurmFiles(root)
+        self.root = self.files.root
         self.cpus = cpus
         self.node = socket.gethostname()
-        self.conf = self.root / "slurm.conf"
-        self.munge_socket = self.root / "munge" / "socket"
+        self.conf = self.files.conf
         self._pid_files: List[Path] = []
 
     @property
@@ -66,13 +173,17 @@ class SlurmCluster:
 
     # ----- start / stop -----
     def start(self, timeout: float = 30.0) -> "SlurmCluster":
-        self._start_munge()
-        self._write_conf()
+        files = self.files
+        files.create_munge_key()
+        self._run(files.munged_command(), dict(os.environ))
+        self._pid_files.append(files.pid_file("munged"))
+        # its own ports: the host's network is shared with whatever else runs here
+        files.write_conf("throwaway", [(self.node, "127.0.0.1")], self.cpus, ports=(free_port(), free_port()))
         env = self.env
-        self._run([_binary("slurmctld"), "-c", "-f", str(self.conf)], env)
-        self._pid_files.append(self.root / "slurmctld.pid")
-        self._run([_binary("slurmd"), "-f", str(self.conf)], env)
-        self._pid_files.append(self.root / "slurmd.pid")
+        self._run([binary("slurmctld"), "-c", "-f", str(self.conf)], env)
+        self._pid_files.append(files.pid_file("slurmctld"))
+        self._run([binary("slurmd"), "-f", str(self.conf)], env)
+        self._pid_files.append(files.pid_file("slurmd", self.node))
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline:
@@ -82,7 +193,7 @@ class SlurmCluster:
                 return self
             time.sleep(0.5)
         self.stop()
-        raise RuntimeError(f"Slurm did not become idle in {timeout:.0f} s (sinfo says {state!r}); logs in {self.root}")
+        raise RuntimeError(f"Slurm did not become idle in {timeout:.0f} s (sinfo says {state!r}); logs in {self.files.log}")
 
     def cancel_all(self, timeout: float = 20.0) -> None:
         """Cancel every job of this throw-away cluster (all are ours) and wait until none is left."""
@@ -129,71 +240,14 @@ class SlurmCluster:
         """One field of ``scontrol show job`` (e.g. ``JobState``, ``Restarts``)."""
         out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=self.env,
                              capture_output=True, text=True).stdout
-        for word in out.split():
-            if word.startswith(name + "="):
-                return word.split("=", 1)[1]
-        return ""
+        return scontrol_field(out, name)
 
     # ----- internals -----
     def _run(self, command: List[str], env: Dict[str, str]) -> None:
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             self.stop()
-            raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()}; logs in {self.root}")
-
-    def _start_munge(self) -> None:
-        folder = self.root / "munge"
-        folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o755)
-        os.chmod(folder, 0o755)  # munged refuses a socket folder others can write to
-        key = folder / "munge.key"
-        self._run([_binary("mungekey"), "--create", f"--keyfile={key}"], dict(os.environ))
-        os.chmod(key, 0o600)
-        self._run([_binary("munged"), f"--socket={self.munge_socket}", f"--key-file={key}",
-                   f"--log-file={folder / 'munged.log'}", f"--pid-file={folder / 'munged.pid'}",
-                   f"--seed-file={folder / 'munged.seed'}"], dict(os.environ))
-        self._pid_files.append(folder / "munged.pid")
-
-    def _write_conf(self) -> None:
-        root = self.root
-        for sub in ("state", "spool"):
-            (root / sub).mkdir(exist_ok=True)
-        lines = [
-            "ClusterName=throwaway",
-            f"SlurmctldHost={self.node}(127.0.0.1)",  # no name lookup needed
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket},cred_expire={REQUEUE_DELAY}",
-            f"StateSaveLocation={root / 'state'}",
-            f"SlurmdSpoolDir={root / 'spool'}",
-            f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-            f"SlurmdPidFile={root / 'slurmd.pid'}",
-            f"SlurmctldLogFile={root / 'slurmctld.log'}",
-            f"SlurmdLogFile={root / 'slurmd.log'}",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "SlurmdParameters=config_overrides",  # trust CPUs= below even on a smaller machine
-            "ReturnToService=2",
-            "JobRequeue=1",
-            "MpiDefault=none",
-            "MailProg=/bin/true",
-            "SchedulerParameters=sched_interval=2,bf_interval=1",  # start requeued jobs promptly
-            "KillWait=5",
-            # job ids unlike any earlier cluster's: MPICH names its shared-memory segments after the
-            # PMI job id, and a segment a SIGKILLed rank left in /dev/shm must not meet a new job 2
-            f"FirstJobId={random.randint(1_000, 60_000_000)}",
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
-            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-        ]
-        self.conf.write_text("\n".join(lines) + "\n")
+            raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()}; logs in {self.files.log}")
 
 
 def _cpus() -> int:

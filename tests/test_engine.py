@@ -1,7 +1,6 @@
 """The engine end to end: real mpiexec, real spawned workers, real signals."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -19,17 +18,11 @@ from helpers import (
     snapshot,
     start,
     stop_run,
+    summary,
+    values,
     wait_for_results,
     wait_until,
 )
-
-
-def values(results: Path) -> dict:
-    return json.loads((Path(results) / "values.json").read_text())
-
-
-def summary(results: Path) -> dict:
-    return json.loads((Path(results) / "summary.json").read_text())
 
 
 def markers(folder: Path) -> Counter:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from common.journal import read_journal
-from helpers import REPO, TOY, run, start, wait_for_results
+from helpers import REPO, TOY, run, start, summary, values, wait_for_results
 
 
 @contextlib.contextmanager
@@ -51,10 +50,6 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-def values(results: Path) -> dict:
-    return json.loads((Path(results) / "values.json").read_text())
-
-
 def test_a_disk_that_fills_mid_run_stops_it_in_one_line_and_resume_finishes(tmp_path):
     clean = run([TOY, "200", "--workers", "2", "--results", str(tmp_path / "clean"), "--no-progress"])
     assert clean.returncode == 0, clean.stderr
@@ -78,9 +73,9 @@ def test_a_disk_that_fills_mid_run_stops_it_in_one_line_and_resume_finishes(tmp_
         assert 20 <= len(journaled) < 200
         # Nothing but the notice of the stop and, where a worker's log filled up, one line per log.
         assert all(line.startswith(("[rank 0", "cannot write the worker log ")) for line in lines[:-1]), err
-        summary = json.loads((results / "summary.json").read_text())  # the reserve made room for it
-        assert summary["status"] == "stopped" and summary["no_space"] is True
-        assert summary["items_journaled"] == len(journaled)
+        report = summary(results)  # the reserve made room for it
+        assert report["status"] == "stopped" and report["no_space"] is True
+        assert report["items_journaled"] == len(journaled)
         assert "Stopped for lack of space" in (results / "summary.md").read_text()
 
         filler.unlink()
@@ -133,8 +128,8 @@ def test_an_item_whose_output_finds_no_space_stops_the_run_instead_of_failing(tm
         _, journaled = read_journal(results / "journal.jsonl")
         assert last.startswith("toy: stopped: cannot write an output of item item-00"), last
         assert "(No space left on device)" in last and f"; {len(journaled)} of 60 items are safely journaled;" in last
-        summary = json.loads((results / "summary.json").read_text())
-        assert summary["failed_items"] == [] and summary["no_space"] is True
+        report = summary(results)
+        assert report["failed_items"] == [] and report["no_space"] is True
         filler.unlink()
         resumed = run(args + ["--resume"])
         assert resumed.returncode == 0, resumed.stderr

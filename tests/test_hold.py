@@ -10,11 +10,18 @@ import time
 from pathlib import Path
 
 from common.hold import HOLD_NAME, _me, read_hold, stale_because
-from helpers import REPO, TOY, assert_usage_error, journal_entries, run, snapshot, start, wait_for_results, wait_until
-
-
-def values(results: Path) -> dict:
-    return json.loads((Path(results) / "values.json").read_text())
+from helpers import (
+    REPO,
+    TOY,
+    assert_usage_error,
+    journal_entries,
+    run,
+    snapshot,
+    start,
+    values,
+    wait_for_results,
+    wait_until,
+)
 
 
 def hold_of(results: Path) -> dict:

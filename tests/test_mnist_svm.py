@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from common.items import Item
-from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run
+from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run, summary
 from mnist_svm.app import MnistSvm
 from mnist_svm.grid import REFIT_KEY, Grid, best_point, error_table, expected_cost, fit_key, grid_items
 
@@ -25,10 +25,6 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def svm(*args: str) -> list:
     return ["-m", "mnist_svm", *args]
-
-
-def summary(results: Path) -> dict:
-    return json.loads((results / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from common.pipeline import proctree
-from helpers import REPO, alive, journal_entries, rank_pids, run, start, wait_until
+from helpers import REPO, alive, journal_entries, rank_pids, run, start, summary, wait_until
 
 EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
 TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
@@ -39,10 +39,6 @@ def start_pipeline(definition: Path, results: Path, *extra: str):
 def write(path: Path, data) -> Path:
     path.write_text(json.dumps(data))
     return path
-
-
-def summary(results: Path) -> dict:
-    return json.loads((results / "summary.json").read_text())
 
 
 def step_status(results: Path, run_id: str, step: str) -> dict:

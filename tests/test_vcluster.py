@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import summary
 from vcluster import REPO
 
 pytestmark = pytest.mark.vcluster
@@ -61,10 +62,6 @@ def reference(tmp_path_factory):
             one_rank(program, made[tuple(program)])
         return made[tuple(program)]
     return results_of
-
-
-def summary(results: Path) -> dict:
-    return json.loads((results / "summary.json").read_text())
 
 
 def hydra(cluster, program: list, results: Path, nodes: int = 3, timeout: float = 600) -> subprocess.CompletedProcess:

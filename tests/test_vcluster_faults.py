@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from test_vcluster import TOY, generated_script, summary
+from helpers import summary, values
+from test_vcluster import TOY, generated_script
 from vcluster import REPO
 
 pytestmark = pytest.mark.vcluster
@@ -31,10 +32,6 @@ def clean(tmp_path_factory) -> dict:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return values(results)
-
-
-def values(results: Path) -> dict:
-    return json.loads((results / "values.json").read_text())
 
 
 def results_count(results: Path) -> int:

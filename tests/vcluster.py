@@ -37,12 +37,13 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from slurm_cluster import SlurmFiles, binary, missing_programs, scontrol_field
+
 REPO = Path(__file__).resolve().parents[1]
 #: folder every node sees at the same path (the nodes' /tmp is their own)
 SHARED_ROOT = Path("/var/tmp/multinode-gpu-vcluster")
 #: the daemons kill_node_processes(only_job=True) leaves alone
 DAEMONS = ("slurmd", "slurmstepd", "slurmctld", "slurmscriptd", "munged")
-SLURM_PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "scontrol", "squeue", "sinfo")
 
 _SSH = r"""#!/bin/sh
 # "ssh [options] HOST COMMAND..." for MPICH hydra: runs COMMAND in HOST's namespaces.
@@ -96,7 +97,7 @@ def unavailable_reason(slurm: bool = False) -> Optional[str]:
     if probe.returncode != 0:
         return f"namespaces are not allowed here ({probe.stderr.strip() or probe.returncode})"
     if slurm:
-        missing = [p for p in SLURM_PROGRAMS if shutil.which(p) is None and not Path("/usr/sbin", p).exists()]
+        missing = missing_programs()
         if missing:
             return f"Slurm/munge not installed (missing {', '.join(missing)})"
     return None
@@ -144,10 +145,6 @@ def sweep_stale() -> List[str]:
     return removed
 
 
-def _binary(name: str) -> str:
-    return shutil.which(name) or str(Path("/usr/sbin", name))
-
-
 class VirtualCluster:
     """``nodes`` nodes named node1..nodeN; ``shared`` is seen by every node at the same path.
 
@@ -174,7 +171,7 @@ class VirtualCluster:
         self.shared = self.dir / "shared"
         self.switch = f"{self.tag}sw"
         self.ssh = self.dir / "ssh"
-        self.slurm_dir = self.dir / "slurm"
+        self.slurm_files = SlurmFiles(self.dir / "slurm")  # the nodes' /etc/slurm is its etc/
         self._holders: Dict[str, int] = {}
         self._netns: List[str] = []  # the namespaces we made (and only those are deleted)
         self._route = False
@@ -188,7 +185,7 @@ class VirtualCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._claim_subnet()
         self._record()
-        (self.slurm_dir / "etc").mkdir(parents=True, exist_ok=True)
+        self.slurm_files.etc.mkdir(parents=True, exist_ok=True)
         self.shared.mkdir(parents=True, exist_ok=True)
         (self.dir / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
             f"{self.address(node)} {node}\n" for node in self.nodes))
@@ -226,51 +223,20 @@ class VirtualCluster:
         return self
 
     def start_slurm(self, gpus_per_node: int = 2, cpus: int = 2) -> None:
-        """munged and slurmctld on node1, a slurmd on every node, ``gpus_per_node`` fake GPUs each."""
-        root = self.slurm_dir
-        for sub in ("munge", "state", "log", "run", "dev"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o755)
-        os.chmod(root / "munge", 0o755)
-        key = root / "munge" / "munge.key"
-        subprocess.run([_binary("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True)
-        os.chmod(key, 0o600)
-        socket_path = root / "munge" / "munge.sock"
-        self.run("node1", [_binary("munged"), f"--socket={socket_path}", f"--key-file={key}",
-                           f"--log-file={root / 'log' / 'munged.log'}", f"--pid-file={root / 'run' / 'munged.pid'}",
-                           f"--seed-file={root / 'munge' / 'munged.seed'}"], check=True)
-        self._daemons.append(root / "run" / "munged.pid")
-        gres = ""
-        if gpus_per_node:
-            for gpu in range(gpus_per_node):
-                device = root / "dev" / f"nvidia{gpu}"
-                if not device.is_char_device():
-                    os.mknod(device, 0o666 | 0o020000, os.makedev(195, gpu))  # no driver behind it
-            (root / "etc" / "gres.conf").write_text(f"Name=gpu File={root}/dev/nvidia[0-{gpus_per_node - 1}]\n")
-            gres = f" Gres=gpu:{gpus_per_node}"
-        lines = [
-            "ClusterName=vc", f"SlurmctldHost=node1({self.address('node1')})", "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={socket_path},cred_expire=5",
-            f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}/%n",
-            f"SlurmdPidFile={root / 'run'}/slurmd-%n.pid", f"SlurmdLogFile={root / 'log'}/slurmd-%n.log",
-            f"SlurmctldPidFile={root / 'run' / 'slurmctld.pid'}", f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none", "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core", "SlurmdParameters=config_overrides", "ReturnToService=2", "JobRequeue=1",
-            "MpiDefault=none", "MailProg=/bin/true", "KillWait=5", "SlurmdTimeout=30", "MessageTimeout=5",
-            "SchedulerParameters=sched_interval=2,bf_interval=1", f"FirstJobId={random.randint(1_000, 60_000_000)}",
-            "GresTypes=gpu",
-            *[f"NodeName={node} NodeAddr={self.address(node)} CPUs={cpus}{gres} State=UNKNOWN" for node in self.nodes],
-            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-        ]
-        (root / "etc" / "slurm.conf").write_text("\n".join(lines) + "\n")
+        """munged and slurmctld on node1, a slurmd on every node, ``gpus_per_node`` fake GPUs each: the
+        single-node Slurm's configuration (slurm_cluster.SlurmFiles), with a node declared DOWN after
+        30 s of silence (Slurm's default: 300) so that the fault tests see it happen."""
+        files = self.slurm_files
+        files.create_munge_key()
+        self.run("node1", files.munged_command(), check=True)
+        self._daemons.append(files.pid_file("munged"))
+        files.write_conf("vc", [(node, self.address(node)) for node in self.nodes], cpus, gpus_per_node,
+                         settings=["SlurmdTimeout=30", "MessageTimeout=5"])
+        self.run("node1", [binary("slurmctld"), "-c"], check=True)
+        self._daemons.append(files.pid_file("slurmctld"))
         for node in self.nodes:
-            (root / "spool" / node).mkdir(parents=True, exist_ok=True)
-        self.run("node1", [_binary("slurmctld"), "-c"], check=True)
-        self._daemons.append(root / "run" / "slurmctld.pid")
-        for node in self.nodes:
-            self.run(node, [_binary("slurmd")], check=True)
-            self._daemons.append(root / "run" / f"slurmd-{node}.pid")
+            self.run(node, [binary("slurmd")], check=True)
+            self._daemons.append(files.pid_file("slurmd", node))
         deadline = time.monotonic() + 60
         states = ""
         while time.monotonic() < deadline:
@@ -279,7 +245,7 @@ class VirtualCluster:
                 self.slurm_reason = None
                 return
             time.sleep(0.3)
-        raise RuntimeError(f"Slurm did not come up: {states!r}; logs in {root / 'log'}")
+        raise RuntimeError(f"Slurm did not come up: {states!r}; logs in {files.log}")
 
     # ----- using it -----
     def netns(self, node: str) -> str:
@@ -368,7 +334,7 @@ class VirtualCluster:
         self.restore_link(node)
         if not self.slurm_reason and not any(Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd"
                                              for pid in self.processes(node) if Path(f"/proc/{pid}/comm").exists()):
-            self.run(node, [_binary("slurmd")])
+            self.run(node, [binary("slurmd")])
 
     def cut_link(self, node: str) -> None:
         self._ip("-n", self.switch, "link", "set", self.port(node), "down")
@@ -377,11 +343,7 @@ class VirtualCluster:
         self._ip("-n", self.switch, "link", "set", self.port(node), "up")
 
     def job_field(self, job_id: str, name: str) -> str:
-        out = self.run("node1", ["scontrol", "show", "job", "-o", job_id]).stdout
-        for word in out.split():
-            if word.startswith(name + "="):
-                return word.split("=", 1)[1]
-        return ""
+        return scontrol_field(self.run("node1", ["scontrol", "show", "job", "-o", job_id]).stdout, name)
 
     def require_slurm(self) -> None:
         """In a test: skip it where Slurm is not installed, fail it where Slurm did not come up."""
@@ -424,7 +386,7 @@ class VirtualCluster:
     def start_slurmd(self, node: str) -> None:
         """``node``'s slurmd again, unless one runs (ReturnToService=2 brings the node back)."""
         if self.slurmd(node) is None:
-            self.run(node, [_binary("slurmd")], check=True)
+            self.run(node, [binary("slurmd")], check=True)
 
     def sbatch(self, script, *args: str, wait: bool = False, timeout: float = 600) -> str:
         """Submit ``script`` (a path, or the text of one) from node1 with ``args`` after it; its
@@ -495,7 +457,7 @@ class VirtualCluster:
         """The last ``lines`` of every log the cluster keeps (holders, munged, slurmctld, each
         slurmd) and the nodes' Slurm states: for an assertion's message."""
         parts = []
-        for path in sorted(self.dir.glob("*.holder.log")) + sorted((self.slurm_dir / "log").glob("*.log")):
+        for path in sorted(self.dir.glob("*.holder.log")) + sorted(self.slurm_files.log.glob("*.log")):
             tail = path.read_text(errors="replace").splitlines()[-lines:]
             parts.append(f"== {path.name}\n" + "\n".join(tail))
         if not self.slurm_reason:

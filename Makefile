@@ -5,7 +5,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 # The CPU build of torch (a range that this satisfies installs nothing more).
 TORCH  ?= torch==2.13.0
 
-.PHONY: install install-torchvision lint check test bench bench-peers demo gpu-check clean
+.PHONY: install install-torchvision lint quick check test bench bench-peers demo gpu-check clean
 
 install: $(VENV)/.installed
 
@@ -34,6 +34,10 @@ lint: install
 # tiers inprocess and processes, which tests/conftest.py gives each test from its code: tests/tiers.py).
 check: lint
 	$(PY) -m pytest -q -m "inprocess or processes" tests
+
+# The quickest loop (about 2 minutes here): lint and the tests that start no process at all.
+quick: lint
+	$(PY) -m pytest -q -m inprocess tests
 
 # Everything, every tier (CI's .ci/run runs this).
 test: lint

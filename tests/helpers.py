@@ -136,3 +136,13 @@ def kill_frozen(processes: list) -> None:
             process.send_signal(signal.SIGCONT)
         except psutil.NoSuchProcess:
             pass
+
+
+def handler_installed(pid: int, number: int) -> bool:
+    """Whether process ``pid`` catches signal ``number`` (its SigCgt mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            caught = next(line for line in status if line.startswith("SigCgt:"))
+    except (FileNotFoundError, StopIteration):
+        return False
+    return bool(int(caught.split()[1], 16) & (1 << (number - 1)))

@@ -14,20 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, TOY, assert_usage_error, error_lines, start, wait_for_results, wait_until
+from helpers import REPO, TOY, assert_usage_error, error_lines, handler_installed, start, wait_for_results, wait_until
 
 STOP_CODE = 75
 SVM = ["--dataset", "digits", "--subsample", "200", "--folds", "2", "--gpu", "cpu", "--no-progress"]
-
-
-def handler_installed(pid: int, number: int) -> bool:
-    """Whether process ``pid`` catches signal ``number`` (its SigCgt mask in /proc)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            caught = next(line for line in status if line.startswith("SigCgt:"))
-    except (FileNotFoundError, StopIteration):
-        return False
-    return bool(int(caught.split()[1], 16) & (1 << (number - 1)))
 
 
 def state_of(results: Path) -> str:

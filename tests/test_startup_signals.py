@@ -11,19 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import TOY, error_lines, start, wait_until
+from helpers import TOY, error_lines, handler_installed, start, wait_until
 
 STOP_CODE = 75
-
-
-def handler_installed(pid: int, number: int) -> bool:
-    """Whether process ``pid`` catches signal ``number`` (its SigCgt mask in /proc)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            caught = next(line for line in status if line.startswith("SigCgt:"))
-    except (FileNotFoundError, StopIteration):
-        return False
-    return bool(int(caught.split()[1], 16) & (1 << (number - 1)))
 
 
 def worker_starts(results: Path) -> int:

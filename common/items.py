@@ -41,6 +41,12 @@ def torch_seed(seed_sequence: np.random.SeedSequence) -> int:
     return int(seed_sequence.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
+def item_seed32(seed_sequence: np.random.SeedSequence) -> int:
+    """32 bits of the item's own stream, which numpy, ``random``, torch and scikit-learn all take
+    (the ``seed`` a sweep function receives)."""
+    return int(seed_sequence.generate_state(1)[0])
+
+
 def seed32(seed: int) -> int:
     """A seed for consumers that take 32-bit ones (scikit-learn): ``seed`` itself when it fits (so
     earlier runs' small seeds give the same results), else one word derived with SeedSequence."""

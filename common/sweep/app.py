@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..app import App, RunInfo
 from ..cli import at_least
 from ..errors import UsageError, quoted
-from ..items import Item
+from ..items import Item, item_seed32
 from ..outputs import to_jsonable
 from . import report
 from .space import check_unique, grid_points, list_points, load_file, point_key, sample_points
@@ -269,7 +269,7 @@ class SweepApp(App):
 
     def run_item(self, state: Any, item: Item, seed: Any) -> Any:
         plan = self.plan
-        given = {"params": dict(item.params["point"]), "seed": report.item_seed_int(seed),
+        given = {"params": dict(item.params["point"]), "seed": item_seed32(seed),
                  "device": state[1], "state": state[0]}
         result = plan.function(**{name: given[name] for name in plan.wants})
         # the seed travels with the return: rank 0 writes it in results.csv without deriving it again

@@ -32,12 +32,6 @@ BEST_ROWS = 5
 LOG_SPAN = 100.0
 
 
-def item_seed_int(seed: np.random.SeedSequence) -> int:
-    """The ``seed`` a sweep function receives: 32 bits of the item's own stream, which numpy,
-    ``random``, torch and scikit-learn all take."""
-    return int(seed.generate_state(1)[0])
-
-
 def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, bool, int, float))
 

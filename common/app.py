@@ -22,9 +22,9 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from .cli import DEFAULT_WORKER_TIMEOUT
 from .devices import Device
 from .items import Item
+from .settings import DEFAULT_WORKER_TIMEOUT
 
 
 @dataclass

@@ -9,18 +9,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import UsageError
+from .settings import DEFAULT_HEARTBEAT_TIMEOUT
 
 #: items derive their seeds with numpy's SeedSequence, which takes any non-negative integer; consumers
 #: that need a 32-bit seed (scikit-learn) derive one from it. The bound only keeps the journal readable.
 MAX_SEED = 2 ** 256 - 1
 #: the reference's (shermanlo77/multinode-gpu-study) seed
 REFERENCE_SEED = 169514335042358758700408908237337905507
-#: a rank silent for this long is lost; the default beats Slurm's own node-failure handling
-DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+#: the longest --heartbeat-timeout (a day)
 MAX_HEARTBEAT_TIMEOUT = 24 * 3600.0
-#: a worker silent this long is killed. Generous: a native library that holds the GIL through a long
-#: call (possibly a cuML fit) silences the worker's heartbeat thread just as a hang does
-DEFAULT_WORKER_TIMEOUT = 300.0
 #: the longest --worker-timeout and --item-timeout (30 days; 0 means no limit)
 MAX_TIMEOUT = 30 * 24 * 3600.0
 #: torch/BLAS threads per worker: past this, thread stacks and per-thread buffers exhaust memory

@@ -20,7 +20,6 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tu
 
 from . import write_failures
 from .app import Record
-from .cli import DEFAULT_HEARTBEAT_TIMEOUT
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from .journal import Journal
 from .messages import (
@@ -45,6 +44,7 @@ from .messages import (
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
+from .settings import DEFAULT_HEARTBEAT_TIMEOUT
 from .worker_pool import Event, WorkerPool, failure_kind
 
 log = logging.getLogger("multinode_gpu")

@@ -1,5 +1,5 @@
 """The rank's view of MPI. mpi4py itself is imported only on the rank's main path (``world()``);
-worker code and pipeline steps import this module only for ``without_launcher``, which needs no MPI.
+what a worker or a pipeline step must not inherit from the launcher is ``settings.without_launcher``.
 
 Without mpi4py, or with ``MULTINODE_GPU_NO_MPI=1``, the job is a single rank and needs no launcher.
 """
@@ -10,24 +10,11 @@ import math
 import multiprocessing
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from . import settings
 
 log = logging.getLogger("multinode_gpu")
-
-# Variables through which a child process would find (and re-join) the rank's MPI job.
-LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "MPI_LOCAL", "OMPI_", "PRTE_", "I_MPI_",
-                     "SLURM_PMI", "SLURM_PMIX", "SLURM_MPI_TYPE")
-
-
-def without_launcher(env: Mapping[str, str]) -> Dict[str, str]:
-    """``env`` less the MPI launcher's variables: what a worker or a step process must be given.
-
-    A child that initialises MPI with its parent's launcher variables kills MPICH jobs, segfaults
-    Open MPI 5 and hangs Open MPI 4 (see the README)."""
-    return {name: value for name, value in env.items() if not name.startswith(LAUNCHER_PREFIXES)}
-
 
 class SingleRank:
     """A world of one: what a run without a launcher (or without mpi4py) sees."""

@@ -16,10 +16,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 from .errors import UsageError
 
+#: a rank silent for this long is lost; the default beats Slurm's own node-failure handling
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+#: a worker silent this long is killed. Generous: a native library that holds the GIL through a long
+#: call (possibly a cuML fit) silences the worker's heartbeat thread just as a hang does
+DEFAULT_WORKER_TIMEOUT = 300.0
 TRUE_WORDS = ("1", "true")
 FALSE_WORDS = ("", "0", "false")
 
@@ -110,3 +115,16 @@ def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:
         if text.isascii() and text.isdigit():
             return int(text)
     return 0
+
+
+# Variables through which a child process would find (and re-join) the rank's MPI job.
+LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "MPI_LOCAL", "OMPI_", "PRTE_", "I_MPI_",
+                     "SLURM_PMI", "SLURM_PMIX", "SLURM_MPI_TYPE")
+
+
+def without_launcher(env: Mapping[str, str]) -> Dict[str, str]:
+    """``env`` less the MPI launcher's variables: what a worker or a step process must be given.
+
+    A child that initialises MPI with its parent's launcher variables kills MPICH jobs, segfaults
+    Open MPI 5 and hangs Open MPI 4 (see the README)."""
+    return {name: value for name, value in env.items() if not name.startswith(LAUNCHER_PREFIXES)}

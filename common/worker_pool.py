@@ -48,8 +48,8 @@ from .messages import (
     Revoked,
     SetupFailed,
 )
-from .mpi import without_launcher
 from .resources import ResourceBroker
+from .settings import without_launcher
 from .worker import DUMP_SIGNAL, STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
 
 log = logging.getLogger("multinode_gpu")

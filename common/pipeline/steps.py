@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .. import settings
 from ..linux import die_with_parent
-from ..mpi import without_launcher
+from ..settings import without_launcher
 from ..worker import TERMINATE_SIGNAL
 from . import proctree
 from .container import container_command

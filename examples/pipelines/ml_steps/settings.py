@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from common.outputs import atomic_write_json as write_json  # noqa: F401  (the steps' way to write JSON)
+from common import atomic_write_json as write_json  # noqa: F401  (the steps' way to write JSON)
 
 
 def setting(name: str, default: Any, kind: Callable[[str], Any] = str) -> Any:

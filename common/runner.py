@@ -43,7 +43,8 @@ from .report_html import write_report
 from .scheduler import Scheduler
 from .status_file import STATUS_NAME, RankReporter, StatusWriter
 from .timeline import plot_timeline
-from .worker_pool import WorkerPool
+from .watchdog import Watchdog
+from .worker_pool import PoolSettings, WorkerPool
 from .write_failures import free_reserve, reserve_space
 
 log = logging.getLogger("multinode_gpu")
@@ -399,12 +400,13 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                  ", ".join(f"{e['host']}[{','.join(e['devices'])}]" for e in layout))
         progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
 
-    pool = WorkerPool(app, devices, rank=comm.rank, host=host, logs_dir=results / "logs", seed=args.seed,
-                      threads=threads, batch=args.batch, node_pools=node_pools, global_pools=list(global_pools),
-                      worker_timeout=args.worker_timeout, item_timeout=args.item_timeout)
+    settings = PoolSettings(rank=comm.rank, host=host, logs_dir=results / "logs", seed=args.seed, threads=threads,
+                            batch=args.batch, node_pools=node_pools, global_pools=tuple(global_pools))
+    watchdog = Watchdog(args.worker_timeout, args.item_timeout, settings.logs_dir)
+    # stop: a worker that ends once a stop was asked is not started again
+    pool = WorkerPool(app, devices, settings, watchdog, stop_asked=stop)
     monitor = GpuMonitor(devices)
     monitor.start()
-    pool.stop_asked = stop  # a worker that ends once a stop was asked is not started again
     pool.start()
     # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
     preloading = preload_figures() if comm.rank == 0 else None

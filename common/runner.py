@@ -33,6 +33,7 @@ from .gpu_monitor import GpuMonitor
 from .gpu_usage import write_gpu_usage
 from .hold import HOLD_NAME, Hold, check_free
 from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
+from .liveness import FollowerWatch, PeerWatch
 from .logs import add_file_log, setup_logging
 from .messages import Bye
 from .mpi import world
@@ -419,15 +420,13 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         try:
             if comm.rank == 0:
                 hosts = {entry["rank"]: entry["host"] for entry in layout}
+                liveness = FollowerWatch(comm, args.heartbeat_timeout, hosts)
                 leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
-                                stop, args.heartbeat_timeout, hosts)
-                leader.status = status
-                leader.on_idle = preloading.start
+                                stop, liveness, status=status, on_idle=preloading.start)
                 outcome = leader.run()
                 status.write(leader, "finishing")
             else:
-                follower = Follower(comm, pool, stop, args.heartbeat_timeout)
-                follower.status = status
+                follower = Follower(comm, pool, stop, PeerWatch(comm, [0], args.heartbeat_timeout), status=status)
                 outcome = follower.run()
         finally:  # kill_after: time for an item to end what it started (pipeline steps)
             pool.shutdown(kill_after=WORKER_KILL_AFTER, wait=comm.rank != 0)
@@ -439,7 +438,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         progress.close()
         if preloading.is_alive():  # matplotlib in one thread at a time: the figures below wait for the warm-up
             preloading.join(60)
-        with leader.keeping_followers():
+        with leader.liveness.keeping_alive():
             stop.outputs_interruptible = True
             try:
                 code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,

@@ -12,6 +12,9 @@ import pytest
 from common import worker
 from common.messages import PoolAnswer, PoolRequest, Revoke
 
+#: a multiprocessing Pipe, but no process: tests/tiers.py would take it for the processes tier
+pytestmark = pytest.mark.inprocess
+
 
 def as_worker(body: Callable[[], Any]) -> tuple:
     """Run ``body`` as an item of a worker whose rank grants every request: (its result, what the

@@ -34,6 +34,7 @@ from common.distribute import Leader
 from common.inprocess import InProcessWorld, SimulatedPool
 from common.items import Item
 from common.journal import Journal
+from common.liveness import FollowerWatch
 from common.messages import End, Items, Request, Results, Stop
 from common.progress import Progress
 from common.scheduler import Scheduler
@@ -105,8 +106,9 @@ def run(ranks: int, workers: int, count: int, folder: Path, measure_memory: bool
     pool = SimulatedPool(0, workers, time, on_poll=simulated.step, keep_ran=False)
     # the simulated ranks send no heartbeats: a long timeout (rank 0 still watches all of them), so
     # that a slow run on a busy machine does not lose them
+    liveness = FollowerWatch(world.comm(0), 3600.0, {0: "node0", **simulated.hosts})
     leader = Leader(world.comm(0), pool, scheduler, journal, progress, {}, ranks * workers, grace=60.0,
-                    stop_signal=lambda: None, heartbeat_timeout=3600.0, hosts={0: "node0", **simulated.hosts})
+                    stop_signal=lambda: None, liveness=liveness)
     started = time.perf_counter()
     outcome = leader.run()
     wall = time.perf_counter() - started

@@ -9,10 +9,13 @@ Layout (one concept a module):
   devices.py      --gpu parsing and GPU discovery without initialising CUDA
   mpi.py          the rank's MPI world (imported on the rank's main path only)
   distribute.py   rank 0 leads, other ranks follow: the request/result protocol
+  liveness.py     heartbeats between ranks: rank 0's watch over its followers, the ranks it lost
   scheduler.py    rank 0's bookkeeping: ready, running, retried, failed; waves
   worker_pool.py  a rank's spawned workers: pinning, death detection, replacement
   worker.py       the worker process itself, and acquire() for resource pools
+  watchdog.py     kills a rank's silent workers and those whose item ran past --item-timeout
   resources.py    named resource pools (counting semaphores)
+  clock.py        the clock the engine's loops are given (the time module; tests give a simulated one)
   journal.py      the append-only journal that makes --resume possible
   progress.py, timeline.py, gpu_monitor.py, outputs.py, logs.py   what users see
   status_file.py  status.json, rewritten by rank 0 every few seconds; status.py reads it (python -m common.status)

@@ -4,27 +4,24 @@ The messages are the typed records of :mod:`common.messages`. A follower sends a
 one of its workers is idle with nothing queued, so fast nodes simply get more items; the leader
 defers a request it cannot serve until something is ready. Results stream back as they finish.
 
-Liveness: every rank hears from its peers at least every ``heartbeat_timeout / 4`` seconds (a
-``Heartbeat`` goes out only when nothing else did). The leader declares a follower silent for
-``heartbeat_timeout`` seconds lost: its items go back to the others and the run ends without it.
-A follower that hears nothing from the leader that long stops by itself. Neither waits forever.
+Liveness (:mod:`common.liveness`): the leader declares a follower silent for ``heartbeat_timeout``
+seconds lost: its items go back to the others and the run ends without it. A follower that hears
+nothing from the leader that long stops by itself. Neither waits forever.
 """
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections import deque
-from contextlib import contextmanager
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from . import write_failures
 from .app import Record
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from .journal import Journal
+from .liveness import FollowerWatch, PeerWatch
 from .messages import (
     Broken,
-    Bye,
     Dropped,
     End,
     Failed,
@@ -44,7 +41,6 @@ from .messages import (
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
-from .settings import DEFAULT_HEARTBEAT_TIMEOUT
 from .worker_pool import Event, WorkerPool, failure_kind
 
 log = logging.getLogger("multinode_gpu")
@@ -91,37 +87,6 @@ class _ItemPace:
         return self.seconds < SHORT_ITEM_SECONDS
 
 
-class Liveness:
-    """When each peer was last heard from and last sent to: who needs a heartbeat, who is silent."""
-
-    def __init__(self, peers: List[int], timeout: float, now: Optional[float] = None):
-        now = time.monotonic() if now is None else now
-        self.timeout = timeout
-        self.interval = timeout / 4
-        self.heard = {peer: now for peer in peers}
-        self.sent = {peer: now for peer in peers}
-
-    def heard_from(self, peer: int, now: float) -> None:
-        if peer in self.heard:
-            self.heard[peer] = now
-
-    def sent_to(self, peer: int, now: float) -> None:
-        if peer in self.sent:
-            self.sent[peer] = now
-
-    def forget(self, peer: int) -> None:
-        self.heard.pop(peer, None)
-        self.sent.pop(peer, None)
-
-    def due(self, now: float) -> List[int]:
-        """Peers nothing was sent to for ``interval`` seconds."""
-        return [peer for peer, at in self.sent.items() if now - at >= self.interval]
-
-    def silent(self, now: float) -> List[int]:
-        """Peers not heard from for ``timeout`` seconds."""
-        return [peer for peer, at in self.heard.items() if now - at > self.timeout]
-
-
 def _avoided(bundle: List[tuple]) -> Tuple[str, ...]:
     """Workers that already failed some item of the bundle."""
     return tuple(worker for _, _, avoid in bundle for worker in avoid)
@@ -132,8 +97,14 @@ class Leader:
 
     def __init__(self, comm: Any, pool: WorkerPool, scheduler: Scheduler, journal: Journal, progress: Progress,
                  global_pools: Dict[str, int], total_capacity: int, grace: float, stop_signal: Callable[[], Optional[str]],
-                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, hosts: Optional[Dict[int, str]] = None):
+                 liveness: FollowerWatch, *, status: Optional[Any] = None,
+                 on_idle: Optional[Callable[[], None]] = None, clock: Clock = SYSTEM_CLOCK):
+        """``liveness``: the watch over the other ranks; ``status``: status.json's writer
+        (``common.status_file.StatusWriter``), or None; ``on_idle``: called once, the first time
+        rank 0 has had nothing to do for IDLE_SECONDS after a result came (the runner warms the
+        end-of-run figures up then, without slowing a busy rank 0)."""
         self.comm, self.pool, self.scheduler, self.journal = comm, pool, scheduler, journal
+        self.clock = clock
         self.progress, self.grace, self.stop_signal = progress, grace, stop_signal
         self.global_resources = ResourceBroker(global_pools)
         self.total_capacity = total_capacity
@@ -147,20 +118,20 @@ class Leader:
         self.stopping: Optional[str] = None
         self.deadline = 0.0
         self.pace = _ItemPace()
-        self.hosts = hosts or {}
-        self.followers = list(range(1, comm.size))
-        self.liveness = Liveness(self.followers, heartbeat_timeout)
-        self.holding: Dict[int, Set[str]] = {rank: set() for rank in self.followers}  # keys a follower holds
-        self.lost: Dict[int, Dict[str, Any]] = {}  # rank -> what happened, for the summary
+        self.liveness = liveness
+        self.holding: Dict[int, Set[str]] = {rank: set() for rank in liveness.followers}  # keys a follower holds
         self.code = EXIT_OK
-        self.status: Optional[Any] = None  # common.status_file.StatusWriter, set by the runner
-        #: called once, the first time rank 0 has had nothing to do for IDLE_SECONDS after a result
-        #: came (the runner warms the end-of-run figures up then, without slowing a busy rank 0)
-        self.on_idle: Optional[Callable[[], None]] = None
+        self.status = status
+        self.on_idle = on_idle
+
+    @property
+    def lost(self) -> Dict[int, Dict[str, Any]]:
+        """rank -> what happened, for the summary."""
+        return self.liveness.lost
 
     @property
     def live(self) -> List[int]:
-        return [rank for rank in self.followers if rank not in self.lost]
+        return self.liveness.live
 
     def run(self) -> str:
         """Until every item is resolved ("complete") or a stop is finished ("stopped"); then every
@@ -189,10 +160,10 @@ class Leader:
                 self.status.tick(self)
             if not self.stopping and self.scheduler.all_resolved():
                 return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
-            if self.stopping and (not self.scheduler.in_flight or time.monotonic() > self.deadline):
+            if self.stopping and (not self.scheduler.in_flight or self.clock.monotonic() > self.deadline):
                 return self._end("stopped", EXIT_STOPPED)
             if self.on_idle is not None and self.records:
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 idle_since = None if active else idle_since or now
                 if idle_since is not None and now - idle_since >= IDLE_SECONDS:
                     self.on_idle()
@@ -207,45 +178,11 @@ class Leader:
     def await_byes(self, wait: float) -> Dict[int, Dict[str, Any]]:
         """After :class:`End`: each live follower's report, keeping results that were finished
         before the news reached it. A follower silent for ``wait`` seconds is declared lost."""
-        reports: Dict[int, Dict[str, Any]] = {}
-        waiting = set(self.live)
-        deadline = time.monotonic() + wait
-        while waiting and time.monotonic() < deadline:
-            incoming = self.comm.poll()
-            if incoming is None:
-                time.sleep(0.001)
-                continue
-            source, message = incoming
-            if isinstance(message, Bye):
-                waiting.discard(source)
-                reports[source] = message.report
-            elif isinstance(message, (Result, Results)):
-                self._results(message)
+        reports, waiting = self.liveness.await_byes(wait, self._results)
         for rank in sorted(waiting):
             self._lose(rank, f"no answer {wait:.0f} s after the end of the run")
         self.journal.maybe_sync()
         return reports
-
-    @contextmanager
-    def keeping_followers(self) -> Iterator[None]:
-        """Heartbeats from a thread while rank 0 writes its outputs (the followers wait for
-        :meth:`release` meanwhile, and must not take its silence for a loss)."""
-        done = threading.Event()
-
-        def beat() -> None:
-            while not done.wait(self.liveness.interval):
-                for rank in self.live:
-                    self.comm.send(Heartbeat(), rank)
-
-        thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
-        if self.live:
-            thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-            if thread.is_alive():
-                thread.join()
 
     def release(self, code: int) -> bool:
         """Let every live follower exit with ``code``; False when a rank was lost (then no rank
@@ -256,19 +193,14 @@ class Leader:
 
     # ----- liveness -----
     def _send(self, message: Any, rank: int) -> None:
-        self.comm.send(message, rank)
-        self.liveness.sent_to(rank, time.monotonic())
+        self.liveness.send(message, rank)
 
     def _broadcast(self, message: Any) -> None:
-        for rank in self.live:
-            self._send(message, rank)
+        self.liveness.broadcast(message)
 
     def _watch_followers(self) -> None:
-        now = time.monotonic()
-        for rank in self.liveness.due(now):
-            self._send(Heartbeat(), rank)
-        for rank in self.liveness.silent(now):
-            self._lose(rank, f"no message for {now - self.liveness.heard[rank]:.0f} s")
+        for rank, why in self.liveness.watch():
+            self._lose(rank, why)
 
     def _lose(self, rank: int, why: str) -> None:
         """Carry on without ``rank``: what it held goes back to the others (attempts not counted)."""
@@ -281,10 +213,8 @@ class Leader:
         self.broken.pop(rank, None)
         for _, who in self.global_resources.release_all((rank,)):
             self._pool_reply(who, PoolAnswer("granted", who[3]))
-        host = self.hosts.get(rank, "?")
-        self.lost[rank] = {"rank": rank, "host": host, "why": why, "items_reassigned": len(keys),
-                           "time": time.time()}
-        self.journal.add_event("rank_lost", rank=rank, host=host, why=why, items=keys, time=time.time())
+        host = self.liveness.note_lost(rank, why, len(keys))
+        self.journal.add_event("rank_lost", rank=rank, host=host, why=why, items=keys, time=self.clock.time())
         self.progress.write(f"[rank 0] lost rank {rank} on {host} ({why}); "
                             f"{len(keys)} of its item(s) go to the other ranks")
         log.error("lost rank %d on %s (%s); %d item(s) handed to the others", rank, host, why, len(keys))
@@ -292,11 +222,11 @@ class Leader:
     # ----- stopping -----
     def _begin_stop(self, why: str) -> None:
         self.stopping = why
-        self.deadline = time.monotonic() + self.grace
+        self.deadline = self.clock.monotonic() + self.grace
         running = len(self.scheduler.in_flight)
         self.progress.write(f"[rank 0] {why}: handing out no more items; waiting up to {self.grace:g} s "
                             f"for {running} running item(s)")
-        self.journal.add_event("stop", why=why, time=time.time())
+        self.journal.add_event("stop", why=why, time=self.clock.time())
         self.pool.revoke_queued()
         self._broadcast(Stop())
 
@@ -364,7 +294,7 @@ class Leader:
 
     def _drain_messages(self) -> bool:
         active = False
-        now = time.monotonic()
+        now = self.clock.monotonic()
         while True:
             incoming = self.comm.poll()
             if incoming is None:
@@ -473,9 +403,11 @@ class Leader:
 class Follower:
     """Every rank but 0: runs what the leader hands it and streams results back."""
 
-    def __init__(self, comm: Any, pool: WorkerPool, stop_signal: Callable[[], Optional[str]],
-                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT):
-        self.comm, self.pool, self.stop_signal = comm, pool, stop_signal
+    def __init__(self, comm: Any, pool: WorkerPool, stop_signal: Callable[[], Optional[str]], liveness: PeerWatch,
+                 *, status: Optional[Any] = None, clock: Clock = SYSTEM_CLOCK):
+        """``liveness``: the watch on rank 0 (its only peer); ``status``: what this rank tells
+        status.json (``common.status_file.RankReporter``), or None."""
+        self.comm, self.pool, self.stop_signal, self.clock = comm, pool, stop_signal, clock
         self.buffer: Deque[List[Tuple[Any, int, tuple]]] = deque()  # bundles
         self.asked = False
         self.plenty = True
@@ -487,14 +419,14 @@ class Follower:
         self.pace = _ItemPace()
         self.round_trip = 0.001
         self.asked_at = 0.0
-        self.liveness = Liveness([0], heartbeat_timeout)
+        self.liveness = liveness
         self.end: Optional[End] = None
         self.silence = 0.0  # how long rank 0 had been silent when it was given up
         # Finished items not yet sent: sent together (Results) every RESULTS_SECONDS, RESULTS_BATCH
         # items, whenever the loop has nothing else to do, and before any other message
         self.results: List[Record] = []
         self.results_since = 0.0
-        self.status: Optional[Any] = None  # common.status_file.RankReporter, set by the runner
+        self.status = status
 
     def run(self) -> str:
         """Until the leader's :class:`End` ("done" or "halt"), or "lost" when rank 0 fell silent."""
@@ -505,11 +437,11 @@ class Follower:
             if ending:
                 self.flush()  # finished before the news of the end reached this rank: rank 0 keeps them
                 return ending
-            now = time.monotonic()
-            if self.liveness.silent(now):
-                self.silence = now - self.liveness.heard[0]
+            silent = self.liveness.silent()
+            if silent:
+                self.silence = silent[0][1]
                 return "lost"
-            if self.liveness.due(now):
+            if self.liveness.due():
                 self._send(Heartbeat())
             for event in self.pool.poll(timeout):
                 active = True
@@ -528,7 +460,7 @@ class Follower:
                 self._send(Broken("; ".join(sorted(set(self.pool.given_up.values())))))
                 self._drop_buffer()
             if self.results and (not active or len(self.results) >= RESULTS_BATCH
-                                 or time.monotonic() - self.results_since >= RESULTS_SECONDS):
+                                 or self.clock.monotonic() - self.results_since >= RESULTS_SECONDS):
                 self._send_results()
             timeout = backoff.next(active, 0.001 if self.asked else 0.02)
 
@@ -536,27 +468,25 @@ class Follower:
         """After its :class:`Bye`: rank 0's :class:`Release`, or None when rank 0 fell silent."""
         while True:
             incoming = self.comm.poll()
-            now = time.monotonic()
             if incoming is None:
-                if self.liveness.silent(now):
-                    self.silence = now - self.liveness.heard[0]
+                silent = self.liveness.silent()
+                if silent:
+                    self.silence = silent[0][1]
                     return None
-                time.sleep(0.005)
+                self.clock.sleep(0.005)
                 continue
-            self.liveness.heard_from(0, now)
+            self.liveness.heard_from(0)
             if isinstance(incoming[1], Release):
                 return incoming[1]
 
     def _send(self, message: Any) -> None:
         if self.results:  # in order: what finished goes before what follows it (a request, a bye)
             self._send_results()
-        self.comm.send(message, 0)
-        self.liveness.sent_to(0, time.monotonic())
+        self.liveness.send(message, 0)
 
     def _send_results(self) -> None:
         batch, self.results = self.results, []
-        self.comm.send(Results(batch) if len(batch) > 1 else Result(batch[0]), 0)
-        self.liveness.sent_to(0, time.monotonic())
+        self.liveness.send(Results(batch) if len(batch) > 1 else Result(batch[0]), 0)
 
     def flush(self) -> None:
         """Send the finished items not sent yet (at the end of the run, before the :class:`Bye`)."""
@@ -570,7 +500,7 @@ class Follower:
             if incoming is None:
                 return active, None
             active = True
-            self.liveness.heard_from(0, time.monotonic())
+            self.liveness.heard_from(0)
             message = incoming[1]
             if isinstance(message, Items) and self.told_broken:  # crossed our "broken": give them back
                 self._send(Dropped([entry[0].key for bundle in message.bundles for entry in bundle]))
@@ -579,7 +509,7 @@ class Follower:
                 self.buffer.extend(message.bundles)
                 self.plenty = message.plenty
                 self.asked = False
-                self.round_trip = 0.8 * self.round_trip + 0.2 * (time.monotonic() - self.asked_at)
+                self.round_trip = 0.8 * self.round_trip + 0.2 * (self.clock.monotonic() - self.asked_at)
             elif isinstance(message, PoolReply):
                 self.pool.deliver(message.requester, message.message)
             elif isinstance(message, Stop):
@@ -605,7 +535,7 @@ class Follower:
         if event.kind == "done":
             self.pace.observe(event.record.seconds)
             if not self.results:
-                self.results_since = time.monotonic()
+                self.results_since = self.clock.monotonic()
             self.results.append(event.record)
             return
         self._send(event.as_message())
@@ -634,4 +564,4 @@ class Follower:
         if need > 0 or (self.plenty and prefetch > 0):
             self._send(Request(need, prefetch))
             self.asked = True
-            self.asked_at = time.monotonic()
+            self.asked_at = self.clock.monotonic()

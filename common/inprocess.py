@@ -10,8 +10,8 @@
   succeeds or fails as ``behave`` says.
 - :class:`FakeClock` and :class:`Turns`: a clock that moves only when told, and round-robin
   turns for ranks run as threads, each giving the turn on at every poll of its pool. With
-  :func:`fake_time` patched in for ``common.distribute``'s ``time``, whole runs of the real
-  Leader and Followers are deterministic and take no real time, heartbeat timeouts included.
+  :func:`fake_time` as the clock given to the real Leader, Followers and their liveness watches,
+  whole runs are deterministic and take no real time, heartbeat timeouts included.
 """
 from __future__ import annotations
 
@@ -172,8 +172,8 @@ class Turns:
 
 
 def fake_time(clock: FakeClock, turns: Optional[Turns] = None) -> SimpleNamespace:
-    """What ``common.distribute`` uses of the ``time`` module, on ``clock``: patch it in as
-    ``monkeypatch.setattr(common.distribute, "time", fake_time(clock, turns))``."""
+    """A :class:`common.clock.Clock` on ``clock``: give it to the Leader, the Followers and their
+    liveness watches (``clock=fake_time(clock, turns)``); a sleep gives the turn on."""
 
     def sleep(seconds: float) -> None:
         if turns is not None:

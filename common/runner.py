@@ -33,6 +33,7 @@ from .gpu_monitor import GpuMonitor
 from .gpu_usage import write_gpu_usage
 from .hold import HOLD_NAME, Hold, check_free
 from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
+from .liveness import FollowerWatch, PeerWatch
 from .logs import add_file_log, setup_logging
 from .messages import Bye
 from .mpi import world
@@ -43,7 +44,8 @@ from .report_html import write_report
 from .scheduler import Scheduler
 from .status_file import STATUS_NAME, RankReporter, StatusWriter
 from .timeline import plot_timeline
-from .worker_pool import WorkerPool
+from .watchdog import Watchdog
+from .worker_pool import PoolSettings, WorkerPool
 from .write_failures import free_reserve, reserve_space
 
 log = logging.getLogger("multinode_gpu")
@@ -399,12 +401,13 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                  ", ".join(f"{e['host']}[{','.join(e['devices'])}]" for e in layout))
         progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
 
-    pool = WorkerPool(app, devices, rank=comm.rank, host=host, logs_dir=results / "logs", seed=args.seed,
-                      threads=threads, batch=args.batch, node_pools=node_pools, global_pools=list(global_pools),
-                      worker_timeout=args.worker_timeout, item_timeout=args.item_timeout)
+    settings = PoolSettings(rank=comm.rank, host=host, logs_dir=results / "logs", seed=args.seed, threads=threads,
+                            batch=args.batch, node_pools=node_pools, global_pools=tuple(global_pools))
+    watchdog = Watchdog(args.worker_timeout, args.item_timeout, settings.logs_dir)
+    # stop: a worker that ends once a stop was asked is not started again
+    pool = WorkerPool(app, devices, settings, watchdog, stop_asked=stop)
     monitor = GpuMonitor(devices)
     monitor.start()
-    pool.stop_asked = stop  # a worker that ends once a stop was asked is not started again
     pool.start()
     # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
     preloading = preload_figures() if comm.rank == 0 else None
@@ -417,15 +420,13 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         try:
             if comm.rank == 0:
                 hosts = {entry["rank"]: entry["host"] for entry in layout}
+                liveness = FollowerWatch(comm, args.heartbeat_timeout, hosts)
                 leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
-                                stop, args.heartbeat_timeout, hosts)
-                leader.status = status
-                leader.on_idle = preloading.start
+                                stop, liveness, status=status, on_idle=preloading.start)
                 outcome = leader.run()
                 status.write(leader, "finishing")
             else:
-                follower = Follower(comm, pool, stop, args.heartbeat_timeout)
-                follower.status = status
+                follower = Follower(comm, pool, stop, PeerWatch(comm, [0], args.heartbeat_timeout), status=status)
                 outcome = follower.run()
         finally:  # kill_after: time for an item to end what it started (pipeline steps)
             pool.shutdown(kill_after=WORKER_KILL_AFTER, wait=comm.rank != 0)
@@ -437,7 +438,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         progress.close()
         if preloading.is_alive():  # matplotlib in one thread at a time: the figures below wait for the warm-up
             preloading.join(60)
-        with leader.keeping_followers():
+        with leader.liveness.keeping_alive():
             stop.outputs_interruptible = True
             try:
                 code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,

@@ -3,7 +3,8 @@
 It loads the app's data once (``App.setup_worker``), then runs what its rank pushes to it over a
 pipe (an item, a group run together, or a chunk of short items) and answers with each result or
 traceback. Code running inside an item may call
-:func:`acquire` to hold a slot of a named resource pool.
+:func:`acquire` to hold a slot of a named resource pool: it finds the worker's inbox in a context
+variable that ``worker_main`` sets (the ambient context of the items it runs, like decimal's).
 
 Liveness: from its first moment a thread beside the item sends a heartbeat whenever nothing else
 went to the rank for ``heartbeat`` seconds (a few bytes; none while results flow), so the rank can
@@ -13,6 +14,7 @@ then) from a busy one, and kill it (``--worker-timeout``).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import faulthandler
 import logging
 import os
@@ -127,6 +129,12 @@ class _Inbox:
         self.replies: Dict[int, PoolAnswer] = {}
         self.stopped = False
         self.stopping = False  # the rank is stopping (a walltime signal): start nothing new
+        self.requests = 0  # pool requests made so far: each has its number
+
+    def new_request(self) -> int:
+        """The number of a new pool request, which its answer carries."""
+        self.requests += 1
+        return self.requests
 
     def _take(self, message: Any) -> None:
         if isinstance(message, Assign):
@@ -165,8 +173,9 @@ class _Inbox:
         return self.replies.pop(request)
 
 
-_inbox: Optional[_Inbox] = None
-_request_counter = 0
+#: the inbox of this worker process, set by ``worker_main`` for the items it runs (they run in its
+#: main thread; a thread an item starts sees None, as the inbox must not be read by two threads)
+_current_inbox: contextvars.ContextVar[Optional[_Inbox]] = contextvars.ContextVar("worker_inbox", default=None)
 
 
 @contextlib.contextmanager
@@ -176,34 +185,34 @@ def acquire(pool: str, count: int = 1, timeout: Optional[float] = None) -> Itera
     Blocks until the rank (node pools) or rank 0 (global pools) grants them; raises
     :class:`PoolTimeout` after ``timeout`` seconds of waiting.
     """
-    global _request_counter
-    if _inbox is None:
+    inbox = _current_inbox.get()
+    if inbox is None:
         raise RuntimeError("acquire() works only inside an item run by the engine")
-    _request_counter += 1
-    request = _request_counter
-    _inbox.conn.send(PoolRequest("acquire", pool, request, count))
-    reply = _inbox.reply(request, timeout)
+    request = inbox.new_request()
+    inbox.conn.send(PoolRequest("acquire", pool, request, count))
+    reply = inbox.reply(request, timeout)
     if reply is None:
-        _inbox.conn.send(PoolRequest("cancel", pool, request))
-        reply = _inbox.reply(request, None)  # "cancelled", or a "granted" that crossed our cancel
+        inbox.conn.send(PoolRequest("cancel", pool, request))
+        reply = inbox.reply(request, None)  # "cancelled", or a "granted" that crossed our cancel
         if reply.verb == "granted":
-            _inbox.conn.send(PoolRequest("release", pool, request))
+            inbox.conn.send(PoolRequest("release", pool, request))
         raise PoolTimeout(f"waited more than {timeout:g} s for pool {pool!r}")
     if reply.verb == "refused":
         raise ValueError(reply.why)
     try:
         yield
     finally:
-        _inbox.conn.send(PoolRequest("release", pool, request))
+        inbox.conn.send(PoolRequest("release", pool, request))
 
 
 def stop_requested() -> bool:
     """Whether the rank is stopping (walltime, Ctrl-C): an item that runs many steps or retries
     starts no new one. False outside the engine."""
-    if _inbox is None:
+    inbox = _current_inbox.get()
+    if inbox is None:
         return False
-    _inbox.pump()
-    return _inbox.stopping
+    inbox.pump()
+    return inbox.stopping
 
 
 def _ignore(signum: int, frame: Any) -> None:
@@ -282,10 +291,10 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
                 heartbeat: Optional[float] = None, finished: Any = None) -> None:
     """Entry point of the spawned process. ``heartbeat``: seconds between heartbeats (None: none);
     ``finished``: a shared counter of the items it has finished (a ``multiprocessing.RawValue``)."""
-    global _inbox
     conn = _Pipe(conn)  # type: ignore[assignment]
     beating = _start_heartbeat(conn, heartbeat) if heartbeat else threading.Event()
-    _inbox = inbox = _Inbox(conn)
+    inbox = _Inbox(conn)
+    _current_inbox.set(inbox)
     die_with_parent(TERMINATE_SIGNAL)  # no worker outlives its rank
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
     for ignored in STOP_SIGNALS:

@@ -5,10 +5,8 @@ GPU by ``CUDA_VISIBLE_DEVICES``, thread counts set, and every MPI/PMI variable r
 can never re-initialise MPI. It notices a dead worker within one poll (its process sentinel),
 reports the item it was running as failed and starts a fresh one.
 
-A worker that lives but says nothing (its heartbeat thread cannot run: SIGSTOPped, or stuck in
-native code holding the GIL) for ``worker_timeout`` seconds, counted from its first message, is
-killed (SIGKILL) and handled as a dead one; so is a worker whose item (or group) has run for more
-than ``item_timeout`` seconds. Its log gets where it was (faulthandler) and why it was killed.
+A worker that lives but says nothing for ``worker_timeout`` seconds, or whose item ran past
+``item_timeout``, is killed by the pool's :class:`common.watchdog.Watchdog` and handled as a dead one.
 """
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ import multiprocessing
 import os
 import selectors
 import signal
-import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,12 +22,10 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
-import psutil
-
 from .app import Record
+from .clock import SYSTEM_CLOCK, Clock
 from .devices import Device
 from .items import Item
-from .logs import worker_file_log
 from .messages import (
     Answers,
     Assign,
@@ -50,18 +45,13 @@ from .messages import (
 )
 from .resources import ResourceBroker
 from .settings import without_launcher
-from .worker import DUMP_SIGNAL, STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
+from .watchdog import SILENT, TIMED_OUT, Watchdog, unanswered
+from .worker import STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
 
 log = logging.getLogger("multinode_gpu")
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 MAX_SETUP_FAILURES = 3
-#: heartbeats go out every worker_timeout / 4 seconds, but at least this often
-MAX_HEARTBEAT_INTERVAL = 5.0
-#: how long a worker's stack dump (DUMP_SIGNAL) may take before the kill
-DUMP_SECONDS = 0.2
-#: how the reasons for killing a worker begin (the timeline colours those attempts)
-SILENT, TIMED_OUT = "worker silent for", "timed out after"
 
 
 def failure_kind(error: str) -> str:
@@ -198,27 +188,43 @@ class WorkerCounts:
         return len(self.workers)
 
 
+@dataclass(frozen=True)
+class PoolSettings:
+    """What a rank's workers are started with, and the rules they run under."""
+
+    rank: int
+    host: str
+    logs_dir: Path  # each worker's log goes there
+    seed: int
+    threads: int  # CPU threads per worker
+    batch: Optional[int] = None  # a worker is replaced after this many items (None: never)
+    node_pools: Dict[str, int] = field(default_factory=dict)  # resource pools of this node: name -> size
+    global_pools: Tuple[str, ...] = ()  # names of the pools rank 0 hands out
+
+
+def _never_stopped() -> Optional[str]:
+    return None
+
+
 class WorkerPool(WorkerCounts):
     """Spawned workers of one rank. Single-threaded: the rank's loop calls ``poll``."""
 
-    def __init__(self, app: Any, devices: List[Device], *, rank: int, host: str, logs_dir: Path, seed: int,
-                 threads: int, batch: Optional[int], node_pools: Dict[str, int], global_pools: List[str],
-                 worker_timeout: Optional[float] = None, item_timeout: Optional[float] = None):
-        """``worker_timeout``: seconds of silence after which a worker is killed; ``item_timeout``:
-        seconds an item (or group) may run; None (or 0): no limit."""
-        self.app, self.devices, self.rank, self.host = app, devices, rank, host
-        self.worker_timeout, self.item_timeout = worker_timeout or None, item_timeout or None
-        self.heartbeat = min(MAX_HEARTBEAT_INTERVAL, self.worker_timeout / 4) if self.worker_timeout else None
-        self.logs_dir, self.seed, self.threads, self.batch = Path(logs_dir), seed, threads, batch
-        self.node_resources = ResourceBroker(node_pools)
-        self.global_pools = set(global_pools)
+    def __init__(self, app: Any, devices: List[Device], settings: PoolSettings, watchdog: Optional[Watchdog] = None,
+                 *, stop_asked: Callable[[], Optional[str]] = _never_stopped, clock: Clock = SYSTEM_CLOCK):
+        """``watchdog``: kills silent and overrunning workers (None: no time limits). ``stop_asked``:
+        the rank's stop flag (why, or None): a worker that ends once a stop was asked is not replaced."""
+        self.app, self.devices, self.settings, self.clock = app, devices, settings, clock
+        self.rank, self.host = settings.rank, settings.host
+        self.logs_dir, self.seed, self.threads, self.batch = Path(settings.logs_dir), settings.seed, settings.threads, settings.batch
+        self.watchdog = watchdog or Watchdog(None, None, self.logs_dir, clock)
+        self.node_resources = ResourceBroker(settings.node_pools)
+        self.global_pools = set(settings.global_pools)
         self.context = multiprocessing.get_context("spawn")
         self.workers: Dict[str, WorkerHandle] = {}
         self.setup_failures: Dict[str, int] = {}
         self.given_up: Dict[str, str] = {}  # worker name -> why its device was given up
         self.closing = False
-        #: the rank's stop flag (why, or None): a worker that ends once a stop was asked is not replaced
-        self.stop_asked: Callable[[], Optional[str]] = lambda: None
+        self.stop_asked = stop_asked
         self._kill_at = 0.0  # set by shutdown: when join kills the workers still alive
         self.selector = selectors.DefaultSelector()
 
@@ -235,7 +241,7 @@ class WorkerPool(WorkerCounts):
         process = self.context.Process(
             target=worker_main, name=name, daemon=True,
             args=(child_end, self.app, device, name, str(log_path), self.seed, self.threads),
-            kwargs={"heartbeat": self.heartbeat, "finished": finished})
+            kwargs={"heartbeat": self.watchdog.heartbeat, "finished": finished})
         # multiprocessing starts its resource tracker with the first spawned process, and then
         # unblocks SIGINT and SIGTERM (it does not restore the mask): start it first, outside the block
         resource_tracker.ensure_running()
@@ -249,24 +255,11 @@ class WorkerPool(WorkerCounts):
 
     def assign(self, worker: WorkerHandle, bundle: List[Tuple[Item, int]], together: bool = False) -> None:
         """Hand over [(item, attempt), ...]: one item, a group to run together, or a chunk."""
-        now = time.time()
+        now = self.clock.time()
         worker.assigned.append(Bundle([[item, attempt, now] for item, attempt in bundle], together, len(bundle)))
         worker.handed_total += len(bundle)
-        self._note_start(worker)
+        self.watchdog.note_start(worker)
         self._send(worker, Assign(list(bundle), together))
-
-    @staticmethod
-    def _note_start(worker: WorkerHandle) -> None:
-        """After the worker's bundles changed: if what it runs now is new, it started now. A worker
-        runs what it is handed in order, so the next item starts when the previous one is answered
-        (to within the pipe's latency: an item gets at least its --item-timeout), with no message
-        per item (chunks of very short items exist)."""
-        head = worker.assigned[0] if worker.assigned else None
-        if head is not None and not head.together:
-            head = head.entries[0]
-        if head is not worker.running:
-            worker.running = head
-            worker.running_since, worker.running_wall = time.monotonic(), time.time()
 
     def _send(self, worker: WorkerHandle, message: tuple) -> None:
         """Send, tolerating a worker that died since the last poll (its sentinel reports it)."""
@@ -315,7 +308,7 @@ class WorkerPool(WorkerCounts):
                     os.kill(worker.process.pid, TERMINATE_SIGNAL)
             except (OSError, ValueError):
                 pass
-        self._kill_at = time.monotonic() + kill_after
+        self._kill_at = self.clock.monotonic() + kill_after
         if wait or busy:
             self.join()
 
@@ -324,7 +317,7 @@ class WorkerPool(WorkerCounts):
         if not self.workers:  # joined already
             return
         for worker in self.workers.values():
-            worker.process.join(max(0.0, self._kill_at - time.monotonic()))
+            worker.process.join(max(0.0, self._kill_at - self.clock.monotonic()))
             if worker.process.is_alive():
                 worker.process.kill()
                 worker.process.join(2)
@@ -336,7 +329,7 @@ class WorkerPool(WorkerCounts):
     def poll(self, timeout: float) -> List[Event]:
         """Wait up to ``timeout`` s for messages or deaths; return what happened."""
         if not self.workers:
-            time.sleep(timeout)
+            self.clock.sleep(timeout)
             return []
         events: List[Event] = []
         for key, _ in self.selector.select(timeout):
@@ -347,74 +340,9 @@ class WorkerPool(WorkerCounts):
                 self._drain(worker, events)
             elif not worker.conn.poll():  # dead, and nothing left to read from it
                 self._on_exit(worker, events)
-        if self.worker_timeout or self.item_timeout:
-            self._watch()
+        if self.watchdog.active:
+            self.watchdog.check(self.workers.values())
         return events
-
-    def _watch(self) -> None:
-        """Kill workers silent for worker_timeout, and those whose item ran past item_timeout."""
-        now = time.monotonic()
-        for worker in list(self.workers.values()):
-            if worker.killed_because:
-                continue
-            silence = now - worker.heard if worker.heard is not None else 0.0
-            running = now - worker.running_since if worker.running is not None else 0.0
-            silent = self.worker_timeout is not None and silence > self.worker_timeout
-            late = self.item_timeout is not None and running > self.item_timeout
-            if not (silent or late) or worker.conn.poll():  # unread messages: read them first
-                continue
-            keys = self._running_keys(worker)
-            if late:
-                why = f"{TIMED_OUT} {self.item_timeout:g} s (--item-timeout)"
-                said = f"{keys} timed out after {self.item_timeout:g} s (--item-timeout)"
-            else:
-                why = f"{SILENT} {silence:.0f} s (stopped or hung)"
-                said = (f"worker silent for {silence:.0f} s (stopped, or hung in code that holds the GIL; "
-                        f"--worker-timeout {self.worker_timeout:g}) while "
-                        + (f"running {keys}" if keys else "starting" if not worker.ready else "idle"))
-            self._kill(worker, why, said)
-
-    @staticmethod
-    def _unanswered(worker: WorkerHandle) -> int:
-        """Items the worker has finished but not yet answered for (its answers are on their way)."""
-        return max(0, worker.finished.value - worker.items_done) if worker.finished is not None else 0
-
-    def _running_keys(self, worker: WorkerHandle) -> str:
-        if worker.running is None:
-            return ""
-        if isinstance(worker.running, Bundle):
-            entries = worker.running.entries
-        else:  # in a chunk: past the items finished but not yet answered for
-            head = worker.assigned[0].entries
-            entries = head[min(self._unanswered(worker), len(head) - 1):][:1]
-        return ", ".join(entry[0].key for entry in entries)
-
-    def _kill(self, worker: WorkerHandle, why: str, said: str) -> None:
-        """SIGKILL, with every process it started (a pipeline step's own children hold GPUs too:
-        their memory goes with them), after a stack dump into its log; the sentinel then reports
-        it like any dead worker, its item failing with ``why``."""
-        worker.killed_because, worker.killed_running = why, worker.running
-        log.error("%s: %s; killing it (pid %d)", worker.name, said, worker.process.pid)
-        handler = worker_file_log(str(self.logs_dir / f"{worker.name}.log"), worker.name)
-        handler.handle(logging.makeLogRecord({
-            "name": log.name, "levelno": logging.ERROR, "levelname": "ERROR",
-            "msg": f"{said}: killed by its rank (SIGKILL); where its threads were follows (nothing if it was stopped)"}))
-        handler.close()
-        try:
-            descendants = psutil.Process(worker.process.pid).children(recursive=True)
-        except psutil.Error:
-            descendants = []
-        try:
-            os.kill(worker.process.pid, DUMP_SIGNAL)  # runs even in native code; not while stopped
-            time.sleep(DUMP_SECONDS)
-            worker.process.kill()
-        except OSError:
-            pass
-        for process in descendants:
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
 
     def _drain(self, worker: WorkerHandle, events: List[Event]) -> None:
         """Read one message (the selector reports the pipe again while more are waiting)."""
@@ -423,7 +351,7 @@ class WorkerPool(WorkerCounts):
         except (EOFError, OSError):
             self._on_exit(worker, events)
             return
-        worker.heard = time.monotonic()  # any message says it is alive
+        worker.heard = self.clock.monotonic()  # any message says it is alive
         self._handle(worker, message, events)
 
     def _handle(self, worker: WorkerHandle, message: Any, events: List[Event]) -> None:
@@ -445,7 +373,7 @@ class WorkerPool(WorkerCounts):
             running.entries.remove(entry)
             if not running.entries:
                 worker.assigned.popleft()
-            self._note_start(worker)
+            self.watchdog.note_start(worker)
             attempt, group_size = entry[1], running.size if running.together else 1
             worker.items_done += 1
             done = isinstance(message, ItemDone)
@@ -463,7 +391,7 @@ class WorkerPool(WorkerCounts):
             for bundle in worker.assigned:
                 bundle.entries = [e for e in bundle.entries if e[0].key not in keys]
             worker.assigned = deque(bundle for bundle in worker.assigned if bundle.entries)
-            self._note_start(worker)
+            self.watchdog.note_start(worker)
             if keys:
                 events.append(Event("returned", keys=tuple(message.keys)))
         elif isinstance(message, PoolRequest):
@@ -528,7 +456,7 @@ class WorkerPool(WorkerCounts):
             running = worker.assigned.popleft()
             # Items it finished whose answers died with it (a chunk's answers travel together): they
             # go back uncounted, and the next one is the item it was running.
-            ahead = min(self._unanswered(worker), len(running.entries))
+            ahead = min(unanswered(worker), len(running.entries))
             # A group failed as one; in a chunk only the item after those finished was running; a
             # worker that could not even be sent its items ran none of them.
             failed = ([] if worker.unreachable or overtaken or (running.together and ahead)
@@ -538,7 +466,7 @@ class WorkerPool(WorkerCounts):
             if failed and not worker.killed_because:  # the watch said why when it killed it
                 log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in failed))
             for item, attempt, handed in failed:
-                record = self._record(worker, item.key, None, attempt, max(handed, worker.running_wall), time.time(),
+                record = self._record(worker, item.key, None, attempt, max(handed, worker.running_wall), self.clock.time(),
                                       len(failed))
                 events.append(Event("failed", record, error=why))
             unstarted = ([] if running.together and failed else running.entries) + [e for b in worker.assigned for e in b.entries]

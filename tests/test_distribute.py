@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from common import distribute
 from common.distribute import Follower, Leader
 from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from common.inprocess import FakeClock, InProcessWorld, SimulatedPool, Turns, fake_time, instant
 from common.items import Item
 from common.journal import Journal
+from common.liveness import FollowerWatch, PeerWatch
 from common.messages import End, Stop
 from common.progress import Progress
 from common.scheduler import Scheduler
@@ -34,7 +34,6 @@ class Sim:
     """One simulated run: ranks x workers, the real Leader at rank 0 and a real Follower elsewhere."""
 
     tmp_path: Path
-    monkeypatch: Any
     items: List[Item]
     ranks: int = 3
     workers: int = 2
@@ -51,7 +50,7 @@ class Sim:
     def __post_init__(self) -> None:
         self.clock = FakeClock()
         self.turns = Turns(self.clock, self.tick, limit=120.0)
-        self.monkeypatch.setattr(distribute, "time", fake_time(self.clock, self.turns))
+        self.time = fake_time(self.clock, self.turns)  # the clock every rank's loop reads and sleeps on
         self.world = InProcessWorld(self.ranks)
         self.world.comm(0).keep_sent = True
         self.pools = [SimulatedPool(rank, self.workers, self.clock, self.behave.get(rank, instant), self.turns)
@@ -68,11 +67,13 @@ class Sim:
             return None
 
         self.started = started
+        liveness = FollowerWatch(self.world.comm(0), self.heartbeat_timeout,
+                                 {rank: f"node{rank}" for rank in range(self.ranks)}, clock=self.time)
         self.leader = Leader(self.world.comm(0), self.pools[0], self.scheduler, self.journal, progress, {},
-                             self.ranks * self.workers, self.grace, stop_signal, self.heartbeat_timeout,
-                             {rank: f"node{rank}" for rank in range(self.ranks)})
+                             self.ranks * self.workers, self.grace, stop_signal, liveness, clock=self.time)
         self.followers = [Follower(self.world.comm(rank), self.pools[rank], lambda: None,
-                                   self.follower_timeouts.get(rank, self.heartbeat_timeout))
+                                   PeerWatch(self.world.comm(rank), [0], self.follower_timeouts.get(rank, self.heartbeat_timeout),
+                                             clock=self.time), clock=self.time)
                           for rank in range(1, self.ranks)]
         self.ended_at: Dict[int, float] = {}
 
@@ -114,8 +115,8 @@ def items(count: int, prefix: str = "i") -> List[Item]:
     return [Item(f"{prefix}{n:03d}") for n in range(count)]
 
 
-def test_every_item_is_handed_out_once_and_faster_ranks_get_more(tmp_path, monkeypatch):
-    sim = Sim(tmp_path, monkeypatch, items(300), ranks=3, workers=2,
+def test_every_item_is_handed_out_once_and_faster_ranks_get_more(tmp_path):
+    sim = Sim(tmp_path, items(300), ranks=3, workers=2,
               behave={0: sleeper(0.02), 1: sleeper(0.02), 2: sleeper(0.005)})
     assert sim.run() == ["complete", "done", "done"]
     keys = [key for key, _, _ in sim.ran()]
@@ -128,14 +129,14 @@ def test_every_item_is_handed_out_once_and_faster_ranks_get_more(tmp_path, monke
     assert all(sim.sent_by_leader(End, rank) == [End("done", EXIT_OK)] for rank in (1, 2))
 
 
-def test_short_items_travel_in_chunks_and_each_runs_once(tmp_path, monkeypatch):
-    sim = Sim(tmp_path, monkeypatch, items(2000), ranks=3, workers=2)  # instant items
+def test_short_items_travel_in_chunks_and_each_runs_once(tmp_path):
+    sim = Sim(tmp_path, items(2000), ranks=3, workers=2)  # instant items
     assert sim.run() == ["complete", "done", "done"]
     assert sorted(key for key, _, _ in sim.ran()) == sorted(item.key for item in sim.items)
     assert len(sim.results()) == 2000
 
 
-def test_a_failing_attempt_is_retried_on_another_worker_then_failed_for_good(tmp_path, monkeypatch):
+def test_a_failing_attempt_is_retried_on_another_worker_then_failed_for_good(tmp_path):
     def behave(item: Item, attempt: int, worker: str):
         if item.key == "flaky" and attempt == 1:
             return "failed", "RuntimeError: first time", 0.01
@@ -144,7 +145,7 @@ def test_a_failing_attempt_is_retried_on_another_worker_then_failed_for_good(tmp
         return "done", item.key, 0.01
 
     work = items(20) + [Item("flaky"), Item("broken")]
-    sim = Sim(tmp_path, monkeypatch, work, retries=2, behave={rank: behave for rank in range(3)})
+    sim = Sim(tmp_path, work, retries=2, behave={rank: behave for rank in range(3)})
     assert sim.run() == ["complete", "done", "done"]
     attempts = {key: [(attempt, worker) for k, attempt, worker in sim.ran() if k == key] for key in ("flaky", "broken")}
     assert [a for a, _ in attempts["flaky"]] == [1, 2]
@@ -159,7 +160,7 @@ def test_a_failing_attempt_is_retried_on_another_worker_then_failed_for_good(tmp
     assert all(sim.sent_by_leader(End, rank) == [End("done", EXIT_FAILED_ITEMS)] for rank in (1, 2))
 
 
-def test_a_later_wave_runs_after_what_it_waits_for_and_is_built_from_its_results(tmp_path, monkeypatch):
+def test_a_later_wave_runs_after_what_it_waits_for_and_is_built_from_its_results(tmp_path):
     first = [Item(f"a{n}", {"value": n}) for n in range(6)]
     second = [Item(f"b{n}", after=(f"a{n}", f"a{(n + 1) % 6}")) for n in range(6)]
     final = [Item("c", after=tuple(item.key for item in second))]
@@ -170,7 +171,7 @@ def test_a_later_wave_runs_after_what_it_waits_for_and_is_built_from_its_results
     def behave(item: Item, attempt: int, worker: str):
         return "done", item.params["value"], 0.01 * (1 + len(item.key))
 
-    sim = Sim(tmp_path, monkeypatch, final + second + first, complete=complete,
+    sim = Sim(tmp_path, final + second + first, complete=complete,
               behave={rank: behave for rank in range(3)})
     assert sim.run() == ["complete", "done", "done"]
     results = sim.scheduler.results
@@ -182,8 +183,8 @@ def test_a_later_wave_runs_after_what_it_waits_for_and_is_built_from_its_results
     assert {r["key"]: r["params"] for r in sim.results()}["c"] == {"value": 30}  # what --resume checks
 
 
-def test_a_silent_rank_is_lost_and_its_items_finish_elsewhere(tmp_path, monkeypatch):
-    sim = Sim(tmp_path, monkeypatch, items(60), heartbeat_timeout=0.5,
+def test_a_silent_rank_is_lost_and_its_items_finish_elsewhere(tmp_path):
+    sim = Sim(tmp_path, items(60), heartbeat_timeout=0.5,
               behave={rank: sleeper(0.1) for rank in range(3)},
               at=[(0.25, lambda s: s.world.cut(2))])
     outcomes = sim.run()
@@ -201,8 +202,8 @@ def test_a_silent_rank_is_lost_and_its_items_finish_elsewhere(tmp_path, monkeypa
     assert sim.leader.code == EXIT_OK
 
 
-def test_followers_that_hear_nothing_from_rank_0_stop_by_themselves(tmp_path, monkeypatch):
-    sim = Sim(tmp_path, monkeypatch, items(40), heartbeat_timeout=0.5,
+def test_followers_that_hear_nothing_from_rank_0_stop_by_themselves(tmp_path):
+    sim = Sim(tmp_path, items(40), heartbeat_timeout=0.5,
               behave={rank: sleeper(0.1) for rank in range(3)},
               at=[(0.2, lambda s: s.world.cut(0))])
     outcomes = sim.run()
@@ -215,10 +216,10 @@ def test_followers_that_hear_nothing_from_rank_0_stop_by_themselves(tmp_path, mo
     assert {sim.leader.records[r["key"]].rank for r in sim.results()[-5:]} == {0}
 
 
-def test_a_lost_rank_that_comes_back_has_its_late_results_kept_once_and_is_told_to_end(tmp_path, monkeypatch):
+def test_a_lost_rank_that_comes_back_has_its_late_results_kept_once_and_is_told_to_end(tmp_path):
     # ranks 0 and 1 are slow (0.5 s an item), rank 2 fast (0.3 s): the items rank 2 held when its link
     # dropped finish there (0.3 s) before the survivors, busy until 0.5 s, can run them again
-    sim = Sim(tmp_path, monkeypatch, items(30), heartbeat_timeout=0.1, follower_timeouts={2: 5.0},
+    sim = Sim(tmp_path, items(30), heartbeat_timeout=0.1, follower_timeouts={2: 5.0},
               behave={0: sleeper(0.5), 1: sleeper(0.5), 2: sleeper(0.3)},
               at=[(0.05, lambda s: s.world.cut(2)), (0.2, lambda s: s.world.restore(2))])
     assert sim.run() == ["complete", "done", "halt"]
@@ -232,8 +233,8 @@ def test_a_lost_rank_that_comes_back_has_its_late_results_kept_once_and_is_told_
     assert sim.leader.code == EXIT_OK
 
 
-def test_a_stop_lets_running_items_finish_and_gives_back_what_never_started(tmp_path, monkeypatch):
-    sim = Sim(tmp_path, monkeypatch, items(2000), behave={rank: sleeper(0.002) for rank in range(3)},
+def test_a_stop_lets_running_items_finish_and_gives_back_what_never_started(tmp_path):
+    sim = Sim(tmp_path, items(2000), behave={rank: sleeper(0.002) for rank in range(3)},
               stop_at=0.1)
     assert sim.run() == ["stopped", "halt", "halt"]
     assert sim.leader.code == EXIT_STOPPED
@@ -248,8 +249,8 @@ def test_a_stop_lets_running_items_finish_and_gives_back_what_never_started(tmp_
     assert any(e["type"] == "stop" for e in sim.journal_entries())
 
 
-def test_a_stop_waits_for_running_items_no_longer_than_the_grace(tmp_path, monkeypatch):
-    sim = Sim(tmp_path, monkeypatch, items(12), behave={rank: sleeper(10.0) for rank in range(3)},
+def test_a_stop_waits_for_running_items_no_longer_than_the_grace(tmp_path):
+    sim = Sim(tmp_path, items(12), behave={rank: sleeper(10.0) for rank in range(3)},
               stop_at=0.5, grace=2.0)
     assert sim.run() == ["stopped", "halt", "halt"]
     assert 2.5 <= sim.ended_at[0] <= 2.6

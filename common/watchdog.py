@@ -1,0 +1,132 @@
+"""The watch over a rank's workers: the silent ones and those whose item runs too long are killed.
+
+A worker that lives but says nothing (its heartbeat thread cannot run: SIGSTOPped, or stuck in
+native code holding the GIL) for ``worker_timeout`` seconds, counted from its first message, is
+killed (SIGKILL); so is a worker whose item (or group) has run for more than ``item_timeout``
+seconds. Its log gets where it was (faulthandler) and why it was killed; its pool then handles it
+as any dead worker, its item failing with that reason.
+
+The watch reads what the pool keeps on each worker (``common.worker_pool.WorkerHandle``): when it
+was last heard from, what it runs and since when (:meth:`Watchdog.note_start`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import psutil
+
+from .clock import SYSTEM_CLOCK, Clock
+from .logs import worker_file_log
+from .worker import DUMP_SIGNAL
+
+log = logging.getLogger("multinode_gpu")
+
+#: heartbeats go out every worker_timeout / 4 seconds, but at least this often
+MAX_HEARTBEAT_INTERVAL = 5.0
+#: how long a worker's stack dump (DUMP_SIGNAL) may take before the kill
+DUMP_SECONDS = 0.2
+#: how the reasons for killing a worker begin (the timeline colours those attempts)
+SILENT, TIMED_OUT = "worker silent for", "timed out after"
+
+
+def unanswered(worker: Any) -> int:
+    """Items the worker has finished but not yet answered for (its answers are on their way)."""
+    return max(0, worker.finished.value - worker.items_done) if worker.finished is not None else 0
+
+
+class Watchdog:
+    """Kills the workers of a pool that fell silent or whose item ran past its time limit."""
+
+    def __init__(self, worker_timeout: Optional[float], item_timeout: Optional[float], logs_dir: Path,
+                 clock: Clock = SYSTEM_CLOCK):
+        """``worker_timeout``: seconds of silence after which a worker is killed; ``item_timeout``:
+        seconds an item (or group) may run; None (or 0): no limit. ``logs_dir``: the workers' logs,
+        where each killed worker's gets why."""
+        self.worker_timeout, self.item_timeout = worker_timeout or None, item_timeout or None
+        self.logs_dir, self.clock = Path(logs_dir), clock
+
+    @property
+    def heartbeat(self) -> Optional[float]:
+        """Seconds between a worker's heartbeats (None: it sends none, nothing watches its silence)."""
+        return min(MAX_HEARTBEAT_INTERVAL, self.worker_timeout / 4) if self.worker_timeout else None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.worker_timeout or self.item_timeout)
+
+    def note_start(self, worker: Any) -> None:
+        """After the worker's bundles changed: if what it runs now is new, it started now. A worker
+        runs what it is handed in order, so the next item starts when the previous one is answered
+        (to within the pipe's latency: an item gets at least its --item-timeout), with no message
+        per item (chunks of very short items exist)."""
+        head = worker.assigned[0] if worker.assigned else None
+        if head is not None and not head.together:
+            head = head.entries[0]
+        if head is not worker.running:
+            worker.running = head
+            worker.running_since, worker.running_wall = self.clock.monotonic(), self.clock.time()
+
+    def check(self, workers: Iterable[Any]) -> None:
+        """Kill workers silent for worker_timeout, and those whose item ran past item_timeout."""
+        now = self.clock.monotonic()
+        for worker in list(workers):
+            if worker.killed_because:
+                continue
+            silence = now - worker.heard if worker.heard is not None else 0.0
+            running = now - worker.running_since if worker.running is not None else 0.0
+            silent = self.worker_timeout is not None and silence > self.worker_timeout
+            late = self.item_timeout is not None and running > self.item_timeout
+            if not (silent or late) or worker.conn.poll():  # unread messages: read them first
+                continue
+            keys = self.running_keys(worker)
+            if late:
+                why = f"{TIMED_OUT} {self.item_timeout:g} s (--item-timeout)"
+                said = f"{keys} timed out after {self.item_timeout:g} s (--item-timeout)"
+            else:
+                why = f"{SILENT} {silence:.0f} s (stopped or hung)"
+                said = (f"worker silent for {silence:.0f} s (stopped, or hung in code that holds the GIL; "
+                        f"--worker-timeout {self.worker_timeout:g}) while "
+                        + (f"running {keys}" if keys else "starting" if not worker.ready else "idle"))
+            self.kill(worker, why, said)
+
+    @staticmethod
+    def running_keys(worker: Any) -> str:
+        """The keys of what the worker runs now: its group, or its chunk's item after those finished."""
+        if worker.running is None:
+            return ""
+        head = worker.assigned[0]
+        if head.together:
+            entries = head.entries
+        else:  # in a chunk: past the items finished but not yet answered for
+            entries = head.entries[min(unanswered(worker), len(head.entries) - 1):][:1]
+        return ", ".join(entry[0].key for entry in entries)
+
+    def kill(self, worker: Any, why: str, said: str) -> None:
+        """SIGKILL, with every process it started (a pipeline step's own children hold GPUs too:
+        their memory goes with them), after a stack dump into its log; the sentinel then reports
+        it like any dead worker, its item failing with ``why``."""
+        worker.killed_because, worker.killed_running = why, worker.running
+        log.error("%s: %s; killing it (pid %d)", worker.name, said, worker.process.pid)
+        handler = worker_file_log(str(self.logs_dir / f"{worker.name}.log"), worker.name)
+        handler.handle(logging.makeLogRecord({
+            "name": log.name, "levelno": logging.ERROR, "levelname": "ERROR",
+            "msg": f"{said}: killed by its rank (SIGKILL); where its threads were follows (nothing if it was stopped)"}))
+        handler.close()
+        try:
+            descendants = psutil.Process(worker.process.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        try:
+            os.kill(worker.process.pid, DUMP_SIGNAL)  # runs even in native code; not while stopped
+            self.clock.sleep(DUMP_SECONDS)
+            worker.process.kill()
+        except OSError:
+            pass
+        for process in descendants:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass

@@ -29,6 +29,7 @@ from .messages import (
     Dropped,
     End,
     Failed,
+    Handout,
     Heartbeat,
     Items,
     PoolAnswer,
@@ -36,6 +37,7 @@ from .messages import (
     PoolReply,
     Release,
     Request,
+    Requester,
     Result,
     Results,
     Status,
@@ -122,9 +124,9 @@ class Liveness:
         return [peer for peer, at in self.heard.items() if now - at > self.timeout]
 
 
-def _avoided(bundle: List[tuple]) -> Tuple[str, ...]:
+def _avoided(bundle: List[Handout]) -> Tuple[str, ...]:
     """Workers that already failed some item of the bundle."""
-    return tuple(worker for _, _, avoid in bundle for worker in avoid)
+    return tuple(worker for handout in bundle for worker in handout.avoid)
 
 
 class Leader:
@@ -280,7 +282,7 @@ class Leader:
         self.requests.pop(rank, None)
         self.broken.pop(rank, None)
         for _, who in self.global_resources.release_all((rank,)):
-            self._pool_reply(who, PoolAnswer("granted", who[3]))
+            self._pool_reply(who, PoolAnswer("granted", who.request))
         host = self.hosts.get(rank, "?")
         self.lost[rank] = {"rank": rank, "host": host, "why": why, "items_reassigned": len(keys),
                            "time": time.time()}
@@ -425,9 +427,9 @@ class Leader:
             avoid = _avoided(bundle)
             if avoid and worker.name in avoid:
                 worker = self.pool.pick_worker(avoid, depth) or worker
-            for item, _, _ in bundle:
-                self.scheduler.handed(item.key)
-            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle], bool(bundle[0][0].group))
+            for handout in bundle:
+                self.scheduler.handed(handout.item.key)
+            self.pool.assign(worker, bundle, bool(bundle[0].item.group))
             handed = True
         for rank, (need, prefetch) in list(self.requests.items()):
             plenty = self.scheduler.ready_count > need + prefetch + self.total_capacity
@@ -435,9 +437,9 @@ class Leader:
             batch = []  # bundles
             while len(batch) < count and self.scheduler.ready_count:
                 bundle = self.scheduler.take(self._chunk())
-                for item, _, _ in bundle:
-                    self.scheduler.handed(item.key)
-                    self.holding[rank].add(item.key)
+                for handout in bundle:
+                    self.scheduler.handed(handout.item.key)
+                    self.holding[rank].add(handout.item.key)
                 batch.append(bundle)
             if batch or need == 0:
                 self._send(Items(batch, plenty), rank)
@@ -463,11 +465,11 @@ class Leader:
             self.scheduler.fail_remaining(f"no worker could start: {'; '.join(sorted(reasons))}")
             self.report_failures()
 
-    def _pool_reply(self, requester: tuple, message: tuple) -> None:
-        if requester[0] == 0:
+    def _pool_reply(self, requester: Requester, message: PoolAnswer) -> None:
+        if requester.rank == 0:
             self.pool.deliver(requester, message)
-        elif requester[0] not in self.lost:
-            self._send(PoolReply(requester, message), requester[0])
+        elif requester.rank not in self.lost:
+            self._send(PoolReply(requester, message), requester.rank)
 
 
 class Follower:
@@ -476,13 +478,13 @@ class Follower:
     def __init__(self, comm: Any, pool: WorkerPool, stop_signal: Callable[[], Optional[str]],
                  heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT):
         self.comm, self.pool, self.stop_signal = comm, pool, stop_signal
-        self.buffer: Deque[List[Tuple[Any, int, tuple]]] = deque()  # bundles
+        self.buffer: Deque[List[Handout]] = deque()  # bundles
         self.asked = False
         self.plenty = True
         self.stopping = False
         self.told_stop = False
         self.told_broken = False
-        self.handed: Dict[str, Tuple[Any, int, tuple]] = {}  # key -> entry, while a worker holds it
+        self.handed: Dict[str, Handout] = {}  # key -> its handout, while a worker holds it
         # Running averages that size the prefetch: enough items to cover one round trip to rank 0.
         self.pace = _ItemPace()
         self.round_trip = 0.001
@@ -573,7 +575,7 @@ class Follower:
             self.liveness.heard_from(0, time.monotonic())
             message = incoming[1]
             if isinstance(message, Items) and self.told_broken:  # crossed our "broken": give them back
-                self._send(Dropped([entry[0].key for bundle in message.bundles for entry in bundle]))
+                self._send(Dropped([handout.item.key for bundle in message.bundles for handout in bundle]))
                 self.asked = False
             elif isinstance(message, Items):
                 self.buffer.extend(message.bundles)
@@ -592,14 +594,14 @@ class Follower:
 
     def _drop_buffer(self) -> None:
         if self.buffer:
-            self._send(Dropped([entry[0].key for bundle in self.buffer for entry in bundle]))
+            self._send(Dropped([handout.item.key for bundle in self.buffer for handout in bundle]))
             self.buffer.clear()
 
     def _send_event(self, event: Event) -> None:
         if event.kind == "returned":  # handed to a worker that died or was told to stop: run elsewhere
-            entries = [self.handed.pop(key) for key in event.keys]
+            handouts = [self.handed.pop(key) for key in event.keys]
             if not self.stopping:
-                self.buffer.extendleft([entry] for entry in reversed(entries))
+                self.buffer.extendleft([handout] for handout in reversed(handouts))
                 return
         self.handed.pop(event.key, None)
         if event.kind == "done":
@@ -619,9 +621,9 @@ class Follower:
             if worker is None:
                 break
             self.buffer.popleft()
-            for entry in bundle:
-                self.handed[entry[0].key] = entry
-            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle], bool(bundle[0][0].group))
+            for handout in bundle:
+                self.handed[handout.item.key] = handout
+            self.pool.assign(worker, bundle, bool(bundle[0].item.group))
             started = True
         return started
 

@@ -24,7 +24,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .app import Record
 from .items import Item
-from .worker_pool import Event, WorkerCounts
+from .messages import Handout, PoolAnswer, Requester
+from .worker_pool import Assigned, Event, WorkerCounts
 
 
 class InProcessWorld:
@@ -194,12 +195,19 @@ def instant(item: Item, attempt: int, worker: str) -> Outcome:
     return "done", item.key, 0.0
 
 
+@dataclass(slots=True, eq=False)
+class SimulatedItem(Assigned):
+    """An item a simulated worker holds, with what ``behave`` said of it (asked once, when it starts)."""
+
+    outcome: Optional[Outcome] = None
+
+
 @dataclass
 class SimulatedWorker:
     name: str
     ready: bool = True
     retiring: bool = False
-    assigned: Deque[list] = field(default_factory=deque)  # bundles: [[item, attempt, outcome], ...]
+    assigned: Deque[List[SimulatedItem]] = field(default_factory=deque)  # bundles
     started: float = 0.0  # when the head bundle's first item started
 
 
@@ -233,21 +241,21 @@ class SimulatedPool(WorkerCounts):
                 best, best_rank = worker, rank
         return best
 
-    def assign(self, worker: SimulatedWorker, bundle: List[Tuple[Item, int]], together: bool = False) -> None:
+    def assign(self, worker: SimulatedWorker, bundle: List[Handout], together: bool = False) -> None:
         if not worker.assigned:
             worker.started = self.clock.monotonic()
-        worker.assigned.append([[item, attempt, None] for item, attempt in bundle])
+        worker.assigned.append([SimulatedItem(item, attempt) for item, attempt, _ in bundle])
 
     def revoke_queued(self) -> None:
         """Items waiting behind the running one come back as a "returned" event at the next poll."""
-        self._returned = [entry[0].key for w in self.workers.values() for bundle in list(w.assigned)[1:]
+        self._returned = [entry.item.key for w in self.workers.values() for bundle in list(w.assigned)[1:]
                           for entry in bundle]
         for worker in self.workers.values():
             while len(worker.assigned) > 1:
                 worker.assigned.pop()
         self.revoked += len(self._returned)
 
-    def deliver(self, requester: tuple, message: tuple) -> None:
+    def deliver(self, requester: Requester, message: PoolAnswer) -> None:
         pass
 
     def poll(self, timeout: float) -> List[Event]:
@@ -265,10 +273,10 @@ class SimulatedPool(WorkerCounts):
             while worker.assigned:
                 bundle = worker.assigned[0]
                 entry = bundle[0]
-                item, attempt = entry[0], entry[1]
-                if entry[2] is None:  # asked once, when it starts
-                    entry[2] = self.behave(item, attempt, worker.name)
-                kind, value, seconds = entry[2]
+                item, attempt = entry.item, entry.attempt
+                if entry.outcome is None:  # asked once, when it starts
+                    entry.outcome = self.behave(item, attempt, worker.name)
+                kind, value, seconds = entry.outcome
                 if now < worker.started + seconds:
                     break
                 bundle.pop(0)

@@ -40,9 +40,8 @@ def rank_snapshot(pool: Any, monitor: Any) -> Dict[str, Any]:
         state = "running" if entry else "idle" if worker.ready else "starting"
         view = {"worker": name, "device": str(worker.device), "pid": worker.process.pid, "state": state}
         if entry is not None:
-            item, attempt, handed = entry
             # the pool dates what a worker runs from the previous answer (a queued item starts then)
-            view.update(key=item.key, attempt=attempt, since=max(handed, worker.running_wall),
+            view.update(key=entry.item.key, attempt=entry.attempt, since=max(entry.handed, worker.running_wall),
                         together=len(running.entries) if running.together else 1)
         workers.append(view)
     return {"rank": pool.rank, "host": pool.host, "time": time.time(), "workers": workers,

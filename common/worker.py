@@ -133,7 +133,7 @@ class _Inbox:
             self.items.append((message.bundle, message.together))
         elif isinstance(message, Revoke):  # the rank is stopping: give back what has not started
             self.stopping = True
-            keys = [item.key for bundle, _ in self.items for item, _ in bundle]
+            keys = [handout.item.key for bundle, _ in self.items for handout in bundle]
             self.items.clear()
             self.conn.send(Revoked(keys))
         elif isinstance(message, Quit):
@@ -149,7 +149,7 @@ class _Inbox:
                 self._take(self.conn.recv())
 
     def next_bundle(self) -> Optional[tuple]:
-        """The next bundle ([(item, attempt), ...], together) to run, waiting for one; None once told to stop."""
+        """The next bundle ([Handout, ...], together) to run, waiting for one; None once told to stop."""
         self.pump()
         while not self.items and not self.stopped:
             self.pump(None)
@@ -228,7 +228,7 @@ ANSWER_SECONDS = 0.002
 
 def _run_group(app: Any, state: Any, bundle: list, seed: int) -> List[Any]:
     """Run one item, or a group of items together (``App.run_group``); the answer for each."""
-    items = [item for item, _ in bundle]
+    items = [handout.item for handout in bundle]
     names = ", ".join(item.key for item in items)
     started = time.time()
     try:
@@ -241,7 +241,7 @@ def _run_group(app: Any, state: Any, bundle: list, seed: int) -> List[Any]:
     except Exception as error:
         text = traceback.format_exc()
         ended = time.time()
-        log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(a) for _, a in bundle), text)
+        log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(handout.attempt) for handout in bundle), text)
         return [ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended) for item in items]
     ended = time.time()
     log.info("%s done in %.3f s", names, ended - started)
@@ -260,8 +260,8 @@ def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed: int, 
         return
     pending: List[Any] = []
     since = 0.0
-    for item, attempt in entries:
-        pending += _run_group(app, state, [(item, attempt)], seed)
+    for handout in entries:
+        pending += _run_group(app, state, [handout], seed)
         if finished is not None:
             finished.value += 1
         now = time.monotonic()

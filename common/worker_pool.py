@@ -36,6 +36,7 @@ from .messages import (
     Assign,
     Dropped,
     Failed,
+    Handout,
     ItemDone,
     ItemError,
     PoolAnswer,
@@ -43,6 +44,7 @@ from .messages import (
     PoolRequest,
     Quit,
     Ready,
+    Requester,
     Result,
     Revoke,
     Revoked,
@@ -114,12 +116,21 @@ def _describe_exit(code: Optional[int]) -> str:
     return f"worker exited with code {code}"
 
 
+@dataclass(slots=True, eq=False)
+class Assigned:
+    """An item a worker holds, until it answers for it."""
+
+    item: Item
+    attempt: int
+    handed: float = 0.0  # epoch seconds
+
+
 @dataclass
 class Bundle:
     """Items handed to a worker in one message: a group run together, or a chunk of short items
-    run one after the other. Entries are [item, attempt, time handed] until answered."""
+    run one after the other."""
 
-    entries: list
+    entries: List[Assigned]
     together: bool
     size: int
 
@@ -158,7 +169,7 @@ class Event:
     error: str = ""  # failed
     traceback: str = ""  # failed
     keys: Tuple[str, ...] = ()  # returned
-    message: Optional[tuple] = None  # pool: (verb, requester, pool, count)
+    message: Optional[PoolCall] = None  # pool
 
     @property
     def key(self) -> str:
@@ -172,7 +183,7 @@ class Event:
             return Failed(self.record, self.error, self.traceback)
         if self.kind == "returned":
             return Dropped(list(self.keys))
-        return PoolCall(*self.message)
+        return self.message
 
 
 class WorkerCounts:
@@ -247,10 +258,11 @@ class WorkerPool(WorkerCounts):
         self.selector.register(parent_end, selectors.EVENT_READ, (worker, "conn"))
         self.selector.register(process.sentinel, selectors.EVENT_READ, (worker, "sentinel"))
 
-    def assign(self, worker: WorkerHandle, bundle: List[Tuple[Item, int]], together: bool = False) -> None:
-        """Hand over [(item, attempt), ...]: one item, a group to run together, or a chunk."""
+    def assign(self, worker: WorkerHandle, bundle: List[Handout], together: bool = False) -> None:
+        """Hand over one item, a group to run together, or a chunk."""
         now = time.time()
-        worker.assigned.append(Bundle([[item, attempt, now] for item, attempt in bundle], together, len(bundle)))
+        worker.assigned.append(Bundle([Assigned(item, attempt, now) for item, attempt, _ in bundle], together,
+                                      len(bundle)))
         worker.handed_total += len(bundle)
         self._note_start(worker)
         self._send(worker, Assign(list(bundle), together))
@@ -387,7 +399,7 @@ class WorkerPool(WorkerCounts):
         else:  # in a chunk: past the items finished but not yet answered for
             head = worker.assigned[0].entries
             entries = head[min(self._unanswered(worker), len(head) - 1):][:1]
-        return ", ".join(entry[0].key for entry in entries)
+        return ", ".join(entry.item.key for entry in entries)
 
     def _kill(self, worker: WorkerHandle, why: str, said: str) -> None:
         """SIGKILL, with every process it started (a pipeline step's own children hold GPUs too:
@@ -439,14 +451,14 @@ class WorkerPool(WorkerCounts):
         elif isinstance(message, (ItemDone, ItemError)):
             key = message.key
             running = worker.assigned[0]
-            entry = next((e for e in running.entries if e[0].key == key), None)
+            entry = next((e for e in running.entries if e.item.key == key), None)
             if entry is None:  # cannot happen unless the pipe reorders; fail loudly
                 raise RuntimeError(f"{worker.name} answered {key}, which it was not running")
             running.entries.remove(entry)
             if not running.entries:
                 worker.assigned.popleft()
             self._note_start(worker)
-            attempt, group_size = entry[1], running.size if running.together else 1
+            attempt, group_size = entry.attempt, running.size if running.together else 1
             worker.items_done += 1
             done = isinstance(message, ItemDone)
             record = self._record(worker, key, message.result if done else None, attempt, message.started,
@@ -461,7 +473,7 @@ class WorkerPool(WorkerCounts):
         elif isinstance(message, Revoked):
             keys = set(message.keys)
             for bundle in worker.assigned:
-                bundle.entries = [e for e in bundle.entries if e[0].key not in keys]
+                bundle.entries = [e for e in bundle.entries if e.item.key not in keys]
             worker.assigned = deque(bundle for bundle in worker.assigned if bundle.entries)
             self._note_start(worker)
             if keys:
@@ -476,21 +488,21 @@ class WorkerPool(WorkerCounts):
                       group_size=group_size)
 
     # ----- resource pools -----
-    def _requester(self, worker: WorkerHandle, request: int) -> tuple:
-        return (self.rank, worker.name, worker.process.pid, request)
+    def _requester(self, worker: WorkerHandle, request: int) -> Requester:
+        return Requester(self.rank, worker.name, worker.process.pid, request)
 
     def _pool_message(self, worker: WorkerHandle, message: PoolRequest, events: List[Event]) -> None:
         requester = self._requester(worker, message.request)
         if message.pool in self.global_pools:
-            events.append(Event("pool", message=(message.verb, requester, message.pool, message.count)))
+            events.append(Event("pool", message=PoolCall(message.verb, requester, message.pool, message.count)))
             return
         for who, reply in self.node_resources.handle(message.verb, message.pool, requester, message.count):
             self.deliver(who, reply)
 
-    def deliver(self, requester: tuple, message: PoolAnswer) -> None:
+    def deliver(self, requester: Requester, message: PoolAnswer) -> None:
         """Send a pool answer to the worker that asked, if it is still the same process."""
-        worker = self.workers.get(requester[1])
-        if worker is not None and worker.process.pid == requester[2]:
+        worker = self.workers.get(requester.worker)
+        if worker is not None and worker.process.pid == requester.pid:
             try:
                 worker.conn.send(message)
             except (OSError, ValueError):
@@ -515,11 +527,11 @@ class WorkerPool(WorkerCounts):
             except (KeyError, ValueError):
                 pass
         worker.conn.close()
-        owner = (self.rank, worker.name, worker.process.pid)
+        owner = Requester(self.rank, worker.name, worker.process.pid)
         for who, reply in self.node_resources.handle("gone", "", owner):
             self.deliver(who, reply)
         if self.global_pools:
-            events.append(Event("pool", message=("gone", owner, "", 0)))
+            events.append(Event("pool", message=PoolCall("gone", owner, "", 0)))
         why = worker.killed_because or _describe_exit(worker.process.exitcode)
         if worker.assigned:
             # An item that answered just before its worker was killed for it: what came next had
@@ -536,14 +548,14 @@ class WorkerPool(WorkerCounts):
             if failed and not running.together:
                 running.entries = running.entries[:ahead] + running.entries[ahead + 1:]
             if failed and not worker.killed_because:  # the watch said why when it killed it
-                log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in failed))
-            for item, attempt, handed in failed:
-                record = self._record(worker, item.key, None, attempt, max(handed, worker.running_wall), time.time(),
-                                      len(failed))
+                log.warning("%s: %s while running %s", worker.name, why, ", ".join(e.item.key for e in failed))
+            for entry in failed:
+                record = self._record(worker, entry.item.key, None, entry.attempt, max(entry.handed, worker.running_wall),
+                                      time.time(), len(failed))
                 events.append(Event("failed", record, error=why))
             unstarted = ([] if running.together and failed else running.entries) + [e for b in worker.assigned for e in b.entries]
             if unstarted:
-                events.append(Event("returned", keys=tuple(e[0].key for e in unstarted)))
+                events.append(Event("returned", keys=tuple(e.item.key for e in unstarted)))
         elif not worker.ready and not worker.retiring and not worker.setup_reported:
             if self.stop_asked():  # not a failure of its device: the run is ending
                 log.info("%s: ended while starting (%s); the run is stopping", worker.name, why)

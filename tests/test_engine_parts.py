@@ -19,9 +19,9 @@ def keep(item, results):
 def test_groups_leave_together_and_short_items_in_chunks():
     items = [Item(f"g{i}", group="a", cost=2) for i in range(3)] + [Item(f"s{i}", cost=1) for i in range(5)]
     scheduler = Scheduler(items, {}, retries=0, complete=keep)
-    assert [entry[0].key for entry in scheduler.take(chunk=4)] == ["g0", "g1", "g2"]
-    assert [entry[0].key for entry in scheduler.take(chunk=4)] == ["s0", "s1", "s2", "s3"]
-    assert [entry[0].key for entry in scheduler.take(chunk=4)] == ["s4"]
+    assert [handout.item.key for handout in scheduler.take(chunk=4)] == ["g0", "g1", "g2"]
+    assert [handout.item.key for handout in scheduler.take(chunk=4)] == ["s0", "s1", "s2", "s3"]
+    assert [handout.item.key for handout in scheduler.take(chunk=4)] == ["s4"]
     assert scheduler.take() is None
 
 

@@ -47,7 +47,7 @@ from .messages import (
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
-from .worker_pool import Event, WorkerPool, failure_kind
+from .worker_pool import Event, WorkerPool
 
 log = logging.getLogger("multinode_gpu")
 
@@ -335,13 +335,14 @@ class Leader:
         """Every attempt of this run, for the timeline: the kept results' and then the others."""
         return [{"worker": r.worker, "start": r.start, "end": r.end, "ok": True} for r in self.records.values()] + self.bars
 
-    def _attempt_failed(self, record: Record, error: str, text: str) -> None:
-        """``record`` says where and when the attempt ran (its result is None)."""
+    def _attempt_failed(self, failed: Failed) -> None:
+        """``failed.record`` says where and when the attempt ran (its result is None)."""
+        record, error, text = failed.record, failed.error, failed.traceback
         key, worker = record.key, record.worker
         self.holding.get(record.rank, set()).discard(key)
         self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False,
-                          "why": failure_kind(error)})
-        if self.stopping or write_failures.item_error(error, key, worker):
+                          "why": failed.kind})
+        if self.stopping or write_failures.item_error(failed.errno, failed.path, key, worker):
             # killed by the stop itself, or its output found no space (the run stops on it): it runs again on --resume
             self.scheduler.dropped(key)
             return
@@ -398,7 +399,7 @@ class Leader:
         elif isinstance(message, Result):
             self._finished(message.record)
         elif isinstance(message, Failed):
-            self._attempt_failed(message.record, message.error, message.traceback)
+            self._attempt_failed(message)
         elif isinstance(message, PoolCall):
             for who, reply in self.global_resources.handle(message.verb, message.pool, message.requester, message.count):
                 self._pool_reply(who, reply)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Dict, List, NamedTuple, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .app import Record
 from .items import Item
@@ -77,11 +77,16 @@ class Results:
 
 @dataclass
 class Failed:
-    """One attempt failed; ``record`` says where and when it ran (its result is None)."""
+    """One attempt failed; ``record`` says where and when it ran (its result is None). ``kind``:
+    "silent" or "timeout" when the rank's watch killed its worker, else "failed"; ``errno`` and
+    ``path``: the OSError the item raised, if it did (a full disk stops the run instead)."""
 
     record: Record
     error: str
     traceback: str = ""
+    kind: str = "failed"
+    errno: Optional[int] = None
+    path: str = ""
 
 
 @dataclass
@@ -238,11 +243,15 @@ class ItemDone:
 
 @dataclass
 class ItemError:
+    """``errno`` and ``path``: the OSError the item raised, if it did."""
+
     key: str
     error: str
     traceback: str
     started: float
     ended: float
+    errno: Optional[int] = None
+    path: str = ""
 
 
 @dataclass

@@ -23,7 +23,7 @@ import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any, Deque, Dict, Iterator, List, Optional
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 from . import startup
 from .items import item_seed
@@ -226,6 +226,14 @@ def _set_threads(threads: int) -> None:
 ANSWER_SECONDS = 0.002
 
 
+def _os_error(error: BaseException) -> Tuple[Optional[int], str]:
+    """The errno and file of an OSError (a full disk stops the run at rank 0), else (None, "")."""
+    if not isinstance(error, OSError) or error.errno is None:
+        return None, ""
+    filename = error.filename
+    return error.errno, os.fsdecode(filename) if isinstance(filename, (str, bytes, os.PathLike)) else ""
+
+
 def _run_group(app: Any, state: Any, bundle: list, seed: int) -> List[Any]:
     """Run one item, or a group of items together (``App.run_group``); the answer for each."""
     items = [handout.item for handout in bundle]
@@ -242,7 +250,9 @@ def _run_group(app: Any, state: Any, bundle: list, seed: int) -> List[Any]:
         text = traceback.format_exc()
         ended = time.time()
         log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(handout.attempt) for handout in bundle), text)
-        return [ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended) for item in items]
+        errno, path = _os_error(error)
+        return [ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended, errno, path)
+                for item in items]
     ended = time.time()
     log.info("%s done in %.3f s", names, ended - started)
     return [ItemDone(item.key, result, started, ended) for item, result in zip(items, results)]

@@ -62,13 +62,8 @@ MAX_SETUP_FAILURES = 3
 MAX_HEARTBEAT_INTERVAL = 5.0
 #: how long a worker's stack dump (DUMP_SIGNAL) may take before the kill
 DUMP_SECONDS = 0.2
-#: how the reasons for killing a worker begin (the timeline colours those attempts)
+#: how the reasons for killing a worker begin
 SILENT, TIMED_OUT = "worker silent for", "timed out after"
-
-
-def failure_kind(error: str) -> str:
-    """"silent" or "timeout" for an attempt ended by the pool's watch, else "failed"."""
-    return "silent" if error.startswith(SILENT) else "timeout" if error.startswith(TIMED_OUT) else "failed"
 
 
 @contextmanager
@@ -154,6 +149,7 @@ class WorkerHandle:
     running_since: float = 0.0  # monotonic, when ``running`` started (the previous answer came)
     running_wall: float = 0.0  # the same as epoch seconds, for the timeline
     killed_because: str = ""  # why the watch killed it (its item's error)
+    killed_kind: str = ""  # "silent" or "timeout" (Failed.kind: the timeline colours those attempts)
     killed_running: Any = None  # what it was running then
     # items the process has finished, answered or not (shared memory it writes): answers of a chunk
     # travel together, so on its death this tells which item it was running
@@ -168,6 +164,9 @@ class Event:
     record: Optional[Record] = None  # done and failed: where and when it ran (failed: no result)
     error: str = ""  # failed
     traceback: str = ""  # failed
+    failure: str = "failed"  # failed: Failed.kind
+    errno: Optional[int] = None  # failed: the OSError the item raised
+    path: str = ""  # failed: its file
     keys: Tuple[str, ...] = ()  # returned
     message: Optional[PoolCall] = None  # pool
 
@@ -180,7 +179,7 @@ class Event:
         if self.kind == "done":
             return Result(self.record)
         if self.kind == "failed":
-            return Failed(self.record, self.error, self.traceback)
+            return Failed(self.record, self.error, self.traceback, self.failure, self.errno, self.path)
         if self.kind == "returned":
             return Dropped(list(self.keys))
         return self.message
@@ -384,6 +383,7 @@ class WorkerPool(WorkerCounts):
                 said = (f"worker silent for {silence:.0f} s (stopped, or hung in code that holds the GIL; "
                         f"--worker-timeout {self.worker_timeout:g}) while "
                         + (f"running {keys}" if keys else "starting" if not worker.ready else "idle"))
+            worker.killed_kind = "timeout" if late else "silent"
             self._kill(worker, why, said)
 
     @staticmethod
@@ -466,7 +466,8 @@ class WorkerPool(WorkerCounts):
             if done:
                 events.append(Event("done", record))
             else:
-                events.append(Event("failed", record, error=message.error, traceback=message.traceback))
+                events.append(Event("failed", record, error=message.error, traceback=message.traceback,
+                                    errno=message.errno, path=message.path))
             if self.batch and worker.items_done >= self.batch and not self.closing:
                 worker.retiring = True  # a fresh process gives back memory the old one never did
                 self._send(worker, Quit())
@@ -552,7 +553,7 @@ class WorkerPool(WorkerCounts):
             for entry in failed:
                 record = self._record(worker, entry.item.key, None, entry.attempt, max(entry.handed, worker.running_wall),
                                       time.time(), len(failed))
-                events.append(Event("failed", record, error=why))
+                events.append(Event("failed", record, error=why, failure=worker.killed_kind or "failed"))
             unstarted = ([] if running.together and failed else running.entries) + [e for b in worker.assigned for e in b.entries]
             if unstarted:
                 events.append(Event("returned", keys=tuple(e.item.key for e in unstarted)))

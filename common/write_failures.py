@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,17 +76,14 @@ def first() -> Optional[WriteFailure]:
     return _first
 
 
-_ERRNO = re.compile(r"\[Errno (\d+)\] ([^:\n]+)(?:: '([^'\n]*)')?")
-
-
-def item_error(error: str, key: str, worker: str) -> bool:
-    """Whether an item's error, as its worker reported it, says a disk is full or a quota
-    exceeded (an output it writes, such as a saved model): then it is noted like rank 0's own failed
-    writes and the run stops, instead of retrying the item and failing it; it runs again on --resume."""
-    match = _ERRNO.search(error or "")
-    if match is None or int(match.group(1)) not in NO_SPACE:
+def item_error(number: Optional[int], path: str, key: str, worker: str) -> bool:
+    """Whether an item's OSError (``number``: its errno, as its worker reported it; None if it
+    raised something else) says a disk is full or a quota exceeded (an output it writes, such as a
+    saved model): then it is noted like rank 0's own failed writes and the run stops, instead of
+    retrying the item and failing it; it runs again on --resume."""
+    if number not in NO_SPACE:
         return False
-    note(f"an output of item {key} on {worker}", match.group(3) or "", OSError(int(match.group(1)), match.group(2)))
+    note(f"an output of item {key} on {worker}", path, OSError(number, os.strerror(number)))
     return True
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 from .app import Record
 from .items import Item
 from .messages import Handout, PoolAnswer, Requester
+from .placement import pick_worker
 from .worker_pool import Assigned, Event, WorkerCounts
 
 
@@ -208,6 +209,8 @@ class SimulatedWorker:
     ready: bool = True
     retiring: bool = False
     assigned: Deque[List[SimulatedItem]] = field(default_factory=deque)  # bundles
+    handed_total: int = 0
+    items_done: int = 0
     started: float = 0.0  # when the head bundle's first item started
 
 
@@ -220,8 +223,9 @@ class SimulatedPool(WorkerCounts):
 
     def __init__(self, rank: int, workers: int, clock: Any, behave: Callable[[Item, int, str], Outcome] = instant,
                  turns: Optional[Turns] = None, host: str = "", on_poll: Optional[Callable[[], None]] = None,
-                 keep_ran: bool = True):
-        self.rank, self.clock, self.behave, self.turns = rank, clock, behave, turns
+                 keep_ran: bool = True, batch: Optional[int] = None):
+        """``batch``: as ``--batch``, a worker is replaced by a fresh one after that many items."""
+        self.rank, self.clock, self.behave, self.turns, self.batch = rank, clock, behave, turns, batch
         self.host = host or f"node{rank}"
         self.workers: Dict[str, SimulatedWorker] = {
             name: SimulatedWorker(name) for name in (f"rank{rank}-cpu{i}" for i in range(workers))}
@@ -230,21 +234,17 @@ class SimulatedPool(WorkerCounts):
         self.keep_ran = keep_ran  # False: a benchmark that must not count this list as rank 0's memory
         self.ran: List[Tuple[str, int, str]] = []  # (key, attempt, worker) of every attempt finished
         self.revoked = 0
+        self.retired = 0  # workers replaced after ``batch`` items
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[SimulatedWorker]:
-        best, best_rank = None, None
-        for worker in self.workers.values():
-            if not worker.ready or worker.retiring or len(worker.assigned) >= depth:
-                continue
-            rank = (len(worker.assigned), worker.name in avoid)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = worker, rank
-        return best
+        """The real pool's policy (:func:`common.placement.pick_worker`)."""
+        return pick_worker(self.workers.values(), avoid, depth, self.batch)
 
     def assign(self, worker: SimulatedWorker, bundle: List[Handout], together: bool = False) -> None:
         if not worker.assigned:
             worker.started = self.clock.monotonic()
         worker.assigned.append([SimulatedItem(item, attempt) for item, attempt, _ in bundle])
+        worker.handed_total += len(bundle)
 
     def revoke_queued(self) -> None:
         """Items waiting behind the running one come back as a "returned" event at the next poll."""
@@ -291,4 +291,11 @@ class SimulatedPool(WorkerCounts):
                                 rank=self.rank, host=self.host, device=worker.name.split("-")[-1],
                                 worker=worker.name, start=wall - seconds, end=wall, attempt=attempt)
                 events.append(Event("done", record) if kind == "done" else Event("failed", record, error=str(value)))
+                worker.items_done += 1
+                if self.batch and worker.items_done >= self.batch:
+                    worker.retiring = True  # as WorkerPool: it ends once its items are answered
+        for name, worker in list(self.workers.items()):
+            if worker.retiring and not worker.assigned:  # its fresh process starts at once here
+                self.workers[name] = SimulatedWorker(name)
+                self.retired += 1
         return events

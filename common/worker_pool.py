@@ -51,6 +51,7 @@ from .messages import (
     SetupFailed,
 )
 from .mpi import without_launcher
+from .placement import pick_worker
 from .resources import ResourceBroker
 from .worker import DUMP_SIGNAL, STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
 
@@ -287,19 +288,8 @@ class WorkerPool(WorkerCounts):
             worker.unreachable = True
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
-        """The worker to hand the next item to: an idle one first, else one with fewer than
-        ``depth`` items (one queued behind the running one hides the round trip), preferring
-        one that has not already failed this item."""
-        best, best_rank = None, None
-        for worker in self.workers.values():
-            if not worker.ready or worker.retiring or len(worker.assigned) >= depth:
-                continue
-            if self.batch and worker.handed_total >= self.batch:
-                continue
-            rank = (len(worker.assigned), worker.name in avoid)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = worker, rank
-        return best
+        """The worker to hand the next item to (:func:`common.placement.pick_worker`)."""
+        return pick_worker(self.workers.values(), avoid, depth, self.batch)
 
     def revoke_queued(self) -> None:
         """Ask every busy worker to give back the items waiting in its inbox (a stop); the one

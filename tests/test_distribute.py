@@ -5,11 +5,13 @@ same behaviours with real processes: tests/test_engine.py, test_lost_rank.py, te
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from common import distribute
+from common.devices import Device
 from common.distribute import Follower, Leader
 from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from common.inprocess import FakeClock, InProcessWorld, SimulatedPool, Turns, fake_time, instant
@@ -18,6 +20,7 @@ from common.journal import Journal
 from common.messages import End, Stop
 from common.progress import Progress
 from common.scheduler import Scheduler
+from common.worker_pool import WorkerHandle, WorkerPool
 
 
 def sleeper(seconds: float) -> Callable:
@@ -47,6 +50,7 @@ class Sim:
     at: List[Tuple[float, Callable[["Sim"], None]]] = field(default_factory=list)  # (time, action)
     stop_at: Optional[float] = None
     tick: float = 0.001
+    batch: Optional[int] = None  # --batch
 
     def __post_init__(self) -> None:
         self.clock = FakeClock()
@@ -54,7 +58,8 @@ class Sim:
         self.monkeypatch.setattr(distribute, "time", fake_time(self.clock, self.turns))
         self.world = InProcessWorld(self.ranks)
         self.world.comm(0).keep_sent = True
-        self.pools = [SimulatedPool(rank, self.workers, self.clock, self.behave.get(rank, instant), self.turns)
+        self.pools = [SimulatedPool(rank, self.workers, self.clock, self.behave.get(rank, instant), self.turns,
+                                    batch=self.batch)
                       for rank in range(self.ranks)]
         self.pools[0].on_poll = self._actions
         self.scheduler = Scheduler(self.items, {}, self.retries, self.complete)
@@ -254,3 +259,32 @@ def test_a_stop_waits_for_running_items_no_longer_than_the_grace(tmp_path, monke
     assert sim.run() == ["stopped", "halt", "halt"]
     assert 2.5 <= sim.ended_at[0] <= 2.6
     assert not sim.scheduler.results and not sim.scheduler.failed  # they run again on --resume
+
+
+def test_the_simulator_places_items_by_the_real_pools_policy_batch_included(tmp_path, monkeypatch):
+    """SimulatedPool and WorkerPool pick the same worker in the same state, --batch's rule
+    included (a worker handed its batch gets nothing more, even when it is the idle one)."""
+    real = WorkerPool(None, [], rank=0, host="node0", logs_dir=tmp_path, seed=0, threads=1, batch=2,
+                      node_pools={}, global_pools=[])
+    simulated = SimulatedPool(0, 3, FakeClock(), batch=2)
+    names = list(simulated.workers)
+    real.workers = {name: WorkerHandle(name, Device("cpu", 0), None, None, ready=True) for name in names}
+    # (handed so far, bundles queued) per worker, workers to avoid, depth -> the expected choice
+    cases = [([(0, 0), (0, 0), (0, 0)], (), 1, names[0]),
+             ([(0, 0), (0, 0), (0, 0)], (names[0],), 1, names[1]),
+             ([(1, 1), (2, 0), (0, 1)], (), 2, names[0]),  # the idle one has had its batch
+             ([(2, 1), (2, 0), (1, 1)], (names[2],), 2, names[2]),  # avoided, but the only one left
+             ([(2, 0), (2, 1), (2, 0)], (), 2, None)]
+    for state, avoid, depth, expected in cases:
+        for pool in (real, simulated):
+            for name, (handed, queued) in zip(names, state):
+                pool.workers[name].handed_total = handed
+                pool.workers[name].assigned = deque([["bundle"]] * queued)
+        chosen = [pool.pick_worker(avoid, depth) for pool in (real, simulated)]
+        assert [worker.name if worker else None for worker in chosen] == [expected, expected], (state, avoid)
+    real.selector.close()
+
+    sim = Sim(tmp_path, monkeypatch, items(40), ranks=1, workers=2, behave={0: sleeper(0.01)}, batch=4)
+    assert sim.run() == ["complete"]
+    assert sorted(key for key, _, _ in sim.ran()) == sorted(item.key for item in sim.items)
+    assert sim.pools[0].retired == 10  # 40 items, 4 per worker process

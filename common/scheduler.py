@@ -6,6 +6,7 @@ of them is done or has failed for good; then ``App.complete`` fills it in from t
 """
 from __future__ import annotations
 
+import graphlib
 import heapq
 import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
@@ -77,17 +78,11 @@ class Scheduler:
 
     def _refuse_cycles(self) -> None:
         """Items that wait for each other would never run: an app bug, reported at once."""
-        resolvable = set(self.items) - set(self._waiting)
-        changed = True
-        while changed:
-            changed = False
-            for key, missing in self._waiting.items():
-                if key not in resolvable and missing <= resolvable:
-                    resolvable.add(key)
-                    changed = True
-        stuck = sorted(set(self._waiting) - resolvable)
-        if stuck:
-            raise ValueError(f"items wait for each other in a cycle: {', '.join(stuck[:5])}")
+        try:
+            graphlib.TopologicalSorter(self._waiting).prepare()
+        except graphlib.CycleError as error:
+            stuck = sorted(set(error.args[1]))
+            raise ValueError(f"items wait for each other in a cycle: {', '.join(stuck[:5])}") from None
 
     # ----- state -----
     @property

@@ -18,7 +18,6 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
-from . import write_failures
 from .app import Record
 from .cli import DEFAULT_HEARTBEAT_TIMEOUT
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
@@ -48,6 +47,7 @@ from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
 from .worker_pool import Event, WorkerPool
+from .write_failures import WriteFailures
 
 log = logging.getLogger("multinode_gpu")
 
@@ -134,8 +134,11 @@ class Leader:
 
     def __init__(self, comm: Any, pool: WorkerPool, scheduler: Scheduler, journal: Journal, progress: Progress,
                  global_pools: Dict[str, int], total_capacity: int, grace: float, stop_signal: Callable[[], Optional[str]],
-                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, hosts: Optional[Dict[int, str]] = None):
+                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, hosts: Optional[Dict[int, str]] = None,
+                 write_failures: Optional[WriteFailures] = None):
+        """``write_failures``: the run's, where an item's output that found no space is noted."""
         self.comm, self.pool, self.scheduler, self.journal = comm, pool, scheduler, journal
+        self.write_failures = write_failures or WriteFailures()
         self.progress, self.grace, self.stop_signal = progress, grace, stop_signal
         self.global_resources = ResourceBroker(global_pools)
         self.total_capacity = total_capacity
@@ -342,7 +345,7 @@ class Leader:
         self.holding.get(record.rank, set()).discard(key)
         self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False,
                           "why": failed.kind})
-        if self.stopping or write_failures.item_error(failed.errno, failed.path, key, worker):
+        if self.stopping or self.write_failures.item_error(failed.errno, failed.path, key, worker):
             # killed by the stop itself, or its output found no space (the run stops on it): it runs again on --resume
             self.scheduler.dropped(key)
             return

@@ -187,7 +187,8 @@ def fake_time(clock: FakeClock, turns: Optional[Turns] = None) -> SimpleNamespac
 
 
 # ----- workers -----
-#: what ``behave(item, attempt, worker)`` returns: ("done", result, seconds) or ("failed", error, seconds)
+#: what ``behave(item, attempt, worker)`` returns: ("done", result, seconds) or ("failed", error, seconds);
+#: an error that is an OSError travels with its errno and file, as a real worker sends them
 Outcome = Tuple[str, Any, float]
 
 
@@ -290,7 +291,12 @@ class SimulatedPool(WorkerCounts):
                 record = Record(key=item.key, result=value if kind == "done" else None, seconds=seconds,
                                 rank=self.rank, host=self.host, device=worker.name.split("-")[-1],
                                 worker=worker.name, start=wall - seconds, end=wall, attempt=attempt)
-                events.append(Event("done", record) if kind == "done" else Event("failed", record, error=str(value)))
+                if kind == "done":
+                    events.append(Event("done", record))
+                else:
+                    errno, path = (value.errno, value.filename or "") if isinstance(value, OSError) else (None, "")
+                    events.append(Event("failed", record, error=f"{type(value).__name__}: {value}"
+                                        if isinstance(value, OSError) else str(value), errno=errno, path=path))
                 worker.items_done += 1
                 if self.batch and worker.items_done >= self.batch:
                     worker.retiring = True  # as WorkerPool: it ends once its items are answered

@@ -4,6 +4,7 @@ thread per rank taking turns, over common.inprocess's world and simulated worker
 same behaviours with real processes: tests/test_engine.py, test_lost_rank.py, test_vcluster_faults.py."""
 from __future__ import annotations
 
+import errno
 import json
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from common.messages import End, Stop
 from common.progress import Progress
 from common.scheduler import Scheduler
 from common.worker_pool import WorkerHandle, WorkerPool
+from common.write_failures import WriteFailures
 
 
 def sleeper(seconds: float) -> Callable:
@@ -51,6 +53,7 @@ class Sim:
     stop_at: Optional[float] = None
     tick: float = 0.001
     batch: Optional[int] = None  # --batch
+    write_failures: WriteFailures = field(default_factory=WriteFailures)  # rank 0's stop flag reads it
 
     def __post_init__(self) -> None:
         self.clock = FakeClock()
@@ -70,12 +73,13 @@ class Sim:
         def stop_signal() -> Optional[str]:
             if self.stop_at is not None and self.clock.now - started >= self.stop_at:
                 return "SIGTERM"
-            return None
+            failure = self.write_failures.first
+            return failure.describe() if failure is not None else None
 
         self.started = started
         self.leader = Leader(self.world.comm(0), self.pools[0], self.scheduler, self.journal, progress, {},
                              self.ranks * self.workers, self.grace, stop_signal, self.heartbeat_timeout,
-                             {rank: f"node{rank}" for rank in range(self.ranks)})
+                             {rank: f"node{rank}" for rank in range(self.ranks)}, self.write_failures)
         self.followers = [Follower(self.world.comm(rank), self.pools[rank], lambda: None,
                                    self.follower_timeouts.get(rank, self.heartbeat_timeout))
                           for rank in range(1, self.ranks)]
@@ -288,3 +292,26 @@ def test_the_simulator_places_items_by_the_real_pools_policy_batch_included(tmp_
     assert sim.run() == ["complete"]
     assert sorted(key for key, _, _ in sim.ran()) == sorted(item.key for item in sim.items)
     assert sim.pools[0].retired == 10  # 40 items, 4 per worker process
+
+
+def test_an_item_whose_output_finds_no_space_stops_the_run_by_its_errno_not_its_text(tmp_path, monkeypatch):
+    """An item raises ENOSPC: rank 0 notes it in the run's WriteFailures (no other run's),
+    stops, and neither retries nor fails the item; an error that only quotes "[Errno 28]" is an
+    ordinary failure."""
+    def behave(item: Item, attempt: int, worker: str):
+        if item.key == "i050":
+            return "failed", OSError(errno.ENOSPC, "No space left on device", "/out/model.pt"), 0.01
+        if item.key == "i010":
+            return "failed", "RuntimeError: OSError: [Errno 28] No space left on device: '/x'", 0.01
+        return "done", item.key, 0.01
+
+    elsewhere = WriteFailures()
+    sim = Sim(tmp_path, monkeypatch, items(200), behave={rank: behave for rank in range(3)}, retries=5)
+    assert sim.run() == ["stopped", "halt", "halt"]
+    failure = sim.write_failures.first
+    assert failure is not None and failure.no_space and elsewhere.first is None
+    assert failure.describe().startswith("cannot write an output of item i050 on rank")
+    assert failure.describe().endswith("'/out/model.pt' (No space left on device)")
+    assert "i050" not in sim.scheduler.failed and "i050" not in sim.scheduler.results
+    attempts = [e for e in sim.journal_entries() if e["type"] == "attempt_failed"]
+    assert all(e["key"] == "i010" for e in attempts) and attempts  # retried as an ordinary failure

@@ -14,7 +14,6 @@ import logging
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from . import write_failures
 from .app import Record
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
@@ -25,6 +24,7 @@ from .messages import (
     Dropped,
     End,
     Failed,
+    Handout,
     Heartbeat,
     Items,
     PoolAnswer,
@@ -32,6 +32,7 @@ from .messages import (
     PoolReply,
     Release,
     Request,
+    Requester,
     Result,
     Results,
     Status,
@@ -41,7 +42,8 @@ from .messages import (
 from .progress import Progress
 from .resources import ResourceBroker
 from .scheduler import Scheduler
-from .worker_pool import Event, WorkerPool, failure_kind
+from .worker_pool import Event, WorkerPool
+from .write_failures import WriteFailures
 
 log = logging.getLogger("multinode_gpu")
 
@@ -87,9 +89,9 @@ class _ItemPace:
         return self.seconds < SHORT_ITEM_SECONDS
 
 
-def _avoided(bundle: List[tuple]) -> Tuple[str, ...]:
+def _avoided(bundle: List[Handout]) -> Tuple[str, ...]:
     """Workers that already failed some item of the bundle."""
-    return tuple(worker for _, _, avoid in bundle for worker in avoid)
+    return tuple(worker for handout in bundle for worker in handout.avoid)
 
 
 class Leader:
@@ -98,13 +100,16 @@ class Leader:
     def __init__(self, comm: Any, pool: WorkerPool, scheduler: Scheduler, journal: Journal, progress: Progress,
                  global_pools: Dict[str, int], total_capacity: int, grace: float, stop_signal: Callable[[], Optional[str]],
                  liveness: FollowerWatch, *, status: Optional[Any] = None,
-                 on_idle: Optional[Callable[[], None]] = None, clock: Clock = SYSTEM_CLOCK):
+                 on_idle: Optional[Callable[[], None]] = None, clock: Clock = SYSTEM_CLOCK,
+                 write_failures: Optional[WriteFailures] = None):
         """``liveness``: the watch over the other ranks; ``status``: status.json's writer
         (``common.status_file.StatusWriter``), or None; ``on_idle``: called once, the first time
         rank 0 has had nothing to do for IDLE_SECONDS after a result came (the runner warms the
-        end-of-run figures up then, without slowing a busy rank 0)."""
+        end-of-run figures up then, without slowing a busy rank 0); ``write_failures``: the run's,
+        where an item's output that found no space is noted."""
         self.comm, self.pool, self.scheduler, self.journal = comm, pool, scheduler, journal
         self.clock = clock
+        self.write_failures = write_failures or WriteFailures()
         self.progress, self.grace, self.stop_signal = progress, grace, stop_signal
         self.global_resources = ResourceBroker(global_pools)
         self.total_capacity = total_capacity
@@ -212,7 +217,7 @@ class Leader:
         self.requests.pop(rank, None)
         self.broken.pop(rank, None)
         for _, who in self.global_resources.release_all((rank,)):
-            self._pool_reply(who, PoolAnswer("granted", who[3]))
+            self._pool_reply(who, PoolAnswer("granted", who.request))
         host = self.liveness.note_lost(rank, why, len(keys))
         self.journal.add_event("rank_lost", rank=rank, host=host, why=why, items=keys, time=self.clock.time())
         self.progress.write(f"[rank 0] lost rank {rank} on {host} ({why}); "
@@ -263,13 +268,14 @@ class Leader:
         """Every attempt of this run, for the timeline: the kept results' and then the others."""
         return [{"worker": r.worker, "start": r.start, "end": r.end, "ok": True} for r in self.records.values()] + self.bars
 
-    def _attempt_failed(self, record: Record, error: str, text: str) -> None:
-        """``record`` says where and when the attempt ran (its result is None)."""
+    def _attempt_failed(self, failed: Failed) -> None:
+        """``failed.record`` says where and when the attempt ran (its result is None)."""
+        record, error, text = failed.record, failed.error, failed.traceback
         key, worker = record.key, record.worker
         self.holding.get(record.rank, set()).discard(key)
         self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False,
-                          "why": failure_kind(error)})
-        if self.stopping or write_failures.item_error(error, key, worker):
+                          "why": failed.kind})
+        if self.stopping or self.write_failures.item_error(failed.errno, failed.path, key, worker):
             # killed by the stop itself, or its output found no space (the run stops on it): it runs again on --resume
             self.scheduler.dropped(key)
             return
@@ -326,7 +332,7 @@ class Leader:
         elif isinstance(message, Result):
             self._finished(message.record)
         elif isinstance(message, Failed):
-            self._attempt_failed(message.record, message.error, message.traceback)
+            self._attempt_failed(message)
         elif isinstance(message, PoolCall):
             for who, reply in self.global_resources.handle(message.verb, message.pool, message.requester, message.count):
                 self._pool_reply(who, reply)
@@ -355,9 +361,9 @@ class Leader:
             avoid = _avoided(bundle)
             if avoid and worker.name in avoid:
                 worker = self.pool.pick_worker(avoid, depth) or worker
-            for item, _, _ in bundle:
-                self.scheduler.handed(item.key)
-            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle], bool(bundle[0][0].group))
+            for handout in bundle:
+                self.scheduler.handed(handout.item.key)
+            self.pool.assign(worker, bundle, bool(bundle[0].item.group))
             handed = True
         for rank, (need, prefetch) in list(self.requests.items()):
             plenty = self.scheduler.ready_count > need + prefetch + self.total_capacity
@@ -365,9 +371,9 @@ class Leader:
             batch = []  # bundles
             while len(batch) < count and self.scheduler.ready_count:
                 bundle = self.scheduler.take(self._chunk())
-                for item, _, _ in bundle:
-                    self.scheduler.handed(item.key)
-                    self.holding[rank].add(item.key)
+                for handout in bundle:
+                    self.scheduler.handed(handout.item.key)
+                    self.holding[rank].add(handout.item.key)
                 batch.append(bundle)
             if batch or need == 0:
                 self._send(Items(batch, plenty), rank)
@@ -393,11 +399,11 @@ class Leader:
             self.scheduler.fail_remaining(f"no worker could start: {'; '.join(sorted(reasons))}")
             self.report_failures()
 
-    def _pool_reply(self, requester: tuple, message: tuple) -> None:
-        if requester[0] == 0:
+    def _pool_reply(self, requester: Requester, message: PoolAnswer) -> None:
+        if requester.rank == 0:
             self.pool.deliver(requester, message)
-        elif requester[0] not in self.lost:
-            self._send(PoolReply(requester, message), requester[0])
+        elif requester.rank not in self.lost:
+            self._send(PoolReply(requester, message), requester.rank)
 
 
 class Follower:
@@ -408,13 +414,13 @@ class Follower:
         """``liveness``: the watch on rank 0 (its only peer); ``status``: what this rank tells
         status.json (``common.status_file.RankReporter``), or None."""
         self.comm, self.pool, self.stop_signal, self.clock = comm, pool, stop_signal, clock
-        self.buffer: Deque[List[Tuple[Any, int, tuple]]] = deque()  # bundles
+        self.buffer: Deque[List[Handout]] = deque()  # bundles
         self.asked = False
         self.plenty = True
         self.stopping = False
         self.told_stop = False
         self.told_broken = False
-        self.handed: Dict[str, Tuple[Any, int, tuple]] = {}  # key -> entry, while a worker holds it
+        self.handed: Dict[str, Handout] = {}  # key -> its handout, while a worker holds it
         # Running averages that size the prefetch: enough items to cover one round trip to rank 0.
         self.pace = _ItemPace()
         self.round_trip = 0.001
@@ -503,7 +509,7 @@ class Follower:
             self.liveness.heard_from(0)
             message = incoming[1]
             if isinstance(message, Items) and self.told_broken:  # crossed our "broken": give them back
-                self._send(Dropped([entry[0].key for bundle in message.bundles for entry in bundle]))
+                self._send(Dropped([handout.item.key for bundle in message.bundles for handout in bundle]))
                 self.asked = False
             elif isinstance(message, Items):
                 self.buffer.extend(message.bundles)
@@ -522,14 +528,14 @@ class Follower:
 
     def _drop_buffer(self) -> None:
         if self.buffer:
-            self._send(Dropped([entry[0].key for bundle in self.buffer for entry in bundle]))
+            self._send(Dropped([handout.item.key for bundle in self.buffer for handout in bundle]))
             self.buffer.clear()
 
     def _send_event(self, event: Event) -> None:
         if event.kind == "returned":  # handed to a worker that died or was told to stop: run elsewhere
-            entries = [self.handed.pop(key) for key in event.keys]
+            handouts = [self.handed.pop(key) for key in event.keys]
             if not self.stopping:
-                self.buffer.extendleft([entry] for entry in reversed(entries))
+                self.buffer.extendleft([handout] for handout in reversed(handouts))
                 return
         self.handed.pop(event.key, None)
         if event.kind == "done":
@@ -549,9 +555,9 @@ class Follower:
             if worker is None:
                 break
             self.buffer.popleft()
-            for entry in bundle:
-                self.handed[entry[0].key] = entry
-            self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle], bool(bundle[0][0].group))
+            for handout in bundle:
+                self.handed[handout.item.key] = handout
+            self.pool.assign(worker, bundle, bool(bundle[0].item.group))
             started = True
         return started
 

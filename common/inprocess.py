@@ -24,7 +24,9 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from .app import Record
 from .items import Item
-from .worker_pool import Event, WorkerCounts
+from .messages import Handout, PoolAnswer, Requester
+from .placement import pick_worker
+from .worker_pool import Assigned, Event, WorkerCounts
 
 
 class InProcessWorld:
@@ -185,7 +187,8 @@ def fake_time(clock: FakeClock, turns: Optional[Turns] = None) -> SimpleNamespac
 
 
 # ----- workers -----
-#: what ``behave(item, attempt, worker)`` returns: ("done", result, seconds) or ("failed", error, seconds)
+#: what ``behave(item, attempt, worker)`` returns: ("done", result, seconds) or ("failed", error, seconds);
+#: an error that is an OSError travels with its errno and file, as a real worker sends them
 Outcome = Tuple[str, Any, float]
 
 
@@ -194,12 +197,21 @@ def instant(item: Item, attempt: int, worker: str) -> Outcome:
     return "done", item.key, 0.0
 
 
+@dataclass(slots=True, eq=False)
+class SimulatedItem(Assigned):
+    """An item a simulated worker holds, with what ``behave`` said of it (asked once, when it starts)."""
+
+    outcome: Optional[Outcome] = None
+
+
 @dataclass
 class SimulatedWorker:
     name: str
     ready: bool = True
     retiring: bool = False
-    assigned: Deque[list] = field(default_factory=deque)  # bundles: [[item, attempt, outcome], ...]
+    assigned: Deque[List[SimulatedItem]] = field(default_factory=deque)  # bundles
+    handed_total: int = 0
+    items_done: int = 0
     started: float = 0.0  # when the head bundle's first item started
 
 
@@ -212,8 +224,9 @@ class SimulatedPool(WorkerCounts):
 
     def __init__(self, rank: int, workers: int, clock: Any, behave: Callable[[Item, int, str], Outcome] = instant,
                  turns: Optional[Turns] = None, host: str = "", on_poll: Optional[Callable[[], None]] = None,
-                 keep_ran: bool = True):
-        self.rank, self.clock, self.behave, self.turns = rank, clock, behave, turns
+                 keep_ran: bool = True, batch: Optional[int] = None):
+        """``batch``: as ``--batch``, a worker is replaced by a fresh one after that many items."""
+        self.rank, self.clock, self.behave, self.turns, self.batch = rank, clock, behave, turns, batch
         self.host = host or f"node{rank}"
         self.workers: Dict[str, SimulatedWorker] = {
             name: SimulatedWorker(name) for name in (f"rank{rank}-cpu{i}" for i in range(workers))}
@@ -222,32 +235,28 @@ class SimulatedPool(WorkerCounts):
         self.keep_ran = keep_ran  # False: a benchmark that must not count this list as rank 0's memory
         self.ran: List[Tuple[str, int, str]] = []  # (key, attempt, worker) of every attempt finished
         self.revoked = 0
+        self.retired = 0  # workers replaced after ``batch`` items
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[SimulatedWorker]:
-        best, best_rank = None, None
-        for worker in self.workers.values():
-            if not worker.ready or worker.retiring or len(worker.assigned) >= depth:
-                continue
-            rank = (len(worker.assigned), worker.name in avoid)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = worker, rank
-        return best
+        """The real pool's policy (:func:`common.placement.pick_worker`)."""
+        return pick_worker(self.workers.values(), avoid, depth, self.batch)
 
-    def assign(self, worker: SimulatedWorker, bundle: List[Tuple[Item, int]], together: bool = False) -> None:
+    def assign(self, worker: SimulatedWorker, bundle: List[Handout], together: bool = False) -> None:
         if not worker.assigned:
             worker.started = self.clock.monotonic()
-        worker.assigned.append([[item, attempt, None] for item, attempt in bundle])
+        worker.assigned.append([SimulatedItem(item, attempt) for item, attempt, _ in bundle])
+        worker.handed_total += len(bundle)
 
     def revoke_queued(self) -> None:
         """Items waiting behind the running one come back as a "returned" event at the next poll."""
-        self._returned = [entry[0].key for w in self.workers.values() for bundle in list(w.assigned)[1:]
+        self._returned = [entry.item.key for w in self.workers.values() for bundle in list(w.assigned)[1:]
                           for entry in bundle]
         for worker in self.workers.values():
             while len(worker.assigned) > 1:
                 worker.assigned.pop()
         self.revoked += len(self._returned)
 
-    def deliver(self, requester: tuple, message: tuple) -> None:
+    def deliver(self, requester: Requester, message: PoolAnswer) -> None:
         pass
 
     def poll(self, timeout: float) -> List[Event]:
@@ -265,10 +274,10 @@ class SimulatedPool(WorkerCounts):
             while worker.assigned:
                 bundle = worker.assigned[0]
                 entry = bundle[0]
-                item, attempt = entry[0], entry[1]
-                if entry[2] is None:  # asked once, when it starts
-                    entry[2] = self.behave(item, attempt, worker.name)
-                kind, value, seconds = entry[2]
+                item, attempt = entry.item, entry.attempt
+                if entry.outcome is None:  # asked once, when it starts
+                    entry.outcome = self.behave(item, attempt, worker.name)
+                kind, value, seconds = entry.outcome
                 if now < worker.started + seconds:
                     break
                 bundle.pop(0)
@@ -282,5 +291,17 @@ class SimulatedPool(WorkerCounts):
                 record = Record(key=item.key, result=value if kind == "done" else None, seconds=seconds,
                                 rank=self.rank, host=self.host, device=worker.name.split("-")[-1],
                                 worker=worker.name, start=wall - seconds, end=wall, attempt=attempt)
-                events.append(Event("done", record) if kind == "done" else Event("failed", record, error=str(value)))
+                if kind == "done":
+                    events.append(Event("done", record))
+                else:
+                    errno, path = (value.errno, value.filename or "") if isinstance(value, OSError) else (None, "")
+                    events.append(Event("failed", record, error=f"{type(value).__name__}: {value}"
+                                        if isinstance(value, OSError) else str(value), errno=errno, path=path))
+                worker.items_done += 1
+                if self.batch and worker.items_done >= self.batch:
+                    worker.retiring = True  # as WorkerPool: it ends once its items are answered
+        for name, worker in list(self.workers.items()):
+            if worker.retiring and not worker.assigned:  # its fresh process starts at once here
+                self.workers[name] = SimulatedWorker(name)
+                self.retired += 1
         return events

@@ -31,11 +31,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import write_failures
 from .app import Record
 from .errors import UsageError, quoted
 from .outputs import to_jsonable
 from .regular_file import read_regular, refuse_unless_regular
+from .write_failures import MOVED_AWAY, WriteFailure, WriteFailures
 
 JOURNAL_NAME = "journal.jsonl"
 FORMAT_VERSION = 1
@@ -171,12 +171,15 @@ class _DiskWriter:
 class Journal:
     """Append-only writer used by rank 0."""
 
-    def __init__(self, path: Path, header: dict, *, sync_every: float = SYNC_SECONDS, max_lines: int = MAX_LINES):
+    def __init__(self, path: Path, header: dict, *, sync_every: float = SYNC_SECONDS, max_lines: int = MAX_LINES,
+                 write_failures: Optional[WriteFailures] = None):
+        """``write_failures``: the run's, where a failed write is noted (the run stops on it)."""
+        self.write_failures = write_failures or WriteFailures()
         self.path = Path(path)
         self.sync_every, self.max_lines = sync_every, max_lines
         self._pending: List[bytes] = []  # lines not yet handed to the writer: the batch
         self._since = 0.0  # when the batch's first line came
-        self.failure: Optional[write_failures.WriteFailure] = None
+        self.failure: Optional[WriteFailure] = None
         self._fd: Optional[int] = None
         self._writer: Optional[_DiskWriter] = None
         self._identity: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None  # (folder's, journal's)
@@ -243,7 +246,7 @@ class Journal:
         why = self.moved_away()
         if why is None:
             return True
-        self._stop_writing(write_failures.note(write_failures.MOVED_AWAY, self.path, OSError(errno.ENOENT, why)))
+        self._stop_writing(self.write_failures.note(MOVED_AWAY, self.path, OSError(errno.ENOENT, why)))
         return False
 
     def _write(self, entry: dict, plain: bool = False) -> None:
@@ -277,9 +280,9 @@ class Journal:
 
     def _failed(self, error: OSError) -> None:
         """Stop writing (a half-written line was cut) and note why."""
-        self._stop_writing(write_failures.note("the journal", self.path, error))
+        self._stop_writing(self.write_failures.note("the journal", self.path, error))
 
-    def _stop_writing(self, failure: write_failures.WriteFailure) -> None:
+    def _stop_writing(self, failure: WriteFailure) -> None:
         self.failure = failure
         self._pending.clear()
         if self._writer is not None:

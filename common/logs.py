@@ -7,8 +7,8 @@ import socket
 import sys
 from typing import Optional
 
-from . import write_failures
 from .errors import quoted
+from .write_failures import WriteFailures
 
 log = logging.getLogger("multinode_gpu")
 
@@ -19,9 +19,12 @@ class FileLog(logging.FileHandler):
     logger also writes to stderr). No "--- Logging error ---" tracebacks. The file is opened at
     the first record, so opening it cannot fail at start-up either."""
 
-    def __init__(self, path: str, fallback: Optional[logging.Handler] = None, what: str = "the log"):
+    def __init__(self, path: str, fallback: Optional[logging.Handler] = None, what: str = "the log",
+                 write_failures: Optional[WriteFailures] = None):
+        """``write_failures``: where a failed write is noted (the run stops on it); only without a
+        ``fallback``."""
         super().__init__(path, delay=True)
-        self.fallback, self.what = fallback, what
+        self.fallback, self.what, self.write_failures = fallback, what, write_failures
         self.failed = False
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -40,8 +43,8 @@ class FileLog(logging.FileHandler):
         self.failed = True
         error = sys.exc_info()[1]
         reason = getattr(error, "strerror", None) or str(error)
-        if isinstance(error, OSError) and self.fallback is None:
-            write_failures.note(self.what, self.baseFilename, error)
+        if isinstance(error, OSError) and self.fallback is None and self.write_failures is not None:
+            self.write_failures.note(self.what, self.baseFilename, error)
         where = "stderr" if self.fallback is None else "stderr (warnings and errors)"
         print(f"cannot write {self.what} {quoted(self.baseFilename)} ({reason}); it goes to {where} from now on",
               file=sys.stderr, flush=True)
@@ -61,11 +64,11 @@ def setup_logging(rank: int, level: int = logging.INFO) -> None:
     log.propagate = False
 
 
-def add_file_log(path: str, first_line: str = "") -> None:
+def add_file_log(path: str, first_line: str = "", write_failures: Optional[WriteFailures] = None) -> None:
     """Also keep the rank's log in the results folder (its records are on stderr too); each line
     names the host, since the ranks' logs of a multi-node run sit side by side. ``first_line`` goes
     to the file only (where the rank runs), so every rank's log exists and says where it ran."""
-    handler = FileLog(path)
+    handler = FileLog(path, write_failures=write_failures)
     host = socket.gethostname().split(".")[0]
     handler.setFormatter(logging.Formatter(f"%(asctime)s {host} %(levelname)s %(message)s"))
     if first_line:

@@ -12,9 +12,45 @@ Between a rank and each of its workers (over a pipe): :class:`Assign`, :class:`R
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from functools import partial
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .app import Record
+from .items import Item
+
+
+class Handout(NamedTuple):
+    """One item handed out: what the scheduler takes, rank 0 sends in :class:`Items` and a rank
+    sends its worker in :class:`Assign`. A NamedTuple: millions travel, so they stay tuples."""
+
+    item: Item
+    attempt: int
+    avoid: Tuple[str, ...] = ()  # workers that already failed it (none once it reaches a worker)
+
+
+#: ``handout((item, attempt, avoid))``: a :class:`Handout` made without the Python-level
+#: ``__new__`` of a NamedTuple (rank 0 makes one per item)
+handout: Callable[[tuple], Handout] = partial(tuple.__new__, Handout)
+
+
+def _plain(bundles: List[List[Handout]]) -> List[List[tuple]]:
+    """Bundles as plain tuples for pickling: pickle writes an exact tuple in C, but each tuple
+    subclass through Python code (several times slower per item, on rank 0's hot path)."""
+    return [list(map(tuple, bundle)) for bundle in bundles]
+
+
+def _typed(bundles: List[List[tuple]]) -> List[List[Handout]]:
+    return [list(map(handout, bundle)) for bundle in bundles]
+
+
+class Requester(NamedTuple):
+    """Who asked for a resource pool's slot: one request of one worker process. Its first three
+    fields name the worker process (a "gone" worker frees whatever they prefix)."""
+
+    rank: int
+    worker: str
+    pid: int
+    request: int = -1  # -1: the whole worker (a "gone")
 
 
 # ----- follower -> leader -----
@@ -41,11 +77,16 @@ class Results:
 
 @dataclass
 class Failed:
-    """One attempt failed; ``record`` says where and when it ran (its result is None)."""
+    """One attempt failed; ``record`` says where and when it ran (its result is None). ``kind``:
+    "silent" or "timeout" when the rank's watch killed its worker, else "failed"; ``errno`` and
+    ``path``: the OSError the item raised, if it did (a full disk stops the run instead)."""
 
     record: Record
     error: str
     traceback: str = ""
+    kind: str = "failed"
+    errno: Optional[int] = None
+    path: str = ""
 
 
 @dataclass
@@ -53,7 +94,7 @@ class PoolCall:
     """A worker's acquire/cancel/release of a global resource pool, or "gone" when it died."""
 
     verb: str
-    requester: tuple
+    requester: Requester
     pool: str
     count: int
 
@@ -89,16 +130,23 @@ class Bye:
 # ----- leader -> follower -----
 @dataclass
 class Items:
-    """Bundles to run, each [(item, attempt, workers to avoid), ...] of one group or a chunk;
-    ``plenty``: prefetching is welcome."""
+    """Bundles to run, each the :class:`Handout` of one group or a chunk; ``plenty``: prefetching
+    is welcome."""
 
-    bundles: List[List[Tuple[Any, int, tuple]]]
+    bundles: List[List[Handout]]
     plenty: bool
+
+    def __reduce__(self) -> tuple:
+        return _items, (_plain(self.bundles), self.plenty)
+
+
+def _items(bundles: List[List[tuple]], plenty: bool) -> Items:
+    return Items(_typed(bundles), plenty)
 
 
 @dataclass
 class PoolReply:
-    requester: tuple
+    requester: Requester
     message: Any  # a PoolAnswer
 
 
@@ -143,8 +191,15 @@ class Heartbeat:
 class Assign:
     """Items to run: one item, a group to run together (``together``), or a chunk run one by one."""
 
-    bundle: List[Tuple[Any, int]]  # [(item, attempt), ...]
+    bundle: List[Handout]
     together: bool
+
+    def __reduce__(self) -> tuple:
+        return _assign, (_plain([self.bundle])[0], self.together)
+
+
+def _assign(bundle: List[tuple], together: bool) -> Assign:
+    return Assign(_typed([bundle])[0], together)
 
 
 @dataclass
@@ -188,11 +243,15 @@ class ItemDone:
 
 @dataclass
 class ItemError:
+    """``errno`` and ``path``: the OSError the item raised, if it did."""
+
     key: str
     error: str
     traceback: str
     started: float
     ended: float
+    errno: Optional[int] = None
+    path: str = ""
 
 
 @dataclass

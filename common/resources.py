@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Hashable, List, Tuple
 
-from .messages import PoolAnswer
+from .messages import PoolAnswer, Requester
 
 
 @dataclass
@@ -64,25 +64,26 @@ class ResourceBroker:
             granted += [(name, r) for r in self._grant(name)]
         return granted
 
-    def handle(self, verb: str, name: str, requester: tuple, count: int = 0) -> List[Tuple[tuple, tuple]]:
+    def handle(self, verb: str, name: str, requester: Requester, count: int = 0) -> List[Tuple[Requester, PoolAnswer]]:
         """One worker message (acquire/cancel/release) or "gone" -> the (requester, reply) pairs to deliver."""
-        if verb == "gone":
-            return [(who, PoolAnswer("granted", who[3])) for _, who in self.release_all(requester[:3])]
+        if verb == "gone":  # whatever the worker process asked for, whichever request
+            owner = (requester.rank, requester.worker, requester.pid)
+            return [(who, PoolAnswer("granted", who.request)) for _, who in self.release_all(owner)]
         if name not in self.pools:
-            return [(requester, PoolAnswer("refused", requester[3], f"unknown resource pool {name!r}"))]
+            return [(requester, PoolAnswer("refused", requester.request, f"unknown resource pool {name!r}"))]
         replies = []
         if verb == "acquire":
             try:
                 granted = self.request(name, requester, count)
             except ValueError as error:
-                return [(requester, PoolAnswer("refused", requester[3], str(error)))]
+                return [(requester, PoolAnswer("refused", requester.request, str(error)))]
         elif verb == "cancel":
             cancelled, granted = self.cancel(name, requester)
             # not cancelled: the grant crossed the cancel; the worker releases it at once
-            replies.append((requester, PoolAnswer("cancelled" if cancelled else "granted", requester[3])))
+            replies.append((requester, PoolAnswer("cancelled" if cancelled else "granted", requester.request)))
         else:
             granted = self.release(name, requester)
-        return replies + [(who, PoolAnswer("granted", who[3])) for who in granted]
+        return replies + [(who, PoolAnswer("granted", who.request)) for who in granted]
 
     def _grant(self, name: str) -> List[Hashable]:
         pool, granted = self.pools[name], []

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import settings, startup, write_failures
+from . import settings, startup
 from .app import App, RunInfo
 from .cli import build_parser, module_command
 from .devices import resolve_devices, visible_gpus
@@ -46,7 +46,7 @@ from .status_file import STATUS_NAME, RankReporter, StatusWriter
 from .timeline import plot_timeline
 from .watchdog import Watchdog
 from .worker_pool import PoolSettings, WorkerPool
-from .write_failures import free_reserve, reserve_space
+from .write_failures import WriteFailures, about_results, free_reserve, reserve_space
 
 log = logging.getLogger("multinode_gpu")
 
@@ -71,11 +71,12 @@ ECHO_SECONDS = 2.0
 
 class _StopFlag:
     """Set by SIGTERM/SIGUSR1/SIGINT, or by a write to the results folder that failed (a full
-    disk: :mod:`common.write_failures`); the distribution loop looks at it between events.
+    disk: ``write_failures``, the run's); the distribution loop looks at it between events.
     A second signal (``ECHO_SECONDS`` or more after the first) means: do not wait for running
     items any longer; so does a journal that cannot be written (their results could not be kept)."""
 
-    def __init__(self) -> None:
+    def __init__(self, write_failures: WriteFailures) -> None:
+        self.write_failures = write_failures
         self.why: Optional[str] = None
         self.count = 0
         self._last = -math.inf
@@ -101,11 +102,11 @@ class _StopFlag:
 
     @property
     def urgent(self) -> bool:
-        failure = write_failures.first()
+        failure = self.write_failures.first
         return self.count > 1 or (failure is not None and failure.journal)
 
     def __call__(self) -> Optional[str]:
-        failure = write_failures.first()
+        failure = self.write_failures.first
         if self.why is None and failure is not None:
             self.why = failure.describe()
         return self.why
@@ -266,7 +267,8 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
 
 def _main(app_class: type, argv: Optional[List[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    stop = _StopFlag()
+    failures = WriteFailures()  # the run's failed writes to its results folder
+    stop = _StopFlag(failures)
     stop.install()  # from the first moment: a walltime signal during start-up still ends cleanly
     for number in startup.received():  # one that came while the program was still importing
         stop._handle(number, None)
@@ -300,7 +302,7 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
         return EXIT_USAGE
     fingerprint, hold = checked or (None, None)
     try:
-        code = _run(comm, app, notice, fingerprint, argv, stop)
+        code = _run(comm, app, notice, fingerprint, argv, stop, failures)
     except Exception as error:
         _end_children()
         if hold is not None:
@@ -362,7 +364,7 @@ def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]
 
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
-         stop: "_StopFlag") -> int:
+         stop: "_StopFlag", failures: WriteFailures) -> int:
     args, devices = app.args, app.devices
     host = socket.gethostname().split(".")[0]
     results: Path = args.results
@@ -370,7 +372,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         log.info(notice)
     (results / "logs").mkdir(parents=True, exist_ok=True)  # on every node: results need not be shared
     add_file_log(str(results / "logs" / f"rank{comm.rank}.log"),
-                 f"rank {comm.rank} of {comm.size} on {host} (pid {os.getpid()}): {', '.join(map(str, devices))}")
+                 f"rank {comm.rank} of {comm.size} on {host} (pid {os.getpid()}): {', '.join(map(str, devices))}",
+                 failures)
     _check_results_shared(comm, results, host)
     threads = args.threads or _default_threads(comm, host, len(devices))
     pool_specs = app.pools()
@@ -393,7 +396,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                               {k: r.params for k, r in resumed.items() if r.params is not None})
         for key in scheduler.stale:
             del resumed[key]
-        journal = Journal(journal_path, {"fingerprint": fingerprint, "command": module_command(argv)})
+        journal = Journal(journal_path, {"fingerprint": fingerprint, "command": module_command(argv)},
+                          write_failures=failures)
         journal.add_event("start", time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
         reserve_space(results)  # room for the summary should the disk fill up
         log.info("%s: %d items (%d already in the journal) on %d rank(s), %d worker(s): %s", app.name, len(items),
@@ -413,7 +417,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     preloading = preload_figures() if comm.rank == 0 else None
     if comm.rank == 0:  # status.json for python -m common.status
         status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
-                              items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor)
+                              items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor,
+                              write_failures=failures)
     else:
         status = RankReporter(pool, monitor)
     try:  # pool.join() at the very end: rank 0 writes its outputs while its idle workers exit
@@ -422,7 +427,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                 hosts = {entry["rank"]: entry["host"] for entry in layout}
                 liveness = FollowerWatch(comm, args.heartbeat_timeout, hosts)
                 leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
-                                stop, liveness, status=status, on_idle=preloading.start)
+                                stop, liveness, status=status, on_idle=preloading.start, write_failures=failures)
                 outcome = leader.run()
                 status.write(leader, "finishing")
             else:
@@ -442,7 +447,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
             stop.outputs_interruptible = True
             try:
                 code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
-                               started_at)
+                               started_at, failures)
             except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
                 print(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item "
                       f"is journaled: write them with the same launcher and: "
@@ -523,14 +528,14 @@ def _same_node_peers(comm: Any, host: str, what: Any) -> List[int]:
 
 
 def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: Leader, journal: Journal, resumed: dict,
-            items: list, layout: list, reports: list, started_at: float) -> int:
+            items: list, layout: list, reports: list, started_at: float, failures: WriteFailures) -> int:
     """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code."""
     args = app.args
     results: Path = args.results
     scheduler = leader.scheduler
     records = {**resumed, **leader.records}
     journal.check_place()
-    failure = write_failures.first()
+    failure = failures.first
     if failure is not None and failure.moved_away:  # outputs written now would have no journal behind them
         print(f"{app.name}: stopped: {failure.describe()}; nothing more is written ({len(records)} of {len(items)} "
               f"items had finished, in that journal); if it was renamed, move it back, then finish with the same "
@@ -561,19 +566,21 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         "lost_ranks": [{k: v for k, v in lost.items() if k != "told_to_end"} for lost in leader.lost.values()],
     }
     journal.sync()  # a filesystem that allocates late says now whether the journal is whole
-    full = write_failures.first() is not None  # the run stopped on it: what room is left is for the summary
+    full = failures.first is not None  # the run stopped on it: what room is left is for the summary
     if full:
         free_reserve(results)
     bars = leader.timeline_bars()
     if bars and not full:
-        _written(results, "the timeline", results / "timeline.png", lambda: plot_timeline(bars, results / "timeline"))
-    summary["gpu_usage_plot"] = None if full else _written(results, "the GPU usage figure", results / "gpu_usage.png",
+        _written(failures, results, "the timeline", results / "timeline.png",
+                 lambda: plot_timeline(bars, results / "timeline"))
+    summary["gpu_usage_plot"] = None if full else _written(failures, results, "the GPU usage figure",
+                                                           results / "gpu_usage.png",
                                                            lambda: write_gpu_usage(reports, results))
     run = None
-    if outcome != "stopped" and write_failures.first() is None:
+    if outcome != "stopped" and failures.first is None:
         run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
-        summary.update(_written(results, "the outputs", results, lambda: app.finish(run)) or {})
-    failure = write_failures.first()
+        summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
+    failure = failures.first
     if failure is not None:  # what finished is journaled; --resume writes the rest
         outcome = summary["status"] = "stopped"
         summary["stopped_because"] = failure.describe()
@@ -581,11 +588,11 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
         summary["resume_command"] = module_command([a for a in argv if a != "--resume"] + ["--resume"])
-    _written(results, "summary.json", results / "summary.json",
+    _written(failures, results, "summary.json", results / "summary.json",
              lambda: atomic_write_json(results / "summary.json", summary))
-    _written(results, "summary.md", results / "summary.md",
+    _written(failures, results, "summary.md", results / "summary.md",
              lambda: atomic_write_text(results / "summary.md", _summary_markdown(app, summary)))
-    late = write_failures.first() if failure is None else None
+    late = failures.first if failure is None else None
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
         print(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
               f"{late.remedy()}, then write them with the same launcher and: "
@@ -612,15 +619,16 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
 
 
-def _written(results: Path, what: str, path: Path, write: Callable[[], Any]) -> Any:
+def _written(failures: WriteFailures, results: Path, what: str, path: Path, write: Callable[[], Any]) -> Any:
     """``write()``, one of rank 0's end-of-run outputs; a write that fails for lack of space (or on
-    a file of the results folder) is noted, not raised: the run then ends as stopped (exit 75)."""
+    a file of the results folder) is noted in ``failures``, not raised: the run then ends as stopped
+    (exit 75)."""
     try:
         return write()
     except OSError as error:
-        if not write_failures.about_results(error, results):
+        if not about_results(error, results):
             raise
-        write_failures.note(what, error.filename2 or error.filename or path, error)  # a rename's target
+        failures.note(what, error.filename2 or error.filename or path, error)  # a rename's target
         free_reserve(results)
         return None
 

@@ -6,11 +6,13 @@ of them is done or has failed for good; then ``App.complete`` fills it in from t
 """
 from __future__ import annotations
 
+import graphlib
 import heapq
 import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from .items import Item
+from .messages import Handout, handout
 from .outputs import to_jsonable
 
 
@@ -76,17 +78,11 @@ class Scheduler:
 
     def _refuse_cycles(self) -> None:
         """Items that wait for each other would never run: an app bug, reported at once."""
-        resolvable = set(self.items) - set(self._waiting)
-        changed = True
-        while changed:
-            changed = False
-            for key, missing in self._waiting.items():
-                if key not in resolvable and missing <= resolvable:
-                    resolvable.add(key)
-                    changed = True
-        stuck = sorted(set(self._waiting) - resolvable)
-        if stuck:
-            raise ValueError(f"items wait for each other in a cycle: {', '.join(stuck[:5])}")
+        try:
+            graphlib.TopologicalSorter(self._waiting).prepare()
+        except graphlib.CycleError as error:
+            stuck = sorted(set(error.args[1]))
+            raise ValueError(f"items wait for each other in a cycle: {', '.join(stuck[:5])}") from None
 
     # ----- state -----
     @property
@@ -120,7 +116,7 @@ class Scheduler:
             self._ready_groups.setdefault(item.group, set()).add(key)
         heapq.heappush(self._ready, (-float(item.cost), self.order[key], key))
 
-    def _pop(self, key: str) -> Tuple[Item, int, Tuple[str, ...]]:
+    def _pop(self, key: str) -> Handout:
         self._ready_keys.discard(key)
         if not self._ready_keys:  # a set keeps the room it once needed (all the items): give it back
             self._ready_keys = set()
@@ -128,7 +124,7 @@ class Scheduler:
         if item.group:
             self._ready_groups[item.group].discard(key)
         self.attempts[key] = self.attempts.get(key, 0) + 1
-        return item, self.attempts[key], self.avoid.get(key, ())
+        return handout((item, self.attempts[key], self.avoid.get(key, ())))
 
     def _next_key(self) -> Optional[str]:
         """The most expensive ready key (stale heap entries dropped), left on the heap."""
@@ -136,8 +132,8 @@ class Scheduler:
             heapq.heappop(self._ready)
         return self._ready[0][2] if self._ready else None
 
-    def take(self, chunk: int = 1) -> Optional[List[Tuple[Item, int, Tuple[str, ...]]]]:
-        """The next bundle to run, each entry (item, attempt number, workers to avoid); None when
+    def take(self, chunk: int = 1) -> Optional[List[Handout]]:
+        """The next bundle to run (item, attempt number, workers to avoid each); None when
         nothing is ready. A bundle is the most expensive ready item with the ready items of its
         group, or up to ``chunk`` ungrouped items in a row (very short items travel in chunks)."""
         key = self._next_key()
@@ -145,8 +141,8 @@ class Scheduler:
             return None
         heapq.heappop(self._ready)
         first = self._pop(key)
-        if first[0].group:
-            mates = sorted(self._ready_groups.get(first[0].group, ()), key=self.order.__getitem__)
+        if first.item.group:
+            mates = sorted(self._ready_groups.get(first.item.group, ()), key=self.order.__getitem__)
             return [first] + [self._pop(mate) for mate in mates]
         bundle = [first]
         while len(bundle) < chunk:

@@ -13,9 +13,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from . import settings, write_failures
+from . import settings
 from .errors import EXIT_OK, EXIT_STOPPED
 from .outputs import atomic_write_json
+from .write_failures import WriteFailures
 
 STATUS_NAME = "status.json"
 FORMAT_VERSION = 1
@@ -40,9 +41,8 @@ def rank_snapshot(pool: Any, monitor: Any) -> Dict[str, Any]:
         state = "running" if entry else "idle" if worker.ready else "starting"
         view = {"worker": name, "device": str(worker.device), "pid": worker.process.pid, "state": state}
         if entry is not None:
-            item, attempt, handed = entry
             # the pool dates what a worker runs from the previous answer (a queued item starts then)
-            view.update(key=item.key, attempt=attempt, since=max(handed, worker.running_wall),
+            view.update(key=entry.item.key, attempt=entry.attempt, since=max(entry.handed, worker.running_wall),
                         together=len(running.entries) if running.together else 1)
         workers.append(view)
     return {"rank": pool.rank, "host": pool.host, "time": time.time(), "workers": workers,
@@ -72,8 +72,11 @@ class StatusWriter:
     """Rank 0's side: gathers the snapshots and keeps ``status.json`` current."""
 
     def __init__(self, results: Path, *, app: str, command: str, layout: List[dict], items_total: int,
-                 items_resumed: int, started_at: float, pool: Any, monitor: Any, every: Optional[float] = None):
+                 items_resumed: int, started_at: float, pool: Any, monitor: Any, every: Optional[float] = None,
+                 write_failures: Optional[WriteFailures] = None):
+        """``write_failures``: the run's (no status file once the results folder was moved away)."""
         self.path = Path(results) / STATUS_NAME
+        self.write_failures = write_failures or WriteFailures()
         self.every = every or status_seconds()
         self.header = {"format": FORMAT_VERSION, "app": app, "command": command, "host": layout[0]["host"],
                        "pid": os.getpid(), "started": started_at, "every": self.every,
@@ -99,7 +102,7 @@ class StatusWriter:
             self.write(leader, "stopping" if leader.stopping else "running")
 
     def write(self, leader: Any, state: str) -> None:
-        failure = write_failures.first()
+        failure = self.write_failures.first
         if failure is not None and failure.moved_away:  # never a status file in a folder made again by someone
             return
         now = time.time()

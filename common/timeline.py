@@ -7,7 +7,7 @@ from typing import List, Mapping
 
 from .outputs import new_figure, save_figure
 
-#: bar colour by outcome: ``ok``, else the bar's ``why`` (common.worker_pool.failure_kind)
+#: bar colour by outcome: ``ok``, else the bar's ``why`` (common.messages.Failed.kind)
 COLOURS = {"ok": "tab:blue", "failed": "tab:red", "timeout": "tab:orange", "silent": "tab:purple"}
 LABELS = {"failed": "failed (red)", "timeout": "timed out (orange)", "silent": "worker silent, killed (purple)"}
 

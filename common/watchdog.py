@@ -90,6 +90,7 @@ class Watchdog:
                 said = (f"worker silent for {silence:.0f} s (stopped, or hung in code that holds the GIL; "
                         f"--worker-timeout {self.worker_timeout:g}) while "
                         + (f"running {keys}" if keys else "starting" if not worker.ready else "idle"))
+            worker.killed_kind = "timeout" if late else "silent"
             self.kill(worker, why, said)
 
     @staticmethod
@@ -102,7 +103,7 @@ class Watchdog:
             entries = head.entries
         else:  # in a chunk: past the items finished but not yet answered for
             entries = head.entries[min(unanswered(worker), len(head.entries) - 1):][:1]
-        return ", ".join(entry[0].key for entry in entries)
+        return ", ".join(entry.item.key for entry in entries)
 
     def kill(self, worker: Any, why: str, said: str) -> None:
         """SIGKILL, with every process it started (a pipeline step's own children hold GPUs too:

@@ -25,7 +25,7 @@ import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any, Deque, Dict, Iterator, List, Optional
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 from . import startup
 from .items import item_seed
@@ -141,7 +141,7 @@ class _Inbox:
             self.items.append((message.bundle, message.together))
         elif isinstance(message, Revoke):  # the rank is stopping: give back what has not started
             self.stopping = True
-            keys = [item.key for bundle, _ in self.items for item, _ in bundle]
+            keys = [handout.item.key for bundle, _ in self.items for handout in bundle]
             self.items.clear()
             self.conn.send(Revoked(keys))
         elif isinstance(message, Quit):
@@ -157,7 +157,7 @@ class _Inbox:
                 self._take(self.conn.recv())
 
     def next_bundle(self) -> Optional[tuple]:
-        """The next bundle ([(item, attempt), ...], together) to run, waiting for one; None once told to stop."""
+        """The next bundle ([Handout, ...], together) to run, waiting for one; None once told to stop."""
         self.pump()
         while not self.items and not self.stopped:
             self.pump(None)
@@ -235,9 +235,17 @@ def _set_threads(threads: int) -> None:
 ANSWER_SECONDS = 0.002
 
 
+def _os_error(error: BaseException) -> Tuple[Optional[int], str]:
+    """The errno and file of an OSError (a full disk stops the run at rank 0), else (None, "")."""
+    if not isinstance(error, OSError) or error.errno is None:
+        return None, ""
+    filename = error.filename
+    return error.errno, os.fsdecode(filename) if isinstance(filename, (str, bytes, os.PathLike)) else ""
+
+
 def _run_group(app: Any, state: Any, bundle: list, seed: int) -> List[Any]:
     """Run one item, or a group of items together (``App.run_group``); the answer for each."""
-    items = [item for item, _ in bundle]
+    items = [handout.item for handout in bundle]
     names = ", ".join(item.key for item in items)
     started = time.time()
     try:
@@ -250,8 +258,10 @@ def _run_group(app: Any, state: Any, bundle: list, seed: int) -> List[Any]:
     except Exception as error:
         text = traceback.format_exc()
         ended = time.time()
-        log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(a) for _, a in bundle), text)
-        return [ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended) for item in items]
+        log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(handout.attempt) for handout in bundle), text)
+        errno, path = _os_error(error)
+        return [ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended, errno, path)
+                for item in items]
     ended = time.time()
     log.info("%s done in %.3f s", names, ended - started)
     return [ItemDone(item.key, result, started, ended) for item, result in zip(items, results)]
@@ -269,8 +279,8 @@ def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed: int, 
         return
     pending: List[Any] = []
     since = 0.0
-    for item, attempt in entries:
-        pending += _run_group(app, state, [(item, attempt)], seed)
+    for handout in entries:
+        pending += _run_group(app, state, [handout], seed)
         if finished is not None:
             finished.value += 1
         now = time.monotonic()

@@ -31,6 +31,7 @@ from .messages import (
     Assign,
     Dropped,
     Failed,
+    Handout,
     ItemDone,
     ItemError,
     PoolAnswer,
@@ -38,25 +39,22 @@ from .messages import (
     PoolRequest,
     Quit,
     Ready,
+    Requester,
     Result,
     Revoke,
     Revoked,
     SetupFailed,
 )
+from .placement import pick_worker
 from .resources import ResourceBroker
 from .settings import without_launcher
-from .watchdog import SILENT, TIMED_OUT, Watchdog, unanswered
+from .watchdog import Watchdog, unanswered
 from .worker import STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
 
 log = logging.getLogger("multinode_gpu")
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 MAX_SETUP_FAILURES = 3
-
-
-def failure_kind(error: str) -> str:
-    """"silent" or "timeout" for an attempt ended by the pool's watch, else "failed"."""
-    return "silent" if error.startswith(SILENT) else "timeout" if error.startswith(TIMED_OUT) else "failed"
 
 
 @contextmanager
@@ -104,12 +102,21 @@ def _describe_exit(code: Optional[int]) -> str:
     return f"worker exited with code {code}"
 
 
+@dataclass(slots=True, eq=False)
+class Assigned:
+    """An item a worker holds, until it answers for it."""
+
+    item: Item
+    attempt: int
+    handed: float = 0.0  # epoch seconds
+
+
 @dataclass
 class Bundle:
     """Items handed to a worker in one message: a group run together, or a chunk of short items
-    run one after the other. Entries are [item, attempt, time handed] until answered."""
+    run one after the other."""
 
-    entries: list
+    entries: List[Assigned]
     together: bool
     size: int
 
@@ -133,6 +140,7 @@ class WorkerHandle:
     running_since: float = 0.0  # monotonic, when ``running`` started (the previous answer came)
     running_wall: float = 0.0  # the same as epoch seconds, for the timeline
     killed_because: str = ""  # why the watch killed it (its item's error)
+    killed_kind: str = ""  # "silent" or "timeout" (Failed.kind: the timeline colours those attempts)
     killed_running: Any = None  # what it was running then
     # items the process has finished, answered or not (shared memory it writes): answers of a chunk
     # travel together, so on its death this tells which item it was running
@@ -147,8 +155,11 @@ class Event:
     record: Optional[Record] = None  # done and failed: where and when it ran (failed: no result)
     error: str = ""  # failed
     traceback: str = ""  # failed
+    failure: str = "failed"  # failed: Failed.kind
+    errno: Optional[int] = None  # failed: the OSError the item raised
+    path: str = ""  # failed: its file
     keys: Tuple[str, ...] = ()  # returned
-    message: Optional[tuple] = None  # pool: (verb, requester, pool, count)
+    message: Optional[PoolCall] = None  # pool
 
     @property
     def key(self) -> str:
@@ -159,10 +170,10 @@ class Event:
         if self.kind == "done":
             return Result(self.record)
         if self.kind == "failed":
-            return Failed(self.record, self.error, self.traceback)
+            return Failed(self.record, self.error, self.traceback, self.failure, self.errno, self.path)
         if self.kind == "returned":
             return Dropped(list(self.keys))
-        return PoolCall(*self.message)
+        return self.message
 
 
 class WorkerCounts:
@@ -253,10 +264,11 @@ class WorkerPool(WorkerCounts):
         self.selector.register(parent_end, selectors.EVENT_READ, (worker, "conn"))
         self.selector.register(process.sentinel, selectors.EVENT_READ, (worker, "sentinel"))
 
-    def assign(self, worker: WorkerHandle, bundle: List[Tuple[Item, int]], together: bool = False) -> None:
-        """Hand over [(item, attempt), ...]: one item, a group to run together, or a chunk."""
+    def assign(self, worker: WorkerHandle, bundle: List[Handout], together: bool = False) -> None:
+        """Hand over one item, a group to run together, or a chunk."""
         now = self.clock.time()
-        worker.assigned.append(Bundle([[item, attempt, now] for item, attempt in bundle], together, len(bundle)))
+        worker.assigned.append(Bundle([Assigned(item, attempt, now) for item, attempt, _ in bundle], together,
+                                      len(bundle)))
         worker.handed_total += len(bundle)
         self.watchdog.note_start(worker)
         self._send(worker, Assign(list(bundle), together))
@@ -269,19 +281,8 @@ class WorkerPool(WorkerCounts):
             worker.unreachable = True
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
-        """The worker to hand the next item to: an idle one first, else one with fewer than
-        ``depth`` items (one queued behind the running one hides the round trip), preferring
-        one that has not already failed this item."""
-        best, best_rank = None, None
-        for worker in self.workers.values():
-            if not worker.ready or worker.retiring or len(worker.assigned) >= depth:
-                continue
-            if self.batch and worker.handed_total >= self.batch:
-                continue
-            rank = (len(worker.assigned), worker.name in avoid)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = worker, rank
-        return best
+        """The worker to hand the next item to (:func:`common.placement.pick_worker`)."""
+        return pick_worker(self.workers.values(), avoid, depth, self.batch)
 
     def revoke_queued(self) -> None:
         """Ask every busy worker to give back the items waiting in its inbox (a stop); the one
@@ -367,14 +368,14 @@ class WorkerPool(WorkerCounts):
         elif isinstance(message, (ItemDone, ItemError)):
             key = message.key
             running = worker.assigned[0]
-            entry = next((e for e in running.entries if e[0].key == key), None)
+            entry = next((e for e in running.entries if e.item.key == key), None)
             if entry is None:  # cannot happen unless the pipe reorders; fail loudly
                 raise RuntimeError(f"{worker.name} answered {key}, which it was not running")
             running.entries.remove(entry)
             if not running.entries:
                 worker.assigned.popleft()
             self.watchdog.note_start(worker)
-            attempt, group_size = entry[1], running.size if running.together else 1
+            attempt, group_size = entry.attempt, running.size if running.together else 1
             worker.items_done += 1
             done = isinstance(message, ItemDone)
             record = self._record(worker, key, message.result if done else None, attempt, message.started,
@@ -382,14 +383,15 @@ class WorkerPool(WorkerCounts):
             if done:
                 events.append(Event("done", record))
             else:
-                events.append(Event("failed", record, error=message.error, traceback=message.traceback))
+                events.append(Event("failed", record, error=message.error, traceback=message.traceback,
+                                    errno=message.errno, path=message.path))
             if self.batch and worker.items_done >= self.batch and not self.closing:
                 worker.retiring = True  # a fresh process gives back memory the old one never did
                 self._send(worker, Quit())
         elif isinstance(message, Revoked):
             keys = set(message.keys)
             for bundle in worker.assigned:
-                bundle.entries = [e for e in bundle.entries if e[0].key not in keys]
+                bundle.entries = [e for e in bundle.entries if e.item.key not in keys]
             worker.assigned = deque(bundle for bundle in worker.assigned if bundle.entries)
             self.watchdog.note_start(worker)
             if keys:
@@ -404,21 +406,21 @@ class WorkerPool(WorkerCounts):
                       group_size=group_size)
 
     # ----- resource pools -----
-    def _requester(self, worker: WorkerHandle, request: int) -> tuple:
-        return (self.rank, worker.name, worker.process.pid, request)
+    def _requester(self, worker: WorkerHandle, request: int) -> Requester:
+        return Requester(self.rank, worker.name, worker.process.pid, request)
 
     def _pool_message(self, worker: WorkerHandle, message: PoolRequest, events: List[Event]) -> None:
         requester = self._requester(worker, message.request)
         if message.pool in self.global_pools:
-            events.append(Event("pool", message=(message.verb, requester, message.pool, message.count)))
+            events.append(Event("pool", message=PoolCall(message.verb, requester, message.pool, message.count)))
             return
         for who, reply in self.node_resources.handle(message.verb, message.pool, requester, message.count):
             self.deliver(who, reply)
 
-    def deliver(self, requester: tuple, message: PoolAnswer) -> None:
+    def deliver(self, requester: Requester, message: PoolAnswer) -> None:
         """Send a pool answer to the worker that asked, if it is still the same process."""
-        worker = self.workers.get(requester[1])
-        if worker is not None and worker.process.pid == requester[2]:
+        worker = self.workers.get(requester.worker)
+        if worker is not None and worker.process.pid == requester.pid:
             try:
                 worker.conn.send(message)
             except (OSError, ValueError):
@@ -443,11 +445,11 @@ class WorkerPool(WorkerCounts):
             except (KeyError, ValueError):
                 pass
         worker.conn.close()
-        owner = (self.rank, worker.name, worker.process.pid)
+        owner = Requester(self.rank, worker.name, worker.process.pid)
         for who, reply in self.node_resources.handle("gone", "", owner):
             self.deliver(who, reply)
         if self.global_pools:
-            events.append(Event("pool", message=("gone", owner, "", 0)))
+            events.append(Event("pool", message=PoolCall("gone", owner, "", 0)))
         why = worker.killed_because or _describe_exit(worker.process.exitcode)
         if worker.assigned:
             # An item that answered just before its worker was killed for it: what came next had
@@ -464,14 +466,14 @@ class WorkerPool(WorkerCounts):
             if failed and not running.together:
                 running.entries = running.entries[:ahead] + running.entries[ahead + 1:]
             if failed and not worker.killed_because:  # the watch said why when it killed it
-                log.warning("%s: %s while running %s", worker.name, why, ", ".join(e[0].key for e in failed))
-            for item, attempt, handed in failed:
-                record = self._record(worker, item.key, None, attempt, max(handed, worker.running_wall), self.clock.time(),
-                                      len(failed))
-                events.append(Event("failed", record, error=why))
+                log.warning("%s: %s while running %s", worker.name, why, ", ".join(e.item.key for e in failed))
+            for entry in failed:
+                record = self._record(worker, entry.item.key, None, entry.attempt, max(entry.handed, worker.running_wall),
+                                      self.clock.time(), len(failed))
+                events.append(Event("failed", record, error=why, failure=worker.killed_kind or "failed"))
             unstarted = ([] if running.together and failed else running.entries) + [e for b in worker.assigned for e in b.entries]
             if unstarted:
-                events.append(Event("returned", keys=tuple(e[0].key for e in unstarted)))
+                events.append(Event("returned", keys=tuple(e.item.key for e in unstarted)))
         elif not worker.ready and not worker.retiring and not worker.setup_reported:
             if self.stop_asked():  # not a failure of its device: the run is ending
                 log.info("%s: ended while starting (%s); the run is stopping", worker.name, why)

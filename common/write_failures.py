@@ -1,7 +1,8 @@
 """The first write to the results folder that failed: a full disk, an exceeded quota, an I/O error.
 
-The journal, the rank's log and the end-of-run outputs note their failure here instead of raising;
-the runner's stop flag reads it, so rank 0 stops handing out work and ends with one line saying
+The journal, the rank's log and the end-of-run outputs note their failure in the run's
+:class:`WriteFailures` (made by the runner, handed to each) instead of raising; the runner's stop
+flag reads it, so rank 0 stops handing out work and ends with one line saying
 what failed, where, how much is safely journaled and how to resume (exit 75). A small reserve file
 (:func:`reserve_space`), deleted when the disk fills, leaves room for the summary that says so.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,36 +59,31 @@ class WriteFailure:
         return "fix that"
 
 
-_lock = threading.Lock()
-_first: Optional[WriteFailure] = None
+class WriteFailures:
+    """One run's failed writes to its results folder. ``first`` is the one the run reports (and
+    stops on); writers note theirs from any thread (the journal's, the log's)."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.first: Optional[WriteFailure] = None
 
-def note(what: str, path: object, error: OSError) -> WriteFailure:
-    """Remember a failed write (the first one is the one the run reports); returns it."""
-    global _first
-    with _lock:
-        failure = WriteFailure(what, str(path), error)
-        if _first is None:
-            _first = failure
-        return failure
+    def note(self, what: str, path: object, error: OSError) -> WriteFailure:
+        """Remember a failed write; returns it."""
+        with self._lock:
+            failure = WriteFailure(what, str(path), error)
+            if self.first is None:
+                self.first = failure
+            return failure
 
-
-def first() -> Optional[WriteFailure]:
-    return _first
-
-
-_ERRNO = re.compile(r"\[Errno (\d+)\] ([^:\n]+)(?:: '([^'\n]*)')?")
-
-
-def item_error(error: str, key: str, worker: str) -> bool:
-    """Whether an item's error, as its worker reported it, says a disk is full or a quota
-    exceeded (an output it writes, such as a saved model): then it is noted like rank 0's own failed
-    writes and the run stops, instead of retrying the item and failing it; it runs again on --resume."""
-    match = _ERRNO.search(error or "")
-    if match is None or int(match.group(1)) not in NO_SPACE:
-        return False
-    note(f"an output of item {key} on {worker}", match.group(3) or "", OSError(int(match.group(1)), match.group(2)))
-    return True
+    def item_error(self, number: Optional[int], path: str, key: str, worker: str) -> bool:
+        """Whether an item's OSError (``number``: its errno, as its worker reported it; None if it
+        raised something else) says a disk is full or a quota exceeded (an output it writes, such as
+        a saved model): then it is noted like rank 0's own failed writes and the run stops, instead
+        of retrying the item and failing it; it runs again on --resume."""
+        if number not in NO_SPACE:
+            return False
+        self.note(f"an output of item {key} on {worker}", path, OSError(number, os.strerror(number)))
+        return True
 
 
 def about_results(error: OSError, results: Path) -> bool:

@@ -4,11 +4,14 @@ thread per rank taking turns, over common.inprocess's world and simulated worker
 same behaviours with real processes: tests/test_engine.py, test_lost_rank.py, test_vcluster_faults.py."""
 from __future__ import annotations
 
+import errno
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from common.devices import Device
 from common.distribute import Follower, Leader
 from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from common.inprocess import FakeClock, InProcessWorld, SimulatedPool, Turns, fake_time, instant
@@ -18,6 +21,8 @@ from common.liveness import FollowerWatch, PeerWatch
 from common.messages import End, Stop
 from common.progress import Progress
 from common.scheduler import Scheduler
+from common.worker_pool import WorkerHandle, WorkerPool
+from common.write_failures import WriteFailures
 
 
 def sleeper(seconds: float) -> Callable:
@@ -46,6 +51,8 @@ class Sim:
     at: List[Tuple[float, Callable[["Sim"], None]]] = field(default_factory=list)  # (time, action)
     stop_at: Optional[float] = None
     tick: float = 0.001
+    batch: Optional[int] = None  # --batch
+    write_failures: WriteFailures = field(default_factory=WriteFailures)  # rank 0's stop flag reads it
 
     def __post_init__(self) -> None:
         self.clock = FakeClock()
@@ -53,7 +60,8 @@ class Sim:
         self.time = fake_time(self.clock, self.turns)  # the clock every rank's loop reads and sleeps on
         self.world = InProcessWorld(self.ranks)
         self.world.comm(0).keep_sent = True
-        self.pools = [SimulatedPool(rank, self.workers, self.clock, self.behave.get(rank, instant), self.turns)
+        self.pools = [SimulatedPool(rank, self.workers, self.clock, self.behave.get(rank, instant), self.turns,
+                                    batch=self.batch)
                       for rank in range(self.ranks)]
         self.pools[0].on_poll = self._actions
         self.scheduler = Scheduler(self.items, {}, self.retries, self.complete)
@@ -64,13 +72,15 @@ class Sim:
         def stop_signal() -> Optional[str]:
             if self.stop_at is not None and self.clock.now - started >= self.stop_at:
                 return "SIGTERM"
-            return None
+            failure = self.write_failures.first
+            return failure.describe() if failure is not None else None
 
         self.started = started
         liveness = FollowerWatch(self.world.comm(0), self.heartbeat_timeout,
                                  {rank: f"node{rank}" for rank in range(self.ranks)}, clock=self.time)
         self.leader = Leader(self.world.comm(0), self.pools[0], self.scheduler, self.journal, progress, {},
-                             self.ranks * self.workers, self.grace, stop_signal, liveness, clock=self.time)
+                             self.ranks * self.workers, self.grace, stop_signal, liveness, clock=self.time,
+                             write_failures=self.write_failures)
         self.followers = [Follower(self.world.comm(rank), self.pools[rank], lambda: None,
                                    PeerWatch(self.world.comm(rank), [0], self.follower_timeouts.get(rank, self.heartbeat_timeout),
                                              clock=self.time), clock=self.time)
@@ -255,3 +265,55 @@ def test_a_stop_waits_for_running_items_no_longer_than_the_grace(tmp_path):
     assert sim.run() == ["stopped", "halt", "halt"]
     assert 2.5 <= sim.ended_at[0] <= 2.6
     assert not sim.scheduler.results and not sim.scheduler.failed  # they run again on --resume
+
+
+def test_the_simulator_places_items_by_the_real_pools_policy_batch_included(tmp_path, monkeypatch):
+    """SimulatedPool and WorkerPool pick the same worker in the same state, --batch's rule
+    included (a worker handed its batch gets nothing more, even when it is the idle one)."""
+    real = WorkerPool(None, [], rank=0, host="node0", logs_dir=tmp_path, seed=0, threads=1, batch=2,
+                      node_pools={}, global_pools=[])
+    simulated = SimulatedPool(0, 3, FakeClock(), batch=2)
+    names = list(simulated.workers)
+    real.workers = {name: WorkerHandle(name, Device("cpu", 0), None, None, ready=True) for name in names}
+    # (handed so far, bundles queued) per worker, workers to avoid, depth -> the expected choice
+    cases = [([(0, 0), (0, 0), (0, 0)], (), 1, names[0]),
+             ([(0, 0), (0, 0), (0, 0)], (names[0],), 1, names[1]),
+             ([(1, 1), (2, 0), (0, 1)], (), 2, names[0]),  # the idle one has had its batch
+             ([(2, 1), (2, 0), (1, 1)], (names[2],), 2, names[2]),  # avoided, but the only one left
+             ([(2, 0), (2, 1), (2, 0)], (), 2, None)]
+    for state, avoid, depth, expected in cases:
+        for pool in (real, simulated):
+            for name, (handed, queued) in zip(names, state):
+                pool.workers[name].handed_total = handed
+                pool.workers[name].assigned = deque([["bundle"]] * queued)
+        chosen = [pool.pick_worker(avoid, depth) for pool in (real, simulated)]
+        assert [worker.name if worker else None for worker in chosen] == [expected, expected], (state, avoid)
+    real.selector.close()
+
+    sim = Sim(tmp_path, monkeypatch, items(40), ranks=1, workers=2, behave={0: sleeper(0.01)}, batch=4)
+    assert sim.run() == ["complete"]
+    assert sorted(key for key, _, _ in sim.ran()) == sorted(item.key for item in sim.items)
+    assert sim.pools[0].retired == 10  # 40 items, 4 per worker process
+
+
+def test_an_item_whose_output_finds_no_space_stops_the_run_by_its_errno_not_its_text(tmp_path, monkeypatch):
+    """An item raises ENOSPC: rank 0 notes it in the run's WriteFailures (no other run's),
+    stops, and neither retries nor fails the item; an error that only quotes "[Errno 28]" is an
+    ordinary failure."""
+    def behave(item: Item, attempt: int, worker: str):
+        if item.key == "i050":
+            return "failed", OSError(errno.ENOSPC, "No space left on device", "/out/model.pt"), 0.01
+        if item.key == "i010":
+            return "failed", "RuntimeError: OSError: [Errno 28] No space left on device: '/x'", 0.01
+        return "done", item.key, 0.01
+
+    elsewhere = WriteFailures()
+    sim = Sim(tmp_path, monkeypatch, items(200), behave={rank: behave for rank in range(3)}, retries=5)
+    assert sim.run() == ["stopped", "halt", "halt"]
+    failure = sim.write_failures.first
+    assert failure is not None and failure.no_space and elsewhere.first is None
+    assert failure.describe().startswith("cannot write an output of item i050 on rank")
+    assert failure.describe().endswith("'/out/model.pt' (No space left on device)")
+    assert "i050" not in sim.scheduler.failed and "i050" not in sim.scheduler.results
+    attempts = [e for e in sim.journal_entries() if e["type"] == "attempt_failed"]
+    assert all(e["key"] == "i010" for e in attempts) and attempts  # retried as an ordinary failure

@@ -1,15 +1,19 @@
 """The engine's bookkeeping pieces on their own: scheduler, resource pools, journal."""
 from __future__ import annotations
 
+import errno
 import re
+from types import SimpleNamespace
 
 import pytest
 
 from common.errors import UsageError
 from common.items import Item
 from common.journal import read_journal
+from common.messages import Handout
 from common.resources import ResourceBroker
 from common.scheduler import Scheduler
+from common.worker import _run_group
 
 
 def keep(item, results):
@@ -19,9 +23,9 @@ def keep(item, results):
 def test_groups_leave_together_and_short_items_in_chunks():
     items = [Item(f"g{i}", group="a", cost=2) for i in range(3)] + [Item(f"s{i}", cost=1) for i in range(5)]
     scheduler = Scheduler(items, {}, retries=0, complete=keep)
-    assert [entry[0].key for entry in scheduler.take(chunk=4)] == ["g0", "g1", "g2"]
-    assert [entry[0].key for entry in scheduler.take(chunk=4)] == ["s0", "s1", "s2", "s3"]
-    assert [entry[0].key for entry in scheduler.take(chunk=4)] == ["s4"]
+    assert [handout.item.key for handout in scheduler.take(chunk=4)] == ["g0", "g1", "g2"]
+    assert [handout.item.key for handout in scheduler.take(chunk=4)] == ["s0", "s1", "s2", "s3"]
+    assert [handout.item.key for handout in scheduler.take(chunk=4)] == ["s4"]
     assert scheduler.take() is None
 
 
@@ -91,3 +95,21 @@ def test_check_fields_says_what_is_wrong_with_a_result():
                             ({"error": 0.5, "loss": 1, "log": {}}, "'log' is a dict")]:
         with pytest.raises(ValueError, match=re.escape(problem)):
             check_fields(result, fields)
+
+
+def test_an_items_oserror_travels_as_errno_and_path_beside_the_unchanged_text(tmp_path):
+    """Rank 0 tells a full disk from the fields (write_failures.item_error), not from the text."""
+    target = tmp_path / "it's full"
+
+    def run_item(state, item, seed):
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    [full] = _run_group(SimpleNamespace(run_item=run_item), None, [Handout(Item("a"), 1)], 0)
+    assert (full.errno, full.path) == (errno.ENOSPC, str(target))
+    assert full.error == f"OSError: [Errno 28] No space left on device: {str(target)!r}"
+
+    def run_other(state, item, seed):
+        raise RuntimeError("OSError: [Errno 28] No space left on device: 'looks like one'")
+
+    [other] = _run_group(SimpleNamespace(run_item=run_other), None, [Handout(Item("b"), 1)], 0)
+    assert (other.errno, other.path) == (None, "")

@@ -11,8 +11,6 @@ from .. import settings
 from ..errors import UsageError
 from .definition import SHARED_IN_CONTAINER, Step, resolve_image
 
-#: Override the program, e.g. a site's wrapper: PIPELINE_APPTAINER=/opt/apptainer/bin/apptainer
-APPTAINER_ENV = "PIPELINE_APPTAINER"
 #: The image of every step whose definition names none (``--container IMAGE`` wins over it)
 CONTAINER_ENV = settings.CONTAINER.name
 

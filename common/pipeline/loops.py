@@ -10,7 +10,8 @@ count as a bound: whether it runs depends on the step before it, which is easy t
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Protocol, Sequence
+import graphlib
+from typing import Any, Dict, List, Protocol, Sequence
 
 
 class Pipeline(Protocol):
@@ -45,24 +46,12 @@ def unbounded_cycle(pipeline: "Pipeline") -> List[str]:
     bounded = set(bounding_steps(pipeline))
     graph = {node: [t for t in targets if t not in bounded]
              for node, targets in moves(pipeline).items() if node not in bounded}
-    # depth-first, with an explicit stack: a pipeline of thousands of steps is a path that deep,
-    # past Python's recursion limit
-    state: Dict[str, int] = {}  # 1 = on the current path, 2 = done
-    for root in graph:
-        if root in state:
-            continue
-        state[root] = 1
-        path: List[str] = [root]
-        pending: List[Iterator[str]] = [iter(graph[root])]
-        while pending:
-            target = next(pending[-1], None)
-            if target is None:  # every move from the path's end explored
-                pending.pop()
-                state[path.pop()] = 2
-            elif state.get(target) == 1:
-                return path[path.index(target):]
-            elif target not in state:
-                state[target] = 1
-                path.append(target)
-                pending.append(iter(graph[target]))
+    try:
+        # each step's moves as its "predecessors": graphlib reports a cycle against the moves
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        cycle = list(reversed(error.args[1][1:]))  # [a, c, b, a] -> [b, c, a]: in the walk's order
+        order = {step: position for position, step in enumerate(pipeline.step_ids)}
+        first = min(range(len(cycle)), key=lambda index: order.get(cycle[index], len(order)))
+        return cycle[first:] + cycle[:first]  # from its first step in the file
     return []

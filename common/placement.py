@@ -1,0 +1,27 @@
+"""Which worker of a rank gets the next bundle: the one policy of the real pool
+(common.worker_pool.WorkerPool) and of its in-process stand-in (common.inprocess.SimulatedPool),
+so that a simulated run places items as a real one does."""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Tuple, TypeVar
+
+Worker = TypeVar("Worker")
+
+
+def pick_worker(workers: Iterable[Worker], avoid: Tuple[str, ...] = (), depth: int = 1,
+                batch: Optional[int] = None) -> Optional[Worker]:
+    """An idle worker first, else one with fewer than ``depth`` bundles (one queued behind the
+    running one hides the round trip), preferring one that has not already failed this item
+    (``avoid``: worker names). A worker already handed ``batch`` items (``--batch``) gets no more:
+    it is replaced once it has answered them. Each worker has ``name``, ``ready``, ``retiring``,
+    ``assigned`` (its bundles) and ``handed_total``."""
+    best, best_rank = None, None
+    for worker in workers:
+        if not worker.ready or worker.retiring or len(worker.assigned) >= depth:  # type: ignore[attr-defined]
+            continue
+        if batch and worker.handed_total >= batch:  # type: ignore[attr-defined]
+            continue
+        rank = (len(worker.assigned), worker.name in avoid)  # type: ignore[attr-defined]
+        if best_rank is None or rank < best_rank:
+            best, best_rank = worker, rank
+    return best

@@ -21,7 +21,7 @@ from common.liveness import FollowerWatch, PeerWatch
 from common.messages import End, Stop
 from common.progress import Progress
 from common.scheduler import Scheduler
-from common.worker_pool import WorkerHandle, WorkerPool
+from common.worker_pool import PoolSettings, WorkerHandle, WorkerPool
 from common.write_failures import WriteFailures
 
 
@@ -267,11 +267,10 @@ def test_a_stop_waits_for_running_items_no_longer_than_the_grace(tmp_path):
     assert not sim.scheduler.results and not sim.scheduler.failed  # they run again on --resume
 
 
-def test_the_simulator_places_items_by_the_real_pools_policy_batch_included(tmp_path, monkeypatch):
+def test_the_simulator_places_items_by_the_real_pools_policy_batch_included(tmp_path):
     """SimulatedPool and WorkerPool pick the same worker in the same state, --batch's rule
     included (a worker handed its batch gets nothing more, even when it is the idle one)."""
-    real = WorkerPool(None, [], rank=0, host="node0", logs_dir=tmp_path, seed=0, threads=1, batch=2,
-                      node_pools={}, global_pools=[])
+    real = WorkerPool(None, [], PoolSettings(rank=0, host="node0", logs_dir=tmp_path, seed=0, threads=1, batch=2))
     simulated = SimulatedPool(0, 3, FakeClock(), batch=2)
     names = list(simulated.workers)
     real.workers = {name: WorkerHandle(name, Device("cpu", 0), None, None, ready=True) for name in names}
@@ -290,7 +289,7 @@ def test_the_simulator_places_items_by_the_real_pools_policy_batch_included(tmp_
         assert [worker.name if worker else None for worker in chosen] == [expected, expected], (state, avoid)
     real.selector.close()
 
-    sim = Sim(tmp_path, monkeypatch, items(40), ranks=1, workers=2, behave={0: sleeper(0.01)}, batch=4)
+    sim = Sim(tmp_path, items(40), ranks=1, workers=2, behave={0: sleeper(0.01)}, batch=4)
     assert sim.run() == ["complete"]
     assert sorted(key for key, _, _ in sim.ran()) == sorted(item.key for item in sim.items)
     assert sim.pools[0].retired == 10  # 40 items, 4 per worker process
@@ -308,7 +307,7 @@ def test_an_item_whose_output_finds_no_space_stops_the_run_by_its_errno_not_its_
         return "done", item.key, 0.01
 
     elsewhere = WriteFailures()
-    sim = Sim(tmp_path, monkeypatch, items(200), behave={rank: behave for rank in range(3)}, retries=5)
+    sim = Sim(tmp_path, items(200), behave={rank: behave for rank in range(3)}, retries=5)
     assert sim.run() == ["stopped", "halt", "halt"]
     failure = sim.write_failures.first
     assert failure is not None and failure.no_space and elsewhere.first is None

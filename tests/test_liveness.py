@@ -13,7 +13,7 @@ from common.items import Item
 from common.liveness import FollowerWatch, PeerWatch
 from common.messages import Bye, Heartbeat, Result, Stop
 from common.watchdog import Watchdog
-from common.worker_pool import Bundle, WorkerHandle
+from common.worker_pool import Assigned, Bundle, WorkerHandle
 
 
 def received(world: InProcessWorld, rank: int) -> List[Any]:
@@ -82,7 +82,7 @@ def test_the_watchdog_kills_an_item_past_its_time_on_the_clock_it_is_given(tmp_p
     process = subprocess.Popen(["sleep", "60"])
     try:
         worker = WorkerHandle("rank0-cpu0", Device("cpu", 0), process, _NoMessages(), ready=True)
-        worker.assigned.append(Bundle([[Item("a"), 1, clock.time()], [Item("b"), 1, clock.time()]], False, 2))
+        worker.assigned.append(Bundle([Assigned(Item("a"), 1, clock.time()), Assigned(Item("b"), 1, clock.time())], False, 2))
         watchdog.note_start(worker)
         assert worker.running is worker.assigned[0].entries[0] and worker.running_since == clock.now
         clock.advance(1.9)

@@ -31,8 +31,22 @@ from .distribute import Follower, Leader
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, quoted
 from .gpu_monitor import GpuMonitor
 from .gpu_usage import write_gpu_usage
-from .hold import HOLD_NAME, Hold, check_free
-from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
+from .hold import Hold, check_free
+from .journal import Journal, describe_difference, read_journal
+from .layout import (
+    ENGINE_OUTPUTS,
+    GPU_USAGE_STEM,
+    HOLD_NAME,
+    JOURNAL_NAME,
+    LOGS_DIR,
+    STATUS_NAME,
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    TIMELINE_STEM,
+    WRITE_PROBE,
+    ResultsLayout,
+    png_name,
+)
 from .logs import add_file_log, setup_logging
 from .messages import Bye
 from .mpi import world
@@ -41,18 +55,12 @@ from .progress import Progress
 from .regular_file import refuse_unless_regular
 from .report_html import write_report
 from .scheduler import Scheduler
-from .status_file import STATUS_NAME, RankReporter, StatusWriter
+from .status_file import RankReporter, StatusWriter
 from .timeline import plot_timeline
 from .worker_pool import WorkerPool
 from .write_failures import free_reserve, reserve_space
 
 log = logging.getLogger("multinode_gpu")
-
-#: what the engine writes at the top of the results folder (each checked replaceable on --resume)
-ENGINE_OUTPUTS = ("summary.json", "summary.md", "report.html", "status.json", "timeline.png", "timeline.svg",
-                  "timeline.pdf", "gpu_usage.png", "gpu_usage.svg", "gpu_usage.pdf", "gpu_usage.csv", JOURNAL_NAME)
-#: the engine's folder of rank and worker logs in the results folder
-LOGS_DIR = "logs"
 
 #: seconds a busy worker gets to end what it started (pipeline steps) once the run is over
 WORKER_KILL_AFTER = 10.0
@@ -186,7 +194,7 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     being resumed."""
     args = app.args
     folder: Path = args.results
-    journal_path = folder / JOURNAL_NAME
+    journal_path = ResultsLayout(folder).journal
     fingerprint = {"app": app.name, **engine_fingerprint(args), **app.fingerprint()}
     try:
         os.stat(folder)
@@ -234,7 +242,7 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     try:
         for place in (folder, folder / LOGS_DIR):
             place.mkdir(parents=True, exist_ok=True)
-            probe = place / ".write-test"
+            probe = place / WRITE_PROBE
             probe.write_bytes(b"")
             probe.unlink()
         hold = Hold(folder)
@@ -249,7 +257,7 @@ def _own_entries(folder: Path, app: App) -> List[str]:
     folder and the app's ``output_names`` (the hold aside: ``check_free`` has judged it)."""
     patterns = (*ENGINE_OUTPUTS, LOGS_DIR, *app.output_names())
     return sorted(name for name in os.listdir(folder)
-                  if name != HOLD_NAME and not name.startswith(f".{HOLD_NAME}.")
+                  if not ResultsLayout.is_hold_file(name)
                   and any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
 
 
@@ -366,8 +374,9 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     results: Path = args.results
     if notice and comm.rank == 0:
         log.info(notice)
-    (results / "logs").mkdir(parents=True, exist_ok=True)  # on every node: results need not be shared
-    add_file_log(str(results / "logs" / f"rank{comm.rank}.log"),
+    files = ResultsLayout(results)
+    files.logs.mkdir(parents=True, exist_ok=True)  # on every node: results need not be shared
+    add_file_log(str(files.rank_log(comm.rank)),
                  f"rank {comm.rank} of {comm.size} on {host} (pid {os.getpid()}): {', '.join(map(str, devices))}")
     _check_results_shared(comm, results, host)
     threads = args.threads or _default_threads(comm, host, len(devices))
@@ -380,7 +389,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
 
     leader = None
     if comm.rank == 0:
-        journal_path = results / JOURNAL_NAME
+        journal_path = files.journal
         items = app.items()
         keys = [item.key for item in items]
         if len(set(keys)) != len(keys):
@@ -399,7 +408,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                  ", ".join(f"{e['host']}[{','.join(e['devices'])}]" for e in layout))
         progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
 
-    pool = WorkerPool(app, devices, rank=comm.rank, host=host, logs_dir=results / "logs", seed=args.seed,
+    pool = WorkerPool(app, devices, rank=comm.rank, host=host, logs_dir=files.logs, seed=args.seed,
                       threads=threads, batch=args.batch, node_pools=node_pools, global_pools=list(global_pools),
                       worker_timeout=args.worker_timeout, item_timeout=args.item_timeout)
     monitor = GpuMonitor(devices)
@@ -465,7 +474,7 @@ def _check_results_shared(comm: Any, results: Path, host: str) -> None:
     if comm.size == 1:
         return
     token = uuid.uuid4().hex if comm.rank == 0 else None
-    mark = results / "logs" / ".shared-check"
+    mark = ResultsLayout(results).shared_probe
     if token:
         mark.write_text(token)
     token = comm.bcast(token)
@@ -478,7 +487,8 @@ def _check_results_shared(comm: Any, results: Path, host: str) -> None:
         mark.unlink(missing_ok=True)
         for where in blind:
             log.warning("the results folder %s is not visible from %s: its ranks' and workers' logs stay on that "
-                        "node's disk (%s:%s); use a folder every node sees", results, where, where, results / "logs")
+                        "node's disk (%s:%s); use a folder every node sees", results, where, where,
+                        ResultsLayout(results).logs)
 
 
 def _follower_end(comm: Any, follower: Follower, outcome: str, report: dict, leader_host: str) -> int:
@@ -526,6 +536,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code."""
     args = app.args
     results: Path = args.results
+    files = ResultsLayout(results)
     scheduler = leader.scheduler
     records = {**resumed, **leader.records}
     journal.check_place()
@@ -565,8 +576,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         free_reserve(results)
     bars = leader.timeline_bars()
     if bars and not full:
-        _written(results, "the timeline", results / "timeline.png", lambda: plot_timeline(bars, results / "timeline"))
-    summary["gpu_usage_plot"] = None if full else _written(results, "the GPU usage figure", results / "gpu_usage.png",
+        _written(results, "the timeline", files.root / png_name(TIMELINE_STEM), lambda: plot_timeline(bars, files.timeline))
+    summary["gpu_usage_plot"] = None if full else _written(results, "the GPU usage figure", files.root / png_name(GPU_USAGE_STEM),
                                                            lambda: write_gpu_usage(reports, results))
     run = None
     if outcome != "stopped" and write_failures.first() is None:
@@ -580,10 +591,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
         summary["resume_command"] = module_command([a for a in argv if a != "--resume"] + ["--resume"])
-    _written(results, "summary.json", results / "summary.json",
-             lambda: atomic_write_json(results / "summary.json", summary))
-    _written(results, "summary.md", results / "summary.md",
-             lambda: atomic_write_text(results / "summary.md", _summary_markdown(app, summary)))
+    _written(results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
+    _written(results, SUMMARY_MD, files.summary_md,
+             lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary)))
     late = write_failures.first() if failure is None else None
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
         print(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
@@ -662,8 +672,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
     if summary["failed_items"]:
         lines += ["## Failed items", "", "| item | error |", "|---|---|"]
         lines += [f"| {f['key']} | {f['error'].splitlines()[-1] if f['error'] else ''} |" for f in summary["failed_items"]]
-        lines += ["", "Tracebacks are in `logs/` and `journal.jsonl`.", ""]
-    lines += ["![timeline](timeline.png)", ""]
+        lines += ["", f"Tracebacks are in `{LOGS_DIR}/` and `{JOURNAL_NAME}`.", ""]
+    lines += [f"![timeline]({png_name(TIMELINE_STEM)})", ""]
     app_part = app.summary_markdown(summary) if summary["status"] != "stopped" else ""
     if app_part:
         lines += [app_part.rstrip(), ""]

@@ -15,9 +15,9 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import settings, write_failures
 from .errors import EXIT_OK, EXIT_STOPPED
+from .layout import ResultsLayout
 from .outputs import atomic_write_json
 
-STATUS_NAME = "status.json"
 FORMAT_VERSION = 1
 #: how often the file is rewritten (and followers report); MULTINODE_GPU_STATUS_SECONDS overrides it
 STATUS_SECONDS = float(settings.STATUS_SECONDS.default)  # type: ignore[arg-type]
@@ -73,7 +73,7 @@ class StatusWriter:
 
     def __init__(self, results: Path, *, app: str, command: str, layout: List[dict], items_total: int,
                  items_resumed: int, started_at: float, pool: Any, monitor: Any, every: Optional[float] = None):
-        self.path = Path(results) / STATUS_NAME
+        self.path = ResultsLayout(Path(results)).status
         self.every = every or status_seconds()
         self.header = {"format": FORMAT_VERSION, "app": app, "command": command, "host": layout[0]["host"],
                        "pid": os.getpid(), "started": started_at, "every": self.every,

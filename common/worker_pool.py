@@ -30,6 +30,7 @@ import psutil
 from .app import Record
 from .devices import Device
 from .items import Item
+from .layout import worker_log
 from .logs import worker_file_log
 from .messages import (
     Answers,
@@ -230,7 +231,7 @@ class WorkerPool(WorkerCounts):
     def _spawn(self, device: Device) -> None:
         name = f"rank{self.rank}-{device}"
         parent_end, child_end = self.context.Pipe()
-        log_path = self.logs_dir / f"{name}.log"
+        log_path = worker_log(self.logs_dir, name)
         finished = self.context.RawValue("q", 0)
         process = self.context.Process(
             target=worker_main, name=name, daemon=True,
@@ -395,7 +396,7 @@ class WorkerPool(WorkerCounts):
         it like any dead worker, its item failing with ``why``."""
         worker.killed_because, worker.killed_running = why, worker.running
         log.error("%s: %s; killing it (pid %d)", worker.name, said, worker.process.pid)
-        handler = worker_file_log(str(self.logs_dir / f"{worker.name}.log"), worker.name)
+        handler = worker_file_log(str(worker_log(self.logs_dir, worker.name)), worker.name)
         handler.handle(logging.makeLogRecord({
             "name": log.name, "levelno": logging.ERROR, "levelname": "ERROR",
             "msg": f"{said}: killed by its rank (SIGKILL); where its threads were follows (nothing if it was stopped)"}))

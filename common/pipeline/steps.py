@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .. import settings
+from ..layout import STEP_STDERR, STEP_STDOUT
 from ..linux import die_with_parent
 from ..mpi import without_launcher
 from ..worker import TERMINATE_SIGNAL
@@ -173,7 +174,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
     """
     step_dir.mkdir(parents=True, exist_ok=True)
     proctree.become_subreaper()  # orphans of the step (setsid and a double fork) become our children
-    with _open_log(step_dir / "stdout.log", attempt) as out, _open_log(step_dir / "stderr.log", attempt) as err, \
+    with _open_log(step_dir / STEP_STDOUT, attempt) as out, _open_log(step_dir / STEP_STDERR, attempt) as err, \
             (open(stdin, "rb") if stdin is not None else open(os.devnull, "rb")) as given:
         offset = out.tell()
         started, clock = time.time(), time.monotonic()

@@ -11,11 +11,9 @@ import errno
 import fnmatch
 import json
 import logging
-import math
 import multiprocessing
 import os
 import resource
-import signal
 import socket
 import sys
 import time
@@ -55,6 +53,7 @@ from .progress import Progress
 from .regular_file import refuse_unless_regular
 from .report_html import write_report
 from .scheduler import Scheduler
+from .signals import StopFlag, ignore_stop_signals
 from .status_file import RankReporter, StatusWriter
 from .timeline import plot_timeline
 from .worker_pool import WorkerPool
@@ -69,52 +68,6 @@ WORKER_KILL_AFTER = 10.0
 #: to it, its sentinel, what multiprocessing opens while starting it): about 3 measured, 8 allowed
 FILES_PER_RANK = 64
 FILES_PER_WORKER = 8
-
-#: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
-#: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
-ECHO_SECONDS = 2.0
-
-
-class _StopFlag:
-    """Set by SIGTERM/SIGUSR1/SIGINT, or by a write to the results folder that failed (a full
-    disk: :mod:`common.write_failures`); the distribution loop looks at it between events.
-    A second signal (``ECHO_SECONDS`` or more after the first) means: do not wait for running
-    items any longer; so does a journal that cannot be written (their results could not be kept)."""
-
-    def __init__(self) -> None:
-        self.why: Optional[str] = None
-        self.count = 0
-        self._last = -math.inf
-        #: while rank 0 writes the outputs, a third Ctrl-C interrupts them (KeyboardInterrupt, which
-        #: the runner turns into a stop: --resume writes them); anywhere else the second signal has
-        #: already ended every wait
-        self.outputs_interruptible = False
-
-    def install(self) -> None:
-        for number in startup.STOP_SIGNALS:
-            signal.signal(number, self._handle)
-
-    def _handle(self, number: int, frame: Any) -> None:
-        now = time.monotonic()
-        if now - self._last < ECHO_SECONDS:
-            return
-        self._last = now
-        self.count += 1
-        self.why = self.why or f"received {signal.Signals(number).name}"
-        if self.count >= 3 and number == signal.SIGINT and self.outputs_interruptible:
-            self.outputs_interruptible = False
-            raise KeyboardInterrupt  # Ctrl-C three times: the user insists
-
-    @property
-    def urgent(self) -> bool:
-        failure = write_failures.first()
-        return self.count > 1 or (failure is not None and failure.journal)
-
-    def __call__(self) -> Optional[str]:
-        failure = write_failures.first()
-        if self.why is None and failure is not None:
-            self.why = failure.describe()
-        return self.why
 
 
 def _agree(comm: Any, error: Optional[str]) -> Optional[str]:
@@ -267,15 +220,15 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
     try:
         return _main(app_class, argv)
     finally:  # the exit code is decided: a signal during the interpreter's shutdown must not change it
-        startup.ignore_stop_signals()
+        ignore_stop_signals()
 
 
 def _main(app_class: type, argv: Optional[List[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    stop = _StopFlag()
-    stop.install()  # from the first moment: a walltime signal during start-up still ends cleanly
-    for number in startup.received():  # one that came while the program was still importing
-        stop._handle(number, None)
+    stop = StopFlag(write_failures.first)
+    # from the first moment: a walltime signal during start-up still ends cleanly, and so does one
+    # that came while the program was still importing
+    stop.take_over()
     try:  # every environment variable of ours, read now: garbage is one line, not a later traceback
         settings.check_environment()
     except UsageError as error:  # before MPI is joined: the launcher's rank 0 says it
@@ -368,7 +321,7 @@ def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]
 
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
-         stop: "_StopFlag") -> int:
+         stop: StopFlag) -> int:
     args, devices = app.args, app.devices
     host = socket.gethostname().split(".")[0]
     results: Path = args.results

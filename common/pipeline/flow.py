@@ -34,11 +34,12 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 
 from ..layout import PROGRESS_FILE, SHARED_DIR, STEP_OUTPUT, STEP_PROMPT, STEP_STATUS_NAME, STEP_STDOUT
 from ..outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..signals import STEP_HELD_SIGNALS, held_signals
 from ..worker import PoolTimeout
 from . import nodelock
 from .container import find_apptainer
 from .definition import Pipeline, Step
-from .steps import STOP_SIGNALS, Attempt, held_signals, run_attempt, step_argv, step_environment
+from .steps import Attempt, run_attempt, step_argv, step_environment
 
 #: A line of a step's standard output reporting what it cost: {"pipeline_cost": 0.0123}
 COST_KEY = "pipeline_cost"
@@ -177,7 +178,7 @@ class RunStopping(Exception):
 
 def _signals_held():
     """Hold back the engine's stop signals (SIGUSR2 ends a busy worker) while we write a record."""
-    return held_signals(STOP_SIGNALS)
+    return held_signals(STEP_HELD_SIGNALS)
 
 
 def _should_run(step: Step, walk: _Walk, via_edge: bool) -> Optional[str]:

@@ -26,6 +26,7 @@ from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
 from common.layout import (
+    CERTAINTY_FOLDER,
     CV_RESULTS_CSV,
     ENSEMBLE_ERROR_STEM,
     ENSEMBLE_JSON,
@@ -203,7 +204,7 @@ class MnistNN(App):
     def output_names(self) -> tuple:
         """What finish and the workers write (the reference's figure names too: prob_*, test_*)."""
         return (RESULTS_CSV, TRAINING_LOG_CSV, CV_RESULTS_CSV, ENSEMBLE_JSON, f"{ENSEMBLE_ERROR_STEM}.*",
-                f"{TRAINING_CURVES_STEM}.*", "certainty*", "prob_*", "test_[0-9]*", "test_errn*", MODELS_DIR,
+                f"{TRAINING_CURVES_STEM}.*", f"{CERTAINTY_FOLDER}*", "prob_*", "test_[0-9]*", "test_errn*", MODELS_DIR,
                 TENSORBOARD_DIR)
 
     def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:

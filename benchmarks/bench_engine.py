@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.layout import ResultsLayout
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 MPIEXEC = os.path.join(sys.prefix, "bin", "mpiexec")
@@ -70,7 +72,7 @@ def load_balance(n_items: int = 200, mean: float = 0.1, sigma: float = 1.0, asce
         extra = ["--sleep", str(mean), "--lognormal", str(sigma)] + (["--ascending"] if ascending else [])
         subprocess.run(ours(n_items, 2, 2, results, extra),
                        check=True, cwd=REPO, capture_output=True)
-        records = [json.loads(line) for line in (results / "journal.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in ResultsLayout(results).journal.read_text().splitlines()]
         records = [r for r in records if r.get("type") == "result"]
         dynamic = max(r["end"] for r in records) - min(r["start"] for r in records)
         spec = Path(folder) / "durations.json"

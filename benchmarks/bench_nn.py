@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from common.data import load_dataset, resize_images
+from common.layout import ResultsLayout
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
 from mnist_nn.search import Candidate, draw_candidate
 from mnist_nn.train import fit, keep_freed_memory, to_device
@@ -237,7 +238,7 @@ def time_whole_run(extra: List[str]) -> Dict[str, Any]:
         wall = time.perf_counter() - start
         summary = {}
         if proc.returncode == 0:
-            summary = json.loads((Path(folder) / "run" / "summary.json").read_text())
+            summary = json.loads(ResultsLayout(Path(folder) / "run").summary_json.read_text())
     shown = " ".join(["python -m mnist_nn", *extra])
     return {"command": shown, "exit_code": proc.returncode, "wall_seconds": wall,
             "engine_wall_seconds": summary.get("wall_seconds"), "item_seconds_total": summary.get("item_seconds_total"),

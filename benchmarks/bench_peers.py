@@ -41,6 +41,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from benchmarks.machine import cpu_model
+from common.layout import ResultsLayout
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -114,7 +115,7 @@ def results_of(system: str, out: Path) -> Dict[str, Any]:
     if system.startswith(("ours", "base")):
         rows, error = [], None
         try:
-            for line in (out / "journal.jsonl").read_text().splitlines():
+            for line in ResultsLayout(out).journal.read_text().splitlines():
                 entry = json.loads(line)
                 if entry.get("type") == "result":
                     rows.append(tuple(entry["result"]))
@@ -183,7 +184,7 @@ def resume_row(system: str, folder: Path) -> Dict[str, Any]:
     spec_path = folder / "spec.json"
     spec_path.write_text(json.dumps(spec))
     out = folder / "results"
-    journal = out / "journal.jsonl"
+    journal = ResultsLayout(out).journal
 
     def journaled() -> int:
         try:
@@ -194,7 +195,7 @@ def resume_row(system: str, folder: Path) -> Dict[str, Any]:
     first = launch(command(system, spec_path, out, []), 120, until=lambda: journaled() >= 150)
     before = journaled()
     second = launch(command(system, spec_path, out, ["--resume"]), 120)
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    summary = json.loads(ResultsLayout(out).summary_json.read_text()) if ResultsLayout(out).summary_json.exists() else {}
     return {"system": system, "workload": "resume", "killed": first["killed"], "journaled_at_kill": before,
             "code": second["code"], "complete": summary.get("status") == "complete",
             "recomputed": summary.get("items_this_run")}

@@ -34,6 +34,7 @@ from common.distribute import Leader
 from common.inprocess import InProcessWorld, SimulatedPool
 from common.items import Item
 from common.journal import Journal
+from common.layout import ResultsLayout
 from common.liveness import FollowerWatch
 from common.messages import End, Items, Request, Results, Stop
 from common.progress import Progress
@@ -100,7 +101,7 @@ def run(ranks: int, workers: int, count: int, folder: Path, measure_memory: bool
     items = make_items(count)
     items_bytes = tracemalloc.get_traced_memory()[0] - base if measure_memory else 0
     scheduler = Scheduler(items, {}, 1, lambda item, results: item)
-    journal = Journal(folder / "journal.jsonl", {"fingerprint": {}, "command": "bench_scale"})
+    journal = Journal(ResultsLayout(folder).journal, {"fingerprint": {}, "command": "bench_scale"})
     progress = Progress(count, 0, "bench_scale", enabled=False)
     simulated = SimulatedRanks(world, workers, per_step)
     pool = SimulatedPool(0, workers, time, on_poll=simulated.step, keep_ran=False)
@@ -120,7 +121,7 @@ def run(ranks: int, workers: int, count: int, folder: Path, measure_memory: bool
         tracemalloc.stop()
     journal.close()
     rss_growth = process.memory_info().rss - rss_before
-    journaled = sum(1 for line in open(folder / "journal.jsonl", "rb") if line.startswith(b'{"type":"result"'))
+    journaled = sum(1 for line in open(ResultsLayout(folder).journal, "rb") if line.startswith(b'{"type":"result"'))
     assert outcome == "complete" and journaled == count and len(leader.records) == count, (outcome, journaled)
     assert simulated.ended == ranks - 1
     by_rank0 = sum(1 for record in leader.records.values() if record.rank == 0)

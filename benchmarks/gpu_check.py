@@ -48,6 +48,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from common.app import App
 from common.items import Item
+from common.layout import CV_RESULTS_CSV, RESULTS_CSV, ResultsLayout
 
 REPO = Path(__file__).resolve().parents[1]
 #: the whole check stays under 8 minutes: each step gets at most this, and none starts past the deadline
@@ -250,7 +251,7 @@ class Check:
         # no certainty figures: 100 of them take longer than the fits here, and need no GPU
         ran = self.command(["-m", "mnist_nn", *size, "--dataset", dataset, "--certainty-images", "0", "--no-progress",
                             "--results", str(results)])
-        summary = json.loads((results / "summary.json").read_text())
+        summary = json.loads(ResultsLayout(results).summary_json.read_text())
         if summary["items_done"] != summary["items_total"]:
             raise AssertionError(f"{summary['items_done']} of {summary['items_total']} items done")
         usage = summary.get("gpu_usage") or {}
@@ -270,7 +271,7 @@ class Check:
         """--workers-per-gpu 1 and 4 gave the same models (GPUs of one model, deterministic algorithms)."""
         folders = [self.out / "runs" / f"mnist_nn-{dataset}-wpg{n}" for n in (1, 4)]
         same = {name: (folders[0] / name).read_text() == (folders[1] / name).read_text()
-                for name in ("results.csv", "cv_results.csv")}
+                for name in (RESULTS_CSV, CV_RESULTS_CSV)}
         if not all(same.values()):
             raise AssertionError(f"--workers-per-gpu 1 and 4 differ: {same}")
         return {"criterion": "results.csv and cv_results.csv identical", "note": "results.csv and cv_results.csv identical"}
@@ -286,7 +287,7 @@ class Check:
         ran = self.command(["-c", script, str(8 * len(physical)), "--gpu", "all", "--workers-per-gpu", "2",
                             "--no-progress", "--results", str(results)], env=env)
         seen = {}
-        for line in (results / "journal.jsonl").read_text().splitlines():
+        for line in ResultsLayout(results).journal.read_text().splitlines():
             entry = json.loads(line)
             if entry.get("type") == "result":
                 seen.setdefault(entry["worker"], {k: v for k, v in entry["result"].items() if k != "pid"})
@@ -367,7 +368,7 @@ class Check:
                                 "--gpu", gpu,
                                 "--no-progress", "--results", str(results)], env=dict(env))
             runs[backend] = {**ran, "results": results,
-                             "summary": json.loads((results / "summary.json").read_text())}
+                             "summary": json.loads(ResultsLayout(results).summary_json.read_text())}
         import numpy as np
 
         if runs["cuml"]["summary"].get("backend") != "cuml":

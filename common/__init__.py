@@ -4,7 +4,9 @@ Layout (one concept a module):
   app.py          the contract an application implements (App, RunInfo, Record)
   items.py        work items and their seeds
   runner.py       main(AppClass): command line -> validation -> distribution -> outputs
-  startup.py      stop signals noted while a program still imports (before the runner's handlers)
+  signals.py      the stop signals and their handling (deferred while a program still imports)
+  startup.py      stdout and stderr that a closed pipe or a full disk cannot make fail
+  layout.py       every name in a results folder (ResultsLayout)
   cli.py          the engine's flags; bad input as one line, exit code 2
   devices.py      --gpu parsing and GPU discovery without initialising CUDA
   mpi.py          the rank's MPI world (imported on the rank's main path only)
@@ -26,7 +28,7 @@ Layout (one concept a module):
   slurm/          sbatch script generator
 
 Importing the package imports nothing heavy (each name below is imported on first use), so
-an app's ``__main__`` can defer stop signals (``common.startup``) before the slow imports start.
+an app's ``__main__`` can defer stop signals (``common.signals``) before the slow imports start.
 """
 from typing import Any
 
@@ -36,7 +38,7 @@ _WHERE = {
     # the contract (app.py, items.py, errors.py) and the entry point
     "App": "app", "Record": "app", "RunInfo": "app", "check_fields": "app", "NUMBER": "app",
     "NUMBER_OR_NONE": "app", "Item": "items", "item_seed": "items", "torch_seed": "items", "seed32": "items",
-    "UsageError": "errors", "main": "runner", "Device": "devices", "defer_stop_signals": "startup",
+    "UsageError": "errors", "main": "runner", "Device": "devices", "defer_stop_signals": "signals",
     "at_least": "cli", "REFERENCE_SEED": "cli",
     # writing outputs (outputs.py): atomic, so a crash never leaves half a file
     "atomic_write_bytes": "outputs", "atomic_write_json": "outputs", "atomic_write_text": "outputs",

@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from .gpu_monitor import Sample
+from .layout import GPU_USAGE_STEM, ResultsLayout, png_name
 from .outputs import atomic_write_text, new_figure, save_figure
 
 log = logging.getLogger("multinode_gpu")
 
-CSV_NAME = "gpu_usage.csv"
-PLOT_NAME = "gpu_usage"
 _PANELS = (("util_percent", "utilisation %"), ("memory_mib", "memory used, MiB"),
            ("temperature_c", "temperature, °C"), ("power_w", "power, W"))
 
@@ -37,12 +36,12 @@ def write_gpu_usage(reports: List[Mapping[str, Any]], results: Path) -> Optional
     if not series:
         return None
     try:
-        atomic_write_text(Path(results) / CSV_NAME, _csv(series))
-        _plot(series, Path(results) / PLOT_NAME)
+        atomic_write_text(ResultsLayout(Path(results)).gpu_usage_csv, _csv(series))
+        _plot(series, ResultsLayout(Path(results)).gpu_usage)
     except Exception as error:  # noqa: BLE001 - the figure must never cost the run its summary
-        log.warning("gpu_usage.png not written: %s: %s", type(error).__name__, error)
+        log.warning("%s not written: %s: %s", png_name(GPU_USAGE_STEM), type(error).__name__, error)
         return None
-    return f"{PLOT_NAME}.png"
+    return png_name(GPU_USAGE_STEM)
 
 
 def _csv(series: Mapping[str, Mapping[str, Any]]) -> str:

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from .errors import UsageError, quoted
+from .layout import HOLD_NAME, ResultsLayout
 from .outputs import atomic_write_json
 from .regular_file import NotRegularFile, read_regular
 from .settings import HOLD_SECONDS, seconds
 
 log = logging.getLogger("multinode_gpu")
 
-HOLD_NAME = "hold.json"
 REFRESH_SECONDS = float(HOLD_SECONDS.default)  # type: ignore[arg-type]
 #: a hold not refreshed for this many of its holder's refresh periods is stale
 STALE_PERIODS = 3
@@ -100,7 +100,7 @@ def describe(holder: Dict[str, Any]) -> str:
 
 def read_hold(folder: Path) -> Optional[Dict[str, Any]]:
     """The holder of ``folder`` as its file says (None when there is no hold)."""
-    return _read(Path(folder) / HOLD_NAME)
+    return _read(ResultsLayout(Path(folder)).hold)
 
 
 def _read(path: Path) -> Optional[Dict[str, Any]]:
@@ -179,7 +179,7 @@ class Hold:
 
     def __init__(self, folder: Path, refresh: Optional[float] = None):
         self.folder = Path(folder)
-        self.path = self.folder / HOLD_NAME
+        self.path = ResultsLayout(self.folder).hold
         self.refresh = refresh or refresh_seconds()
         self.me = _me(self.refresh)
         self.lost: Optional[str] = None  # set when another run took the folder over from this one
@@ -211,7 +211,7 @@ class Hold:
 
     def _create(self) -> bool:
         """Write our hold beside it, then link it into place: fails if a hold exists."""
-        temporary = self.folder / f".{HOLD_NAME}.{self.me['token']}"
+        temporary = ResultsLayout(self.folder).hold_temporary(self.me["token"])
         try:
             with open(temporary, "x") as handle:
                 json.dump(self.me, handle, indent=2)
@@ -228,7 +228,7 @@ class Hold:
     def _remove_stale(self, holder: Dict[str, Any]) -> bool:
         """Move the stale hold aside and delete it, unless it changed in the meantime (another
         run took it over first): then put it back."""
-        aside = self.folder / f".{HOLD_NAME}.{self.me['token']}.stale"
+        aside = ResultsLayout(self.folder).hold_stale(self.me["token"])
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:

@@ -37,7 +37,6 @@ from .outputs import to_jsonable
 from .regular_file import read_regular, refuse_unless_regular
 from .write_failures import MOVED_AWAY, WriteFailure, WriteFailures
 
-JOURNAL_NAME = "journal.jsonl"
 FORMAT_VERSION = 1
 #: how often the distribution loop checks that the results folder and the journal are still in place
 PLACE_CHECK_SECONDS = 1.0

@@ -15,19 +15,19 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from .journal import JOURNAL_NAME, parse_line, whole_lines
+from .journal import parse_line, whole_lines
+from .layout import GPU_USAGE_CSV, GPU_USAGE_STEM, TIMELINE_STEM, ResultsLayout, png_name
 from .outputs import atomic_write_text
 from .regular_file import NotRegularFile, read_regular
 
 log = logging.getLogger("multinode_gpu")
 
-REPORT_NAME = "report.html"
 #: an SVG larger than this is inlined as its PNG instead (thousands of shapes are slow to draw)
 MAX_SVG_BYTES = 2 * 2**20
 #: tracebacks shown (the most recent failed attempts)
 MAX_TRACEBACKS = 50
-_EXTRA_FIGURES = (("timeline.png", "Timeline", "one row per worker of every rank, one bar per item; failures in red"),
-                  ("gpu_usage.png", "GPU use", "every GPU of every node over the run (gpu_usage.csv has the samples)"))
+_EXTRA_FIGURES = ((png_name(TIMELINE_STEM), "Timeline", "one row per worker of every rank, one bar per item; failures in red"),
+                  (png_name(GPU_USAGE_STEM), "GPU use", f"every GPU of every node over the run ({GPU_USAGE_CSV} has the samples)"))
 
 _STYLE = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d2329; background: #f6f7f9; }
@@ -86,7 +86,7 @@ def _tracebacks(results: Path) -> List[Dict[str, Any]]:
     """The last failed attempts with their tracebacks, from the journal."""
     attempts: List[Dict[str, Any]] = []
     try:
-        lines = whole_lines(read_regular(results / JOURNAL_NAME, "the journal"))[0]
+        lines = whole_lines(read_regular(ResultsLayout(results).journal, "the journal"))[0]
     except (OSError, NotRegularFile):
         return []
     for raw in lines:
@@ -124,8 +124,8 @@ def write_report(results: Path) -> Optional[Path]:
 
 def _write_report(results: Path) -> Optional[Path]:
     try:
-        summary = json.loads((results / "summary.json").read_text())
-        text = (results / "summary.md").read_text()
+        summary = json.loads(ResultsLayout(results).summary_json.read_text())
+        text = ResultsLayout(results).summary_md.read_text()
     except (OSError, ValueError):
         return None
     title_line, _, rest = text.partition("\n")
@@ -155,5 +155,5 @@ def _write_report(results: Path) -> Optional[Path]:
             + f"\n<footer>{html.escape(str(results))}: summary.md, summary.json, journal.jsonl and logs/ hold the "
               f"same and more. Started {html.escape(str(summary.get('started', '?')))}.</footer>\n"
               f"</main></body></html>\n")
-    atomic_write_text(results / REPORT_NAME, page)
-    return results / REPORT_NAME
+    atomic_write_text(ResultsLayout(results).report, page)
+    return ResultsLayout(results).report

@@ -11,11 +11,9 @@ import errno
 import fnmatch
 import json
 import logging
-import math
 import multiprocessing
 import os
 import resource
-import signal
 import socket
 import sys
 import time
@@ -31,8 +29,22 @@ from .distribute import Follower, Leader
 from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, quoted
 from .gpu_monitor import GpuMonitor
 from .gpu_usage import write_gpu_usage
-from .hold import HOLD_NAME, Hold, check_free
-from .journal import JOURNAL_NAME, Journal, describe_difference, read_journal
+from .hold import Hold, check_free
+from .journal import Journal, describe_difference, read_journal
+from .layout import (
+    ENGINE_OUTPUTS,
+    GPU_USAGE_STEM,
+    HOLD_NAME,
+    JOURNAL_NAME,
+    LOGS_DIR,
+    STATUS_NAME,
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    TIMELINE_STEM,
+    WRITE_PROBE,
+    ResultsLayout,
+    png_name,
+)
 from .liveness import FollowerWatch, PeerWatch
 from .logs import add_file_log, setup_logging
 from .messages import Bye
@@ -42,19 +54,14 @@ from .progress import Progress
 from .regular_file import refuse_unless_regular
 from .report_html import write_report
 from .scheduler import Scheduler
-from .status_file import STATUS_NAME, RankReporter, StatusWriter
+from .signals import StopFlag, ignore_stop_signals
+from .status_file import RankReporter, StatusWriter
 from .timeline import plot_timeline
 from .watchdog import Watchdog
 from .worker_pool import PoolSettings, WorkerPool
 from .write_failures import WriteFailures, about_results, free_reserve, reserve_space
 
 log = logging.getLogger("multinode_gpu")
-
-#: what the engine writes at the top of the results folder (each checked replaceable on --resume)
-ENGINE_OUTPUTS = ("summary.json", "summary.md", "report.html", "status.json", "timeline.png", "timeline.svg",
-                  "timeline.pdf", "gpu_usage.png", "gpu_usage.svg", "gpu_usage.pdf", "gpu_usage.csv", JOURNAL_NAME)
-#: the engine's folder of rank and worker logs in the results folder
-LOGS_DIR = "logs"
 
 #: seconds a busy worker gets to end what it started (pipeline steps) once the run is over
 WORKER_KILL_AFTER = 10.0
@@ -63,53 +70,6 @@ WORKER_KILL_AFTER = 10.0
 #: to it, its sentinel, what multiprocessing opens while starting it): about 3 measured, 8 allowed
 FILES_PER_RANK = 64
 FILES_PER_WORKER = 8
-
-#: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
-#: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
-ECHO_SECONDS = 2.0
-
-
-class _StopFlag:
-    """Set by SIGTERM/SIGUSR1/SIGINT, or by a write to the results folder that failed (a full
-    disk: ``write_failures``, the run's); the distribution loop looks at it between events.
-    A second signal (``ECHO_SECONDS`` or more after the first) means: do not wait for running
-    items any longer; so does a journal that cannot be written (their results could not be kept)."""
-
-    def __init__(self, write_failures: WriteFailures) -> None:
-        self.write_failures = write_failures
-        self.why: Optional[str] = None
-        self.count = 0
-        self._last = -math.inf
-        #: while rank 0 writes the outputs, a third Ctrl-C interrupts them (KeyboardInterrupt, which
-        #: the runner turns into a stop: --resume writes them); anywhere else the second signal has
-        #: already ended every wait
-        self.outputs_interruptible = False
-
-    def install(self) -> None:
-        for number in startup.STOP_SIGNALS:
-            signal.signal(number, self._handle)
-
-    def _handle(self, number: int, frame: Any) -> None:
-        now = time.monotonic()
-        if now - self._last < ECHO_SECONDS:
-            return
-        self._last = now
-        self.count += 1
-        self.why = self.why or f"received {signal.Signals(number).name}"
-        if self.count >= 3 and number == signal.SIGINT and self.outputs_interruptible:
-            self.outputs_interruptible = False
-            raise KeyboardInterrupt  # Ctrl-C three times: the user insists
-
-    @property
-    def urgent(self) -> bool:
-        failure = self.write_failures.first
-        return self.count > 1 or (failure is not None and failure.journal)
-
-    def __call__(self) -> Optional[str]:
-        failure = self.write_failures.first
-        if self.why is None and failure is not None:
-            self.why = failure.describe()
-        return self.why
 
 
 def _agree(comm: Any, error: Optional[str]) -> Optional[str]:
@@ -189,7 +149,7 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     being resumed."""
     args = app.args
     folder: Path = args.results
-    journal_path = folder / JOURNAL_NAME
+    journal_path = ResultsLayout(folder).journal
     fingerprint = {"app": app.name, **engine_fingerprint(args), **app.fingerprint()}
     try:
         os.stat(folder)
@@ -237,7 +197,7 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     try:
         for place in (folder, folder / LOGS_DIR):
             place.mkdir(parents=True, exist_ok=True)
-            probe = place / ".write-test"
+            probe = place / WRITE_PROBE
             probe.write_bytes(b"")
             probe.unlink()
         hold = Hold(folder)
@@ -252,7 +212,7 @@ def _own_entries(folder: Path, app: App) -> List[str]:
     folder and the app's ``output_names`` (the hold aside: ``check_free`` has judged it)."""
     patterns = (*ENGINE_OUTPUTS, LOGS_DIR, *app.output_names())
     return sorted(name for name in os.listdir(folder)
-                  if name != HOLD_NAME and not name.startswith(f".{HOLD_NAME}.")
+                  if not ResultsLayout.is_hold_file(name)
                   and any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
 
 
@@ -262,16 +222,16 @@ def main(app_class: type, argv: Optional[List[str]] = None) -> int:
     try:
         return _main(app_class, argv)
     finally:  # the exit code is decided: a signal during the interpreter's shutdown must not change it
-        startup.ignore_stop_signals()
+        ignore_stop_signals()
 
 
 def _main(app_class: type, argv: Optional[List[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     failures = WriteFailures()  # the run's failed writes to its results folder
-    stop = _StopFlag(failures)
-    stop.install()  # from the first moment: a walltime signal during start-up still ends cleanly
-    for number in startup.received():  # one that came while the program was still importing
-        stop._handle(number, None)
+    stop = StopFlag(lambda: failures.first)
+    # from the first moment: a walltime signal during start-up still ends cleanly, and so does one
+    # that came while the program was still importing
+    stop.take_over()
     try:  # every environment variable of ours, read now: garbage is one line, not a later traceback
         settings.check_environment()
     except UsageError as error:  # before MPI is joined: the launcher's rank 0 says it
@@ -364,14 +324,15 @@ def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]
 
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
-         stop: "_StopFlag", failures: WriteFailures) -> int:
+         stop: StopFlag, failures: WriteFailures) -> int:
     args, devices = app.args, app.devices
     host = socket.gethostname().split(".")[0]
     results: Path = args.results
     if notice and comm.rank == 0:
         log.info(notice)
-    (results / "logs").mkdir(parents=True, exist_ok=True)  # on every node: results need not be shared
-    add_file_log(str(results / "logs" / f"rank{comm.rank}.log"),
+    files = ResultsLayout(results)
+    files.logs.mkdir(parents=True, exist_ok=True)  # on every node: results need not be shared
+    add_file_log(str(files.rank_log(comm.rank)),
                  f"rank {comm.rank} of {comm.size} on {host} (pid {os.getpid()}): {', '.join(map(str, devices))}",
                  failures)
     _check_results_shared(comm, results, host)
@@ -385,7 +346,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
 
     leader = None
     if comm.rank == 0:
-        journal_path = results / JOURNAL_NAME
+        journal_path = files.journal
         items = app.items()
         keys = [item.key for item in items]
         if len(set(keys)) != len(keys):
@@ -405,7 +366,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                  ", ".join(f"{e['host']}[{','.join(e['devices'])}]" for e in layout))
         progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
 
-    settings = PoolSettings(rank=comm.rank, host=host, logs_dir=results / "logs", seed=args.seed, threads=threads,
+    settings = PoolSettings(rank=comm.rank, host=host, logs_dir=files.logs, seed=args.seed, threads=threads,
                             batch=args.batch, node_pools=node_pools, global_pools=tuple(global_pools))
     watchdog = Watchdog(args.worker_timeout, args.item_timeout, settings.logs_dir)
     # stop: a worker that ends once a stop was asked is not started again
@@ -471,7 +432,7 @@ def _check_results_shared(comm: Any, results: Path, host: str) -> None:
     if comm.size == 1:
         return
     token = uuid.uuid4().hex if comm.rank == 0 else None
-    mark = results / "logs" / ".shared-check"
+    mark = ResultsLayout(results).shared_probe
     if token:
         mark.write_text(token)
     token = comm.bcast(token)
@@ -484,7 +445,8 @@ def _check_results_shared(comm: Any, results: Path, host: str) -> None:
         mark.unlink(missing_ok=True)
         for where in blind:
             log.warning("the results folder %s is not visible from %s: its ranks' and workers' logs stay on that "
-                        "node's disk (%s:%s); use a folder every node sees", results, where, where, results / "logs")
+                        "node's disk (%s:%s); use a folder every node sees", results, where, where,
+                        ResultsLayout(results).logs)
 
 
 def _follower_end(comm: Any, follower: Follower, outcome: str, report: dict, leader_host: str) -> int:
@@ -532,6 +494,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code."""
     args = app.args
     results: Path = args.results
+    files = ResultsLayout(results)
     scheduler = leader.scheduler
     records = {**resumed, **leader.records}
     journal.check_place()
@@ -571,10 +534,10 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         free_reserve(results)
     bars = leader.timeline_bars()
     if bars and not full:
-        _written(failures, results, "the timeline", results / "timeline.png",
-                 lambda: plot_timeline(bars, results / "timeline"))
+        _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
+                 lambda: plot_timeline(bars, files.timeline))
     summary["gpu_usage_plot"] = None if full else _written(failures, results, "the GPU usage figure",
-                                                           results / "gpu_usage.png",
+                                                           files.root / png_name(GPU_USAGE_STEM),
                                                            lambda: write_gpu_usage(reports, results))
     run = None
     if outcome != "stopped" and failures.first is None:
@@ -588,10 +551,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
         summary["resume_command"] = module_command([a for a in argv if a != "--resume"] + ["--resume"])
-    _written(failures, results, "summary.json", results / "summary.json",
-             lambda: atomic_write_json(results / "summary.json", summary))
-    _written(failures, results, "summary.md", results / "summary.md",
-             lambda: atomic_write_text(results / "summary.md", _summary_markdown(app, summary)))
+    _written(failures, results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
+    _written(failures, results, SUMMARY_MD, files.summary_md,
+             lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary)))
     late = failures.first if failure is None else None
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
         print(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
@@ -671,8 +633,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
     if summary["failed_items"]:
         lines += ["## Failed items", "", "| item | error |", "|---|---|"]
         lines += [f"| {f['key']} | {f['error'].splitlines()[-1] if f['error'] else ''} |" for f in summary["failed_items"]]
-        lines += ["", "Tracebacks are in `logs/` and `journal.jsonl`.", ""]
-    lines += ["![timeline](timeline.png)", ""]
+        lines += ["", f"Tracebacks are in `{LOGS_DIR}/` and `{JOURNAL_NAME}`.", ""]
+    lines += [f"![timeline]({png_name(TIMELINE_STEM)})", ""]
     app_part = app.summary_markdown(summary) if summary["status"] != "stopped" else ""
     if app_part:
         lines += [app_part.rstrip(), ""]

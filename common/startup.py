@@ -1,53 +1,14 @@
-"""Stop signals that arrive while a program is still importing (numpy, torch, matplotlib take a
-second or more): noted, not raised. Python's default would print a KeyboardInterrupt traceback
-from deep inside an import (or turn it into a misleading ImportError), or end the process
-silently on SIGTERM/SIGUSR1. ``common.runner.main`` takes them over: the run then ends before
-writing anything, with one line and exit code 75.
-
-Call :func:`defer_stop_signals` first thing in an app's ``__main__``; this module (and the
-package's ``__init__``) import nothing heavy, so there is nothing to interrupt before it.
+"""A program's first steps, before anything heavy is imported.
 
 :func:`guard_standard_streams` (the runner's first step) makes stdout and stderr that are closed,
 piped into a reader that left, or full, harmless: a run's outcome never depends on its prints.
+Stop signals, deferred while a program imports, are :mod:`common.signals`'s.
 """
 from __future__ import annotations
 
 import os
-import signal
 import sys
-from typing import Any, List, Optional, TextIO
-
-#: Ctrl-C, Slurm's walltime warning, SIGTERM, and SIGUSR2 (Open MPI's mpirun forwards it; a rank
-#: takes it as it takes USR1): what asks a run to stop. Workers leave all but USR2 to their rank
-#: (``common.worker.STOP_SIGNALS``); USR2 is how a rank ends a worker.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR2)
-
-_received: List[int] = []
-
-
-def _note(number: int, frame: Any) -> None:
-    if number not in _received:
-        _received.append(number)
-
-
-def defer_stop_signals() -> None:
-    """Until the runner installs its own handlers, a stop signal is only noted."""
-    for number in STOP_SIGNALS:
-        signal.signal(number, _note)
-
-
-def received() -> List[int]:
-    """The stop signals noted before the runner (or a worker) took over, each once, in order."""
-    return list(_received)
-
-
-def ignore_stop_signals() -> None:
-    """Once a process's outcome is decided, stop signals are ignored: Python gives every signal it
-    handles its default action back while the interpreter shuts down (MPI_Finalize, module
-    teardown), so a second Ctrl-C or SIGTERM then would kill the process instead of letting it
-    exit 75 (or 0) as it said it would."""
-    for number in STOP_SIGNALS:
-        signal.signal(number, signal.SIG_IGN)
+from typing import Any, Optional, TextIO
 
 
 class ForgivingStream:

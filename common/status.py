@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
 from .errors import quoted
-from .journal import JOURNAL_NAME, parse_line, whole_lines
+from .journal import parse_line, whole_lines
+from .layout import JOURNAL_NAME, STATUS_NAME, ResultsLayout
 from .progress import format_seconds
 from .regular_file import NotRegularFile, read_regular
-from .status_file import STATUS_NAME, STATUS_SECONDS
+from .status_file import STATUS_SECONDS
 
 #: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals, plus a
 #: margin for a shared filesystem's attribute caching and the nodes' clocks
@@ -129,13 +130,13 @@ def _number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
 def describe(results: Path, status: Optional[dict], journal: JournalCounts, now: float) -> str:
     """The report as text: what ``python -m common.status`` prints."""
     if status is None and journal.header is None:
-        if (results / STATUS_NAME).exists() or (results / JOURNAL_NAME).exists():
+        if ResultsLayout(results).status.exists() or ResultsLayout(results).journal.exists():
             raise NotAResultsFolder(f"{quoted(results)}: not the results folder of a run: its {STATUS_NAME} and "
                                     f"{JOURNAL_NAME} are not a run's (a pipeline step's folder? give the folder "
                                     f"that --results named)")
         raise NotAResultsFolder(f"{quoted(results)}: no {STATUS_NAME} and no {JOURNAL_NAME}: not the results folder "
                                 f"of a run (or the run has not started yet)")
-    summary = _read_summary(results / "summary.json")
+    summary = _read_summary(ResultsLayout(results).summary_json)
     lines: List[str] = []
     if status is None:  # a run from before the status file: the journal alone
         fingerprint = (journal.header or {}).get("fingerprint")
@@ -192,8 +193,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
         else _gpus(status)
     lines += _failures(status.get("failures") or [{"key": k, "error": e} for k, e in journal.failed.items()], failed)
-    if state in FINAL_STATES and (results / "report.html").exists():
-        lines.append(f"report   {results / 'report.html'}")
+    if state in FINAL_STATES and ResultsLayout(results).report.exists():
+        lines.append(f"report   {ResultsLayout(results).report}")
     return "\n".join(lines) + "\n"
 
 
@@ -302,13 +303,13 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
     if not results.is_dir() and args.watch is None:
         print(f"python -m common.status: error: {quoted(results)}: no such folder", file=sys.stderr)
         return 2
-    journal = JournalCounts(results / JOURNAL_NAME)
+    journal = JournalCounts(ResultsLayout(results).journal)
     clear = args.watch is not None and out.isatty()
     try:
         while True:
             try:
                 journal.update()
-                status = read_status(results / STATUS_NAME)
+                status = read_status(ResultsLayout(results).status)
             except NotRegularFile as problem:  # a FIFO would make every read wait for ever
                 print(f"python -m common.status: error: {problem}", file=sys.stderr)
                 return 2

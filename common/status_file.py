@@ -15,10 +15,10 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from . import settings
 from .errors import EXIT_OK, EXIT_STOPPED
+from .layout import ResultsLayout
 from .outputs import atomic_write_json
 from .write_failures import WriteFailures
 
-STATUS_NAME = "status.json"
 FORMAT_VERSION = 1
 #: how often the file is rewritten (and followers report); MULTINODE_GPU_STATUS_SECONDS overrides it
 STATUS_SECONDS = float(settings.STATUS_SECONDS.default)  # type: ignore[arg-type]
@@ -75,7 +75,7 @@ class StatusWriter:
                  items_resumed: int, started_at: float, pool: Any, monitor: Any, every: Optional[float] = None,
                  write_failures: Optional[WriteFailures] = None):
         """``write_failures``: the run's (no status file once the results folder was moved away)."""
-        self.path = Path(results) / STATUS_NAME
+        self.path = ResultsLayout(Path(results)).status
         self.write_failures = write_failures or WriteFailures()
         self.every = every or status_seconds()
         self.header = {"format": FORMAT_VERSION, "app": app, "command": command, "host": layout[0]["host"],

@@ -19,8 +19,9 @@ from typing import Any, Iterable, Optional
 import psutil
 
 from .clock import SYSTEM_CLOCK, Clock
+from .layout import worker_log
 from .logs import worker_file_log
-from .worker import DUMP_SIGNAL
+from .signals import DUMP_SIGNAL
 
 log = logging.getLogger("multinode_gpu")
 
@@ -111,7 +112,7 @@ class Watchdog:
         it like any dead worker, its item failing with ``why``."""
         worker.killed_because, worker.killed_running = why, worker.running
         log.error("%s: %s; killing it (pid %d)", worker.name, said, worker.process.pid)
-        handler = worker_file_log(str(self.logs_dir / f"{worker.name}.log"), worker.name)
+        handler = worker_file_log(str(worker_log(self.logs_dir, worker.name)), worker.name)
         handler.handle(logging.makeLogRecord({
             "name": log.name, "levelno": logging.ERROR, "levelname": "ERROR",
             "msg": f"{said}: killed by its rank (SIGKILL); where its threads were follows (nothing if it was stopped)"}))

@@ -27,7 +27,6 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
-from . import startup
 from .items import item_seed
 from .linux import die_with_parent
 from .logs import worker_file_log
@@ -45,26 +44,20 @@ from .messages import (
     Revoked,
     SetupFailed,
 )
+from .signals import (
+    DUMP_SIGNAL,
+    WORKER_IGNORED_SIGNALS,
+    WORKER_TERMINATE_SIGNAL,
+    ignore_stop_signals,
+    leave_stop_signals_to_rank,
+    received,
+)
 
 log = logging.getLogger("multinode_gpu.worker")
 
 
 class PoolTimeout(Exception):
     """Waited longer than the timeout for a resource pool."""
-
-
-# The rank ends a busy worker with this signal (and SIGKILL after a while). SIGTERM itself is
-# ignored: Slurm and terminals signal the whole process group, and it is the rank that decides
-# whether running items get their --grace period.
-TERMINATE_SIGNAL = signal.SIGUSR2
-#: the signals that ask a run to stop (Ctrl-C, Slurm's walltime warning, SIGTERM): the rank acts on
-#: them, a worker ignores them. The pool starts a worker with them blocked (``signals_blocked``),
-#: until its handlers are in place.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
-#: the rank sends this before it kills a hung worker or an item past --item-timeout: the worker's log
-#: then shows where every thread was (faulthandler writes it from C, even while the GIL is held).
-#: Ignored by default, so one arriving before the handler is in place does no harm.
-DUMP_SIGNAL = signal.SIGURG
 
 
 class _Pipe:
@@ -115,7 +108,7 @@ def _start_heartbeat(pipe: _Pipe, interval: float) -> threading.Event:
 
 
 class _Terminated(BaseException):
-    """Raised inside the worker on TERMINATE_SIGNAL so that ``finally`` blocks (child processes) run."""
+    """Raised inside the worker on WORKER_TERMINATE_SIGNAL so that ``finally`` blocks (child processes) run."""
 
 
 class _Inbox:
@@ -215,10 +208,6 @@ def stop_requested() -> bool:
     return inbox.stopping
 
 
-def _ignore(signum: int, frame: Any) -> None:
-    """The rank decides when work stops (Ctrl-C, walltime warning and SIGTERM go to it)."""
-
-
 def _on_terminate(signum: int, frame: Any) -> None:
     raise _Terminated()
 
@@ -305,14 +294,12 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     beating = _start_heartbeat(conn, heartbeat) if heartbeat else threading.Event()
     inbox = _Inbox(conn)
     _current_inbox.set(inbox)
-    die_with_parent(TERMINATE_SIGNAL)  # no worker outlives its rank
+    die_with_parent(WORKER_TERMINATE_SIGNAL)  # no worker outlives its rank
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
-    for ignored in STOP_SIGNALS:
-        # A handler that does nothing, not SIG_IGN: programs the item starts get the defaults back.
-        signal.signal(ignored, _ignore)
-    signal.signal(TERMINATE_SIGNAL, _on_terminate)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the pool started us
-    if TERMINATE_SIGNAL in startup.received():  # the rank ended us while the app's __main__ imported
+    leave_stop_signals_to_rank()
+    signal.signal(WORKER_TERMINATE_SIGNAL, _on_terminate)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_IGNORED_SIGNALS)  # blocked since the pool started us
+    if WORKER_TERMINATE_SIGNAL in received():  # the rank ended us while the app's __main__ imported
         beating.set()
         return
     handler = worker_file_log(log_path, name)  # falls back to stderr when the disk is full
@@ -344,4 +331,4 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     finally:
         beating.set()
         logging.shutdown()
-        startup.ignore_stop_signals()  # none kills this process while it shuts down (Python's defaults)
+        ignore_stop_signals()  # none kills this process while it shuts down (Python's defaults)

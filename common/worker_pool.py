@@ -20,12 +20,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from .app import Record
 from .clock import SYSTEM_CLOCK, Clock
 from .devices import Device
 from .items import Item
+from .layout import worker_log
 from .messages import (
     Answers,
     Assign,
@@ -48,8 +49,9 @@ from .messages import (
 from .placement import pick_worker
 from .resources import ResourceBroker
 from .settings import without_launcher
+from .signals import WORKER_IGNORED_SIGNALS, WORKER_TERMINATE_SIGNAL, signals_blocked
 from .watchdog import Watchdog, unanswered
-from .worker import STOP_SIGNALS, TERMINATE_SIGNAL, worker_main
+from .worker import worker_main
 
 log = logging.getLogger("multinode_gpu")
 
@@ -75,19 +77,6 @@ def _child_environment(device: Device, threads: int) -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-
-
-@contextmanager
-def signals_blocked(signals: Iterable[int]) -> Iterator[None]:
-    """``signals`` blocked in this thread meanwhile. A child started then inherits the block through
-    fork and exec: Slurm's walltime warning, which reaches every process of the job step, waits in a
-    starting worker (still importing torch) until ``worker_main`` has its handlers, instead of
-    killing it."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _describe_exit(code: Optional[int]) -> str:
@@ -247,7 +236,7 @@ class WorkerPool(WorkerCounts):
     def _spawn(self, device: Device) -> None:
         name = f"rank{self.rank}-{device}"
         parent_end, child_end = self.context.Pipe()
-        log_path = self.logs_dir / f"{name}.log"
+        log_path = worker_log(self.logs_dir, name)
         finished = self.context.RawValue("q", 0)
         process = self.context.Process(
             target=worker_main, name=name, daemon=True,
@@ -256,7 +245,7 @@ class WorkerPool(WorkerCounts):
         # multiprocessing starts its resource tracker with the first spawned process, and then
         # unblocks SIGINT and SIGTERM (it does not restore the mask): start it first, outside the block
         resource_tracker.ensure_running()
-        with _child_environment(device, self.threads), signals_blocked(STOP_SIGNALS):
+        with _child_environment(device, self.threads), signals_blocked(WORKER_IGNORED_SIGNALS):
             process.start()
         child_end.close()
         worker = WorkerHandle(name, device, process, parent_end, finished=finished)
@@ -292,7 +281,7 @@ class WorkerPool(WorkerCounts):
                 self._send(worker, Revoke())
 
     def shutdown(self, kill_after: float = 5.0, wait: bool = True) -> None:
-        """Stop every worker: politely if idle, TERMINATE_SIGNAL if busy, SIGKILL after ``kill_after`` s.
+        """Stop every worker: politely if idle, WORKER_TERMINATE_SIGNAL if busy, SIGKILL after ``kill_after`` s.
 
         ``wait=False``: when every worker was idle, return at once and leave their exit (an
         interpreter with torch loaded takes about half a second to end) to ``join``, so the rank
@@ -306,7 +295,7 @@ class WorkerPool(WorkerCounts):
                     worker.conn.send(Quit())
                 elif worker.process.is_alive():
                     busy = True
-                    os.kill(worker.process.pid, TERMINATE_SIGNAL)
+                    os.kill(worker.process.pid, WORKER_TERMINATE_SIGNAL)
             except (OSError, ValueError):
                 pass
         self._kill_at = self.clock.monotonic() + kill_after

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import quoted
+from .layout import ResultsLayout
 
 #: bytes kept aside in the results folder while a run lives, freed to write its summary on a full disk
 RESERVE_BYTES = 64 * 1024
-RESERVE_NAME = ".space-reserve"
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 #: what a failure is about when the results folder or its journal was deleted, renamed or replaced
 MOVED_AWAY = "the results folder"
@@ -101,7 +101,7 @@ def about_results(error: OSError, results: Path) -> bool:
 
 def reserve_space(folder: Path) -> None:
     """Set ``RESERVE_BYTES`` aside in ``folder`` (best effort: a disk already full gets none)."""
-    path = Path(folder) / RESERVE_NAME
+    path = ResultsLayout(Path(folder)).reserve
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
@@ -115,7 +115,7 @@ def reserve_space(folder: Path) -> None:
 def free_reserve(folder: Path) -> bool:
     """Give the reserve back to the filesystem; whether there was one."""
     try:
-        (Path(folder) / RESERVE_NAME).unlink()
+        ResultsLayout(Path(folder)).reserve.unlink()
         return True
     except OSError:
         return False

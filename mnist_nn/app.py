@@ -25,6 +25,17 @@ from common.data import add_data_arguments, check_available, check_data_flags, e
 from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
+from common.layout import (
+    CERTAINTY_FOLDER,
+    CV_RESULTS_CSV,
+    ENSEMBLE_ERROR_STEM,
+    ENSEMBLE_JSON,
+    MODELS_DIR,
+    RESULTS_CSV,
+    TENSORBOARD_DIR,
+    TRAINING_CURVES_STEM,
+    TRAINING_LOG_CSV,
+)
 
 from .records import cv_scores, encode_array, fit_key, model_stem, refit_key
 from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate, reference_candidates
@@ -192,8 +203,9 @@ class MnistNN(App):
 
     def output_names(self) -> tuple:
         """What finish and the workers write (the reference's figure names too: prob_*, test_*)."""
-        return ("results.csv", "training_log.csv", "cv_results.csv", "ensemble.json", "ensemble_error.*",
-                "training_curves.*", "certainty*", "prob_*", "test_[0-9]*", "test_errn*", "models", "tensorboard")
+        return (RESULTS_CSV, TRAINING_LOG_CSV, CV_RESULTS_CSV, ENSEMBLE_JSON, f"{ENSEMBLE_ERROR_STEM}.*",
+                f"{TRAINING_CURVES_STEM}.*", f"{CERTAINTY_FOLDER}*", "prob_*", "test_[0-9]*", "test_errn*", MODELS_DIR,
+                TENSORBOARD_DIR)
 
     def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:
         """The reference's closing prints: the run's wall time, the ensemble's (majority vote) test error."""
@@ -315,7 +327,7 @@ class MnistNN(App):
                 return {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw),
                         "embedded": base64.b64encode(raw).decode("ascii")}
         writer = HashingWriter()
-        atomic_write_with(Path(self.args.results) / "models" / f"{model_stem(bootstrap)}.pt",
+        atomic_write_with(Path(self.args.results) / MODELS_DIR / f"{model_stem(bootstrap)}.pt",
                           lambda handle: torch.save(host, writer.into(handle)))
         return {"sha256": writer.sha256.hexdigest(), "bytes": writer.bytes, "embedded": None}
 

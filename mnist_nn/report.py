@@ -17,6 +17,15 @@ import numpy as np
 
 from common.app import RunInfo
 from common.data import load_dataset
+from common.layout import (
+    CV_RESULTS_CSV,
+    ENSEMBLE_ERROR_STEM,
+    ENSEMBLE_JSON,
+    MODELS_DIR,
+    RESULTS_CSV,
+    TRAINING_CURVES_STEM,
+    TRAINING_LOG_CSV,
+)
 from common.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 from .records import cv_scores, decode_array, model_stem, refit_key
@@ -113,11 +122,11 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
     folder = Path(run.results_dir)
     refits = {b: run.records[refit_key(b)].result for b in range(args.n_bootstrap) if refit_key(b) in run.records}
     models = model_rows(refits)
-    atomic_write_text(folder / "results.csv", csv_text(RESULT_COLUMNS, models))
+    atomic_write_text(folder / RESULTS_CSV, csv_text(RESULT_COLUMNS, models))
     logs = log_rows(run)
-    atomic_write_text(folder / "training_log.csv", csv_text(LOG_COLUMNS, logs))
-    atomic_write_text(folder / "cv_results.csv", csv_text(CV_COLUMNS, cv_rows(app, run, refits)))
-    saved = [save_model(folder / "models", b, result, app) for b, result in sorted(refits.items())]
+    atomic_write_text(folder / TRAINING_LOG_CSV, csv_text(LOG_COLUMNS, logs))
+    atomic_write_text(folder / CV_RESULTS_CSV, csv_text(CV_COLUMNS, cv_rows(app, run, refits)))
+    saved = [save_model(folder / MODELS_DIR, b, result, app) for b, result in sorted(refits.items())]
     missing = [s["file"] for s in saved if not s["present"]]
     summary: Dict[str, Any] = {"models": len(refits), "chosen_models": models,
                                "model_test_errors": [m["test_error"] for m in models],
@@ -127,7 +136,7 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
     if missing:
         summary["models_missing_note"] = ("written by workers on other nodes into their own results folder: "
                                           "make --results a shared folder")
-    plot_training_curves(logs, folder / "training_curves")
+    plot_training_curves(logs, folder / TRAINING_CURVES_STEM)
     if not refits:
         return summary
     dataset = load_dataset(args.dataset, args.data_dir)  # only its test set is used: never subsampled
@@ -136,9 +145,9 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
     errors = ensemble_errors(probabilities, dataset.y_test)
     summary["ensemble_test_error"] = errors["majority_vote"]
     summary["ensemble_test_error_mean_probability"] = errors["mean_probability"]
-    atomic_write_text(folder / "ensemble.json", json.dumps({**errors, "models": models}, indent=2) + "\n")
+    atomic_write_text(folder / ENSEMBLE_JSON, json.dumps({**errors, "models": models}, indent=2) + "\n")
     plot_ensemble_errors([m["test_error"] for m in models], [m["bootstrap"] for m in models], errors,
-                         folder / "ensemble_error")
+                         folder / ENSEMBLE_ERROR_STEM)
     certainty = plot_certainty(probabilities, dataset.x_test, dataset.y_test, votes, args.certainty_images, folder)
     summary["certainty_figures"] = certainty["test_images"] + [m["figure"] for m in certainty["misclassified"]]
     summary["certainty_test_images"] = len(certainty["test_images"])

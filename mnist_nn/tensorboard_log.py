@@ -14,9 +14,10 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from common.layout import TENSORBOARD_DIR
+
 logger = logging.getLogger(__name__)
 
-TENSORBOARD_DIR = "tensorboard"
 #: epoch log field -> TensorBoard tag
 SCALARS = {"loss": "train/loss", "error": "train/error", "samples_per_s": "speed/samples_per_s", "lr": "train/lr"}
 

@@ -20,11 +20,18 @@ from common.data import Dataset, add_data_arguments, check_available, check_data
 from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, seed32
+from common.layout import (
+    FITS_CSV,
+    PER_GAMMA_FOLDER,
+    VALIDATION_BOXPLOTS_STEM,
+    VALIDATION_ERROR_NPY,
+    VALIDATION_HEATMAP_STEM,
+)
 from common.outputs import atomic_write_bytes, atomic_write_text
 
 from .backends import have_cuml, make_backend
 from .grid import REFIT_KEY, Grid, best_point, error_table, grid_items
-from .plots import PER_GAMMA_FOLDER, plot_boxplots, plot_boxplots_per_gamma, plot_heatmap
+from .plots import plot_boxplots, plot_boxplots_per_gamma, plot_heatmap
 
 #: what a (C, gamma, fold) fit and the refit return (``check_result``)
 FIT_FIELDS = {"error": NUMBER, "n_support": int, "backend": str}
@@ -130,7 +137,7 @@ class MnistSvm(App):
 
     def output_names(self) -> tuple:
         """What finish writes: validation_error.npy, the validation figures, fits.csv."""
-        return ("validation_*", "fits.csv")
+        return ("validation_*", FITS_CSV)
 
     def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:
         """The reference's closing prints, worded and formatted as there: the wall time of this run's
@@ -149,8 +156,8 @@ class MnistSvm(App):
         table = error_table(grid, results)
         buffer = io.BytesIO()
         np.save(buffer, table)
-        atomic_write_bytes(folder / "validation_error.npy", buffer.getvalue())
-        atomic_write_text(folder / "fits.csv", self._fits_csv(run))
+        atomic_write_bytes(folder / VALIDATION_ERROR_NPY, buffer.getvalue())
+        atomic_write_text(folder / FITS_CSV, self._fits_csv(run))
         summary: Dict[str, Any] = {"dataset": self.args.dataset, "n_tuning": grid.n_tuning, "folds": grid.folds,
                                    "subsample": self.args.subsample,
                                    "fits_done": int(np.sum(~np.isnan(table))), "fits_total": int(table.size)}
@@ -159,8 +166,8 @@ class MnistSvm(App):
         except RuntimeError:
             return {**summary, "best_C": None, "best_gamma": None, "cv_error": None, "cv_folds": 0,
                     "test_error": None, "confusion_matrix": None}
-        plot_heatmap(grid, table, best["i_C"], best["i_gamma"], folder / "validation_heatmap")
-        plot_boxplots(grid, table, folder / "validation_boxplots")
+        plot_heatmap(grid, table, best["i_C"], best["i_gamma"], folder / VALIDATION_HEATMAP_STEM)
+        plot_boxplots(grid, table, folder / VALIDATION_BOXPLOTS_STEM)
         summary["per_gamma_figures"] = plot_boxplots_per_gamma(grid, table, folder)
         refit = results.get(REFIT_KEY) or {}
         summary.update({"best_C": best["C"], "best_gamma": best["gamma"], "cv_error": best["cv_error"],

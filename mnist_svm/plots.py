@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter
 
+from common.layout import PER_GAMMA_FOLDER
 from common.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
 from .grid import Grid, fold_mean
@@ -82,10 +83,6 @@ def plot_boxplots(grid: Grid, table: np.ndarray, path: Path) -> List[Path]:
         ax.tick_params(labelsize=7)
     fig.tight_layout()
     return save_figure(fig, path)
-
-
-#: the reference's figure per gamma, validation_error_<i_gamma>, in this folder of the results
-PER_GAMMA_FOLDER = "validation_error_by_gamma"
 
 
 def plot_boxplots_per_gamma(grid: Grid, table: np.ndarray, folder: Path) -> List[str]:

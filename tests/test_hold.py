@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from common.hold import HOLD_NAME, _me, read_hold, stale_because
+from common.hold import _me, read_hold, stale_because
+from common.layout import HOLD_NAME, STATUS_NAME
 from helpers import (
     REPO,
     TOY,
@@ -78,7 +79,7 @@ def test_a_second_run_on_a_running_folder_is_refused_with_or_without_resume(tmp_
         worker_log = results / "logs" / "rank0-cpu0.log"
         assert wait_until(lambda: (results / "status.json").exists() and worker_log.exists()
                           and "started" in worker_log.read_text(), timeout=60)
-        moving = ("status.json", HOLD_NAME)  # rewritten by the first run as it goes
+        moving = (STATUS_NAME, HOLD_NAME)  # rewritten by the first run as it goes
         before = {k: v for k, v in snapshot(results).items() if k not in moving}
         for extra, ranks in (([], 1), (["--resume"], 2)):
             proc = run([TOY, "2", "--sleep", "60", "--results", str(results), "--no-progress", *extra], ranks=ranks)

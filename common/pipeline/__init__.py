@@ -10,7 +10,7 @@ schema (the format as JSON Schema), nodelock (node-wide GPU slots), text (short 
 messages), app (the engine app). The shipped examples are in examples/pipelines/.
 
 Importing the package imports nothing heavy (each name below on first use), so that ``python -m
-common.pipeline`` defers stop signals (``common.startup``) before the slow imports start.
+common.pipeline`` defers stop signals (``common.signals``) before the slow imports start.
 """
 from typing import Any
 

@@ -1,6 +1,7 @@
 """``python -m common.pipeline DEFINITION [--results DIR] [--gpu ...] [--agent CMD] [--dry-run] ...``;
 ``python -m common.pipeline --schema`` prints the definition format as JSON Schema."""
-from common.startup import defer_stop_signals, guard_standard_streams
+from common.signals import defer_stop_signals
+from common.startup import guard_standard_streams
 
 defer_stop_signals()  # before the slow imports: Ctrl-C meanwhile ends the run quietly, not in a traceback
 guard_standard_streams()  # --schema | head -1 too

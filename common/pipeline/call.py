@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from ..layout import STEP_RESULT
+
 
 def resolve(target: str) -> Callable[[], Any]:
     module_name, function_name = target.split(":", 1)
@@ -30,7 +32,7 @@ def main(argv: list = None) -> int:
     result = resolve(argv[0])()
     step_dir = os.environ.get("PIPELINE_STEP_DIR")
     if isinstance(result, dict) and step_dir:
-        Path(step_dir, "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        Path(step_dir, STEP_RESULT).write_text(json.dumps(result, indent=2, default=str) + "\n")
     return 0
 
 

@@ -9,6 +9,7 @@ from typing import List, Mapping, Optional, Sequence
 
 from .. import settings
 from ..errors import UsageError
+from ..layout import SHARED_DIR
 from .definition import SHARED_IN_CONTAINER, Step, resolve_image
 
 #: The image of every step whose definition names none (``--container IMAGE`` wins over it)
@@ -48,7 +49,7 @@ def container_command(step: Step, inner: Sequence[str], run_dir: str, apptainer:
     argv = [apptainer, "exec"]
     if step.gpu:
         argv.append("--nv")
-    shared = os.path.join(run_dir, "shared")  # RunLayout.shared
+    shared = os.path.join(run_dir, SHARED_DIR)  # RunLayout.shared
     argv += ["--bind", f"{run_dir}:{run_dir}", "--bind", f"{shared}:{SHARED_IN_CONTAINER}"]
     for mount in step.mounts:
         argv += ["--bind", f"{mount.host_path}:{mount.container_path}" + (":ro" if mount.readonly else "")]

@@ -32,16 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 
+from ..layout import PROGRESS_FILE, SHARED_DIR, STEP_OUTPUT, STEP_PROMPT, STEP_STATUS_NAME, STEP_STDOUT
 from ..outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..signals import STEP_HELD_SIGNALS, held_signals
 from ..worker import PoolTimeout
 from . import nodelock
 from .container import find_apptainer
 from .definition import Pipeline, Step
-from .steps import STOP_SIGNALS, Attempt, held_signals, run_attempt, step_argv, step_environment
+from .steps import Attempt, run_attempt, step_argv, step_environment
 
 #: A line of a step's standard output reporting what it cost: {"pipeline_cost": 0.0123}
 COST_KEY = "pipeline_cost"
-PROGRESS_FILE = "progress.json"
 #: attempts kept in a step's status.json (its logs keep them all)
 MAX_HISTORY = 200
 
@@ -75,16 +76,16 @@ class RunLayout:
 
     @property
     def shared(self) -> Path:
-        return self.run_dir / "shared"
+        return self.run_dir / SHARED_DIR
 
     def set_shared_aside(self) -> Optional[Path]:
         """Rename an existing, non-empty ``shared/`` to ``shared.previous-N``; the new name, if any."""
         if not self.shared.is_dir() or not any(self.shared.iterdir()):
             return None
         number = 1
-        while (self.run_dir / f"shared.previous-{number}").exists():
+        while (self.run_dir / f"{SHARED_DIR}.previous-{number}").exists():
             number += 1
-        target = self.run_dir / f"shared.previous-{number}"
+        target = self.run_dir / f"{SHARED_DIR}.previous-{number}"
         self.shared.rename(target)
         return target
 
@@ -92,7 +93,7 @@ class RunLayout:
         return self.run_dir / step_id
 
     def status_path(self, step_id: str) -> Path:
-        return self.step_dir(step_id) / "status.json"
+        return self.step_dir(step_id) / STEP_STATUS_NAME
 
     @property
     def progress_path(self) -> Path:
@@ -177,7 +178,7 @@ class RunStopping(Exception):
 
 def _signals_held():
     """Hold back the engine's stop signals (SIGUSR2 ends a busy worker) while we write a record."""
-    return held_signals(STOP_SIGNALS)
+    return held_signals(STEP_HELD_SIGNALS)
 
 
 def _should_run(step: Step, walk: _Walk, via_edge: bool) -> Optional[str]:
@@ -281,12 +282,12 @@ class PipelineRunner:
                 return Attempt("failed", None, now, now, str(error)), queued
             prompt = None
             if step.prompt is not None:
-                prompt = step_dir / "prompt.md"
+                prompt = step_dir / STEP_PROMPT
                 atomic_write_text(prompt, step.prompt)
             result = run_attempt(argv, env=env, step_dir=step_dir, attempt=attempt, timeout=step.timeout,
                                  memory=step.memory, stop_at=self.deadline, stdin=prompt)
-            output = step_dir / "output.md" if step.prompt is not None else None
-            result.cost = read_cost_and_output(step_dir / "stdout.log", result.stdout_offset, output)
+            output = step_dir / STEP_OUTPUT if step.prompt is not None else None
+            result.cost = read_cost_and_output(step_dir / STEP_STDOUT, result.stdout_offset, output)
             return result, queued
 
     def _status(self, step: Step, status: str, reason: str, attempts: int, started: Optional[float],
@@ -365,7 +366,7 @@ class PipelineRunner:
                               queued_seconds=round(sum(h["queued_seconds"] for h in history), 3))
         status.update(memory_limit=step.memory_text, max_rss_bytes=max(h["max_rss_bytes"] for h in history),
                       cost=round(sum(h["cost"] for h in history), 6), history=(earlier + history)[-MAX_HISTORY:])
-        output = self.layout.step_dir(step.id) / "output.md"
+        output = self.layout.step_dir(step.id) / STEP_OUTPUT
         status["output"] = str(output.relative_to(self.layout.results)) if output.is_file() else None
         self._write_status(step, status)
         if not_retried == STOPPING:

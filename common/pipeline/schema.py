@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import jsonschema
 import jsonschema.validators
 
+from ..layout import LOGS_DIR, SHARED_DIR
 from .text import short
 
 #: a year: longer timeouts are no limit at all, and past ~1e11 s the clock's arithmetic overflows
@@ -63,7 +64,7 @@ MOUNT = {
 STEP = {
     "type": "object", "title": "an object with an id",
     "properties": {
-        "id": {"type": "string", "pattern": NAME, "maxLength": MAX_NAME_LENGTH, "not": {"const": "shared"},
+        "id": {"type": "string", "pattern": NAME, "maxLength": MAX_NAME_LENGTH, "not": {"const": SHARED_DIR},
                "title": "the step's name", "description": "names the step's folder RUN_ID/STEP_ID"},
         "command": {"type": "string", "minLength": 1, "pattern": "\\S", "title": "a non-empty shell command",
                     "description": "run with /bin/sh -c in the step's folder"},
@@ -121,7 +122,7 @@ TASK = {
     "properties": {**{name: value for name, value in STEP["properties"].items()
                       if name not in ("next", "on_fail", "condition")},
                    "id": {"type": "string", "pattern": NAME, "maxLength": MAX_NAME_LENGTH,
-                          "not": {"const": "logs"}, "title": "the task's name",
+                          "not": {"const": LOGS_DIR}, "title": "the task's name",
                           "description": "names its run's folder; default task-N"}},
     "required": [],
 }
@@ -139,7 +140,7 @@ TASKS_FILE = {
 PIPELINE = {
     "type": "object", "title": "an object with a name and steps",
     "properties": {
-        "name": {"type": "string", "pattern": NAME, "maxLength": MAX_NAME_LENGTH, "not": {"const": "logs"},
+        "name": {"type": "string", "pattern": NAME, "maxLength": MAX_NAME_LENGTH, "not": {"const": LOGS_DIR},
                  "title": "the pipeline's name", "description": "the run's id and folder; ${name} of the matrix "
                                                                "may be used in it"},
         "deadline_seconds": _seconds(),
@@ -309,7 +310,7 @@ def _problem(error: jsonschema.ValidationError) -> str:
         if keyword == "maxLength":
             return f"{what} {short(value)} is longer than {MAX_NAME_LENGTH} characters"
         if keyword == "not":
-            why = "the run's shared folder" if value == "shared" else "the engine writes that folder in the results folder"
+            why = "the run's shared folder" if value == SHARED_DIR else "the engine writes that folder in the results folder"
             return f"{what} {value!r} is reserved ({why})"
         return f"{what} {short(value)} is malformed: {NAME_RULE}"
     if keyword == "uniqueItems":

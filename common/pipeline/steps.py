@@ -14,23 +14,22 @@ kills the step's whole process group, the program a shell forked included.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from .. import settings
+from ..layout import STEP_STDERR, STEP_STDOUT
 from ..linux import die_with_parent
 from ..settings import without_launcher
-from ..worker import TERMINATE_SIGNAL
+from ..signals import STEP_HELD_SIGNALS, WALLTIME_SIGNAL, held_signals
 from . import proctree
 from .container import container_command
 from .definition import Step
@@ -49,32 +48,6 @@ MEMORY_POLL_SECONDS = 0.2
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 #: The program that runs each step's own (:mod:`common.pipeline.guard`), run as a file: it imports nothing of ours.
 GUARD = str(Path(__file__).resolve().with_name("guard.py"))
-#: Signals that stop a worker (the engine's); held back while a step is being ended and recorded.
-STOP_SIGNALS = (TERMINATE_SIGNAL,)
-
-
-@contextlib.contextmanager
-def held_signals(signals: Sequence[int]) -> Iterator[None]:
-    """Delay ``signals`` until the block is done, then let their Python handlers run.
-
-    Only the main thread sets handlers; elsewhere the block runs unprotected.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived: List[int] = []
-    previous: Dict[int, Any] = {}
-    for signum in signals:
-        previous[signum] = signal.signal(signum, lambda number, frame: arrived.append(number))
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for signum in arrived:
-            handler = previous.get(signum)
-            if callable(handler):
-                handler(signum, None)
 
 
 @dataclass
@@ -150,7 +123,7 @@ def _die_with_worker() -> None:
     (a program that wants the warning, to checkpoint, installs its own handler); the run ends a
     step that must stop with TERM, then KILL."""
     die_with_parent(signal.SIGKILL)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(WALLTIME_SIGNAL, signal.SIG_IGN)
 
 
 def _open_log(path: Path, attempt: int):
@@ -173,7 +146,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
     """
     step_dir.mkdir(parents=True, exist_ok=True)
     proctree.become_subreaper()  # orphans of the step (setsid and a double fork) become our children
-    with _open_log(step_dir / "stdout.log", attempt) as out, _open_log(step_dir / "stderr.log", attempt) as err, \
+    with _open_log(step_dir / STEP_STDOUT, attempt) as out, _open_log(step_dir / STEP_STDERR, attempt) as err, \
             (open(stdin, "rb") if stdin is not None else open(os.devnull, "rb")) as given:
         offset = out.tell()
         started, clock = time.time(), time.monotonic()
@@ -214,7 +187,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
         except BaseException:
             # The worker is being stopped (or failed): end the step within the grace, stop
             # signals held back, so the caller can still write its status before the worker goes.
-            with held_signals(STOP_SIGNALS):
+            with held_signals(STEP_HELD_SIGNALS):
                 spent = 0.0 if ending_since is None else time.monotonic() - ending_since
                 proctree.end_tree(process.pid, max(0.5, kill_grace() - spent), since)
                 if process.poll() is None:

@@ -1,5 +1,5 @@
 """``python -m common.sweep MODULE:FUNCTION --grid FILE | --points FILE | --space FILE --samples N``."""
-from common.startup import defer_stop_signals
+from common.signals import defer_stop_signals
 
 defer_stop_signals()  # before the slow imports: Ctrl-C meanwhile ends the run quietly, not in a traceback
 

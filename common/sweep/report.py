@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
+from ..layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, figure_names, png_name
 from ..outputs import atomic_write_text, new_figure, save_figure
 from .space import point_key, value_text
 
@@ -23,9 +24,9 @@ if TYPE_CHECKING:  # only for the annotations: app imports this module
     from ..app import RunInfo
     from .app import Plan
 
-FIGURE = "sweep"
+FIGURE = SWEEP_FIGURE_STEM
 #: what the sweep writes at the top of the results folder
-OUTPUT_NAMES = ("results.csv", "results.jsonl", f"{FIGURE}.png", f"{FIGURE}.svg", f"{FIGURE}.pdf")
+OUTPUT_NAMES = (RESULTS_CSV, RESULTS_JSONL, *figure_names(FIGURE))
 #: best points listed in summary.md and summary.json
 BEST_ROWS = 5
 #: a numeric parameter whose values span this factor or more is drawn on a log axis
@@ -107,12 +108,12 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
     rows = _rows(run)
     parameters = _names([row["point"] for row in rows]) or _names(plan.points)
     values = _names([row["result"] for row in rows if isinstance(row["result"], dict)], _scalar)
-    atomic_write_text(folder / "results.csv", _csv(rows, parameters, values))
-    atomic_write_text(folder / "results.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    atomic_write_text(folder / RESULTS_CSV, _csv(rows, parameters, values))
+    atomic_write_text(folder / RESULTS_JSONL, "".join(json.dumps(row) + "\n" for row in rows))
     sweep: Dict[str, Any] = {"function": _function_name(plan), "kind": plan.kind, "points": len(plan.points),
                              "repeats": plan.repeats, "parameters": parameters, "returned": values,
                              "metric": plan.metric, "goal": plan.goal if plan.metric else None,
-                             "best": [], "figure": None, "files": ["results.csv", "results.jsonl"]}
+                             "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
     ranked = _best(rows, plan.metric, plan.goal) if plan.metric else []
     if plan.metric and not ranked:
         sweep["note"] = f"no result holds a finite number named {plan.metric!r}"
@@ -121,7 +122,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         (folder / stale).unlink(missing_ok=True)
     if ranked:
         _figure(ranked, parameters, plan.metric, plan.goal, folder / FIGURE)
-        sweep["figure"] = f"{FIGURE}.png"
+        sweep["figure"] = png_name(FIGURE)
     return {"sweep": sweep}
 
 

@@ -1,0 +1,174 @@
+"""The stop signals and their handling, in one place: which signal means what to a rank, a worker
+and a pipeline step, and every helper that defers, holds back, blocks or ignores them.
+
+A rank acts on a stop (Ctrl-C, Slurm's walltime warning, SIGTERM): :class:`StopFlag` notes it and
+the distribution loop looks at it between events. A worker leaves those to its rank and ends on
+:data:`WORKER_TERMINATE_SIGNAL`, which its rank sends. Signals arriving while a program still
+imports (numpy, torch, matplotlib take a second or more) are noted, not raised
+(:func:`defer_stop_signals`): Python's default would print a KeyboardInterrupt traceback from deep
+inside an import, or end the process silently on SIGTERM/SIGUSR1. ``common.runner.main`` takes
+them over: the run then ends before writing anything, with one line and exit code 75.
+
+An app's ``__main__`` calls :func:`defer_stop_signals` first thing; this module imports only the
+standard library (and the package's ``__init__`` nothing heavy), so there is nothing to interrupt
+before it.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+
+#: Slurm's walltime warning (``--signal=USR1@...``): a rank stops; a pipeline step ignores it
+WALLTIME_SIGNAL = signal.SIGUSR1
+#: The rank ends a busy worker with this signal (and SIGKILL after a while). SIGTERM itself is
+#: ignored by a worker: Slurm and terminals signal the whole process group, and it is the rank that
+#: decides whether running items get their --grace period.
+WORKER_TERMINATE_SIGNAL = signal.SIGUSR2
+#: Ctrl-C, Slurm's walltime warning, SIGTERM, and SIGUSR2 (Open MPI's mpirun forwards it; a rank
+#: takes it as it takes USR1): what asks a run to stop. Workers leave all but USR2 to their rank
+#: (:data:`WORKER_IGNORED_SIGNALS`); USR2 is how a rank ends a worker.
+RUN_STOP_SIGNALS = (signal.SIGINT, WALLTIME_SIGNAL, signal.SIGTERM, WORKER_TERMINATE_SIGNAL)
+#: the signals that ask a run to stop which a worker ignores: the rank acts on them. The pool
+#: starts a worker with them blocked (:func:`signals_blocked`), until its handlers are in place.
+WORKER_IGNORED_SIGNALS = (signal.SIGINT, WALLTIME_SIGNAL, signal.SIGTERM)
+#: Signals that stop a worker (the engine's); held back (:func:`held_signals`) while a pipeline step
+#: is being ended and recorded.
+STEP_HELD_SIGNALS = (WORKER_TERMINATE_SIGNAL,)
+#: the rank sends this before it kills a hung worker or an item past --item-timeout: the worker's log
+#: then shows where every thread was (faulthandler writes it from C, even while the GIL is held).
+#: Ignored by default, so one arriving before the handler is in place does no harm.
+DUMP_SIGNAL = signal.SIGURG
+#: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
+#: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
+ECHO_SECONDS = 2.0
+
+# What arrived before the runner (or a worker) took over. Signal handlers belong to the process,
+# so this one list does too: it is written only by _note, from the main thread.
+_received: List[int] = []
+
+
+def _note(number: int, frame: Any) -> None:
+    if number not in _received:
+        _received.append(number)
+
+
+def defer_stop_signals() -> None:
+    """Until the runner installs its own handlers, a stop signal is only noted."""
+    for number in RUN_STOP_SIGNALS:
+        signal.signal(number, _note)
+
+
+def received() -> List[int]:
+    """The stop signals noted before the runner (or a worker) took over, each once, in order."""
+    return list(_received)
+
+
+def ignore_stop_signals() -> None:
+    """Once a process's outcome is decided, stop signals are ignored: Python gives every signal it
+    handles its default action back while the interpreter shuts down (MPI_Finalize, module
+    teardown), so a second Ctrl-C or SIGTERM then would kill the process instead of letting it
+    exit 75 (or 0) as it said it would."""
+    for number in RUN_STOP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+
+
+def _leave_to_rank(signum: int, frame: Any) -> None:
+    """The rank decides when work stops (Ctrl-C, walltime warning and SIGTERM go to it)."""
+
+
+def leave_stop_signals_to_rank() -> None:
+    """In a worker: the stops its rank acts on do nothing here. A handler that does nothing, not
+    SIG_IGN: programs an item starts get the defaults back."""
+    for number in WORKER_IGNORED_SIGNALS:
+        signal.signal(number, _leave_to_rank)
+
+
+@contextlib.contextmanager
+def signals_blocked(signals: Iterable[int]) -> Iterator[None]:
+    """``signals`` blocked in this thread meanwhile. A child started then inherits the block through
+    fork and exec: Slurm's walltime warning, which reaches every process of the job step, waits in a
+    starting worker (still importing torch) until ``worker_main`` has its handlers, instead of
+    killing it."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def held_signals(signals: Sequence[int]) -> Iterator[None]:
+    """Delay ``signals`` until the block is done, then let their Python handlers run.
+
+    Only the main thread sets handlers; elsewhere the block runs unprotected.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: List[int] = []
+    previous: Dict[int, Any] = {}
+    for signum in signals:
+        previous[signum] = signal.signal(signum, lambda number, frame: arrived.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in arrived:
+            handler = previous.get(signum)
+            if callable(handler):
+                handler(signum, None)
+
+
+class StopFlag:
+    """Set by a stop signal (:data:`RUN_STOP_SIGNALS`), or by a write to the results folder that
+    failed (a full disk: ``first_failure`` returns it, :mod:`common.write_failures`); the
+    distribution loop looks at it between events. A second signal (``ECHO_SECONDS`` or more after
+    the first) means: do not wait for running items any longer; so does a journal that cannot be
+    written (their results could not be kept)."""
+
+    def __init__(self, first_failure: Callable[[], Optional[Any]]) -> None:
+        self.first_failure = first_failure
+        self.why: Optional[str] = None
+        self.count = 0
+        self._last = -math.inf
+        #: while rank 0 writes the outputs, a third Ctrl-C interrupts them (KeyboardInterrupt, which
+        #: the runner turns into a stop: --resume writes them); anywhere else the second signal has
+        #: already ended every wait
+        self.outputs_interruptible = False
+
+    def install(self) -> None:
+        for number in RUN_STOP_SIGNALS:
+            signal.signal(number, self._handle)
+
+    def _handle(self, number: int, frame: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < ECHO_SECONDS:
+            return
+        self._last = now
+        self.count += 1
+        self.why = self.why or f"received {signal.Signals(number).name}"
+        if self.count >= 3 and number == signal.SIGINT and self.outputs_interruptible:
+            self.outputs_interruptible = False
+            raise KeyboardInterrupt  # Ctrl-C three times: the user insists
+
+    def take_over(self) -> None:
+        """Install the handlers and count each stop noted while the program still imported."""
+        self.install()
+        for number in received():
+            self._handle(number, None)
+
+    @property
+    def urgent(self) -> bool:
+        failure = self.first_failure()
+        return self.count > 1 or (failure is not None and failure.journal)
+
+    def __call__(self) -> Optional[str]:
+        failure = self.first_failure()
+        if self.why is None and failure is not None:
+            self.why = failure.describe()
+        return self.why

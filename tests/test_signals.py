@@ -1,0 +1,86 @@
+"""common/signals.py owns the stop signals: it imports only the standard library (an app's
+``__main__`` defers signals through it before its slow imports), no other module defines a signal
+of its own, and a rank's StopFlag counts a real signal once however often it is passed on."""
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import signals
+from common.signals import RUN_STOP_SIGNALS, StopFlag
+
+ROOT = Path(__file__).resolve().parent.parent
+#: run as a file by each pipeline step, importing nothing of ours: its own signal stays its own
+OWN_SIGNALS_ALLOWED = {ROOT / "common" / "pipeline" / "guard.py"}
+
+
+def test_signals_imports_only_the_standard_library():
+    tree = ast.parse(Path(signals.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
+    assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+
+
+def test_no_other_module_defines_a_signal():
+    found = []
+    for folder in ("common", "mnist_svm", "mnist_nn"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == Path(signals.__file__).resolve() or path in OWN_SIGNALS_ALLOWED:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, ast.AnnAssign) else []
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: {target.id}" for target in targets
+                          if isinstance(target, ast.Name) and target.id.endswith(("_SIGNAL", "_SIGNALS"))]
+    assert not found, "define these in common/signals.py:\n" + "\n".join(found)
+
+
+@pytest.fixture
+def restored_handlers(monkeypatch):
+    """The test's handlers and noted signals go with it: this process runs other tests after it."""
+    monkeypatch.setattr(signals, "_received", [])
+    saved = {number: signal.getsignal(number) for number in RUN_STOP_SIGNALS}
+    yield
+    for number, handler in saved.items():
+        signal.signal(number, handler)
+
+
+class _Failure:
+    journal = True
+
+    @staticmethod
+    def describe() -> str:
+        return "cannot write the journal (No space left on device)"
+
+
+def test_a_signal_passed_on_twice_counts_once(restored_handlers):
+    flag = StopFlag(lambda: None)
+    flag.install()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    os.kill(os.getpid(), signal.SIGTERM)  # within ECHO_SECONDS: the same request, forwarded
+    assert (flag.count, flag(), flag.urgent) == (1, "received SIGUSR1", False)
+
+
+def test_a_write_failure_stops_the_run_and_a_journal_one_is_urgent():
+    failure = None
+    flag = StopFlag(lambda: failure)
+    assert flag() is None and not flag.urgent
+    failure = _Failure()
+    assert flag() == "cannot write the journal (No space left on device)" and flag.urgent
+
+
+def test_a_stop_noted_while_importing_is_taken_over(restored_handlers):
+    signals.defer_stop_signals()
+    os.kill(os.getpid(), signal.SIGINT)  # noted, not raised
+    assert signal.SIGINT in signals.received()
+    flag = StopFlag(lambda: None)
+    flag.take_over()
+    assert flag() == "received SIGINT" and signal.getsignal(signal.SIGINT) == flag._handle

@@ -318,7 +318,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     asked = [s for s in args.systems.split(",") if s]
     if args.baseline_tree is not None:
-        if not (args.baseline_tree / "common" / "runner.py").is_file():
+        if not (args.baseline_tree / "common" / "__init__.py").is_file():
             print(f"bench_peers: error: --baseline-tree {args.baseline_tree}: not a checkout of this project",
                   file=sys.stderr)
             return 2

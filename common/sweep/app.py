@@ -245,8 +245,6 @@ class SweepApp(App):
 
     def items(self) -> List[Item]:
         plan = self.plan
-        if plan.repeats == 1:  # the usual case: one key per point, made once
-            return [Item(point_key(point), {"point": point, "repeat": 0}) for point in plan.points]
         return [Item(point_key(point, repeat), {"point": point, "repeat": repeat})
                 for point in plan.points for repeat in range(plan.repeats)]
 

@@ -2,8 +2,18 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 MPIEXEC := $(VENV)/bin/mpiexec
-# The CPU build of torch (a range that this satisfies installs nothing more).
+# torch with the torchvision built for it (python -m mnist_nn downloads MNIST through torchvision,
+# as the reference does): the CPU builds from PyTorch's CPU index where it is reachable, else PyPI's
+# pair (x86_64: CUDA builds, 5.9 GB in the venv instead of 1.5 GB, each import torch about 1.3x the
+# CPU time; aarch64: CPU builds). A torchvision beside a torch it was not built for does not import
+# ('operator torchvision::nms does not exist'), so the two always come together.
 TORCH  ?= torch==2.13.0
+TORCHVISION ?= torchvision==0.28.0
+CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PAIR ?= $(if $(filter aarch64,$(shell uname -m)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
+INSTALL_TORCH = $(PY) -m pip install -q --retries 1 --timeout 30 --index-url $(CPU_INDEX) "$(TORCH)+cpu" "$(TORCHVISION)+cpu" \
+	2>/dev/null || { echo "note: $(CPU_INDEX) not reachable: torch and torchvision from PyPI ($(TORCH_PAIR))"; \
+	$(PY) -m pip install -q $(TORCH_PAIR); }
 
 .PHONY: install install-torchvision lint quick check test bench bench-peers demo gpu-check clean
 
@@ -12,19 +22,14 @@ install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(INSTALL_TORCH)
 	$(PY) -m pip install -q mpi4py mpich
 	$(PY) -m pip install -q -e ".[test,yaml]"
 	touch $@
 
-# torchvision, with which python -m mnist_nn downloads MNIST (as the reference does) when the IDX
-# files are nowhere. Not part of install: PyPI's torchvision does not import beside the CPU torch
-# above ('operator torchvision::nms does not exist'), so this replaces torch with a release whose
-# torchvision imports (x86_64: a CUDA build, 5.5 GB in the venv instead of 0.75 GB, whose import
-# takes twice the CPU time; aarch64: a CPU build). Tests, CI and the demo need neither (digits).
-TORCHVISION_PAIR ?= $(if $(filter aarch64,$(shell uname -m)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
+# A venv made by an older make install (torch without torchvision): the pair above, into it.
 install-torchvision: install
-	$(PY) -m pip install -q $(TORCHVISION_PAIR)
+	@$(PY) -c "import torchvision" 2>/dev/null || { $(INSTALL_TORCH); }
 
 # ruff (installed by make install through the test extra): rules and exceptions in pyproject.toml
 lint: install
@@ -62,7 +67,8 @@ bench-peers: install
 # Everything that needs a GPU, into bench-results/gpu-check/gpu-check.md and .json. Installs
 # nothing: it runs on the checkout with a Python that has CUDA torch (this venv's where there is
 # one, else python3; or GPU_PYTHON=...). Without a GPU it says so in one line and exits 0; on a GPU
-# node whose torch cannot use the GPU (the venv's CPU build), one line and a failure.
+# node whose torch cannot use the GPU (a CPU build, or a CUDA build the driver does not fit), one
+# line and a failure.
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	PYTHONPATH=. $(GPU_PYTHON) -m benchmarks.gpu_check

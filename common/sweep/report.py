@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import math
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -41,16 +42,10 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _rows(run: "RunInfo") -> List[Dict[str, Any]]:
-    rows = []
-    for item in run.items:
-        record = run.records.get(item.key)
-        if record is None:
-            continue
-        rows.append({"key": item.key, "point": item.params["point"], "repeat": item.params["repeat"],
-                     "seed": record.result["seed"], "result": record.result["return"],
-                     "seconds": round(record.seconds, 6), "host": record.host, "device": record.device})
-    return rows
+def _finished(run: "RunInfo") -> List[Any]:
+    """(item, record) of every finished item, in item order."""
+    records = run.records
+    return [(item, records[item.key]) for item in run.items if item.key in records]
 
 
 def _names(dicts: List[Mapping[str, Any]], keep: Any = None) -> List[str]:
@@ -63,19 +58,45 @@ def _names(dicts: List[Mapping[str, Any]], keep: Any = None) -> List[str]:
     return list(names)
 
 
-def _csv(rows: List[Dict[str, Any]], parameters: List[str], values: List[str]) -> str:
-    columns = ["key", *parameters, "repeat", "seed",
-               *[name if name not in parameters and name not in ("key", "repeat", "seed", "seconds", "host", "device")
-                 else f"result.{name}" for name in values], "seconds", "host", "device"]
+def _columns(parameters: List[str], values: List[str]) -> List[str]:
+    reserved = ("key", "repeat", "seed", "seconds", "host", "device")
+    return ["key", *parameters, "repeat", "seed",
+            *[name if name not in parameters and name not in reserved else f"result.{name}" for name in values],
+            "seconds", "host", "device"]
+
+
+#: the types whose values go into results.csv as they are (others through :func:`_cell`)
+_PLAIN = frozenset((str, int, float))
+
+
+def _tables(finished: List[Any], parameters: List[str], values: List[str]) -> Tuple[str, str]:
+    """results.csv and results.jsonl, both made in one pass over the finished items (each row's
+    cells and its JSON object from the same record, nothing gathered in between)."""
+    encode = json.JSONEncoder().encode  # json.dumps' own defaults, set up once
+    lines = []
+    cells = []
+    for item, record in finished:
+        point, repeat = item.params["point"], item.params["repeat"]
+        result, seconds = record.result, round(record.seconds, 6)
+        returned = result["return"]
+        lines.append(encode({"key": item.key, "point": point, "repeat": repeat, "seed": result["seed"],
+                             "result": returned, "seconds": seconds, "host": record.host, "device": record.device}))
+        row = [item.key]
+        row += [v if type(v) in _PLAIN else _cell(v) for v in map(point.get, parameters, itertools.repeat(""))]
+        row += (repeat, result["seed"])
+        if values:
+            get = returned.get if isinstance(returned, dict) else {}.get
+            # a value missing, None or not a scalar: an empty cell (bool kept, as csv writes it)
+            row += [v if type(v) in _PLAIN else ("" if v is None or not _scalar(v) else _cell(v))
+                    for v in map(get, values)]
+        row += (seconds, record.host, record.device)
+        cells.append(row)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(columns)
-    for row in rows:
-        cells = [row["key"], *[_cell(row["point"].get(name, "")) for name in parameters], row["repeat"], row["seed"]]
-        result = row["result"] if isinstance(row["result"], dict) else {}
-        cells += [_cell(result[name]) if name in result and _scalar(result[name]) else "" for name in values]
-        writer.writerow(cells + [row["seconds"], row["host"], row["device"]])
-    return buffer.getvalue()
+    writer.writerow(_columns(parameters, values))
+    writer.writerows(cells)
+    lines.append("")  # each line ends with a newline
+    return buffer.getvalue(), "\n".join(lines)
 
 
 def _cell(value: Any) -> Any:
@@ -84,13 +105,15 @@ def _cell(value: Any) -> Any:
     return value if isinstance(value, (str, int, float)) else json.dumps(value)
 
 
-def _best(rows: List[Dict[str, Any]], metric: str, goal: str) -> List[Dict[str, Any]]:
+def _best(finished: List[Any], metric: str, goal: str) -> List[Dict[str, Any]]:
     """Points ranked by their mean of ``metric`` over repeats, best first."""
     by_point: Dict[str, Dict[str, Any]] = {}
-    for row in rows:
-        value = row["result"].get(metric) if isinstance(row["result"], dict) else None
+    for item, record in finished:
+        returned = record.result["return"]
+        value = returned.get(metric) if isinstance(returned, dict) else None
         if _number(value):
-            entry = by_point.setdefault(point_key(row["point"]), {"params": row["point"], "values": []})
+            point = item.params["point"]
+            entry = by_point.setdefault(point_key(point), {"params": point, "values": []})
             entry["values"].append(float(value))
     ranked = []
     for key, entry in by_point.items():
@@ -105,16 +128,18 @@ def _best(rows: List[Dict[str, Any]], metric: str, goal: str) -> List[Dict[str, 
 def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
     """Write the sweep's files into ``run.results_dir``; returns summary.json's ``sweep`` field."""
     folder = Path(run.results_dir)
-    rows = _rows(run)
-    parameters = _names([row["point"] for row in rows]) or _names(plan.points)
-    values = _names([row["result"] for row in rows if isinstance(row["result"], dict)], _scalar)
-    atomic_write_text(folder / RESULTS_CSV, _csv(rows, parameters, values))
-    atomic_write_text(folder / RESULTS_JSONL, "".join(json.dumps(row) + "\n" for row in rows))
+    finished = _finished(run)
+    parameters = _names([item.params["point"] for item, _ in finished]) or _names(plan.points)
+    returns = [record.result["return"] for _, record in finished]
+    values = _names([returned for returned in returns if isinstance(returned, dict)], _scalar)
+    table, lines = _tables(finished, parameters, values)
+    atomic_write_text(folder / RESULTS_CSV, table)
+    atomic_write_text(folder / RESULTS_JSONL, lines)
     sweep: Dict[str, Any] = {"function": _function_name(plan), "kind": plan.kind, "points": len(plan.points),
                              "repeats": plan.repeats, "parameters": parameters, "returned": values,
                              "metric": plan.metric, "goal": plan.goal if plan.metric else None,
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
-    ranked = _best(rows, plan.metric, plan.goal) if plan.metric else []
+    ranked = _best(finished, plan.metric, plan.goal) if plan.metric else []
     if plan.metric and not ranked:
         sweep["note"] = f"no result holds a finite number named {plan.metric!r}"
     sweep["best"] = ranked[:BEST_ROWS]

@@ -191,7 +191,7 @@ def point_key(point: Mapping[str, Any], repeat: int = 0) -> str:
     """``C=10,gamma=0.001`` (names sorted, values as :func:`value_text` writes them), with
     ``,repeat=R`` from the second repeat on: the first repeat keeps the point's own key, so adding
     repeats later adds items."""
-    key = ",".join(f"{name}={value_text(point[name])}" for name in sorted(point))
+    key = ",".join([f"{name}={value_text(point[name])}" for name in sorted(point)])
     return key if repeat == 0 else f"{key},repeat={repeat}"
 
 

@@ -71,6 +71,9 @@ IDLE_SECONDS = 0.1
 #: of them finished, or once it holds this many
 RESULTS_SECONDS = 0.002
 RESULTS_BATCH = 256
+#: rank 0 looks for followers due a heartbeat or silent too long at most this often (heartbeat
+#: intervals are seconds; one look walks every rank)
+WATCH_SECONDS = 0.05
 
 
 class _ItemPace:
@@ -150,6 +153,7 @@ class Leader:
         self.hosts = hosts or {}
         self.followers = list(range(1, comm.size))
         self.liveness = Liveness(self.followers, heartbeat_timeout)
+        self._watched = 0.0  # when _watch_followers last looked at every rank
         self.holding: Dict[int, Set[str]] = {rank: set() for rank in self.followers}  # keys a follower holds
         self.lost: Dict[int, Dict[str, Any]] = {}  # rank -> what happened, for the summary
         self.code = EXIT_OK
@@ -265,6 +269,9 @@ class Leader:
 
     def _watch_followers(self) -> None:
         now = time.monotonic()
+        if now - self._watched < WATCH_SECONDS:  # a scan of every rank per turn of the loop, at 1,000 ranks
+            return
+        self._watched = now
         for rank in self.liveness.due(now):
             self._send(Heartbeat(), rank)
         for rank in self.liveness.silent(now):
@@ -429,7 +436,10 @@ class Leader:
                 self.scheduler.handed(item.key)
             self.pool.assign(worker, [(item, attempt) for item, attempt, _ in bundle], bool(bundle[0][0].group))
             handed = True
-        for rank, (need, prefetch) in list(self.requests.items()):
+        # nothing ready: only the requests that ask for nothing are answered (an empty Items)
+        requests = list(self.requests.items()) if self.scheduler.ready_count else \
+            [(rank, wanted) for rank, wanted in self.requests.items() if not wanted[0]]
+        for rank, (need, prefetch) in requests:
             plenty = self.scheduler.ready_count > need + prefetch + self.total_capacity
             count = need + (prefetch if plenty else 0)
             batch = []  # bundles
@@ -455,8 +465,10 @@ class Leader:
     def _check_workers_left(self) -> None:
         """If no rank can run anything any more, fail what is left instead of waiting forever."""
         local_dead = self.pool.capacity == 0 and bool(self.pool.given_up)
+        if not local_dead:  # the usual case, known without a walk over every rank
+            return
         live = self.live
-        if local_dead and all(rank in self.broken for rank in live) and not self.scheduler.all_resolved():
+        if all(rank in self.broken for rank in live) and not self.scheduler.all_resolved():
             reasons = set(self.pool.given_up.values()) | {self.broken[rank] for rank in live}
             if self.lost:
                 reasons.add(f"rank(s) {', '.join(str(r) for r in self.lost)} lost")

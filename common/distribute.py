@@ -161,6 +161,9 @@ class Leader:
         #: called once, the first time rank 0 has had nothing to do for IDLE_SECONDS after a result
         #: came (the runner warms the end-of-run figures up then, without slowing a busy rank 0)
         self.on_idle: Optional[Callable[[], None]] = None
+        #: called once, when the first result is in (the runner starts its timeline's drawing process
+        #: then: not while the workers start)
+        self.on_first_result: Optional[Callable[[], Any]] = None
 
     @property
     def live(self) -> List[int]:
@@ -195,6 +198,9 @@ class Leader:
                 return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
             if self.stopping and (not self.scheduler.in_flight or time.monotonic() > self.deadline):
                 return self._end("stopped", EXIT_STOPPED)
+            if self.on_first_result is not None and self.records:
+                self.on_first_result()
+                self.on_first_result = None
             if self.on_idle is not None and self.records:
                 now = time.monotonic()
                 idle_since = None if active else idle_since or now

@@ -63,6 +63,8 @@ DRAW_TIMEOUT = 600.0
 #: the drawing process's niceness: its warm-up (matplotlib's import, about 1 s of CPU) takes what the
 #: rank's loop and the workers leave
 DRAWER_NICENESS = 10
+#: signals the drawing process ignores (the stop signals of common.worker, and a closed terminal's)
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 class TimelineDrawer:
@@ -87,12 +89,17 @@ class TimelineDrawer:
         root = str(Path(top.__file__).resolve().parents[1])  # where the package is, for the child's import
         env = without_launcher(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        # the stop signals blocked in this thread meanwhile: the child inherits the block through fork and
+        # exec, so one that reaches the whole job while it still imports waits until it ignores them
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
         try:
             self._process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid())], env=env,
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                              start_new_session=True, close_fds=True)
         except OSError:
             self._process = None  # drawn in the caller's process instead
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         return self
 
     def draw(self, bars: List[Mapping], path_without_suffix: Path) -> bool:
@@ -175,8 +182,9 @@ def _child(parent: int) -> int:
     die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the line above
         return 0
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+    for number in _IGNORED:
         signal.signal(number, signal.SIG_IGN)  # the parent decides how a stop ends; it kills this one
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)  # blocked since the fork (TimelineDrawer.start)
     try:
         os.nice(DRAWER_NICENESS)
     except OSError:

@@ -28,6 +28,7 @@ import queue
 import threading
 import time
 from dataclasses import fields
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -48,6 +49,9 @@ MAX_LINES = 1000
 WINDOW_SECONDS = 3 * SYNC_SECONDS
 WINDOW_LINES = 2 * MAX_LINES
 _RECORD_FIELDS = tuple(field.name for field in fields(Record))
+# what _ENCODER writes for the engine's own fields of a result (each raises TypeError on another type)
+_string, _float, _int = encode_basestring_ascii, float.__repr__, int.__repr__
+_INF = float("inf")
 
 
 def _identity(status: os.stat_result) -> Tuple[int, int]:
@@ -115,6 +119,24 @@ def describe_difference(old: dict, new: dict) -> str:
         if old.get(name) != new.get(name):
             return f"{name} {old.get(name)!r} (journal) vs {new.get(name)!r} (now)"
     return "nothing"
+
+
+def _app_value(value: Any) -> str:
+    return "null" if value is None else _ENCODER.encode(to_jsonable(value))
+
+
+def _result_line(record: Record) -> bytes:
+    """The journal line of a result, as ``_ENCODER.encode`` writes the record's dict (same keys in
+    the same order), made without the dict: it is most of rank 0's work per result. Raises
+    TypeError or ValueError for an engine field that is not a plain str, int or finite float."""
+    seconds, start, end = record.seconds, record.start, record.end
+    if not (-_INF < seconds < _INF and -_INF < start < _INF and -_INF < end < _INF):
+        raise ValueError("not finite")
+    return (f'{{"type":"result","key":{_string(record.key)},"result":{_app_value(record.result)},'
+            f'"seconds":{_float(seconds)},"rank":{_int(record.rank)},"host":{_string(record.host)},'
+            f'"device":{_string(record.device)},"worker":{_string(record.worker)},"start":{_float(start)},'
+            f'"end":{_float(end)},"attempt":{_int(record.attempt)},"group_size":{_int(record.group_size)},'
+            f'"params":{_app_value(record.params)}}}').encode()
 
 
 class _DiskWriter:
@@ -292,14 +314,21 @@ class Journal:
             self._fd = None
 
     def add_result(self, record: Record) -> None:
-        # the fields one by one: vars() would give the record a dict of its own (memory, at rank 0);
-        # the engine's own fields are plain (str, int, float): only the app's values need converting
-        entry = {"type": "result"}
-        for name in _RECORD_FIELDS:
-            entry[name] = getattr(record, name)
-        entry["result"] = to_jsonable(record.result)
-        entry["params"] = to_jsonable(record.params)
-        self._write(entry, plain=True)
+        if self._fd is None:
+            return
+        try:
+            line = _result_line(record)
+        except (TypeError, ValueError):  # an engine field of an unusual type: the general way
+            entry = {"type": "result"}
+            for name in _RECORD_FIELDS:
+                entry[name] = getattr(record, name)
+            self._write(entry)
+        else:
+            if not self._pending:
+                self._since = time.monotonic()
+            self._pending.append(line)
+            if len(self._pending) >= self.max_lines:
+                self._hand_over()
         self.maybe_sync()
 
     def add_event(self, kind: str, **fields: Any) -> None:

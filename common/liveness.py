@@ -8,12 +8,17 @@ itself. Neither waits forever.
 """
 from __future__ import annotations
 
+import math
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from .clock import SYSTEM_CLOCK, Clock
 from .messages import Bye, Heartbeat, Result, Results
+
+#: rank 0 looks for followers due a heartbeat or silent too long at most this often (heartbeat
+#: intervals are seconds; one look walks every rank)
+WATCH_SECONDS = 0.05
 
 
 class Liveness:
@@ -94,6 +99,7 @@ class FollowerWatch(PeerWatch):
         super().__init__(comm, self.followers, timeout, clock)
         self.hosts = hosts or {}
         self.lost: Dict[int, Dict[str, Any]] = {}  # rank -> what happened, for the summary
+        self._watched = -math.inf  # when watch() last looked at every rank
 
     @property
     def live(self) -> List[int]:
@@ -104,7 +110,13 @@ class FollowerWatch(PeerWatch):
             self.send(message, rank)
 
     def watch(self) -> List[Tuple[int, str]]:
-        """Heartbeats where due; (rank, why) of each follower silent for ``timeout`` seconds."""
+        """Heartbeats where due; (rank, why) of each follower silent for ``timeout`` seconds. Looks
+        at most every WATCH_SECONDS: one look walks every rank, and rank 0's loop turns far more
+        often than heartbeat intervals (seconds) need."""
+        now = self.clock.monotonic()
+        if now - self._watched < WATCH_SECONDS:
+            return []
+        self._watched = now
         self.send_heartbeats()
         return [(rank, f"no message for {silence:.0f} s") for rank, silence in self.silent()]
 

@@ -56,7 +56,7 @@ from .report_html import write_report
 from .scheduler import Scheduler
 from .signals import StopFlag, ignore_stop_signals
 from .status_file import RankReporter, StatusWriter
-from .timeline import plot_timeline
+from .timeline import TimelineDrawer, plot_timeline
 from .watchdog import Watchdog
 from .worker_pool import PoolSettings, WorkerPool
 from .write_failures import WriteFailures, about_results, free_reserve, reserve_space
@@ -376,6 +376,9 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     pool.start()
     # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
     preloading = preload_figures() if comm.rank == 0 else None
+    # rank 0's timeline is drawn by a child that imports matplotlib while the items run (started with the
+    # first result: not to slow the workers' start)
+    drawer = TimelineDrawer() if comm.rank == 0 else None
     if comm.rank == 0:  # status.json for python -m common.status
         status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
                               items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor,
@@ -388,7 +391,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                 hosts = {entry["rank"]: entry["host"] for entry in layout}
                 liveness = FollowerWatch(comm, args.heartbeat_timeout, hosts)
                 leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
-                                stop, liveness, status=status, on_idle=preloading.start, write_failures=failures)
+                                stop, liveness, status=status, on_idle=preloading.start,
+                                on_first_result=drawer.start, write_failures=failures)
                 outcome = leader.run()
                 status.write(leader, "finishing")
             else:
@@ -408,7 +412,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
             stop.outputs_interruptible = True
             try:
                 code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
-                               started_at, failures)
+                               started_at, failures, drawer)
             except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
                 print(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item "
                       f"is journaled: write them with the same launcher and: "
@@ -423,6 +427,8 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
             comm.finalize = False  # MPI_Finalize would wait for a rank that is gone
         return code
     finally:
+        if drawer is not None:
+            drawer.close()  # it never outlives the run (a stop, an error)
         pool.join()
 
 
@@ -490,7 +496,8 @@ def _same_node_peers(comm: Any, host: str, what: Any) -> List[int]:
 
 
 def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: Leader, journal: Journal, resumed: dict,
-            items: list, layout: list, reports: list, started_at: float, failures: WriteFailures) -> int:
+            items: list, layout: list, reports: list, started_at: float, failures: WriteFailures,
+            drawer: Optional[TimelineDrawer] = None) -> int:
     """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code."""
     args = app.args
     results: Path = args.results
@@ -533,7 +540,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if full:
         free_reserve(results)
     bars = leader.timeline_bars()
-    if bars and not full:
+    # the child draws the timeline while this process writes the GPU figure and the app's outputs
+    drawing = bool(bars) and not full and drawer is not None and drawer.draw(bars, files.timeline)
+    if bars and not full and not drawing:
         _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
                  lambda: plot_timeline(bars, files.timeline))
     summary["gpu_usage_plot"] = None if full else _written(failures, results, "the GPU usage figure",
@@ -543,6 +552,11 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if outcome != "stopped" and failures.first is None:
         run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
         summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
+    if drawing and drawer is not None:  # done before the summary and report.html, which show it
+        if _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM), drawer.result) is None \
+                and failures.first is None:  # no answer from the child: drawn here after all
+            _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
+                     lambda: plot_timeline(bars, files.timeline))
     failure = failures.first
     if failure is not None:  # what finished is journaled; --resume writes the rest
         outcome = summary["status"] = "stopped"

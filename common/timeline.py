@@ -1,9 +1,19 @@
 """timeline.png/svg: one row per worker of every rank, one bar per item, failures marked (items that
-timed out and workers killed for their silence in their own colours)."""
+timed out and workers killed for their silence in their own colours).
+
+:class:`TimelineDrawer` draws it in a process of its own, started with the run (``python -m
+common.timeline`` is that process)."""
 from __future__ import annotations
 
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import threading
 from pathlib import Path
-from typing import List, Mapping
+from typing import Any, List, Mapping, Optional
 
 from .outputs import new_figure, save_figure
 
@@ -46,3 +56,159 @@ def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:
 
 def _outcome(bar: Mapping) -> str:
     return "ok" if bar["ok"] else bar.get("why") if bar.get("why") in LABELS else "failed"
+
+
+#: the longest the end of a run waits for the drawing process before drawing in its own
+DRAW_TIMEOUT = 600.0
+#: the drawing process's niceness: its warm-up (matplotlib's import, about 1 s of CPU) takes what the
+#: rank's loop and the workers leave
+DRAWER_NICENESS = 10
+#: signals the drawing process ignores (the stop signals of common.worker, and a closed terminal's)
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+
+
+class TimelineDrawer:
+    """timeline.png/svg/pdf drawn by a child process started with the run, which imports matplotlib
+    and warms it up while the items run: the end of the run hands it the bars and goes on with the
+    other outputs, instead of importing matplotlib and drawing thousands of bars first.
+
+    Nothing is lost or left behind: where the child cannot start, dies or takes longer than
+    ``DRAW_TIMEOUT``, the caller draws in its own process (:meth:`result` says so); an error of the
+    drawing itself (a full disk) is raised by :meth:`result` as if the caller had drawn; the child
+    dies with its parent (SIGKILL on Linux), ignores the stop signals that its parent handles, and
+    :meth:`close` kills it if it still runs, so no child writes after the program exits."""
+
+    def __init__(self) -> None:
+        self._process: Optional[subprocess.Popen] = None
+        self._sending: Optional[threading.Thread] = None
+
+    def start(self) -> "TimelineDrawer":
+        from .mpi import without_launcher  # its child must not see the MPI launcher's variables
+
+        top = sys.modules[__name__.split(".")[0]]
+        root = str(Path(top.__file__).resolve().parents[1])  # where the package is, for the child's import
+        env = without_launcher(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        # the stop signals blocked in this thread meanwhile: the child inherits the block through fork and
+        # exec, so one that reaches the whole job while it still imports waits until it ignores them
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
+        try:
+            self._process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid())], env=env,
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                             start_new_session=True, close_fds=True)
+        except OSError:
+            self._process = None  # drawn in the caller's process instead
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        return self
+
+    def draw(self, bars: List[Mapping], path_without_suffix: Path) -> bool:
+        """Hand the bars to the child (in a thread: it may still be warming up); False where there
+        is no child to draw them (then the caller draws)."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return False
+        request = pickle.dumps((bars, Path(path_without_suffix)), protocol=pickle.HIGHEST_PROTOCOL)
+
+        def send() -> None:
+            try:
+                assert process.stdin is not None
+                process.stdin.write(request)
+                process.stdin.close()
+            except (OSError, ValueError):
+                pass  # the child died: result() finds no answer and says so
+
+        self._sending = threading.Thread(target=send, name="timeline-bars", daemon=True)
+        self._sending.start()
+        return True
+
+    def result(self, timeout: float = DRAW_TIMEOUT) -> Optional[list]:
+        """The paths written, once the child is done; None where it gave no answer (the caller then
+        draws itself). What the drawing raised in the child is raised here."""
+        process = self._process
+        if process is None or process.stdout is None:
+            return None
+        try:
+            ready, _, _ = select.select([process.stdout], [], [], timeout)
+            answer = pickle.load(process.stdout) if ready else None
+        except (EOFError, OSError, pickle.UnpicklingError):
+            answer = None
+        self.close()
+        if answer is None:
+            return None
+        status, value = answer
+        if status == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        """Kill the child if it still runs, and reap it."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        for stream in (process.stdin, process.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        if self._sending is not None:
+            self._sending.join()
+
+
+def _warm_up() -> None:
+    """matplotlib imported, and one small timeline drawn in every format (fonts, each backend's
+    first use), so that the run's own is drawn at once."""
+    import io
+
+    from .outputs import _SAVE_OPTIONS, FIGURE_FORMATS
+
+    fig, ax = new_figure(2, 1)
+    ax.broken_barh([(0, 1)], (0, 1), rasterized=True)
+    ax.set_title("warm-up")
+    fig.draw_without_rendering()
+    for form in FIGURE_FORMATS:
+        fig.savefig(io.BytesIO(), format=form, **_SAVE_OPTIONS[form])
+
+
+def _child(parent: int) -> int:
+    """The drawing process: warm up, then draw the one timeline it is given on stdin and answer
+    ("ok", paths) or ("error", exception) on stdout. EOF on stdin (its parent ended): exit."""
+    from .linux import die_with_parent
+
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the line above
+        return 0
+    for number in _IGNORED:
+        signal.signal(number, signal.SIG_IGN)  # the parent decides how a stop ends; it kills this one
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)  # blocked since the fork (TimelineDrawer.start)
+    try:
+        os.nice(DRAWER_NICENESS)
+    except OSError:
+        pass
+    try:
+        _warm_up()
+    except Exception:
+        pass  # only a head start
+    try:
+        bars, path = pickle.load(sys.stdin.buffer)
+    except (EOFError, OSError, pickle.UnpicklingError):
+        return 0
+    try:
+        answer: Any = ("ok", plot_timeline(bars, path))
+    except Exception as error:  # noqa: BLE001 -- raised again in the parent
+        answer = ("error", error)
+    try:
+        data = pickle.dumps(answer)
+    except Exception:
+        data = pickle.dumps(("error", RuntimeError(f"the timeline: {answer[1]!r}")))
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(int(sys.argv[1])))

@@ -1,0 +1,46 @@
+"""A result's journal line is made without a dict (rank 0's cost per result): it must be the very
+line the general encoder writes, and read back as the record it came from."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from common.app import Record
+from common.journal import _ENCODER, _RECORD_FIELDS, Journal, _result_line, read_journal
+from common.outputs import to_jsonable
+
+RESULTS = [None, 1, 2.5, float("nan"), "é\n\"x\u2028", {"a": np.float32(1.5), "b": [1, np.arange(3)]}, np.int64(4),
+           True, [float("inf")], {"nested": {"deep": [None, "ü"]}}]
+
+
+def general_line(record: Record) -> bytes:
+    entry = {"type": "result"}
+    for name in _RECORD_FIELDS:
+        entry[name] = getattr(record, name)
+    return _ENCODER.encode(to_jsonable(entry)).encode()
+
+
+@pytest.mark.parametrize("result", RESULTS)
+@pytest.mark.parametrize("params", [None, {"C": 1.0, "path": "x", "seeds": np.array([1, 2])}])
+def test_the_fast_line_is_the_general_encoders_line(result, params):
+    now = time.time()
+    record = Record(key="k\u00e9y\"1", result=result, seconds=0.25, rank=2, host="hôte", device="cuda:0",
+                    worker="rank2-gpu0.1", start=now, end=now + 1 / 3, attempt=2, group_size=5, params=params)
+    assert _result_line(record) == general_line(record)
+
+
+@pytest.mark.parametrize("odd", [{"seconds": float("nan")}, {"rank": np.int64(3)}, {"start": 1}, {"host": None}])
+def test_an_engine_field_of_another_type_takes_the_general_way(tmp_path, odd):
+    with pytest.raises((TypeError, ValueError)):
+        _result_line(Record(key="k", result=None, **odd))
+    journal = Journal(tmp_path / "journal.jsonl", {"fingerprint": {}})
+    journal.add_result(Record(key="odd", result={"x": 1}, **odd))
+    journal.add_result(Record(key="plain", result=[1, 2]))
+    journal.close()
+    _, records = read_journal(tmp_path / "journal.jsonl")
+    assert records["plain"].result == [1, 2] and records["odd"].result == {"x": 1}
+    name, value = next(iter(odd.items()))
+    assert getattr(records["odd"], name) == json.loads(json.dumps(to_jsonable(value)))

@@ -42,6 +42,9 @@ STEP_HELD_SIGNALS = (WORKER_TERMINATE_SIGNAL,)
 #: then shows where every thread was (faulthandler writes it from C, even while the GIL is held).
 #: Ignored by default, so one arriving before the handler is in place does no harm.
 DUMP_SIGNAL = signal.SIGURG
+#: what the end-of-run drawing process (common.timeline) ignores: the run's stop signals, which its
+#: rank handles, and a closed terminal's; blocked from its start until it ignores them
+DRAWER_IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, WALLTIME_SIGNAL, signal.SIGHUP)
 #: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
 #: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
 ECHO_SECONDS = 2.0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
 from .outputs import new_figure, save_figure
+from .signals import DRAWER_IGNORED_SIGNALS
 
 #: bar colour by outcome: ``ok``, else the bar's ``why`` (common.messages.Failed.kind)
 COLOURS = {"ok": "tab:blue", "failed": "tab:red", "timeout": "tab:orange", "silent": "tab:purple"}
@@ -63,8 +64,6 @@ DRAW_TIMEOUT = 600.0
 #: the drawing process's niceness: its warm-up (matplotlib's import, about 1 s of CPU) takes what the
 #: rank's loop and the workers leave
 DRAWER_NICENESS = 10
-#: signals the drawing process ignores (the stop signals of common.worker, and a closed terminal's)
-_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 class TimelineDrawer:
@@ -83,7 +82,7 @@ class TimelineDrawer:
         self._sending: Optional[threading.Thread] = None
 
     def start(self) -> "TimelineDrawer":
-        from .mpi import without_launcher  # its child must not see the MPI launcher's variables
+        from .settings import without_launcher  # its child must not see the MPI launcher's variables
 
         top = sys.modules[__name__.split(".")[0]]
         root = str(Path(top.__file__).resolve().parents[1])  # where the package is, for the child's import
@@ -91,7 +90,7 @@ class TimelineDrawer:
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         # the stop signals blocked in this thread meanwhile: the child inherits the block through fork and
         # exec, so one that reaches the whole job while it still imports waits until it ignores them
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, DRAWER_IGNORED_SIGNALS)
         try:
             self._process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid())], env=env,
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -182,9 +181,9 @@ def _child(parent: int) -> int:
     die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the line above
         return 0
-    for number in _IGNORED:
+    for number in DRAWER_IGNORED_SIGNALS:
         signal.signal(number, signal.SIG_IGN)  # the parent decides how a stop ends; it kills this one
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)  # blocked since the fork (TimelineDrawer.start)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, DRAWER_IGNORED_SIGNALS)  # blocked since the fork (TimelineDrawer.start)
     try:
         os.nice(DRAWER_NICENESS)
     except OSError:

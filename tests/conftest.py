@@ -11,22 +11,52 @@ from tiers import MPI, TIERS, Classifier, own_code
 from vcluster import vcluster  # noqa: F401  (the virtual multi-node cluster)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by tier, and before pytest-xdist reads xdist_group
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """Every test gets one tier marker: its own or its module's, else the one its code shows."""
+    """Every test gets one tier marker (``_tier``) and, for ``pytest -n 2 --dist loadgroup`` (make
+    check, make test), an ``xdist_group`` where it must share a worker with others (``shared_run_group``)."""
     classifier = Classifier()
     for item in items:
-        if any(item.get_closest_marker(tier) for tier in TIERS):
+        _tier(item, classifier)
+        group = shared_run_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def shared_run_group(item: pytest.Item) -> "str | None":
+    """The tests that read one module- or session-scoped fixture of ours (a real run made once)
+    run in one pytest-xdist worker, which makes it once; the Slurm and virtual cluster tiers run
+    one after another in one worker too (a test may also set its own ``xdist_group``)."""
+    if item.get_closest_marker("xdist_group"):
+        return None
+    if any(item.get_closest_marker(tier) for tier in TIERS[TIERS.index("slurm"):]):
+        return "clusters"
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    for name, chain in (fixture_info.name2fixturedefs.items() if fixture_info else ()):
+        definition = chain[-1] if chain else None
+        if definition is None or not own_code(definition.func):
             continue
-        function = getattr(item, "function", None)
-        if function is None:  # not a Python test function: nothing to read, assume it starts programs
-            item.add_marker(pytest.mark.processes)
-            continue
-        fixture_info = getattr(item, "_fixtureinfo", None)
-        definitions = fixture_info.name2fixturedefs.values() if fixture_info else ()
-        fixtures = [chain[-1].func for chain in definitions if chain and own_code(chain[-1].func)]
-        callspec = getattr(item, "callspec", None)
-        tier = classifier.tier(function, fixtures, dict(callspec.params) if callspec else {})
-        item.add_marker(getattr(pytest.mark, tier))
+        if definition.scope == "session":
+            return name
+        if definition.scope in ("module", "package", "class"):
+            return item.nodeid.split("::")[0]
+    return None
+
+
+def _tier(item: pytest.Item, classifier: Classifier) -> None:
+    """Its tier marker: its own or its module's, else the one its code shows (tests/tiers.py)."""
+    if any(item.get_closest_marker(tier) for tier in TIERS):
+        return
+    function = getattr(item, "function", None)
+    if function is None:  # not a Python test function: nothing to read, assume it starts programs
+        item.add_marker(pytest.mark.processes)
+        return
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    definitions = fixture_info.name2fixturedefs.values() if fixture_info else ()
+    fixtures = [chain[-1].func for chain in definitions if chain and own_code(chain[-1].func)]
+    callspec = getattr(item, "callspec", None)
+    tier = classifier.tier(function, fixtures, dict(callspec.params) if callspec else {})
+    item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(autouse=True)

@@ -11,36 +11,11 @@ from tiers import MPI, TIERS, Classifier, own_code
 from vcluster import vcluster  # noqa: F401  (the virtual multi-node cluster)
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by tier, and before pytest-xdist reads xdist_group
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """Every test gets one tier marker (``_tier``) and, for ``pytest -n 2 --dist loadgroup`` (make
-    check, make test), an ``xdist_group`` where it must share a worker with others (``shared_run_group``)."""
+    """Every test gets one tier marker (``_tier``)."""
     classifier = Classifier()
     for item in items:
         _tier(item, classifier)
-        group = shared_run_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def shared_run_group(item: pytest.Item) -> "str | None":
-    """The tests that read one module- or session-scoped fixture of ours (a real run made once)
-    run in one pytest-xdist worker, which makes it once; the Slurm and virtual cluster tiers run
-    one after another in one worker too (a test may also set its own ``xdist_group``)."""
-    if item.get_closest_marker("xdist_group"):
-        return None
-    if any(item.get_closest_marker(tier) for tier in TIERS[TIERS.index("slurm"):]):
-        return "clusters"
-    fixture_info = getattr(item, "_fixtureinfo", None)
-    for name, chain in (fixture_info.name2fixturedefs.items() if fixture_info else ()):
-        definition = chain[-1] if chain else None
-        if definition is None or not own_code(definition.func):
-            continue
-        if definition.scope == "session":
-            return name
-        if definition.scope in ("module", "package", "class"):
-            return item.nodeid.split("::")[0]
-    return None
 
 
 def _tier(item: pytest.Item, classifier: Classifier) -> None:
@@ -87,8 +62,8 @@ class SmallNnRun:
 
 @pytest.fixture(scope="session")
 def nn_small_run(tmp_path_factory: pytest.TempPathFactory) -> SmallNnRun:
-    """One real mnist_nn run for every test that only reads its outputs (each run is half a minute
-    of CPU here). Run as python -m mnist_nn runs it, ``main(MnistNN, argv)``, by a script that then
+    """One real mnist_nn run for every test that only reads its outputs (once per pytest-xdist
+    worker that runs one of them; each run is half a minute of CPU here). Run as python -m mnist_nn runs it, ``main(MnistNN, argv)``, by a script that then
     says whether rank 0 ever imported torch (only the workers need it); in a user's folder with
     ``--results .``, as reference users run it."""
     folder = tmp_path_factory.mktemp("nn_small") / "work"

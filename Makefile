@@ -35,18 +35,27 @@ install-torchvision: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Tests in JOBS pytest-xdist workers (2: this project's 2-core machines; JOBS=1 for one process).
+# --dist loadfile keeps each test file in one worker, so that a module-scoped fixture's real run is
+# made once (--dist loadgroup's xdist_group marks are ignored by pytest-xdist 3.8 under pytest 9).
+JOBS   ?= 2
+PARALLEL := $(if $(filter 1,$(JOBS)),-p no:xdist,-n $(JOBS) --dist loadfile)
+
 # The quick inner loop: lint and every test that starts no MPI job, Slurm or virtual cluster (the
 # tiers inprocess and processes, which tests/conftest.py gives each test from its code: tests/tiers.py).
 check: lint
-	$(PY) -m pytest -q -m "inprocess or processes" tests
+	$(PY) -m pytest -q $(PARALLEL) -m "inprocess or processes" tests
 
 # The quickest loop (about 2 minutes here): lint and the tests that start no process at all.
 quick: lint
 	$(PY) -m pytest -q -m inprocess tests
 
-# Everything, every tier (CI's .ci/run runs this).
+# Everything, every tier (CI's .ci/run runs this): the Slurm and virtual cluster tiers after the
+# others and alone (their daemons, namespaces and timeouts share the machine with nothing else).
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PARALLEL) -m "not slurm and not vcluster" tests; others=$$?; \
+	$(PY) -m pytest -q -p no:xdist -m "slurm or vcluster" tests; clusters=$$?; \
+	if [ $$others != 0 ]; then exit $$others; fi; exit $$clusters
 
 # bench_svm measures on the real Fashion-MNIST from Debian's dataset-fashion-mnist package.
 FASHION := /usr/share/datasets/fashion-mnist

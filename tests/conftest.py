@@ -1,5 +1,9 @@
 """Session fixtures shared by several test modules (one definition each, so one instance per session),
 and each test's tier marker (tests/tiers.py): ``make check`` runs ``-m "inprocess or processes"``."""
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List
+
 import pytest
 
 import helpers
@@ -8,21 +12,26 @@ from vcluster import vcluster  # noqa: F401  (the virtual multi-node cluster)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """Every test gets one tier marker: its own or its module's, else the one its code shows."""
+    """Every test gets one tier marker (``_tier``)."""
     classifier = Classifier()
     for item in items:
-        if any(item.get_closest_marker(tier) for tier in TIERS):
-            continue
-        function = getattr(item, "function", None)
-        if function is None:  # not a Python test function: nothing to read, assume it starts programs
-            item.add_marker(pytest.mark.processes)
-            continue
-        fixture_info = getattr(item, "_fixtureinfo", None)
-        definitions = fixture_info.name2fixturedefs.values() if fixture_info else ()
-        fixtures = [chain[-1].func for chain in definitions if chain and own_code(chain[-1].func)]
-        callspec = getattr(item, "callspec", None)
-        tier = classifier.tier(function, fixtures, dict(callspec.params) if callspec else {})
-        item.add_marker(getattr(pytest.mark, tier))
+        _tier(item, classifier)
+
+
+def _tier(item: pytest.Item, classifier: Classifier) -> None:
+    """Its tier marker: its own or its module's, else the one its code shows (tests/tiers.py)."""
+    if any(item.get_closest_marker(tier) for tier in TIERS):
+        return
+    function = getattr(item, "function", None)
+    if function is None:  # not a Python test function: nothing to read, assume it starts programs
+        item.add_marker(pytest.mark.processes)
+        return
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    definitions = fixture_info.name2fixturedefs.values() if fixture_info else ()
+    fixtures = [chain[-1].func for chain in definitions if chain and own_code(chain[-1].func)]
+    callspec = getattr(item, "callspec", None)
+    tier = classifier.tier(function, fixtures, dict(callspec.params) if callspec else {})
+    item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(autouse=True)
@@ -41,3 +50,32 @@ def mpi_jobs_only_in_their_tiers(request: pytest.FixtureRequest, monkeypatch: py
         return command(program, ranks)
 
     monkeypatch.setattr(helpers, "command", refusing)
+
+
+@dataclass(frozen=True)
+class SmallNnRun:
+    """What the session's one ``helpers.NN_SMALL`` mnist_nn run left."""
+    results: Path  # its results folder, ``--results .``: a user's folder that held notes.txt before
+    stdout: List[str]  # the lines it printed (the reference's headline)
+    rank_0_imported_torch: bool
+
+
+@pytest.fixture(scope="session")
+def nn_small_run(tmp_path_factory: pytest.TempPathFactory) -> SmallNnRun:
+    """One real mnist_nn run for every test that only reads its outputs (once per pytest-xdist
+    worker that runs one of them; each run is half a minute of CPU here). Run as python -m mnist_nn runs it, ``main(MnistNN, argv)``, by a script that then
+    says whether rank 0 ever imported torch (only the workers need it); in a user's folder with
+    ``--results .``, as reference users run it."""
+    folder = tmp_path_factory.mktemp("nn_small") / "work"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine\n")
+    script = ("import sys\n"
+              "from common.runner import main\n"
+              "from mnist_nn.app import MnistNN\n"
+              f"code = main(MnistNN, {helpers.NN_SMALL + ['--results', '.']!r})\n"
+              "print('exit', code, 'torch' in sys.modules)\n")
+    proc = helpers.run(["-c", script], cwd=folder, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    *stdout, last = proc.stdout.splitlines()
+    assert last.split()[:2] == ["exit", "0"], proc.stdout
+    return SmallNnRun(folder, stdout, last.split()[2] == "True")

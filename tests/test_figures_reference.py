@@ -10,13 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import assert_usage_error, run, snapshot
+from helpers import NN_SMALL, assert_usage_error, run, snapshot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-#: the small mnist_nn run of test_mnist_nn (2 models, 1 candidate, 3 folds, 3 epochs on 600 images)
-NN_SMALL = ["2", "1", "--dataset", "digits", "--subsample", "600", "--max-epochs", "3", "--folds", "3",
-            "--seed", "1763", "--draws", "keyed", "--epoch-loss", "mean", "--normalise", "data", "--threads", "1",
-            "--gpu", "cpu", "--no-progress"]
 SVM_TUNING = 3
 
 
@@ -33,12 +29,11 @@ def certainty_files(results: Path) -> list:
     return sorted(path.name for path in folder.iterdir()) if folder.is_dir() else []
 
 
-@pytest.fixture(scope="module")
-def nn_run(tmp_path_factory) -> Path:
-    results = tmp_path_factory.mktemp("figures") / "nn"
-    proc = run(["-m", "mnist_nn", *NN_SMALL, "--certainty-images", "3", "--results", str(results)], timeout=240)
-    assert proc.returncode == 0, proc.stderr
-    return results
+@pytest.fixture
+def nn_run(nn_small_run) -> Path:
+    """The session's small mnist_nn run (helpers.NN_SMALL: ``--certainty-images 3``; tests/conftest.py)."""
+    assert "--certainty-images" in NN_SMALL and NN_SMALL[NN_SMALL.index("--certainty-images") + 1] == "3"
+    return nn_small_run.results
 
 
 def test_mnist_nn_writes_every_figure_as_pdf_too(nn_run):

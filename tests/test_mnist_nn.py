@@ -1,9 +1,10 @@
 """mnist_nn through its real command line: real mpiexec, spawned workers, digits data, signals.
 
 The random search draws candidates from the reference's distribution, where most nets have
-hundreds of millions of weights. ``--seed 1763`` with ``--draws keyed`` (each candidate from its
-own key, as before the reference's draws became the default) is chosen (by a search over seeds)
-because its two candidates are small (1.8M weights at most), so a whole run takes seconds on a CPU.
+hundreds of millions of weights. ``helpers.NN_SMALL``'s ``--seed 1763`` with ``--draws keyed`` (each
+candidate from its own key, as before the reference's draws became the default) is chosen (by a
+search over seeds) because its two candidates are small (1.8M weights at most), so a whole run takes
+seconds on a CPU.
 """
 from __future__ import annotations
 
@@ -21,30 +22,26 @@ import torch
 from common.data import load_dataset
 from common.devices import Device
 from common.items import Item
-from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run
+from helpers import NN_SMALL, assert_usage_error, journal_entries, run, snapshot, start, stop_run
 from mnist_nn.app import MnistNN, cv_scores, fit_key, refit_key
 from mnist_nn.model import load_saved_model
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
 from mnist_nn.search import draw_candidate
 from mnist_nn.train import predict_logits, to_model_input
 
-#: bootstrap 0's fits take about 0.35 s each here: long enough to stop a run inside the first wave
-SMALL = ["2", "1", "--dataset", "digits", "--subsample", "600", "--max-epochs", "3", "--folds", "3",
-         "--seed", "1763", "--draws", "keyed", "--epoch-loss", "mean", "--normalise", "data", "--threads", "1", "--gpu", "cpu", "--no-progress"]
+#: the first wave (2 bootstraps x 1 candidate x 3 folds); bootstrap 0's fits take about 0.35 s each here: long
+#: enough to stop a run inside it
 FIRST_WAVE = 2 * 1 * 3
 
 
-def mnist_nn(results: Path, *extra: str, ranks: int = 1, args=SMALL):
+def mnist_nn(results: Path, *extra: str, ranks: int = 1, args=NN_SMALL):
     return run(["-m", "mnist_nn", *args, "--results", str(results), *extra], ranks=ranks, timeout=240)
 
 
-@pytest.fixture(scope="module")
-def clean_run(tmp_path_factory) -> Path:
-    """One rank, one worker, start to end."""
-    results = tmp_path_factory.mktemp("nn") / "clean"
-    proc = mnist_nn(results)
-    assert proc.returncode == 0, proc.stderr
-    return results
+@pytest.fixture
+def clean_run(nn_small_run) -> Path:
+    """One rank, one worker, start to end: the session's NN_SMALL run (tests/conftest.py)."""
+    return nn_small_run.results
 
 
 def model_state(results: Path, bootstrap: int) -> dict:
@@ -98,7 +95,7 @@ def test_one_rank_and_two_ranks_by_two_workers_give_identical_results(clean_run,
 
 def test_a_run_stopped_in_the_first_wave_resumes_to_the_same_results(clean_run, tmp_path):
     results = tmp_path / "stopped"
-    process = start(["-m", "mnist_nn", *SMALL, "--results", str(results)])
+    process = start(["-m", "mnist_nn", *NN_SMALL, "--results", str(results)])
     stopped = stop_run(process, results, after=1, sig=signal.SIGTERM)
     assert stopped.returncode == 75, stopped.stderr
     done = [e["key"] for e in journal_entries(results) if e.get("type") == "result"]
@@ -140,18 +137,12 @@ def test_resume_with_another_max_macs_is_refused_in_one_line(clean_run, tmp_path
     assert snapshot(copy) == before
 
 
-def test_rank_0_never_imports_torch(tmp_path):
+def test_rank_0_never_imports_torch(nn_small_run):
     """Rank 0 builds the items, hands them out and writes every output without torch (1.4 s of
-    start-up on the development machine); only the workers need it."""
-    script = ("import sys\n"
-              "from common.runner import main\n"
-              "from mnist_nn.app import MnistNN\n"
-              f"code = main(MnistNN, {SMALL + ['--results', str(tmp_path / 'r')]!r})\n"
-              "print('exit', code, 'torch' in sys.modules)\n")
-    proc = run(["-c", script])
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split()[-3:] == ["exit", "0", "False"], proc.stdout
-    assert (tmp_path / "r" / "models" / "bootstrap-1.pt").exists()
+    start-up on the development machine); only the workers need it. The session's NN_SMALL run
+    says so at its end (tests/conftest.py)."""
+    assert nn_small_run.rank_0_imported_torch is False
+    assert (nn_small_run.results / "models" / "bootstrap-1.pt").exists()
 
 
 def test_a_saved_model_reloads_and_reproduces_its_test_error(clean_run):

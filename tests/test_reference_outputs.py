@@ -18,7 +18,6 @@ from helpers import assert_usage_error, run, snapshot
 from mnist_nn.app import MnistNN
 from mnist_svm.app import MnistSvm
 from test_data import idx_folder
-from test_mnist_nn import SMALL as NN_SMALL
 from test_mnist_svm_reference import write_small_mnist
 
 #: mnist_svm as a reference user runs it, on the ./MNIST/raw the tests write: no --data-dir
@@ -91,17 +90,14 @@ def test_results_dot_never_overwrites_a_file_named_like_an_output(tmp_path, clas
     assert snapshot(folder) == before and sorted(p.name for p in (folder / "plots").iterdir()) == ["old.pdf"]
 
 
-def test_mnist_nn_headline_and_declared_outputs(tmp_path):
-    """The reference's 'Time taken T s' and 'ensemble test error: F' (a fraction), from summary.json."""
-    folder = tmp_path / "work"
-    folder.mkdir()
-    (folder / "notes.txt").write_text("mine\n")
-    done = run(["-m", "mnist_nn", *NN_SMALL, "--results", "."], cwd=folder, timeout=300)
-    assert done.returncode == 0, done.stderr
+def test_mnist_nn_headline_and_declared_outputs(nn_small_run):
+    """The reference's 'Time taken T s' and 'ensemble test error: F' (a fraction), from summary.json;
+    in a user's folder with ``--results .`` (the session's NN_SMALL run, tests/conftest.py)."""
+    folder = nn_small_run.results
     summary = json.loads((folder / "summary.json").read_text())
     assert 0 <= summary["ensemble_test_error"] <= 1
-    assert done.stdout.splitlines() == [f"Time taken {summary['wall_seconds']} s",
-                                        f"ensemble test error: {summary['ensemble_test_error']}"]
+    assert nn_small_run.stdout == [f"Time taken {summary['wall_seconds']} s",
+                                   f"ensemble test error: {summary['ensemble_test_error']}"]
     assert (folder / "notes.txt").read_text() == "mine\n"
     assert undeclared(folder, MnistNN, {"notes.txt"}) == []
 

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+from collections import ChainMap
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional, Set
 
@@ -63,6 +64,10 @@ class Classifier:
     def __init__(self) -> None:
         self.spawners = _spawners()
         self.known: Dict[Any, int] = {}  # function -> tier of a call to it (its ``ranks`` left to the caller)
+        # a test or fixture read once for all the tests that share it (the autouse fixtures: every test;
+        # a parametrized test: each parameter set); reading is most of collection's time otherwise
+        self.own: Dict[Any, int] = {}  # (function, its parameters) -> tier
+        self.trees: Dict[Any, Optional[ast.AST]] = {}  # function -> its parsed code
 
     def tier(self, function: Callable, fixtures: Iterator[Callable], params: Dict[str, Any]) -> str:
         """The test ``function``'s tier, with the fixture functions it uses and its parameters."""
@@ -80,13 +85,20 @@ class Classifier:
             return cluster
         if not own and function in self.known:
             return self.known[function]
-        tree = _tree(function)
+        key = (function, depth, _hashable(params)) if own else None
+        if key is not None and key in self.own:
+            return self.own[key]
+        if function not in self.trees:
+            self.trees[function] = _tree(function)
+        tree = self.trees[function]
         if tree is None or depth <= 0:
             return INPROCESS
         if not own:
             self.known[function] = INPROCESS  # a recursive call adds nothing
         level = _Visitor(self, function, depth, params if own else None).level(tree)
-        if not own:
+        if own:
+            self.own[key] = level
+        else:
             self.known[function] = level
         return level
 
@@ -109,8 +121,11 @@ class Classifier:
 class _Visitor(ast.NodeVisitor):
     def __init__(self, classifier: Classifier, function: Any, depth: int, params: Optional[Dict[str, Any]]):
         self.classifier = classifier
-        module = inspect.getmodule(function)
-        self.scope = dict(getattr(function, "__globals__", None) or (vars(module) if module else {}))
+        names = getattr(function, "__globals__", None)
+        if names is None:
+            module = inspect.getmodule(function)
+            names = vars(module) if module else {}
+        self.scope = ChainMap({}, names)  # the function's own imports in front of its module's names
         self.depth = depth
         self.params = params  # the test's parameters; None: a helper (its ``ranks`` is the caller's)
         self.arguments = set(_parameters(function))
@@ -191,6 +206,11 @@ class _Visitor(ast.NodeVisitor):
             constant = self.scope.get(value.id)
             return constant if isinstance(constant, int) else None
         return None
+
+
+def _hashable(params: Optional[Dict[str, Any]]) -> Any:
+    """``params`` as a dictionary key (each value by its repr: a parameter may be a list)."""
+    return tuple(sorted((name, repr(value)) for name, value in (params or {}).items()))
 
 
 def _loaded(name: str) -> Any:

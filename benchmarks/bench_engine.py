@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.layout import ResultsLayout
+from common.results.layout import ResultsLayout
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from common.data import load_dataset, resize_images
-from common.layout import ResultsLayout
+from common.results.layout import ResultsLayout
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
 from mnist_nn.search import Candidate, draw_candidate
 from mnist_nn.train import fit, keep_freed_memory, to_device
@@ -59,7 +59,7 @@ MODELS = [(Candidate(2, 3, 16, 0.01, 0.5), "tiny (2 conv 3x3, 16 hidden)"),
 
 def default_seed() -> int:
     """mnist_nn's own default ``--seed``."""
-    from common.cli import build_parser
+    from common.run.cli import build_parser
     from mnist_nn.app import MnistNN
 
     return build_parser(MnistNN, quiet=True).parse_args(["1", "1"]).seed

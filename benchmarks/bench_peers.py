@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from benchmarks.machine import cpu_model
-from common.layout import ResultsLayout
+from common.results.layout import ResultsLayout
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -288,7 +288,7 @@ def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, An
 
 
 def figure(table: Dict[str, Any], systems: List[str], path: Path) -> None:
-    from common.outputs import new_figure, save_figure
+    from common.results.outputs import new_figure, save_figure
 
     fig, ax = new_figure(9, 4)
     width = 0.8 / len(systems)

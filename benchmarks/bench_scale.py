@@ -1,5 +1,5 @@
 """Rank 0 at scale: the real Leader (scheduler, journal on disk, liveness, progress) driven by
-1,000 simulated ranks of 8 workers each, with no-op items, in one process (common.inprocess).
+1,000 simulated ranks of 8 workers each, with no-op items, in one process (common.testing.inprocess).
 
 Messages are pickled as MPI would pickle them. The simulated ranks answer at once: each Items
 message comes back as one Results message with every item's record and a new Request (8 idle
@@ -30,15 +30,15 @@ from typing import Any, Dict, List, Optional
 import psutil
 
 from common.app import Record
-from common.distribute import Leader
-from common.inprocess import InProcessWorld, SimulatedPool
 from common.items import Item
-from common.journal import Journal
-from common.layout import ResultsLayout
-from common.liveness import FollowerWatch
 from common.messages import End, Items, Request, Results, Stop
-from common.progress import Progress
-from common.scheduler import Scheduler
+from common.observe.progress import Progress
+from common.ranks.distribute import Leader
+from common.ranks.liveness import FollowerWatch
+from common.ranks.scheduler import Scheduler
+from common.results.journal import Journal
+from common.results.layout import ResultsLayout
+from common.testing.inprocess import InProcessWorld, SimulatedPool
 
 TARGET_RESULTS_PER_SECOND = 100_000
 TARGET_BYTES_PER_ITEM = 1024

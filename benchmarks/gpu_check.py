@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from common.app import App
 from common.items import Item
-from common.layout import CV_RESULTS_CSV, RESULTS_CSV, ResultsLayout
+from common.results.layout import CV_RESULTS_CSV, RESULTS_CSV, ResultsLayout
 
 REPO = Path(__file__).resolve().parents[1]
 #: the whole check stays under 8 minutes: each step gets at most this, and none starts past the deadline
@@ -282,7 +282,7 @@ class Check:
         shutil.rmtree(results, ignore_errors=True)
         physical = ["0", "1"] if self.smoke else self.physical
         env = {"CUDA_VISIBLE_DEVICES": "0,1"} if self.smoke else {}  # smoke: two made-up GPUs
-        script = ("from benchmarks.gpu_check import PinningApp; from common.runner import main; "
+        script = ("from benchmarks.gpu_check import PinningApp; from common.run.runner import main; "
                   "import sys; raise SystemExit(main(PinningApp, sys.argv[1:]))")
         ran = self.command(["-c", script, str(8 * len(physical)), "--gpu", "all", "--workers-per-gpu", "2",
                             "--no-progress", "--results", str(results)], env=env)

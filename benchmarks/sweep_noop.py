@@ -40,6 +40,6 @@ class NoopApp(App):
 
 
 if __name__ == "__main__":
-    from common.runner import main
+    from common.run.runner import main
 
     raise SystemExit(main(NoopApp))

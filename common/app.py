@@ -1,8 +1,8 @@
 """The contract between an application and the engine.
 
-An app says *what* the work is; the engine (``common.runner``) decides where and when it runs.
+An app says *what* the work is; the engine (``common.run.runner``) decides where and when it runs.
 Subclass :class:`App`, override what you need, and start it with
-``raise SystemExit(common.runner.main(MyApp))`` from the app's ``__main__``.
+``raise SystemExit(common.run.runner.main(MyApp))`` from the app's ``__main__``.
 
 Where each method runs:
   every rank     ``add_arguments`` (class method), ``check_arguments``, ``validate`` (``devices``

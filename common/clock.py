@@ -1,7 +1,7 @@
 """The clock the engine's loops read and sleep on, given to them in their constructors.
 
 The real one is the :mod:`time` module itself (``SYSTEM_CLOCK``); the tests and benchmarks give
-a simulated one (``common.inprocess.fake_time``), so heartbeat timeouts and item durations can be
+a simulated one (``common.testing.inprocess.fake_time``), so heartbeat timeouts and item durations can be
 simulated seconds without patching any module.
 """
 from __future__ import annotations

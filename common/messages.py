@@ -166,7 +166,7 @@ class End:
 
 @dataclass
 class Status:
-    """Every few seconds: this rank's workers and GPUs, for rank 0's status file (common.status_file)."""
+    """Every few seconds: this rank's workers and GPUs, for rank 0's status file (common.results.status_file)."""
 
     snapshot: Dict[str, Any]
 

@@ -6,7 +6,7 @@ the distribution loop looks at it between events. A worker leaves those to its r
 :data:`WORKER_TERMINATE_SIGNAL`, which its rank sends. Signals arriving while a program still
 imports (numpy, torch, matplotlib take a second or more) are noted, not raised
 (:func:`defer_stop_signals`): Python's default would print a KeyboardInterrupt traceback from deep
-inside an import, or end the process silently on SIGTERM/SIGUSR1. ``common.runner.main`` takes
+inside an import, or end the process silently on SIGTERM/SIGUSR1. ``common.run.runner.main`` takes
 them over: the run then ends before writing anything, with one line and exit code 75.
 
 An app's ``__main__`` calls :func:`defer_stop_signals` first thing; this module imports only the
@@ -42,7 +42,7 @@ STEP_HELD_SIGNALS = (WORKER_TERMINATE_SIGNAL,)
 #: then shows where every thread was (faulthandler writes it from C, even while the GIL is held).
 #: Ignored by default, so one arriving before the handler is in place does no harm.
 DUMP_SIGNAL = signal.SIGURG
-#: what the end-of-run drawing process (common.timeline) ignores: the run's stop signals, which its
+#: what the end-of-run drawing process (common.observe.timeline) ignores: the run's stop signals, which its
 #: rank handles, and a closed terminal's; blocked from its start until it ignores them
 DRAWER_IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, WALLTIME_SIGNAL, signal.SIGHUP)
 #: a signal this soon after the last one counted is the same request passed on twice: Slurm signals
@@ -129,7 +129,7 @@ def held_signals(signals: Sequence[int]) -> Iterator[None]:
 
 class StopFlag:
     """Set by a stop signal (:data:`RUN_STOP_SIGNALS`), or by a write to the results folder that
-    failed (a full disk: ``first_failure`` returns it, :mod:`common.write_failures`); the
+    failed (a full disk: ``first_failure`` returns it, :mod:`common.results.failures`); the
     distribution loop looks at it between events. A second signal (``ECHO_SECONDS`` or more after
     the first) means: do not wait for running items any longer; so does a journal that cannot be
     written (their results could not be kept)."""

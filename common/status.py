@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
+from common.observe.progress import format_seconds
+from common.results.journal import parse_line, whole_lines
+from common.results.layout import JOURNAL_NAME, STATUS_NAME, ResultsLayout
+from common.results.regular_file import NotRegularFile, read_regular
+from common.results.status_file import STATUS_SECONDS
+
 from .errors import quoted
-from .journal import parse_line, whole_lines
-from .layout import JOURNAL_NAME, STATUS_NAME, ResultsLayout
-from .progress import format_seconds
-from .regular_file import NotRegularFile, read_regular
-from .status_file import STATUS_SECONDS
 
 #: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals, plus a
 #: margin for a shared filesystem's attribute caching and the nodes' clocks

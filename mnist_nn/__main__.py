@@ -3,7 +3,7 @@ from common.signals import defer_stop_signals
 
 defer_stop_signals()  # before the slow imports: Ctrl-C meanwhile ends the run quietly, not in a traceback
 
-from common.runner import main  # noqa: E402
+from common.run.runner import main  # noqa: E402
 from mnist_nn.app import MnistNN  # noqa: E402
 
 if __name__ == "__main__":

@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields
-from common.cli import REFERENCE_SEED, at_least
 from common.data import add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
-from common.layout import (
+from common.results.layout import (
     CERTAINTY_FOLDER,
     CV_RESULTS_CSV,
     ENSEMBLE_ERROR_STEM,
@@ -36,6 +35,7 @@ from common.layout import (
     TRAINING_CURVES_STEM,
     TRAINING_LOG_CSV,
 )
+from common.run.cli import REFERENCE_SEED, at_least
 
 from .records import cv_scores, encode_array, fit_key, model_stem, refit_key
 from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate, reference_candidates
@@ -316,7 +316,7 @@ class MnistNN(App):
 
         import torch
 
-        from common.outputs import atomic_write_with
+        from common.results.outputs import atomic_write_with
 
         host = {k: v.detach().cpu() for k, v in net.state_dict().items()}
         if sum(t.numel() * t.element_size() for t in host.values()) <= EMBED_LIMIT_BYTES:

@@ -8,8 +8,8 @@ from typing import Any, Dict, List, Mapping, Sequence
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from common.layout import CERTAINTY_FOLDER, MISCLASSIFIED_NAME, TEST_IMAGE_NAME
-from common.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
+from common.results.layout import CERTAINTY_FOLDER, MISCLASSIFIED_NAME, TEST_IMAGE_NAME
+from common.results.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
 #: names written in that folder (what an earlier run left there that this one did not write is removed)
 CERTAINTY_FILE = re.compile(r"(test_image|first_misclassified)_[0-9]+\.(png|pdf|svg)")

@@ -17,7 +17,7 @@ import numpy as np
 
 from common.app import RunInfo
 from common.data import load_dataset
-from common.layout import (
+from common.results.layout import (
     CV_RESULTS_CSV,
     ENSEMBLE_ERROR_STEM,
     ENSEMBLE_JSON,
@@ -26,7 +26,7 @@ from common.layout import (
     TRAINING_CURVES_STEM,
     TRAINING_LOG_CSV,
 )
-from common.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
+from common.results.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 from .records import cv_scores, decode_array, model_stem, refit_key
 from .search import IMAGE_SIZE

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from common.layout import TENSORBOARD_DIR
+from common.results.layout import TENSORBOARD_DIR
 
 logger = logging.getLogger(__name__)
 

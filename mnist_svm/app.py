@@ -20,14 +20,14 @@ from common.data import Dataset, add_data_arguments, check_available, check_data
 from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, seed32
-from common.layout import (
+from common.results.layout import (
     FITS_CSV,
     PER_GAMMA_FOLDER,
     VALIDATION_BOXPLOTS_STEM,
     VALIDATION_ERROR_NPY,
     VALIDATION_HEATMAP_STEM,
 )
-from common.outputs import atomic_write_bytes, atomic_write_text
+from common.results.outputs import atomic_write_bytes, atomic_write_text
 
 from .backends import have_cuml, make_backend
 from .grid import REFIT_KEY, Grid, best_point, error_table, grid_items

@@ -10,8 +10,8 @@ import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.ticker import FuncFormatter
 
-from common.layout import PER_GAMMA_FOLDER
-from common.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
+from common.results.layout import PER_GAMMA_FOLDER
+from common.results.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
 from .grid import Grid, fold_mean
 

@@ -70,7 +70,7 @@ def nn_small_run(tmp_path_factory: pytest.TempPathFactory) -> SmallNnRun:
     folder.mkdir()
     (folder / "notes.txt").write_text("mine\n")
     script = ("import sys\n"
-              "from common.runner import main\n"
+              "from common.run.runner import main\n"
               "from mnist_nn.app import MnistNN\n"
               f"code = main(MnistNN, {helpers.NN_SMALL + ['--results', '.']!r})\n"
               "print('exit', code, 'torch' in sys.modules)\n")

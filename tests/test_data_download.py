@@ -16,7 +16,7 @@ FAKE_TORCHVISION = REPO / "tests" / "fake_torchvision"
 def test_a_missing_mnist_is_downloaded_by_a_child_and_the_rank_never_imports_torch(tmp_path):
     data, results = tmp_path / "data", tmp_path / "results"
     script = ("import sys\n"
-              "from common.runner import main\n"
+              "from common.run.runner import main\n"
               "from mnist_svm.app import MnistSvm\n"
               f"code = main(MnistSvm, ['1', '--dataset', 'mnist', '--data-dir', {str(data)!r}, '--gpu', 'cpu', "
               f"'--no-progress', '--results', {str(results)!r}])\n"

@@ -53,7 +53,7 @@ def test_ranks_of_one_node_that_see_the_same_gpus_share_them_out():
 
 def test_workers_per_gpu_gives_each_gpu_several_workers_and_the_monitor_counts_it_once():
     """--workers-per-gpu 2 over GPUs 5 and 7: four workers, two pinned to each; one NVML entry per GPU."""
-    from common.gpu_monitor import GpuMonitor
+    from common.observe.gpu_monitor import GpuMonitor
 
     devices, _ = resolve_devices("all", 1, gpus=["5", "7"], per_gpu=2)
     assert [(str(d), d.physical) for d in devices] == [("gpu0.0", "5"), ("gpu0.1", "5"), ("gpu1.0", "7"), ("gpu1.1", "7")]

@@ -1,5 +1,5 @@
-"""The leader's logic (common.distribute) without processes: the real Leader and Followers, one
-thread per rank taking turns, over common.inprocess's world and simulated workers, on a fake clock
+"""The leader's logic (common.ranks.distribute) without processes: the real Leader and Followers, one
+thread per rank taking turns, over common.testing.inprocess's world and simulated workers, on a fake clock
 (heartbeat timeouts and item durations are simulated seconds). Each test takes well under a second. The
 same behaviours with real processes: tests/test_engine.py, test_lost_rank.py, test_vcluster_faults.py."""
 from __future__ import annotations
@@ -12,17 +12,17 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from common.devices import Device
-from common.distribute import Follower, Leader
 from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
-from common.inprocess import FakeClock, InProcessWorld, SimulatedPool, Turns, fake_time, instant
 from common.items import Item
-from common.journal import Journal
-from common.liveness import FollowerWatch, PeerWatch
 from common.messages import End, Stop
-from common.progress import Progress
-from common.scheduler import Scheduler
-from common.worker_pool import PoolSettings, WorkerHandle, WorkerPool
-from common.write_failures import WriteFailures
+from common.observe.progress import Progress
+from common.ranks.distribute import Follower, Leader
+from common.ranks.liveness import FollowerWatch, PeerWatch
+from common.ranks.scheduler import Scheduler
+from common.results.failures import WriteFailures
+from common.results.journal import Journal
+from common.testing.inprocess import FakeClock, InProcessWorld, SimulatedPool, Turns, fake_time, instant
+from common.workers.pool import PoolSettings, WorkerHandle, WorkerPool
 
 
 def sleeper(seconds: float) -> Callable:

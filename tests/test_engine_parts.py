@@ -9,11 +9,11 @@ import pytest
 
 from common.errors import UsageError
 from common.items import Item
-from common.journal import read_journal
 from common.messages import Handout
-from common.resources import ResourceBroker
-from common.scheduler import Scheduler
-from common.worker import _run_group
+from common.ranks.scheduler import Scheduler
+from common.results.journal import read_journal
+from common.workers.resources import ResourceBroker
+from common.workers.worker import _run_group
 
 
 def keep(item, results):

@@ -128,7 +128,7 @@ def test_mnist_svm_writes_one_box_plot_per_gamma_and_every_figure_as_pdf(tmp_pat
 
 def test_the_same_figure_gives_the_same_bytes_in_every_format(tmp_path):
     """No creation date or random ids: a rerun's figures differ only where the results do."""
-    from common.outputs import FIGURE_FORMATS, new_figure, save_figure
+    from common.results.outputs import FIGURE_FORMATS, new_figure, save_figure
 
     written = []
     for attempt in range(2):

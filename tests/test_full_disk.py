@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from common.journal import read_journal
+from common.results.journal import read_journal
 from helpers import REPO, TOY, run, start, summary, values, wait_for_results
 
 
@@ -93,7 +93,7 @@ def test_a_log_that_cannot_be_written_falls_back_to_stderr_once(tmp_path):
         fill(small)
         program = textwrap.dedent(f"""
             import logging
-            from common.logs import worker_file_log
+            from common.observe.logs import worker_file_log
             log = logging.getLogger("w")
             log.addHandler(worker_file_log({str(small / "worker.log")!r}, "rank0-cpu0"))
             log.setLevel(logging.INFO)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from common import gpu_monitor
 from common.devices import Device
-from common.gpu_monitor import GpuMonitor, Sample, nvml_handle, usage_report
-from common.gpu_usage import write_gpu_usage
+from common.observe import gpu_monitor
+from common.observe.gpu_monitor import GpuMonitor, Sample, nvml_handle, usage_report
+from common.observe.gpu_usage import write_gpu_usage
 
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml" / "pynvml.py"
 

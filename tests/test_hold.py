@@ -1,4 +1,4 @@
-"""One run per results folder at a time (common/hold.py): real runs, real signals, real files."""
+"""One run per results folder at a time (common/results/hold.py): real runs, real signals, real files."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from common.hold import _me, read_hold, stale_because
-from common.layout import HOLD_NAME, STATUS_NAME
+from common.results.hold import _me, read_hold, stale_because
+from common.results.layout import HOLD_NAME, STATUS_NAME
 from helpers import (
     REPO,
     TOY,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from common.app import Record
-from common.journal import _ENCODER, _RECORD_FIELDS, Journal, _result_line, read_journal
-from common.outputs import to_jsonable
+from common.results.journal import _ENCODER, _RECORD_FIELDS, Journal, _result_line, read_journal
+from common.results.outputs import to_jsonable
 
 RESULTS = [None, 1, 2.5, float("nan"), "é\n\"x\u2028", {"a": np.float32(1.5), "b": [1, np.arange(3)]}, np.int64(4),
            True, [float("inf")], {"nested": {"deep": [None, "ü"]}}]

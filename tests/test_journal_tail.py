@@ -42,8 +42,8 @@ def test_a_last_record_without_its_newline_is_kept_through_two_resumes(tmp_path)
 
 
 def test_every_reader_agrees_on_the_last_line(tmp_path):
-    from common.journal import whole_lines
-    from common.report_html import _tracebacks
+    from common.observe.report_html import _tracebacks
+    from common.results.journal import whole_lines
     from common.status import JournalCounts
 
     header = json.dumps({"type": "header", "fingerprint": {"app": "toy"}})

@@ -1,5 +1,5 @@
 """The journal writes results in batches: a SIGKILL (of the writer, of the whole job) loses at most
-the bounded window that common/journal.py states, never more."""
+the bounded window that common/results/journal.py states, never more."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from common.journal import MAX_LINES, WINDOW_LINES, WINDOW_SECONDS, read_journal
+from common.results.journal import MAX_LINES, WINDOW_LINES, WINDOW_SECONDS, read_journal
 from helpers import REPO, TOY, journal_entries, start, wait_for_results
 
 # A real Journal in its own process: it adds a result every half millisecond and says so on stdout
@@ -18,7 +18,7 @@ WRITER = r"""
 import sys, time
 from pathlib import Path
 from common.app import Record
-from common.journal import Journal
+from common.results.journal import Journal
 journal = Journal(Path(sys.argv[1]), {"fingerprint": {}})
 n = 0
 while True:

@@ -1,4 +1,4 @@
-"""common/layout.py owns every name in a results folder: no other module of the engine or the
+"""common/results/layout.py owns every name in a results folder: no other module of the engine or the
 apps spells one as a literal, so a writer and its readers cannot drift apart."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import ast
 from pathlib import Path
 from typing import List, Set
 
-from common import layout
-from common.layout import ResultsLayout
+from common.results import layout
+from common.results.layout import ResultsLayout
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKED = ("common", "mnist_svm", "mnist_nn")
@@ -46,7 +46,7 @@ def test_no_module_spells_a_results_folder_name():
                if path != Path(layout.__file__).resolve()]
     assert len(sources) > 50
     found = [hit for path in sources for hit in literal_names(path, names)]
-    assert not found, "name these through common/layout.py:\n" + "\n".join(found)
+    assert not found, "name these through common/results/layout.py:\n" + "\n".join(found)
 
 
 def test_the_check_finds_a_literal_and_spares_a_field(tmp_path):

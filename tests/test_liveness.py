@@ -1,5 +1,5 @@
-"""common.liveness and common.watchdog on their own, on a simulated clock given to them (no real
-waiting): heartbeats and silence between ranks over common.inprocess's message world, and the
+"""common.ranks.liveness and common.workers.watchdog on their own, on a simulated clock given to them (no real
+waiting): heartbeats and silence between ranks over common.testing.inprocess's message world, and the
 watchdog's time limit on a worker (a real process to kill)."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import subprocess
 from typing import Any, List
 
 from common.devices import Device
-from common.inprocess import FakeClock, InProcessWorld, fake_time
 from common.items import Item
-from common.liveness import FollowerWatch, PeerWatch
 from common.messages import Bye, Heartbeat, Result, Stop
-from common.watchdog import Watchdog
-from common.worker_pool import Assigned, Bundle, WorkerHandle
+from common.ranks.liveness import FollowerWatch, PeerWatch
+from common.testing.inprocess import FakeClock, InProcessWorld, fake_time
+from common.workers.pool import Assigned, Bundle, WorkerHandle
+from common.workers.watchdog import Watchdog
 
 
 def received(world: InProcessWorld, rank: int) -> List[Any]:

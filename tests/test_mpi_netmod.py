@@ -1,5 +1,5 @@
 """Which MPICH netmod a rank started by srun's pmi2 plugin gets (the real runs: test_vcluster.py)."""
-from common.mpi import srun_pmi_netmod
+from common.ranks.mpi import srun_pmi_netmod
 
 WHEEL = "MPICH Version:      5.0.2\nMPICH Device:       ch4:ucx ofi\nMPICH configure:    --with-device=ch4:ucx,ofi\n"
 SRUN = {"SLURM_MPI_TYPE": "pmi2", "PMI_FD": "11", "PMI_RANK": "0"}

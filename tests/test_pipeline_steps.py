@@ -274,7 +274,7 @@ def test_a_run_from_the_first_step_sets_the_old_shared_files_aside(tmp_path):
 
 
 def test_a_pool_refused_by_the_engine_fails_the_step_with_its_reason(tmp_path):
-    def refusing(pool, count=1, timeout=None):  # what common.worker.acquire raises on a "refused" reply
+    def refusing(pool, count=1, timeout=None):  # what common.workers.worker.acquire raises on a "refused" reply
         raise ValueError(f"unknown resource pool {pool!r}")
 
     [pipeline] = parse_definition({"name": "p", "steps": [{"id": "a", "command": "true", "resources": ["licence"]}]})

@@ -13,7 +13,7 @@ import pytest
 
 from common.data import find_idx_files, load_dataset
 from common.errors import UsageError
-from common.layout import ENGINE_OUTPUTS, HOLD_NAME, LOGS_DIR
+from common.results.layout import ENGINE_OUTPUTS, HOLD_NAME, LOGS_DIR
 from helpers import assert_usage_error, run, snapshot
 from mnist_nn.app import MnistNN
 from mnist_svm.app import MnistSvm

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from common.report_html import write_report
+from common.observe.report_html import write_report
 from helpers import REPO, TOY, run
 
 FAKE_NVML = str(REPO / "tests" / "fake_nvml")

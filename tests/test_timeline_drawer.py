@@ -1,4 +1,4 @@
-"""The timeline's drawing process (common.timeline.TimelineDrawer): a real child process that draws
+"""The timeline's drawing process (common.observe.timeline.TimelineDrawer): a real child process that draws
 what rank 0 would have drawn, byte for byte, raises rank 0's errors in rank 0, and never outlives
 its parent."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from common.timeline import TimelineDrawer, plot_timeline
+from common.observe.timeline import TimelineDrawer, plot_timeline
 from helpers import REPO, alive, wait_until
 
 FORMATS = ("png", "svg", "pdf")
@@ -64,12 +64,12 @@ def test_close_kills_a_child_still_at_work_and_reaps_it():
 
 
 def test_the_child_ignores_stop_signals_and_dies_with_its_parent():
-    parent = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom common.timeline import TimelineDrawer\n"
+    parent = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom common.observe.timeline import TimelineDrawer\n"
                                "d = TimelineDrawer().start()\nprint(d._process.pid, flush=True)\ntime.sleep(600)"],
                               cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
-        assert wait_until(lambda: "common.timeline" in " ".join(psutil.Process(child).cmdline()), timeout=30)
+        assert wait_until(lambda: "common.observe.timeline" in " ".join(psutil.Process(child).cmdline()), timeout=30)
         os.kill(child, signal.SIGTERM)
         os.kill(child, signal.SIGINT)
         time.sleep(0.5)

@@ -203,7 +203,7 @@ def test_a_generated_slurm_script_on_two_nodes_equals_one_rank(vcluster, which, 
 
 
 #: a rank that joins its job through the engine, and says which MPICH netmod it runs on
-NETMOD_PROBE = ("import os, sys; sys.path.insert(0, %r); from common.mpi import world; w = world(); "
+NETMOD_PROBE = ("import os, sys; sys.path.insert(0, %r); from common.ranks.mpi import world; w = world(); "
                 "print(w.rank, w.allgather(os.environ.get('MPIR_CVAR_CH4_NETMOD')))" % str(REPO))
 
 

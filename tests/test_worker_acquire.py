@@ -1,4 +1,4 @@
-"""common.worker.acquire and stop_requested reach the worker's inbox through the context its main
+"""common.workers.worker.acquire and stop_requested reach the worker's inbox through the context its main
 sets, not a module global: here over a real pipe, with a thread playing the rank."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any, Callable, List
 
 import pytest
 
-from common import worker
 from common.messages import PoolAnswer, PoolRequest, Revoke
+from common.workers import worker
 
 #: a multiprocessing Pipe, but no process: tests/tiers.py would take it for the processes tier
 pytestmark = pytest.mark.inprocess

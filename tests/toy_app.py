@@ -21,7 +21,7 @@ time.sleep(float(os.environ.get("TOY_IMPORT_SLEEP", "0")))
 
 from common.app import App, RunInfo  # noqa: E402
 from common.items import Item  # noqa: E402
-from common.outputs import atomic_write_json  # noqa: E402
+from common.results.outputs import atomic_write_json  # noqa: E402
 
 
 class ToyApp(App):
@@ -138,6 +138,6 @@ def _runs(path):
 
 
 if __name__ == "__main__":
-    from common.runner import main
+    from common.run.runner import main
 
     raise SystemExit(main(ToyApp))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from common.app import App
 from common.items import Item
-from common.runner import main
+from common.run.runner import main
 
 try:
     from .work import work

@@ -11,7 +11,7 @@ import sys  # noqa: E402
 
 from common.pipeline.app import PipelineApp  # noqa: E402
 from common.pipeline.schema import SCHEMA  # noqa: E402
-from common.runner import main  # noqa: E402
+from common.run.runner import main  # noqa: E402
 
 if __name__ == "__main__":
     if "--schema" in sys.argv[1:]:

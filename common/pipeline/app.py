@@ -179,7 +179,7 @@ class PipelineApp(App):
         self.definition_dir = Path(self.args.definition).absolute().parent
         self.explicit_gpu_pool = GPU_POOL in self.capacities
         if self.args.dry_run:
-            from ..mpi import world
+            from common.ranks.mpi import world
 
             if world().rank == 0:
                 print(self.plan(), end="", flush=True)
@@ -294,7 +294,7 @@ class PipelineApp(App):
 
     # ----- worker -----
     def setup_worker(self, device: Device) -> WorkerState:
-        from .. import worker
+        from common.workers import worker
 
         gpu = device.physical if device.is_gpu else None
         gpus_here = len(self.gpus())  # GPUs, not workers: --workers-per-gpu puts several on one

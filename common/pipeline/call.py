@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ..layout import STEP_RESULT
+from common.results.layout import STEP_RESULT
 
 
 def resolve(target: str) -> Callable[[], Any]:

@@ -7,9 +7,10 @@ import shutil
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
+from common.results.layout import SHARED_DIR
+
 from .. import settings
 from ..errors import UsageError
-from ..layout import SHARED_DIR
 from .definition import SHARED_IN_CONTAINER, Step, resolve_image
 
 #: The image of every step whose definition names none (``--container IMAGE`` wins over it)

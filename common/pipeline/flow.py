@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 
-from ..layout import PROGRESS_FILE, SHARED_DIR, STEP_OUTPUT, STEP_PROMPT, STEP_STATUS_NAME, STEP_STDOUT
-from ..outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
+from common.results.layout import PROGRESS_FILE, SHARED_DIR, STEP_OUTPUT, STEP_PROMPT, STEP_STATUS_NAME, STEP_STDOUT
+from common.results.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
+from common.workers.worker import PoolTimeout
+
 from ..signals import STEP_HELD_SIGNALS, held_signals
-from ..worker import PoolTimeout
 from . import nodelock
 from .container import find_apptainer
 from .definition import Pipeline, Step

@@ -16,7 +16,7 @@ from typing import Dict, List, NamedTuple, Optional, Set
 
 import psutil
 
-from ..linux import PR_SET_CHILD_SUBREAPER, prctl
+from common.linux import PR_SET_CHILD_SUBREAPER, prctl
 
 #: After SIGKILL, how long to wait for the processes to be gone (a few scheduler ticks).
 KILL_SETTLE_SECONDS = 1.0

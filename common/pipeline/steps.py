@@ -25,9 +25,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from common.linux import die_with_parent
+from common.results.layout import STEP_STDERR, STEP_STDOUT
+
 from .. import settings
-from ..layout import STEP_STDERR, STEP_STDOUT
-from ..linux import die_with_parent
 from ..settings import without_launcher
 from ..signals import STEP_HELD_SIGNALS, WALLTIME_SIGNAL, held_signals
 from . import proctree

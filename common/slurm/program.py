@@ -57,7 +57,8 @@ def _app_class(target: str) -> Optional[type]:
 
 def check_program(command: List[str]) -> None:
     """Refuse, as the app itself would, a program whose arguments or files are wrong."""
-    from ..cli import build_parser
+    from common.run.cli import build_parser
+
     from ..devices import parse_gpu_spec
 
     target = command[0]

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from common.results.outputs import to_jsonable
+from common.run.cli import at_least
+
 from ..app import App, RunInfo
-from ..cli import at_least
 from ..errors import UsageError, quoted
 from ..items import Item, item_seed32
-from ..outputs import to_jsonable
 from . import report
 from .space import check_unique, grid_points, list_points, load_file, point_key, sample_points
 
@@ -330,7 +331,7 @@ def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, p
     if multiprocessing.parent_process() is not None:
         raise RuntimeError("sweep.main ran inside a worker: call it under `if __name__ == \"__main__\":` so that the "
                            "workers, which import your script, do not start a sweep of their own")
-    from ..runner import main as run
+    from common.run.runner import main as run
 
     preset = Preset(function, grid, space, points, setup, samples, repeats, minimise, maximise)
     app_class = type("SweepApp", (SweepApp,), {"preset": preset, "module": "", "__module__": __name__})

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, figure_names, png_name
-from ..outputs import atomic_write_text, new_figure, save_figure
+from common.results.layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, figure_names, png_name
+from common.results.outputs import atomic_write_text, new_figure, save_figure
+
 from .space import point_key, value_text
 
 if TYPE_CHECKING:  # only for the annotations: app imports this module

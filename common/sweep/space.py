@@ -16,8 +16,9 @@ from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
+from common.results.outputs import to_jsonable
+
 from ..errors import UsageError, quoted
-from ..outputs import to_jsonable
 
 #: the distributions a --space may name, each with what its two bounds must be
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")

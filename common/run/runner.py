@@ -21,17 +21,25 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import settings, startup
-from .app import App, RunInfo
-from .cli import build_parser, module_command
-from .devices import resolve_devices, visible_gpus
-from .distribute import Follower, Leader
-from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, quoted
-from .gpu_monitor import GpuMonitor
-from .gpu_usage import write_gpu_usage
-from .hold import Hold, check_free
-from .journal import Journal, describe_difference, read_journal
-from .layout import (
+from common import settings, startup
+from common.app import App, RunInfo
+from common.devices import resolve_devices, visible_gpus
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, quoted
+from common.messages import Bye
+from common.observe.gpu_monitor import GpuMonitor
+from common.observe.gpu_usage import write_gpu_usage
+from common.observe.logs import add_file_log, setup_logging
+from common.observe.progress import Progress
+from common.observe.report_html import write_report
+from common.observe.timeline import TimelineDrawer, plot_timeline
+from common.ranks.distribute import Follower, Leader
+from common.ranks.liveness import FollowerWatch, PeerWatch
+from common.ranks.mpi import world
+from common.ranks.scheduler import Scheduler
+from common.results.failures import WriteFailures, about_results, free_reserve, reserve_space
+from common.results.hold import Hold, check_free
+from common.results.journal import Journal, describe_difference, read_journal
+from common.results.layout import (
     ENGINE_OUTPUTS,
     GPU_USAGE_STEM,
     HOLD_NAME,
@@ -45,21 +53,13 @@ from .layout import (
     ResultsLayout,
     png_name,
 )
-from .liveness import FollowerWatch, PeerWatch
-from .logs import add_file_log, setup_logging
-from .messages import Bye
-from .mpi import world
-from .outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
-from .progress import Progress
-from .regular_file import refuse_unless_regular
-from .report_html import write_report
-from .scheduler import Scheduler
-from .signals import StopFlag, ignore_stop_signals
-from .status_file import RankReporter, StatusWriter
-from .timeline import TimelineDrawer, plot_timeline
-from .watchdog import Watchdog
-from .worker_pool import PoolSettings, WorkerPool
-from .write_failures import WriteFailures, about_results, free_reserve, reserve_space
+from common.results.outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
+from common.results.regular_file import refuse_unless_regular
+from common.results.status_file import RankReporter, StatusWriter
+from common.run.cli import build_parser, module_command
+from common.signals import StopFlag, ignore_stop_signals
+from common.workers.pool import PoolSettings, WorkerPool
+from common.workers.watchdog import Watchdog
 
 log = logging.getLogger("multinode_gpu")
 

@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from .journal import parse_line, whole_lines
-from .layout import GPU_USAGE_CSV, GPU_USAGE_STEM, TIMELINE_STEM, ResultsLayout, png_name
-from .outputs import atomic_write_text
-from .regular_file import NotRegularFile, read_regular
+from common.results.journal import parse_line, whole_lines
+from common.results.layout import GPU_USAGE_CSV, GPU_USAGE_STEM, TIMELINE_STEM, ResultsLayout, png_name
+from common.results.outputs import atomic_write_text
+from common.results.regular_file import NotRegularFile, read_regular
 
 log = logging.getLogger("multinode_gpu")
 

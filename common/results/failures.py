@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .errors import quoted
-from .layout import ResultsLayout
+from common.errors import quoted
+from common.results.layout import ResultsLayout
 
 #: bytes kept aside in the results folder while a run lives, freed to write its summary on a full disk
 RESERVE_BYTES = 64 * 1024

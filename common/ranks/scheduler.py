@@ -11,9 +11,9 @@ import heapq
 import json
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
-from .items import Item
-from .messages import Handout, handout
-from .outputs import to_jsonable
+from common.items import Item
+from common.messages import Handout, handout
+from common.results.outputs import to_jsonable
 
 
 def _plain(value: Any) -> Any:

@@ -1,7 +1,7 @@
 """Stand-ins for MPI and for a rank's worker processes, all in one process: the leader's logic
-(common.distribute) tested in milliseconds and benchmarked at 1,000 ranks without starting any.
+(common.ranks.distribute) tested in milliseconds and benchmarked at 1,000 ranks without starting any.
 
-- :class:`InProcessWorld`: one communicator per rank (the interface of common.mpi's ``MpiWorld``:
+- :class:`InProcessWorld`: one communicator per rank (the interface of common.ranks.mpi's ``MpiWorld``:
   ``rank``, ``size``, ``send``, ``poll``, ``flush``, ``abort``, ``finalize``) over shared deques.
   ``cut(rank)`` silences a rank as a dropped network link does: it neither sends nor receives
   until ``restore(rank)``. ``pickled=True`` pickles every message as MPI would (the cost counts).
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from .app import Record
-from .items import Item
-from .messages import Handout, PoolAnswer, Requester
-from .placement import pick_worker
-from .worker_pool import Assigned, Event, WorkerCounts
+from common.app import Record
+from common.items import Item
+from common.messages import Handout, PoolAnswer, Requester
+from common.workers.placement import pick_worker
+from common.workers.pool import Assigned, Event, WorkerCounts
 
 
 class InProcessWorld:
@@ -56,7 +56,7 @@ class InProcessWorld:
 
 
 class InProcessComm:
-    """One rank's view of an :class:`InProcessWorld` (the interface of ``common.mpi.MpiWorld``)."""
+    """One rank's view of an :class:`InProcessWorld` (the interface of ``common.ranks.mpi.MpiWorld``)."""
 
     def __init__(self, world: InProcessWorld, rank: int):
         self.world, self.rank, self.size = world, rank, world.size
@@ -216,7 +216,7 @@ class SimulatedWorker:
 
 
 class SimulatedPool(WorkerCounts):
-    """A rank's workers without processes (the interface of ``common.worker_pool.WorkerPool``).
+    """A rank's workers without processes (the interface of ``common.workers.pool.WorkerPool``).
 
     ``poll`` finishes the items whose simulated time is up, in order within each worker, and
     gives the turn on when there are :class:`Turns`. ``clock`` is any object with ``monotonic()``
@@ -238,7 +238,7 @@ class SimulatedPool(WorkerCounts):
         self.retired = 0  # workers replaced after ``batch`` items
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[SimulatedWorker]:
-        """The real pool's policy (:func:`common.placement.pick_worker`)."""
+        """The real pool's policy (:func:`common.workers.placement.pick_worker`)."""
         return pick_worker(self.workers.values(), avoid, depth, self.batch)
 
     def assign(self, worker: SimulatedWorker, bundle: List[Handout], together: bool = False) -> None:

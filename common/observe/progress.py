@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Optional, TextIO
 
-from . import settings
+from common import settings
 
 PROGRESS_SECONDS = float(settings.PROGRESS_SECONDS.default)  # type: ignore[arg-type]
 

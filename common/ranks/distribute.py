@@ -4,7 +4,7 @@ The messages are the typed records of :mod:`common.messages`. A follower sends a
 one of its workers is idle with nothing queued, so fast nodes simply get more items; the leader
 defers a request it cannot serve until something is ready. Results stream back as they finish.
 
-Liveness (:mod:`common.liveness`): the leader declares a follower silent for ``heartbeat_timeout``
+Liveness (:mod:`common.ranks.liveness`): the leader declares a follower silent for ``heartbeat_timeout``
 seconds lost: its items go back to the others and the run ends without it. A follower that hears
 nothing from the leader that long stops by itself. Neither waits forever.
 """
@@ -14,12 +14,10 @@ import logging
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
-from .app import Record
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
-from .journal import Journal
-from .liveness import FollowerWatch, PeerWatch
-from .messages import (
+from common.app import Record
+from common.clock import SYSTEM_CLOCK, Clock
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
+from common.messages import (
     Broken,
     Dropped,
     End,
@@ -39,11 +37,13 @@ from .messages import (
     Stop,
     StopRequest,
 )
-from .progress import Progress
-from .resources import ResourceBroker
-from .scheduler import Scheduler
-from .worker_pool import Event, WorkerPool
-from .write_failures import WriteFailures
+from common.observe.progress import Progress
+from common.ranks.liveness import FollowerWatch, PeerWatch
+from common.ranks.scheduler import Scheduler
+from common.results.failures import WriteFailures
+from common.results.journal import Journal
+from common.workers.pool import Event, WorkerPool
+from common.workers.resources import ResourceBroker
 
 log = logging.getLogger("multinode_gpu")
 
@@ -103,7 +103,7 @@ class Leader:
                  on_idle: Optional[Callable[[], None]] = None, on_first_result: Optional[Callable[[], Any]] = None,
                  clock: Clock = SYSTEM_CLOCK, write_failures: Optional[WriteFailures] = None):
         """``liveness``: the watch over the other ranks; ``status``: status.json's writer
-        (``common.status_file.StatusWriter``), or None; ``on_idle``: called once, the first time
+        (``common.results.status_file.StatusWriter``), or None; ``on_idle``: called once, the first time
         rank 0 has had nothing to do for IDLE_SECONDS after a result came (the runner warms the
         end-of-run figures up then, without slowing a busy rank 0); ``on_first_result``: called once,
         when the first result is in (the runner starts its timeline's drawing process then, not
@@ -423,7 +423,7 @@ class Follower:
     def __init__(self, comm: Any, pool: WorkerPool, stop_signal: Callable[[], Optional[str]], liveness: PeerWatch,
                  *, status: Optional[Any] = None, clock: Clock = SYSTEM_CLOCK):
         """``liveness``: the watch on rank 0 (its only peer); ``status``: what this rank tells
-        status.json (``common.status_file.RankReporter``), or None."""
+        status.json (``common.results.status_file.RankReporter``), or None."""
         self.comm, self.pool, self.stop_signal, self.clock = comm, pool, stop_signal, clock
         self.buffer: Deque[List[Handout]] = deque()  # bundles
         self.asked = False

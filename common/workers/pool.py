@@ -6,7 +6,7 @@ can never re-initialise MPI. It notices a dead worker within one poll (its proce
 reports the item it was running as failed and starts a fresh one.
 
 A worker that lives but says nothing for ``worker_timeout`` seconds, or whose item ran past
-``item_timeout``, is killed by the pool's :class:`common.watchdog.Watchdog` and handled as a dead one.
+``item_timeout``, is killed by the pool's :class:`common.workers.watchdog.Watchdog` and handled as a dead one.
 """
 from __future__ import annotations
 
@@ -22,12 +22,11 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
-from .app import Record
-from .clock import SYSTEM_CLOCK, Clock
-from .devices import Device
-from .items import Item
-from .layout import worker_log
-from .messages import (
+from common.app import Record
+from common.clock import SYSTEM_CLOCK, Clock
+from common.devices import Device
+from common.items import Item
+from common.messages import (
     Answers,
     Assign,
     Dropped,
@@ -46,12 +45,13 @@ from .messages import (
     Revoked,
     SetupFailed,
 )
-from .placement import pick_worker
-from .resources import ResourceBroker
-from .settings import without_launcher
-from .signals import WORKER_IGNORED_SIGNALS, WORKER_TERMINATE_SIGNAL, signals_blocked
-from .watchdog import Watchdog, unanswered
-from .worker import worker_main
+from common.results.layout import worker_log
+from common.settings import without_launcher
+from common.signals import WORKER_IGNORED_SIGNALS, WORKER_TERMINATE_SIGNAL, signals_blocked
+from common.workers.placement import pick_worker
+from common.workers.resources import ResourceBroker
+from common.workers.watchdog import Watchdog, unanswered
+from common.workers.worker import worker_main
 
 log = logging.getLogger("multinode_gpu")
 
@@ -168,7 +168,7 @@ class Event:
 class WorkerCounts:
     """What the rank's loop asks of any pool of workers (``self.workers``: name -> handle with
     ``ready``, ``assigned`` and ``retiring``): shared by :class:`WorkerPool` and the in-process
-    stand-in of the tests and benchmarks (``common.inprocess``)."""
+    stand-in of the tests and benchmarks (``common.testing.inprocess``)."""
 
     workers: Dict[str, Any]
 
@@ -270,7 +270,7 @@ class WorkerPool(WorkerCounts):
             worker.unreachable = True
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
-        """The worker to hand the next item to (:func:`common.placement.pick_worker`)."""
+        """The worker to hand the next item to (:func:`common.workers.placement.pick_worker`)."""
         return pick_worker(self.workers.values(), avoid, depth, self.batch)
 
     def revoke_queued(self) -> None:

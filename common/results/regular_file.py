@@ -11,7 +11,7 @@ import stat
 from pathlib import Path
 from typing import Optional, Union
 
-from .errors import UsageError, quoted
+from common.errors import UsageError, quoted
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))

@@ -1,5 +1,5 @@
 """Which worker of a rank gets the next bundle: the one policy of the real pool
-(common.worker_pool.WorkerPool) and of its in-process stand-in (common.inprocess.SimulatedPool),
+(common.workers.pool.WorkerPool) and of its in-process stand-in (common.testing.inprocess.SimulatedPool),
 so that a simulated run places items as a real one does."""
 from __future__ import annotations
 

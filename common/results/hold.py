@@ -29,11 +29,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from .errors import UsageError, quoted
-from .layout import HOLD_NAME, ResultsLayout
-from .outputs import atomic_write_json
-from .regular_file import NotRegularFile, read_regular
-from .settings import HOLD_SECONDS, seconds
+from common.errors import UsageError, quoted
+from common.results.layout import HOLD_NAME, ResultsLayout
+from common.results.outputs import atomic_write_json
+from common.results.regular_file import NotRegularFile, read_regular
+from common.settings import HOLD_SECONDS, seconds
 
 log = logging.getLogger("multinode_gpu")
 

@@ -16,7 +16,7 @@ Every reader (``--resume``, ``python -m common.status``, report.html) splits the
 record; a last line that is not one (torn mid-line by a crash) is dropped, and the writer cuts it.
 
 A write that fails (a full disk, an exceeded quota) raises nothing: the journal cuts what it had
-half-written, writes no more, and notes the failure (:mod:`common.write_failures`), which stops
+half-written, writes no more, and notes the failure (:mod:`common.results.failures`), which stops
 the run; everything before it stays readable for ``--resume``.
 """
 from __future__ import annotations
@@ -32,11 +32,11 @@ from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .app import Record
-from .errors import UsageError, quoted
-from .outputs import to_jsonable
-from .regular_file import read_regular, refuse_unless_regular
-from .write_failures import MOVED_AWAY, WriteFailure, WriteFailures
+from common.app import Record
+from common.errors import UsageError, quoted
+from common.results.failures import MOVED_AWAY, WriteFailure, WriteFailures
+from common.results.outputs import to_jsonable
+from common.results.regular_file import read_regular, refuse_unless_regular
 
 FORMAT_VERSION = 1
 #: how often the distribution loop checks that the results folder and the journal are still in place
@@ -262,7 +262,7 @@ class Journal:
 
     def check_place(self) -> bool:
         """Whether the journal is still the results folder's; where it is not, note it (which
-        stops the run, see :mod:`common.write_failures`) and write no more."""
+        stops the run, see :mod:`common.results.failures`) and write no more."""
         self._last_place_check = time.monotonic()
         why = self.moved_away()
         if why is None:
@@ -306,6 +306,10 @@ class Journal:
     def _stop_writing(self, failure: WriteFailure) -> None:
         self.failure = failure
         self._pending.clear()
+        self._release()
+
+    def _release(self) -> None:
+        """The writer thread stopped and the file closed (what they had is written or given up)."""
         if self._writer is not None:
             self._writer.stop()
             self._writer = None
@@ -359,9 +363,4 @@ class Journal:
     def close(self) -> None:
         if self._fd is not None:
             self.sync()
-        if self._writer is not None:
-            self._writer.stop()
-            self._writer = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._release()

@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, Hashable, List, Tuple
 
-from .messages import PoolAnswer, Requester
+from common.messages import PoolAnswer, Requester
 
 
 @dataclass

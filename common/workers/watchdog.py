@@ -6,7 +6,7 @@ killed (SIGKILL); so is a worker whose item (or group) has run for more than ``i
 seconds. Its log gets where it was (faulthandler) and why it was killed; its pool then handles it
 as any dead worker, its item failing with that reason.
 
-The watch reads what the pool keeps on each worker (``common.worker_pool.WorkerHandle``): when it
+The watch reads what the pool keeps on each worker (``common.workers.pool.WorkerHandle``): when it
 was last heard from, what it runs and since when (:meth:`Watchdog.note_start`).
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any, Iterable, Optional
 
 import psutil
 
-from .clock import SYSTEM_CLOCK, Clock
-from .layout import worker_log
-from .logs import worker_file_log
-from .signals import DUMP_SIGNAL
+from common.clock import SYSTEM_CLOCK, Clock
+from common.observe.logs import worker_file_log
+from common.results.layout import worker_log
+from common.signals import DUMP_SIGNAL
 
 log = logging.getLogger("multinode_gpu")
 

@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any, List, Mapping, Optional, Tuple
 
-from . import settings
+from common import settings
 
 log = logging.getLogger("multinode_gpu")
 

@@ -13,11 +13,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from . import settings
-from .errors import EXIT_OK, EXIT_STOPPED
-from .layout import ResultsLayout
-from .outputs import atomic_write_json
-from .write_failures import WriteFailures
+from common import settings
+from common.errors import EXIT_OK, EXIT_STOPPED
+from common.results.failures import WriteFailures
+from common.results.layout import ResultsLayout
+from common.results.outputs import atomic_write_json
 
 FORMAT_VERSION = 1
 #: how often the file is rewritten (and followers report); MULTINODE_GPU_STATUS_SECONDS overrides it

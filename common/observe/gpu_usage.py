@@ -8,9 +8,9 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from .gpu_monitor import Sample
-from .layout import GPU_USAGE_STEM, ResultsLayout, png_name
-from .outputs import atomic_write_text, new_figure, save_figure
+from common.observe.gpu_monitor import Sample
+from common.results.layout import GPU_USAGE_STEM, ResultsLayout, png_name
+from common.results.outputs import atomic_write_text, new_figure, save_figure
 
 log = logging.getLogger("multinode_gpu")
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import UsageError
-from .settings import DEFAULT_HEARTBEAT_TIMEOUT
+from common.errors import UsageError
+from common.settings import DEFAULT_HEARTBEAT_TIMEOUT
 
 #: items derive their seeds with numpy's SeedSequence, which takes any non-negative integer; consumers
 #: that need a 32-bit seed (scikit-learn) derive one from it. The bound only keeps the journal readable.

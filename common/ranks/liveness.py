@@ -2,7 +2,7 @@
 
 Every rank hears from its peers at least every ``timeout / 4`` seconds (a ``Heartbeat`` goes out
 only when nothing else did). Rank 0 (:class:`FollowerWatch`) declares a follower silent for
-``timeout`` seconds lost, and its :class:`common.distribute.Leader` gives what that rank held to the
+``timeout`` seconds lost, and its :class:`common.ranks.distribute.Leader` gives what that rank held to the
 others; a follower (its :class:`PeerWatch` on rank 0) that hears nothing from rank 0 that long stops by
 itself. Neither waits forever.
 """
@@ -13,8 +13,8 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from .clock import SYSTEM_CLOCK, Clock
-from .messages import Bye, Heartbeat, Result, Results
+from common.clock import SYSTEM_CLOCK, Clock
+from common.messages import Bye, Heartbeat, Result, Results
 
 #: rank 0 looks for followers due a heartbeat or silent too long at most this often (heartbeat
 #: intervals are seconds; one look walks every rank)

@@ -7,8 +7,8 @@ import socket
 import sys
 from typing import Optional
 
-from .errors import quoted
-from .write_failures import WriteFailures
+from common.errors import quoted
+from common.results.failures import WriteFailures
 
 log = logging.getLogger("multinode_gpu")
 

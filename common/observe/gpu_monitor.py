@@ -8,7 +8,7 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, List, NamedTuple, Optional
 
-from .devices import Device
+from common.devices import Device
 
 #: a series longer than this is halved (neighbours averaged): a week at 1 s stays a few hundred kB
 MAX_POINTS = 4000

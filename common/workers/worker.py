@@ -27,10 +27,9 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
-from .items import item_seed
-from .linux import die_with_parent
-from .logs import worker_file_log
-from .messages import (
+from common.items import item_seed
+from common.linux import die_with_parent
+from common.messages import (
     Alive,
     Answers,
     Assign,
@@ -44,7 +43,8 @@ from .messages import (
     Revoked,
     SetupFailed,
 )
-from .signals import (
+from common.observe.logs import worker_file_log
+from common.signals import (
     DUMP_SIGNAL,
     WORKER_IGNORED_SIGNALS,
     WORKER_TERMINATE_SIGNAL,

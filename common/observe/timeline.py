@@ -2,7 +2,7 @@
 timed out and workers killed for their silence in their own colours).
 
 :class:`TimelineDrawer` draws it in a process of its own, started with the run (``python -m
-common.timeline`` is that process)."""
+common.observe.timeline`` is that process)."""
 from __future__ import annotations
 
 import os
@@ -15,8 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
-from .outputs import new_figure, save_figure
-from .signals import DRAWER_IGNORED_SIGNALS
+from common.results.outputs import new_figure, save_figure
+from common.signals import DRAWER_IGNORED_SIGNALS
 
 #: bar colour by outcome: ``ok``, else the bar's ``why`` (common.messages.Failed.kind)
 COLOURS = {"ok": "tab:blue", "failed": "tab:red", "timeout": "tab:orange", "silent": "tab:purple"}
@@ -82,7 +82,7 @@ class TimelineDrawer:
         self._sending: Optional[threading.Thread] = None
 
     def start(self) -> "TimelineDrawer":
-        from .settings import without_launcher  # its child must not see the MPI launcher's variables
+        from common.settings import without_launcher  # its child must not see the MPI launcher's variables
 
         top = sys.modules[__name__.split(".")[0]]
         root = str(Path(top.__file__).resolve().parents[1])  # where the package is, for the child's import
@@ -163,7 +163,7 @@ def _warm_up() -> None:
     first use), so that the run's own is drawn at once."""
     import io
 
-    from .outputs import _SAVE_OPTIONS, FIGURE_FORMATS
+    from common.results.outputs import _SAVE_OPTIONS, FIGURE_FORMATS
 
     fig, ax = new_figure(2, 1)
     ax.broken_barh([(0, 1)], (0, 1), rasterized=True)
@@ -176,7 +176,7 @@ def _warm_up() -> None:
 def _child(parent: int) -> int:
     """The drawing process: warm up, then draw the one timeline it is given on stdin and answer
     ("ok", paths) or ("error", exception) on stdout. EOF on stdin (its parent ended): exit."""
-    from .linux import die_with_parent
+    from common.linux import die_with_parent
 
     die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the line above

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Sequence
 
 import numpy as np
 
-from .errors import UsageError, quoted
+from common.errors import UsageError, quoted
 
 
 def _current_umask() -> int:

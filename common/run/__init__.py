@@ -1,0 +1,5 @@
+"""The program from command line to exit code: flags (``cli``) and ``main(AppClass)`` (``runner``).
+
+Owns the order of a run: settings and flags checked, the MPI world joined, workers started, the
+leader or follower run, the outputs written, the exit code chosen. May import every other layer.
+"""

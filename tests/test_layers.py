@@ -1,0 +1,85 @@
+"""common/'s layers, read from the code: every import points down, so each layer can be changed and
+tested without the ones above it (the rule each subpackage's docstring states)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterator, Set, Tuple
+
+import common
+
+COMMON = Path(common.__file__).parent
+
+#: lowest first: a module may import its own layer and those before it, never one after it
+LAYERS = ("root", "results", "observe", "workers", "ranks", "run", "top")
+#: at the top: the commands and what is built on the engine (they may import any layer)
+TOP = {"status", "pipeline", "sweep", "slurm", "testing", "__init__"}
+
+
+def layer_of(module: str) -> str:
+    """``common.results.journal`` -> "results"; a root module (``common.items``) -> "root"."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "top"
+    head = parts[0]
+    if head in TOP:
+        return "top"
+    if (COMMON / head).is_dir():
+        return head
+    return "root"
+
+
+def modules() -> Iterator[Tuple[str, Path]]:
+    for path in sorted(COMMON.rglob("*.py")):
+        parts = path.relative_to(COMMON.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield ".".join(parts), path
+
+
+def imports(module: str, path: Path) -> Set[str]:
+    """The common.* modules ``path`` imports (relative imports resolved)."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("common."))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            if target == "common":  # from common import settings: the modules named
+                found.update(f"common.{alias.name}" for alias in node.names)
+            elif target.startswith("common."):
+                found.add(target)
+    return found
+
+
+def test_every_subpackage_is_a_known_layer_with_a_docstring() -> None:
+    packages = {path.name for path in COMMON.iterdir() if (path / "__init__.py").exists()}
+    assert packages - TOP == set(LAYERS) - {"root", "top"}
+    for name in packages:
+        docstring = ast.get_docstring(ast.parse((COMMON / name / "__init__.py").read_text()))
+        assert docstring, f"common/{name}/__init__.py says nothing about what it owns"
+
+
+def test_imports_point_down() -> None:
+    upward: Dict[str, Set[str]] = {}
+    for module, path in modules():
+        rank = LAYERS.index(layer_of(module))
+        for target in imports(module, path):
+            if LAYERS.index(layer_of(target)) > rank:
+                upward.setdefault(module, set()).add(target)
+    assert not upward, "imports that point up a layer: " + "; ".join(
+        f"{module} -> {', '.join(sorted(targets))}" for module, targets in sorted(upward.items()))
+
+
+def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
+    """The rule is not vacuous: a results module importing the runner is caught."""
+    path = tmp_path / "journal.py"
+    path.write_text("from ..run.runner import main\nfrom common.observe import progress\n")
+    found = imports("common.results.journal", path)
+    assert found == {"common.run.runner", "common.observe"}
+    assert all(LAYERS.index(layer_of(target)) > LAYERS.index("results") for target in found)

@@ -267,7 +267,7 @@ class Hold:
             return
         self.me["refreshed"] = time.time()
         try:
-            atomic_write_json(self.path, self.me)
+            atomic_write_json(self.path, self.me, parents=False)
         except OSError:
             try:
                 os.utime(self.path)

@@ -24,16 +24,19 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, *, parents: bool = True) -> None:
     """Write to a temporary file beside ``path``, then rename it over ``path``."""
-    atomic_write_with(path, lambda handle: handle.write(data))
+    atomic_write_with(path, lambda handle: handle.write(data), parents=parents)
 
 
-def atomic_write_with(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+def atomic_write_with(path: Path, write: Callable[[BinaryIO], Any], *, parents: bool = True) -> None:
     """``write(handle)`` into a temporary file beside ``path``, then rename it over ``path``: for
-    what is too big to hold in memory as bytes first."""
+    what is too big to hold in memory as bytes first. ``parents=False`` for a file rewritten while
+    a run goes on (status.json, the hold): where its folder was moved or deleted meanwhile, raise
+    FileNotFoundError rather than make an empty results folder again at the old place."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for the whole group to read
@@ -94,8 +97,8 @@ def check_replaceable(folder: Path, files: Iterable[str] = (), skip: Iterable[st
                                  f"it or choose another --results")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, *, parents: bool = True) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), parents=parents)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -120,8 +123,8 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def atomic_write_json(path: Path, value: Any) -> None:
-    atomic_write_text(path, json.dumps(to_jsonable(value), indent=2, sort_keys=False) + "\n")
+def atomic_write_json(path: Path, value: Any, *, parents: bool = True) -> None:
+    atomic_write_text(path, json.dumps(to_jsonable(value), indent=2, sort_keys=False) + "\n", parents=parents)
 
 
 def preload_figures() -> threading.Thread:

@@ -132,9 +132,9 @@ class StatusWriter:
                      for rank, snap in sorted(self.snapshots.items()) for gpu in snap["gpus"]],
         }
         try:
-            atomic_write_json(self.path, status)
-        except OSError:
-            pass  # a full disk shows elsewhere (the journal); the status file simply goes stale
+            atomic_write_json(self.path, status, parents=False)
+        except OSError:  # a full disk, or a folder moved away: both show through the journal, which stops
+            pass  # the run; the status file simply goes stale
 
     def finished(self, leader: Any, code: int) -> None:
         """The last write, with the run's outcome from its exit code."""

@@ -19,6 +19,8 @@ from common.messages import Bye, Heartbeat, Result, Results
 #: rank 0 looks for followers due a heartbeat or silent too long at most this often (heartbeat
 #: intervals are seconds; one look walks every rank)
 WATCH_SECONDS = 0.05
+#: while rank 0 writes its outputs, its heartbeat thread drives MPI's progress this often
+PROGRESS_SECONDS = 0.05
 
 
 class Liveness:
@@ -153,14 +155,23 @@ class FollowerWatch(PeerWatch):
 
     @contextmanager
     def keeping_alive(self) -> Iterator[None]:
-        """Heartbeats from a thread while rank 0 writes its outputs (the followers wait for its
-        ``Release`` meanwhile, and must not take its silence for a loss)."""
+        """Heartbeats from a thread while rank 0 is busy after the run (waiting for the followers'
+        reports, writing its outputs): the followers wait for its ``Release`` meanwhile and must
+        not take its silence for a loss. The first goes out at once; between them the thread
+        keeps calling into MPI, without which a message may never leave (``comm.progress``)."""
         done = threading.Event()
 
         def beat() -> None:
-            while not done.wait(self.interval):
-                for rank in self.live:
-                    self.comm.send(Heartbeat(), rank)
+            next_beat = 0.0
+            while True:
+                now = self.clock.monotonic()
+                if now >= next_beat:
+                    next_beat = now + self.interval
+                    for rank in self.live:
+                        self.comm.send(Heartbeat(), rank)
+                self.comm.progress()
+                if done.wait(PROGRESS_SECONDS):
+                    return
 
         thread = threading.Thread(target=beat, name="heartbeats", daemon=True)
         if self.live:

@@ -9,6 +9,7 @@ import logging
 import math
 import multiprocessing
 import os
+import threading
 import time
 from typing import Any, List, Mapping, Optional, Tuple
 
@@ -37,6 +38,9 @@ class SingleRank:
     def flush(self, timeout: float = 0.0) -> bool:
         return True
 
+    def progress(self) -> None:
+        pass
+
     def abort(self, code: int) -> None:
         os._exit(code)
 
@@ -45,12 +49,15 @@ class MpiWorld:
     """COMM_WORLD with non-blocking, pickled point-to-point messages (one tag)."""
 
     TAG = 17
+    PROGRESS_TAG = 18  # never sent: probed only to drive MPI's progress
 
     def __init__(self, mpi: Any):
         self.MPI = mpi
         self.comm = mpi.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._sends: List[Any] = []
+        # sends come from rank 0's main thread and from its heartbeat thread while it writes outputs
+        self._sends_lock = threading.Lock()
         self._status = mpi.Status()
         self._poll_failed = False
         self._send_failed: set = set()  # the ranks a send to has failed (said once each)
@@ -66,9 +73,10 @@ class MpiWorld:
         """Non-blocking: two ranks sending to each other at once can never deadlock. A send to a
         rank that is gone may fail (mpi4py raises MPI errors): liveness decides about that rank."""
         try:
-            self._sends.append(self.comm.isend(value, dest=dest, tag=self.TAG))
-            if len(self._sends) > 64:
-                self._sends = [r for r in self._sends if not r.Test()]
+            with self._sends_lock:
+                self._sends.append(self.comm.isend(value, dest=dest, tag=self.TAG))
+                if len(self._sends) > 64:
+                    self._sends = [r for r in self._sends if not r.Test()]
         except self.MPI.Exception as error:  # its rank is gone or cut off: liveness finds out which
             if dest not in self._send_failed:  # one line per peer, not an error stack per message
                 self._send_failed.add(dest)
@@ -93,11 +101,21 @@ class MpiWorld:
         deadline = time.monotonic() + timeout
         while self._sends and time.monotonic() < deadline:
             try:
-                self._sends = [r for r in self._sends if not r.Test()]
+                self.progress()
             except self.MPI.Exception:
                 return False
             time.sleep(0.001)
         return not self._sends
+
+    def progress(self) -> None:
+        """Move the messages sent so far along. Over libfabric's tcp provider (MPICH's OFI netmod,
+        what the engine picks under srun's pmi2) a small message is complete for its sender as soon
+        as it is queued, and leaves only while the sender calls MPI's progress engine; MPI_Test of
+        a complete request does not, a probe does. A rank busy with anything else (rank 0 writing
+        its outputs) must call this, or its heartbeats never reach the followers."""
+        with self._sends_lock:
+            self._sends = [r for r in self._sends if not r.Test()]
+        self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.PROGRESS_TAG)  # a tag never sent: takes nothing
 
     def abort(self, code: int) -> None:
         self.comm.Abort(code)

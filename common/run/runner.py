@@ -403,12 +403,13 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         report = {"rank": comm.rank, "host": host, "gpu": monitor.stop(), "gpu_series": monitor.series()}
         if comm.rank != 0:
             return _follower_end(comm, follower, outcome, report, layout[0]["host"])
-        byes = leader.await_byes(args.heartbeat_timeout + WORKER_KILL_AFTER)
-        reports = [report] + [byes[rank] for rank in sorted(byes)]
-        progress.close()
-        if preloading.is_alive():  # matplotlib in one thread at a time: the figures below wait for the warm-up
-            preloading.join(60)
+        # from here until the release the followers wait, each watching rank 0's silence
         with leader.liveness.keeping_alive():
+            byes = leader.await_byes(args.heartbeat_timeout + WORKER_KILL_AFTER)
+            reports = [report] + [byes[rank] for rank in sorted(byes)]
+            progress.close()
+            if preloading.is_alive():  # matplotlib in one thread at a time: the figures below wait for the warm-up
+                preloading.join(60)
             stop.outputs_interruptible = True
             try:
                 code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,

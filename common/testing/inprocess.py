@@ -82,6 +82,9 @@ class InProcessComm:
     def flush(self, timeout: float = 0.0) -> bool:
         return True
 
+    def progress(self) -> None:
+        """Messages are delivered as they are sent: nothing to move along."""
+
     def abort(self, code: int) -> None:
         self.aborted = code
         raise SystemExit(code)

@@ -49,25 +49,35 @@ DRAWER_IGNORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, WALLTIME_SIGNAL, signal
 #: every process of a step, and Apptainer's runtime (or a launcher) forwards it to the rank again
 ECHO_SECONDS = 2.0
 
-# What arrived before the runner (or a worker) took over. Signal handlers belong to the process,
-# so this one list does too: it is written only by _note, from the main thread.
-_received: List[int] = []
+class EarlyStops:
+    """The handler :func:`defer_stop_signals` installs: it notes each stop signal, once, in the
+    order they came. Signal handlers belong to the process, so the note lives in the handler the
+    process holds, not in this module: :func:`early_stops` finds it there."""
 
+    def __init__(self) -> None:
+        self.numbers: List[int] = []
 
-def _note(number: int, frame: Any) -> None:
-    if number not in _received:
-        _received.append(number)
+    def __call__(self, number: int, frame: Any) -> None:
+        if number not in self.numbers:
+            self.numbers.append(number)
 
 
 def defer_stop_signals() -> None:
     """Until the runner installs its own handlers, a stop signal is only noted."""
+    note = early_stops()
     for number in RUN_STOP_SIGNALS:
-        signal.signal(number, _note)
+        signal.signal(number, note)
 
 
-def received() -> List[int]:
-    """The stop signals noted before the runner (or a worker) took over, each once, in order."""
-    return list(_received)
+def early_stops() -> EarlyStops:
+    """The note of the stops that came while the program still imported (an empty one where
+    :func:`defer_stop_signals` was not called). Take it before installing other handlers, read its
+    ``numbers`` after: a signal that comes in between is noted in it."""
+    for number in RUN_STOP_SIGNALS:
+        handler = signal.getsignal(number)
+        if isinstance(handler, EarlyStops):
+            return handler
+    return EarlyStops()
 
 
 def ignore_stop_signals() -> None:
@@ -161,8 +171,9 @@ class StopFlag:
 
     def take_over(self) -> None:
         """Install the handlers and count each stop noted while the program still imported."""
+        early = early_stops()
         self.install()
-        for number in received():
+        for number in early.numbers:
             self._handle(number, None)
 
     @property

@@ -44,9 +44,9 @@ def test_no_other_module_defines_a_signal():
 
 
 @pytest.fixture
-def restored_handlers(monkeypatch):
-    """The test's handlers and noted signals go with it: this process runs other tests after it."""
-    monkeypatch.setattr(signals, "_received", [])
+def restored_handlers():
+    """The test's handlers (and the signals they noted) go with it: this process runs other tests
+    after it."""
     saved = {number: signal.getsignal(number) for number in RUN_STOP_SIGNALS}
     yield
     for number, handler in saved.items():
@@ -80,7 +80,20 @@ def test_a_write_failure_stops_the_run_and_a_journal_one_is_urgent():
 def test_a_stop_noted_while_importing_is_taken_over(restored_handlers):
     signals.defer_stop_signals()
     os.kill(os.getpid(), signal.SIGINT)  # noted, not raised
-    assert signal.SIGINT in signals.received()
+    assert signal.SIGINT in signals.early_stops().numbers
     flag = StopFlag(lambda: None)
     flag.take_over()
     assert flag() == "received SIGINT" and signal.getsignal(signal.SIGINT) == flag._handle
+
+
+def test_the_note_of_early_stops_lives_in_the_installed_handler(restored_handlers):
+    """No module state: the note is the handler itself; deferring twice keeps what it noted, and a
+    note taken before other handlers go in still holds what came until then."""
+    signals.defer_stop_signals()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    signals.defer_stop_signals()
+    early = signals.early_stops()
+    os.kill(os.getpid(), signal.SIGINT)
+    assert early.numbers == [signal.SIGUSR1, signal.SIGINT]
+    StopFlag(lambda: None).install()
+    assert signals.early_stops().numbers == [] and early.numbers == [signal.SIGUSR1, signal.SIGINT]

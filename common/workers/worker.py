@@ -48,9 +48,9 @@ from common.signals import (
     DUMP_SIGNAL,
     WORKER_IGNORED_SIGNALS,
     WORKER_TERMINATE_SIGNAL,
+    early_stops,
     ignore_stop_signals,
     leave_stop_signals_to_rank,
-    received,
 )
 
 log = logging.getLogger("multinode_gpu.worker")
@@ -294,12 +294,13 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     beating = _start_heartbeat(conn, heartbeat) if heartbeat else threading.Event()
     inbox = _Inbox(conn)
     _current_inbox.set(inbox)
+    early = early_stops()  # what came while the app's __main__ imported (read once our handlers are in)
     die_with_parent(WORKER_TERMINATE_SIGNAL)  # no worker outlives its rank
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
     leave_stop_signals_to_rank()
     signal.signal(WORKER_TERMINATE_SIGNAL, _on_terminate)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_IGNORED_SIGNALS)  # blocked since the pool started us
-    if WORKER_TERMINATE_SIGNAL in received():  # the rank ended us while the app's __main__ imported
+    if WORKER_TERMINATE_SIGNAL in early.numbers:  # the rank ended us while the app's __main__ imported
         beating.set()
         return
     handler = worker_file_log(log_path, name)  # falls back to stderr when the disk is full

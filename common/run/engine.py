@@ -18,6 +18,7 @@ import socket
 import sys
 import time
 import uuid
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -30,6 +31,7 @@ from common.observe.gpu_monitor import GpuMonitor
 from common.observe.gpu_usage import write_gpu_usage
 from common.observe.logs import add_file_log, setup_logging
 from common.observe.progress import Progress
+from common.observe.report_html import warm_up as warm_up_report
 from common.observe.report_html import write_report
 from common.observe.timeline import TimelineDrawer, plot_timeline
 from common.ranks.distribute import Follower, Leader
@@ -325,6 +327,24 @@ def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
          stop: StopFlag, failures: WriteFailures) -> int:
+    """The run on this rank. Rank 0 starts its timeline's drawing process first: it starts its
+    interpreter while rank 0 makes the plan and the journal, and imports matplotlib while the
+    workers start and the items run, in a thread at niceness 10 (it takes what they leave), so
+    that the end of even a short run finds it ready (started with the first result, as before, it
+    was still importing at the end of a run of seconds). It never outlives the run."""
+    drawer = _start_drawer() if comm.rank == 0 else None
+    try:
+        # multiprocessing's resource tracker, which starting a worker needs: its interpreter (a third
+        # one beside the 2 workers' on 2 cores) starts now, not at the same time as the workers'
+        resource_tracker.ensure_running()
+        return _run_rank(comm, app, notice, fingerprint, argv, stop, failures, drawer)
+    finally:
+        if drawer is not None:
+            drawer.close()
+
+
+def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
+              stop: StopFlag, failures: WriteFailures, drawer: Optional[TimelineDrawer]) -> int:
     args, devices = app.args, app.devices
     host = socket.gethostname().split(".")[0]
     results: Path = args.results
@@ -376,9 +396,6 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     pool.start()
     # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
     preloading = preload_figures() if comm.rank == 0 else None
-    # rank 0's timeline is drawn by a child that imports matplotlib while the items run (started with the
-    # first result: not to slow the workers' start)
-    drawer = TimelineDrawer() if comm.rank == 0 else None
     if comm.rank == 0:  # status.json for python -m common.status
         status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
                               items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor,
@@ -391,8 +408,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
                 hosts = {entry["rank"]: entry["host"] for entry in layout}
                 liveness = FollowerWatch(comm, args.heartbeat_timeout, hosts)
                 leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
-                                stop, liveness, status=status, on_idle=preloading.start,
-                                on_first_result=drawer.start, write_failures=failures)
+                                stop, liveness, status=status, on_idle=preloading.start, write_failures=failures)
                 outcome = leader.run()
                 status.write(leader, "finishing")
             else:
@@ -535,13 +551,18 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         "gpu_usage": gpu,
         "lost_ranks": [{k: v for k, v in lost.items() if k != "told_to_end"} for lost in leader.lost.values()],
     }
+    bars = leader.timeline_bars()
+    # the child draws the timeline while this process syncs the journal and writes the GPU figure and the
+    # app's outputs
+    drawing = bool(bars) and failures.first is None and drawer is not None and drawer.draw(bars, files.timeline)
     journal.sync()  # a filesystem that allocates late says now whether the journal is whole
     full = failures.first is not None  # the run stopped on it: what room is left is for the summary
     if full:
+        if drawing and drawer is not None:  # no timeline then
+            drawer.close()
+            drawing = False
+            _remove_temporary(files.root, TIMELINE_STEM)
         free_reserve(results)
-    bars = leader.timeline_bars()
-    # the child draws the timeline while this process writes the GPU figure and the app's outputs
-    drawing = bool(bars) and not full and drawer is not None and drawer.draw(bars, files.timeline)
     if bars and not full and not drawing:
         _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
                  lambda: plot_timeline(bars, files.timeline))
@@ -553,6 +574,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
         summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
     if drawing and drawer is not None:  # done before the summary and report.html, which show it
+        warm_up_report()  # while the child draws
         if _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM), drawer.result) is None \
                 and failures.first is None:  # no answer from the child: drawn here after all
             _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
@@ -593,6 +615,20 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     print(f"{app.name}: {summary['status']}: {len(records)} of {len(items)} items in {summary['wall_seconds']:.1f} s; "
           f"results in {results}/ (summary.md)", file=sys.stderr)
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
+
+
+def _start_drawer() -> TimelineDrawer:
+    """Rank 0's timeline drawer, started (see :class:`TimelineDrawer`)."""
+    return TimelineDrawer().start()
+
+
+def _remove_temporary(folder: Path, stem: str) -> None:
+    """The temporary files of ``stem``'s figures that a killed drawing left (``atomic_write_bytes``'s)."""
+    for leftover in folder.glob(f".{stem}.*.tmp"):
+        try:
+            leftover.unlink()
+        except OSError:
+            pass
 
 
 def _written(failures: WriteFailures, results: Path, what: str, path: Path, write: Callable[[], Any]) -> Any:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from .devices import Device
 from .items import Item
 from .settings import DEFAULT_WORKER_TIMEOUT
+
+if TYPE_CHECKING:  # numpy only where an app or an item's seed needs it: not in rank 0's start
+    import numpy as np
 
 
 @dataclass

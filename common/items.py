@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
+if TYPE_CHECKING:  # imported by the functions that need it: rank 0 may never need numpy (0.1 s of CPU)
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Item:
 
 def item_seed(seed: int, key: str) -> np.random.SeedSequence:
     """The item's own random stream: a function of ``--seed`` and the item key only."""
+    import numpy as np
+
     digest = hashlib.sha256(key.encode("utf-8")).digest()
     words = tuple(int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4))
     return np.random.SeedSequence(entropy=int(seed), spawn_key=words)
@@ -38,6 +41,8 @@ def item_seed(seed: int, key: str) -> np.random.SeedSequence:
 
 def torch_seed(seed_sequence: np.random.SeedSequence) -> int:
     """A 63-bit integer for ``torch.manual_seed`` drawn from the item's seed sequence."""
+    import numpy as np
+
     return int(seed_sequence.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
@@ -52,4 +57,6 @@ def seed32(seed: int) -> int:
     earlier runs' small seeds give the same results), else one word derived with SeedSequence."""
     if 0 <= seed < 2 ** 32:
         return int(seed)
+    import numpy as np
+
     return int(np.random.SeedSequence(int(seed)).generate_state(1)[0])

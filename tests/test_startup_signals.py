@@ -16,6 +16,19 @@ from helpers import TOY, error_lines, handler_installed, start, wait_until
 STOP_CODE = 75
 
 
+def worker_processes(rank: psutil.Process) -> list:
+    """The rank's workers: its spawned children (not multiprocessing's resource tracker, not the
+    timeline's drawing process); one that is already gone or a zombie is not counted."""
+    found = []
+    for child in rank.children():
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
+
+
 def worker_starts(results: Path) -> int:
     """How many worker processes began (each says 'started: pid' first thing in its log)."""
     return sum(path.read_text().count("started: pid") for path in (results / "logs").glob("rank0-*.log"))
@@ -49,10 +62,7 @@ def test_ctrl_c_while_workers_start_restarts_none_and_prints_no_traceback(tmp_pa
         del os.environ["TOY_IMPORT_SLEEP"]
     rank = psutil.Process(process.pid)
 
-    def workers() -> list:
-        return [child for child in rank.children() if "resource_tracker" not in " ".join(child.cmdline())]
-
-    assert wait_until(lambda: len(workers()) == 2, timeout=60, every=0.01)
+    assert wait_until(lambda: len(worker_processes(rank)) == 2, timeout=60, every=0.01)
     time.sleep(after)
     os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=120)
@@ -74,7 +84,7 @@ def test_no_worker_is_started_again_once_a_stop_was_asked(tmp_path):
     time.sleep(1)  # both workers busy with their first item
     os.kill(process.pid, signal.SIGINT)
     time.sleep(0.5)
-    victim = next(child for child in rank.children() if "resource_tracker" not in " ".join(child.cmdline()))
+    victim = worker_processes(rank)[0]
     victim.kill()
     _, err = process.communicate(timeout=120)
     assert process.returncode == STOP_CODE, err

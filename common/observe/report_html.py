@@ -68,6 +68,15 @@ def _markdown_html(text: str) -> str:
     return md.convert(text)
 
 
+def warm_up() -> None:
+    """Import markdown and load its extensions (what the first :func:`write_report` spends most of
+    its time on), for a caller that waits for something else meanwhile (the timeline's drawing)."""
+    try:
+        _markdown_html("| a |\n|---|\n| 1 |\n\n```\nx\n```\n")
+    except Exception:  # noqa: BLE001 - only a head start: write_report says what fails
+        pass
+
+
 def _inline_images(body: str, results: Path) -> str:
     def replace(match: "re.Match[str]") -> str:
         tag, source = match.group(0), html.unescape(match.group(2))

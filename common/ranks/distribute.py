@@ -100,15 +100,13 @@ class Leader:
     def __init__(self, comm: Any, pool: WorkerPool, scheduler: Scheduler, journal: Journal, progress: Progress,
                  global_pools: Dict[str, int], total_capacity: int, grace: float, stop_signal: Callable[[], Optional[str]],
                  liveness: FollowerWatch, *, status: Optional[Any] = None,
-                 on_idle: Optional[Callable[[], None]] = None, on_first_result: Optional[Callable[[], Any]] = None,
+                 on_idle: Optional[Callable[[], None]] = None,
                  clock: Clock = SYSTEM_CLOCK, write_failures: Optional[WriteFailures] = None):
         """``liveness``: the watch over the other ranks; ``status``: status.json's writer
         (``common.results.status_file.StatusWriter``), or None; ``on_idle``: called once, the first time
         rank 0 has had nothing to do for IDLE_SECONDS after a result came (the runner warms the
-        end-of-run figures up then, without slowing a busy rank 0); ``on_first_result``: called once,
-        when the first result is in (the runner starts its timeline's drawing process then, not
-        while the workers start); ``write_failures``: the run's, where an item's output that found
-        no space is noted."""
+        end-of-run figures up then, without slowing a busy rank 0); ``write_failures``: the run's,
+        where an item's output that found no space is noted."""
         self.comm, self.pool, self.scheduler, self.journal = comm, pool, scheduler, journal
         self.clock = clock
         self.write_failures = write_failures or WriteFailures()
@@ -130,7 +128,6 @@ class Leader:
         self.code = EXIT_OK
         self.status = status
         self.on_idle = on_idle
-        self.on_first_result = on_first_result
 
     @property
     def lost(self) -> Dict[int, Dict[str, Any]]:
@@ -170,9 +167,6 @@ class Leader:
                 return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
             if self.stopping and (not self.scheduler.in_flight or self.clock.monotonic() > self.deadline):
                 return self._end("stopped", EXIT_STOPPED)
-            if self.on_first_result is not None and self.records:
-                self.on_first_result()
-                self.on_first_result = None
             if self.on_idle is not None and self.records:
                 now = self.clock.monotonic()
                 idle_since = None if active else idle_since or now

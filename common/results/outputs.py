@@ -5,12 +5,11 @@ import io
 import json
 import os
 import struct
+import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Sequence
-
-import numpy as np
 
 from common.errors import UsageError, quoted
 
@@ -112,9 +111,10 @@ def to_jsonable(value: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
+    np = sys.modules.get("numpy")  # a numpy value exists only where numpy was imported: never imported here
+    if np is not None and isinstance(value, np.ndarray):
         return to_jsonable(value.tolist())
-    if isinstance(value, np.generic):
+    if np is not None and isinstance(value, np.generic):
         return value.item()
     if isinstance(value, Path):
         return str(value)

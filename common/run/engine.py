@@ -1,0 +1,692 @@
+"""``main(AppClass)`` (called through :func:`common.run.runner.main`): everything between the command line and the results folder.
+
+Order of events on every rank: parse and validate (all ranks agree before anything is written),
+rank 0 checks the results folder and journal and prepares data, each rank spawns its workers,
+rank 0 leads the distribution while the others follow, then rank 0 writes the outputs.
+"""
+from __future__ import annotations
+
+import datetime
+import errno
+import fnmatch
+import json
+import logging
+import multiprocessing
+import os
+import resource
+import socket
+import sys
+import time
+import uuid
+from multiprocessing import resource_tracker
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from common import settings, startup
+from common.app import App, RunInfo
+from common.devices import resolve_devices, visible_gpus
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, quoted
+from common.messages import Bye
+from common.observe.gpu_monitor import GpuMonitor
+from common.observe.gpu_usage import write_gpu_usage
+from common.observe.logs import add_file_log, setup_logging
+from common.observe.progress import Progress
+from common.observe.report_html import warm_up as warm_up_report
+from common.observe.report_html import write_report
+from common.observe.timeline import TimelineDrawer, plot_timeline
+from common.ranks.distribute import Follower, Leader
+from common.ranks.liveness import FollowerWatch, PeerWatch
+from common.ranks.mpi import world
+from common.ranks.scheduler import Scheduler
+from common.results.failures import WriteFailures, about_results, free_reserve, reserve_space
+from common.results.hold import Hold, check_free
+from common.results.journal import Journal, describe_difference, read_journal
+from common.results.layout import (
+    ENGINE_OUTPUTS,
+    GPU_USAGE_STEM,
+    HOLD_NAME,
+    JOURNAL_NAME,
+    LOGS_DIR,
+    STATUS_NAME,
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    TIMELINE_STEM,
+    WRITE_PROBE,
+    ResultsLayout,
+    png_name,
+)
+from common.results.outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
+from common.results.regular_file import refuse_unless_regular
+from common.results.status_file import RankReporter, StatusWriter
+from common.run.cli import build_parser, module_command
+from common.signals import StopFlag, ignore_stop_signals
+from common.workers.pool import PoolSettings, WorkerPool
+from common.workers.watchdog import Watchdog
+
+log = logging.getLogger("multinode_gpu")
+
+#: seconds a busy worker gets to end what it started (pipeline steps) once the run is over
+WORKER_KILL_AFTER = 10.0
+
+#: open files a rank needs (MPI, logs, journal, figures), and more for each of its workers (the pipe
+#: to it, its sentinel, what multiprocessing opens while starting it): about 3 measured, 8 allowed
+FILES_PER_RANK = 64
+FILES_PER_WORKER = 8
+
+
+def _agree(comm: Any, error: Optional[str]) -> Optional[str]:
+    """Every rank's error (or None) -> the first one, on every rank. An error that not every rank
+    has (a --data-dir one node cannot see) names the node and rank it comes from."""
+    host = socket.gethostname().split(".")[0]
+    reports = comm.allgather((host, error))
+    errors = [(rank, where, e) for rank, (where, e) in enumerate(reports) if e]
+    if not errors:
+        return None
+    rank, where, first = errors[0]
+    if first.startswith("exit:") or len(errors) == len(reports):
+        return first
+    return f"on {where} (rank {rank}): {first}"
+
+
+def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
+    """Parse and check arguments and devices on every rank; returns (app, devices, notice) or an error."""
+    gpus = visible_gpus()
+    peers = _same_node_peers(comm, socket.gethostname(), gpus)
+    try:
+        args = build_parser(app_class, quiet=comm.rank != 0).parse_args(argv)
+        if isinstance(args.resume, str) and not app_class.resume_target:
+            raise UsageError(f"--resume takes no value here (got {args.resume!r}); put it after the other arguments")
+        app = app_class(args)
+        # ranks of one node that see the same GPUs share them out
+        devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers),
+                                          args.workers_per_gpu)
+        app.devices = devices  # decided once, here: validate() and every later method read them
+        if not getattr(args, "dry_run", False):  # a dry run starts no worker
+            _check_open_files(len(devices), comm.size)
+        app.check_arguments()
+        app.validate()
+        return (app, devices, notice), None
+    except UsageError as error:
+        return None, str(error)
+    except SystemExit as exit_:  # --help
+        return None, f"exit:{exit_.code or 0}"
+
+
+def _check_open_files(workers: int, ranks: int) -> None:
+    """Raise the soft limit on open files to what the rank needs (up to the hard limit), or refuse
+    the run in one line naming the limit: past it a worker cannot be started, and the run would
+    stop half-way with workers left waiting."""
+    needed = FILES_PER_RANK + FILES_PER_WORKER * workers + 2 * ranks
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return
+    raise UsageError(f"the limit on open files (ulimit -n) is {hard}; {workers} worker(s) on this rank need at "
+                     f"least {needed}: raise it (ulimit -n {max(1024, needed)}) or start fewer workers")
+
+
+def _end_children() -> None:
+    """Kill this rank's workers (an unexpected error ends the run): multiprocessing would otherwise
+    wait for them at exit, and they wait for their rank: a hang that even SIGTERM cannot end."""
+    for child in multiprocessing.active_children():
+        child.kill()
+    for child in multiprocessing.active_children():
+        child.join(5)
+
+
+def engine_fingerprint(args: Any) -> Dict[str, Any]:
+    """The engine's arguments that change results, fingerprinted for every app (an app's own
+    ``fingerprint`` adds only its arguments): the seed, and --threads where given (a BLAS or torch
+    reduction's bits depend on its thread count). Not --gpu or --workers: the same seed gives the
+    same answer on any number of devices, and a requeued job may resume on other nodes."""
+    threads = getattr(args, "threads", None)
+    return {"seed": args.seed, **({} if threads is None else {"threads": threads})}
+
+
+def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
+    """Rank 0: refuse a folder another run holds, refuse to overwrite a journal or to resume
+    another run; then make the folder and take its hold. Sets ``app.journaled`` from the journal
+    being resumed."""
+    args = app.args
+    folder: Path = args.results
+    journal_path = ResultsLayout(folder).journal
+    fingerprint = {"app": app.name, **engine_fingerprint(args), **app.fingerprint()}
+    try:
+        os.stat(folder)
+    except FileNotFoundError:
+        pass
+    except OSError as error:  # a name over the filesystem's limit, a loop of links, no permission
+        raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
+    if folder.is_dir():
+        for name, what in ((JOURNAL_NAME, "the journal"), (HOLD_NAME, "the results folder's hold"),
+                           (STATUS_NAME, "the status file")):
+            refuse_unless_regular(folder / name, what)  # a FIFO would make its reader wait for ever
+        check_free(folder)  # read-only: a live run's hold is refused before anything else
+    if journal_path.exists():
+        if not args.resume:
+            raise UsageError(f"{quoted(folder)} already holds the journal of an earlier run; pass --resume to continue it "
+                             f"or choose another --results")
+        header, app.journaled = read_journal(journal_path)
+        old = header.get("fingerprint") if isinstance(header, dict) else None
+        if not isinstance(old, dict):
+            raise UsageError(f"cannot resume {quoted(folder)}: its journal's first line is not a run's header "
+                             f"(damaged?); use another --results")
+        if old != fingerprint:
+            raise UsageError(f"cannot resume {quoted(folder)}: it was made with other arguments "
+                             f"({describe_difference(old, fingerprint)}); use the same arguments or another --results")
+        for key, record in app.journaled.items():
+            try:
+                app.check_result(key, record.result)
+            except ValueError as problem:
+                raise UsageError(f"cannot resume {quoted(folder)}: its journal's result of {key} is not one {app.name} "
+                                 f"writes ({problem}): the journal is damaged; use another --results") from None
+    elif folder.exists() and not folder.is_dir():
+        raise UsageError(f"--results {quoted(folder)}: exists and is not a folder")
+    own = _own_entries(folder, app) if folder.is_dir() else []
+    if own:  # an earlier run's outputs: each must be replaceable at the end, or the run would do its
+        # work and then leave new figures beside an old summary (a user's other files are not looked at)
+        check_replaceable(folder, ENGINE_OUTPUTS, skip=[name for name in os.listdir(folder) if name not in own]
+                          + [LOGS_DIR, HOLD_NAME])
+    app.prepare()  # its own one-line errors (a --resume of nothing, ...) say more than a clash
+    if not journal_path.exists():
+        clashes = [name for name in own if not (folder / name).is_dir() or any((folder / name).iterdir())]
+        if clashes:  # someone's files named like ours, or results whose journal is gone: never overwrite them
+            raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({', '.join(clashes[:3])}"
+                             f"{', ...' if len(clashes) > 3 else ''}), which this run would overwrite; move them away "
+                             f"or choose another --results")
+    try:
+        for place in (folder, folder / LOGS_DIR):
+            place.mkdir(parents=True, exist_ok=True)
+            probe = place / WRITE_PROBE
+            probe.write_bytes(b"")
+            probe.unlink()
+        hold = Hold(folder)
+        hold.acquire()
+    except OSError as error:
+        raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
+    return fingerprint, hold
+
+
+def _own_entries(folder: Path, app: App) -> List[str]:
+    """The names at the top of ``folder`` that this run writes: the engine's outputs, its logs
+    folder and the app's ``output_names`` (the hold aside: ``check_free`` has judged it)."""
+    patterns = (*ENGINE_OUTPUTS, LOGS_DIR, *app.output_names())
+    return sorted(name for name in os.listdir(folder)
+                  if not ResultsLayout.is_hold_file(name)
+                  and any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns))
+
+
+def main(app_class: type, argv: Optional[List[str]] = None) -> int:
+    """Run an app from the command line on this rank; returns the exit code (same on every rank)."""
+    startup.guard_standard_streams()  # a closed pipe or a full stdout never changes the outcome
+    try:
+        return _main(app_class, argv)
+    finally:  # the exit code is decided: a signal during the interpreter's shutdown must not change it
+        ignore_stop_signals()
+
+
+def _main(app_class: type, argv: Optional[List[str]]) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    failures = WriteFailures()  # the run's failed writes to its results folder
+    stop = StopFlag(lambda: failures.first)
+    # from the first moment: a walltime signal during start-up still ends cleanly, and so does one
+    # that came while the program was still importing
+    stop.take_over()
+    try:  # every environment variable of ours, read now: garbage is one line, not a later traceback
+        settings.check_environment()
+    except UsageError as error:  # before MPI is joined: the launcher's rank 0 says it
+        if settings.launcher_rank() == 0:
+            print(f"{app_class.name}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    comm = world()
+    setup_logging(comm.rank)
+    valid, error = _validate_everywhere(comm, app_class, argv)
+    error = _agree(comm, error)
+    if error:
+        if error.startswith("exit:"):
+            return int(error[5:])
+        if comm.rank == 0:
+            print(f"{app_class.name}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if any(comm.allgather(stop.why is not None)):  # asked to stop while starting: nothing is written
+        if comm.rank == 0:
+            print(f"{app_class.name}: stopped ({stop.why or 'another rank was signalled'}) before the run "
+                  f"started; nothing was written", file=sys.stderr)
+        return EXIT_STOPPED
+    app, devices, notice = valid
+    app.devices = devices
+    if getattr(app.args, "dry_run", False):
+        return _dry_run(comm, app)
+    checked, failed = _on_rank_0(comm, app, lambda: _check_results_folder(app))
+    if failed:
+        return EXIT_USAGE
+    fingerprint, hold = checked or (None, None)
+    try:
+        code = _run(comm, app, notice, fingerprint, argv, stop, failures)
+    except Exception as error:
+        _end_children()
+        if hold is not None:
+            hold.release()
+        if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):  # a limit, not a bug
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            message = (f"{app_class.name}: error: {error.strerror} (this rank's limit on open files, ulimit -n, is "
+                       f"{limit}): its workers were stopped; raise the limit and rerun with --resume")
+            log.error(message)
+            if comm.rank == 0 or comm.size == 1:
+                print(message, file=sys.stderr)
+            if comm.size > 1:
+                logging.shutdown()
+                comm.abort(EXIT_FAILED_ITEMS)
+            return EXIT_FAILED_ITEMS
+        if comm.size > 1:  # the other ranks would wait for this one for ever: end the whole job
+            log.exception("unexpected error; aborting all %d ranks", comm.size)
+            logging.shutdown()
+            comm.abort(1)
+        raise
+    if hold is not None:
+        hold.release()
+    if not comm.finalize:  # a rank is gone: MPI_Finalize would wait for it forever
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if comm.rank == 0 and comm.size > 1:
+            # MPI_Abort is how a job ends with a rank missing: the launcher ends every process it
+            # can reach (the lost rank's too) and exits with ``code`` (hydra; srun reports the step failed)
+            comm.abort(code)
+        os._exit(code)
+    return code
+
+
+def _dry_run(comm: Any, app: App) -> int:
+    """--dry-run: rank 0 prints each planned item as one JSON line; nothing written, no hold taken."""
+    def plan() -> None:
+        app.prepare()
+        for item in app.items():
+            print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
+        sys.stdout.flush()
+
+    return EXIT_USAGE if _on_rank_0(comm, app, plan)[1] else EXIT_OK
+
+
+def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]:
+    """``work()`` on rank 0; its UsageError, told to every rank, is one line on stderr.
+    Returns (what it returned on rank 0, whether it failed), the failure on every rank."""
+    result, error = None, None
+    if comm.rank == 0:
+        try:
+            result = work()
+        except UsageError as problem:
+            error = str(problem)
+    error = comm.bcast(error)
+    if error and comm.rank == 0:
+        print(f"{app.name}: error: {error}", file=sys.stderr)
+    return result, bool(error)
+
+
+def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
+         stop: StopFlag, failures: WriteFailures) -> int:
+    """The run on this rank. Rank 0 starts its timeline's drawing process first: it starts its
+    interpreter while rank 0 makes the plan and the journal, and imports matplotlib while the
+    workers start and the items run, in a thread at niceness 10 (it takes what they leave), so
+    that the end of even a short run finds it ready (started with the first result, as before, it
+    was still importing at the end of a run of seconds). It never outlives the run."""
+    drawer = _start_drawer() if comm.rank == 0 else None
+    try:
+        # multiprocessing's resource tracker, which starting a worker needs: its interpreter (a third
+        # one beside the 2 workers' on 2 cores) starts now, not at the same time as the workers'
+        resource_tracker.ensure_running()
+        return _run_rank(comm, app, notice, fingerprint, argv, stop, failures, drawer)
+    finally:
+        if drawer is not None:
+            drawer.close()
+
+
+def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
+              stop: StopFlag, failures: WriteFailures, drawer: Optional[TimelineDrawer]) -> int:
+    args, devices = app.args, app.devices
+    host = socket.gethostname().split(".")[0]
+    results: Path = args.results
+    if notice and comm.rank == 0:
+        log.info(notice)
+    files = ResultsLayout(results)
+    files.logs.mkdir(parents=True, exist_ok=True)  # on every node: results need not be shared
+    add_file_log(str(files.rank_log(comm.rank)),
+                 f"rank {comm.rank} of {comm.size} on {host} (pid {os.getpid()}): {', '.join(map(str, devices))}",
+                 failures)
+    _check_results_shared(comm, results, host)
+    threads = args.threads or _default_threads(comm, host, len(devices))
+    pool_specs = app.pools()
+    node_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope == "node"}
+    global_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope != "node"}
+    layout = comm.allgather({"rank": comm.rank, "host": host, "pid": os.getpid(), "devices": [str(d) for d in devices], "threads": threads})
+    total_capacity = sum(len(entry["devices"]) for entry in layout)
+    started_at = time.time()
+
+    leader = None
+    if comm.rank == 0:
+        journal_path = files.journal
+        items = app.items()
+        keys = [item.key for item in items]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"{app.name}: item keys are not unique")
+        known = set(keys)
+        resumed = {key: record for key, record in app.journaled.items() if key in known}
+        scheduler = Scheduler(items, {k: r.result for k, r in resumed.items()}, args.retries, app.complete,
+                              {k: r.params for k, r in resumed.items() if r.params is not None})
+        for key in scheduler.stale:
+            del resumed[key]
+        journal = Journal(journal_path, {"fingerprint": fingerprint, "command": module_command(argv)},
+                          write_failures=failures)
+        journal.add_event("start", time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
+        reserve_space(results)  # room for the summary should the disk fill up
+        log.info("%s: %d items (%d already in the journal) on %d rank(s), %d worker(s): %s", app.name, len(items),
+                 len(resumed), comm.size, total_capacity,
+                 ", ".join(f"{e['host']}[{','.join(e['devices'])}]" for e in layout))
+        progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
+
+    settings = PoolSettings(rank=comm.rank, host=host, logs_dir=files.logs, seed=args.seed, threads=threads,
+                            batch=args.batch, node_pools=node_pools, global_pools=tuple(global_pools))
+    watchdog = Watchdog(args.worker_timeout, args.item_timeout, settings.logs_dir)
+    # stop: a worker that ends once a stop was asked is not started again
+    pool = WorkerPool(app, devices, settings, watchdog, stop_asked=stop)
+    monitor = GpuMonitor(devices)
+    monitor.start()
+    pool.start()
+    # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
+    preloading = preload_figures() if comm.rank == 0 else None
+    if comm.rank == 0:  # status.json for python -m common.status
+        status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
+                              items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor,
+                              write_failures=failures)
+    else:
+        status = RankReporter(pool, monitor)
+    try:  # pool.join() at the very end: rank 0 writes its outputs while its idle workers exit
+        try:
+            if comm.rank == 0:
+                hosts = {entry["rank"]: entry["host"] for entry in layout}
+                liveness = FollowerWatch(comm, args.heartbeat_timeout, hosts)
+                leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
+                                stop, liveness, status=status, on_idle=preloading.start, write_failures=failures)
+                outcome = leader.run()
+                status.write(leader, "finishing")
+            else:
+                follower = Follower(comm, pool, stop, PeerWatch(comm, [0], args.heartbeat_timeout), status=status)
+                outcome = follower.run()
+        finally:  # kill_after: time for an item to end what it started (pipeline steps)
+            pool.shutdown(kill_after=WORKER_KILL_AFTER, wait=comm.rank != 0)
+        report = {"rank": comm.rank, "host": host, "gpu": monitor.stop(), "gpu_series": monitor.series()}
+        if comm.rank != 0:
+            return _follower_end(comm, follower, outcome, report, layout[0]["host"])
+        # from here until the release the followers wait, each watching rank 0's silence
+        with leader.liveness.keeping_alive():
+            byes = leader.await_byes(args.heartbeat_timeout + WORKER_KILL_AFTER)
+            reports = [report] + [byes[rank] for rank in sorted(byes)]
+            progress.close()
+            if preloading.is_alive():  # matplotlib in one thread at a time: the figures below wait for the warm-up
+                preloading.join(60)
+            stop.outputs_interruptible = True
+            try:
+                code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
+                               started_at, failures, drawer)
+            except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
+                print(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item "
+                      f"is journaled: write them with the same launcher and: "
+                      f"{module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+                code = EXIT_STOPPED
+            finally:
+                stop.outputs_interruptible = False
+            status.finished(leader, code)
+        journal.close()
+        free_reserve(results)
+        if not leader.release(code) or not comm.flush(args.heartbeat_timeout):
+            comm.finalize = False  # MPI_Finalize would wait for a rank that is gone
+        return code
+    finally:
+        if drawer is not None:
+            drawer.close()  # it never outlives the run (a stop, an error)
+        pool.join()
+
+
+def _check_results_shared(comm: Any, results: Path, host: str) -> None:
+    """Warn (rank 0, once) about each node that does not see rank 0's results folder: its
+    workers' logs stay on that node's own disk. A collective call, at start-up."""
+    if comm.size == 1:
+        return
+    token = uuid.uuid4().hex if comm.rank == 0 else None
+    mark = ResultsLayout(results).shared_probe
+    if token:
+        mark.write_text(token)
+    token = comm.bcast(token)
+    try:
+        sees = mark.read_text() == token
+    except OSError:
+        sees = False
+    blind = sorted({where for where, ok in comm.allgather((host, sees)) if not ok})
+    if comm.rank == 0:
+        mark.unlink(missing_ok=True)
+        for where in blind:
+            log.warning("the results folder %s is not visible from %s: its ranks' and workers' logs stay on that "
+                        "node's disk (%s:%s); use a folder every node sees", results, where, where,
+                        ResultsLayout(results).logs)
+
+
+def _follower_end(comm: Any, follower: Follower, outcome: str, report: dict, leader_host: str) -> int:
+    """A follower's last words: its report to rank 0, or, when rank 0 fell silent, a stop of its own."""
+    if outcome == "lost":
+        comm.finalize = False
+        message = (f"rank {comm.rank}: lost rank 0 on {leader_host} (no message for {follower.silence:.0f} s); "
+                   f"stopped this rank's workers and exiting; finished items are in rank 0's journal: "
+                   f"rerun with --resume to finish")
+        log.error(message)
+        print(message, file=sys.stderr)
+        return EXIT_STOPPED
+    comm.send(Bye(report), 0)
+    release = follower.await_release()
+    if release is None:
+        comm.finalize = False
+        message = (f"rank {comm.rank}: lost rank 0 on {leader_host} while it wrote the outputs (no message for "
+                   f"{follower.silence:.0f} s); exiting: rerun with --resume to finish")
+        log.error(message)
+        print(message, file=sys.stderr)
+        return EXIT_STOPPED
+    if not release.finalize or not comm.flush(follower.liveness.timeout):
+        comm.finalize = False
+        # rank 0 ends the job with MPI_Abort; leaving first would make some launchers (hydra) kill
+        # rank 0 before it does, and report that instead of the run's exit code
+        time.sleep(follower.liveness.timeout)
+    return release.code
+
+
+def _default_threads(comm: Any, host: str, workers: int) -> int:
+    """The rank's cores divided by its workers, and by the other ranks on the same node when
+    they share those cores (mpiexec -n 2 on one machine; not srun with --cpus-per-task)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return max(1, len(cores) // (workers * len(_same_node_peers(comm, host, cores))))
+
+
+def _same_node_peers(comm: Any, host: str, what: Any) -> List[int]:
+    """The ranks on ``host`` that report the same ``what`` as this one (its GPUs, its cores), in
+    rank order, this one included: those that must share them out. A collective call."""
+    return [rank for rank, seen in enumerate(comm.allgather((host, what))) if seen == (host, what)]
+
+
+def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: Leader, journal: Journal, resumed: dict,
+            items: list, layout: list, reports: list, started_at: float, failures: WriteFailures,
+            drawer: Optional[TimelineDrawer] = None) -> int:
+    """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code."""
+    args = app.args
+    results: Path = args.results
+    files = ResultsLayout(results)
+    scheduler = leader.scheduler
+    records = {**resumed, **leader.records}
+    journal.check_place()
+    failure = failures.first
+    if failure is not None and failure.moved_away:  # outputs written now would have no journal behind them
+        print(f"{app.name}: stopped: {failure.describe()}; nothing more is written ({len(records)} of {len(items)} "
+              f"items had finished, in that journal); if it was renamed, move it back, then finish with the same "
+              f"launcher and: {module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+        return EXIT_STOPPED
+    failed = [{"key": key, "error": error} for key, error in scheduler.failed.items()]
+    final_items = [scheduler.items[item.key] for item in items]
+    ended_at = time.time()
+    gpu = {f"rank{r['rank']}-{name}": stats for r in reports for name, stats in r["gpu"].items()}
+    this_run = list(leader.records.values())
+    summary: Dict[str, Any] = {
+        "app": app.name,
+        "status": {"complete": "complete" if not failed else "failed", "stopped": "stopped"}[outcome],
+        "command": module_command(argv),
+        "fingerprint": fingerprint,
+        "items_total": len(items),
+        "items_done": len(records),
+        "items_resumed": len(resumed),
+        "items_this_run": len(this_run),
+        "failed_items": failed,
+        "ranks": len(layout),
+        "workers": layout,
+        "started": datetime.datetime.fromtimestamp(started_at).isoformat(timespec="seconds"),
+        "wall_seconds": round(ended_at - started_at, 3),
+        "item_seconds_total": round(sum(r.seconds for r in this_run), 3),
+        "item_seconds_mean": round(sum(r.seconds for r in this_run) / len(this_run), 4) if this_run else None,
+        "gpu_usage": gpu,
+        "lost_ranks": [{k: v for k, v in lost.items() if k != "told_to_end"} for lost in leader.lost.values()],
+    }
+    bars = leader.timeline_bars()
+    # the child draws the timeline while this process syncs the journal and writes the GPU figure and the
+    # app's outputs
+    drawing = bool(bars) and failures.first is None and drawer is not None and drawer.draw(bars, files.timeline)
+    journal.sync()  # a filesystem that allocates late says now whether the journal is whole
+    full = failures.first is not None  # the run stopped on it: what room is left is for the summary
+    if full:
+        if drawing and drawer is not None:  # no timeline then
+            drawer.close()
+            drawing = False
+            _remove_temporary(files.root, TIMELINE_STEM)
+        free_reserve(results)
+    if bars and not full and not drawing:
+        _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
+                 lambda: plot_timeline(bars, files.timeline))
+    summary["gpu_usage_plot"] = None if full else _written(failures, results, "the GPU usage figure",
+                                                           files.root / png_name(GPU_USAGE_STEM),
+                                                           lambda: write_gpu_usage(reports, results))
+    run = None
+    if outcome != "stopped" and failures.first is None:
+        run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
+        summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
+    if drawing and drawer is not None:  # done before the summary and report.html, which show it
+        warm_up_report()  # while the child draws
+        if _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM), drawer.result) is None \
+                and failures.first is None:  # no answer from the child: drawn here after all
+            _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
+                     lambda: plot_timeline(bars, files.timeline))
+    failure = failures.first
+    if failure is not None:  # what finished is journaled; --resume writes the rest
+        outcome = summary["status"] = "stopped"
+        summary["stopped_because"] = failure.describe()
+        summary["no_space"] = failure.no_space
+        summary["items_journaled"] = _journaled(journal.path, items)
+    if outcome == "stopped":
+        summary["resume_command"] = module_command([a for a in argv if a != "--resume"] + ["--resume"])
+    _written(failures, results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
+    _written(failures, results, SUMMARY_MD, files.summary_md,
+             lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary)))
+    late = failures.first if failure is None else None
+    if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
+        print(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
+              f"{late.remedy()}, then write them with the same launcher and: "
+              f"{module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+        return EXIT_STOPPED
+    if failure is None:
+        write_report(results)
+    if failure is not None:
+        journaled = summary["items_journaled"]
+        print(f"{app.name}: stopped: {failure.describe()}; {'?' if journaled is None else journaled} of "
+              f"{len(items)} items are safely journaled; {failure.remedy()}, then finish with the same launcher and: "
+              f"{summary['resume_command']}", file=sys.stderr)
+        return EXIT_STOPPED
+    if outcome == "stopped":
+        print(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
+              f"finish with the same launcher and: {summary['resume_command']}", file=sys.stderr)
+        return EXIT_STOPPED
+    if not failed and run is not None:  # complete: the app's headline, as the reference's closing prints
+        for line in app.headline(run, summary):
+            print(line)
+        sys.stdout.flush()
+    print(f"{app.name}: {summary['status']}: {len(records)} of {len(items)} items in {summary['wall_seconds']:.1f} s; "
+          f"results in {results}/ (summary.md)", file=sys.stderr)
+    return EXIT_FAILED_ITEMS if failed else EXIT_OK
+
+
+def _start_drawer() -> TimelineDrawer:
+    """Rank 0's timeline drawer, started (see :class:`TimelineDrawer`)."""
+    return TimelineDrawer().start()
+
+
+def _remove_temporary(folder: Path, stem: str) -> None:
+    """The temporary files of ``stem``'s figures that a killed drawing left (``atomic_write_bytes``'s)."""
+    for leftover in folder.glob(f".{stem}.*.tmp"):
+        try:
+            leftover.unlink()
+        except OSError:
+            pass
+
+
+def _written(failures: WriteFailures, results: Path, what: str, path: Path, write: Callable[[], Any]) -> Any:
+    """``write()``, one of rank 0's end-of-run outputs; a write that fails for lack of space (or on
+    a file of the results folder) is noted in ``failures``, not raised: the run then ends as stopped
+    (exit 75)."""
+    try:
+        return write()
+    except OSError as error:
+        if not about_results(error, results):
+            raise
+        failures.note(what, error.filename2 or error.filename or path, error)  # a rename's target
+        free_reserve(results)
+        return None
+
+
+def _journaled(path: Path, items: list) -> Optional[int]:
+    """How many of ``items`` the journal on disk holds (what --resume will skip); None if unreadable."""
+    try:
+        _, records = read_journal(path)
+    except UsageError:
+        return None
+    keys = {item.key for item in items}
+    return sum(1 for key in records if key in keys)
+
+
+def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
+    lines = [f"# {app.name}: {summary['status']}", "",
+             f"- command: `{summary['command']}`",
+             f"- items: {summary['items_done']} of {summary['items_total']} done "
+             f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",
+             f"- ranks: {summary['ranks']}; workers: "
+             + ", ".join(f"{w['host']} [{', '.join(w['devices'])}]" for w in summary["workers"]),
+             f"- wall time: {summary['wall_seconds']:.1f} s; item time: {summary['item_seconds_total']:.1f} s",
+             ""]
+    for lost in summary.get("lost_ranks", []):
+        lines += [f"- **lost rank {lost['rank']} on {lost['host']}** ({lost['why']}): its "
+                  f"{lost['items_reassigned']} item(s) ran on the other ranks", ""]
+    if summary.get("stopped_because"):
+        lines += [f"**Stopped{' for lack of space' if summary.get('no_space') else ''}**: "
+                  f"{summary['stopped_because']}.", ""]
+    if summary.get("resume_command"):
+        lines += ["Stopped before the end. Finish with:", "", f"    {summary['resume_command']}", ""]
+    if summary["gpu_usage"]:
+        lines += ["| GPU | utilisation mean % | peak % | memory mean MiB | peak MiB |", "|---|---|---|---|---|"]
+        measures = ("util_mean_percent", "util_peak_percent", "memory_mean_mib", "memory_peak_mib")
+        lines += [f"| {name} | " + " | ".join("n/a" if s[m] is None else f"{s[m]:.0f}" for m in measures) + " |"
+                  for name, s in summary["gpu_usage"].items()]
+        lines.append("")
+    if summary.get("gpu_usage_plot"):
+        lines += [f"![GPU use over time]({summary['gpu_usage_plot']})", ""]
+    if summary["failed_items"]:
+        lines += ["## Failed items", "", "| item | error |", "|---|---|"]
+        lines += [f"| {f['key']} | {f['error'].splitlines()[-1] if f['error'] else ''} |" for f in summary["failed_items"]]
+        lines += ["", f"Tracebacks are in `{LOGS_DIR}/` and `{JOURNAL_NAME}`.", ""]
+    lines += [f"![timeline]({png_name(TIMELINE_STEM)})", ""]
+    app_part = app.summary_markdown(summary) if summary["status"] != "stopped" else ""
+    if app_part:
+        lines += [app_part.rstrip(), ""]
+    return "\n".join(lines)

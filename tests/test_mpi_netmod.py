@@ -18,3 +18,13 @@ def test_other_launchers_and_mpis_keep_their_default():
 
 def test_a_netmod_the_user_chose_is_kept():
     assert srun_pmi_netmod({**SRUN, "MPIR_CVAR_CH4_NETMOD": "ucx"}, WHEEL) is None
+
+
+def test_only_a_process_no_launcher_started_is_a_single_rank_without_mpi():
+    from common.ranks.mpi import launched_by_mpi
+
+    assert not launched_by_mpi({"PATH": "/usr/bin", "HOME": "/root", "SLURM_JOB_ID": "7"})  # a batch shell
+    for name in ("PMI_RANK", "PMI_FD", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "HYDRA_CONTROL_FD", "I_MPI_HYDRA_HOST_FILE",
+                 "SLURM_PROCID", "SLURM_STEP_ID", "MV2_COMM_WORLD_RANK", "PALS_RANKID", "ALPS_APP_PE",
+                 "JSM_NAMESPACE_RANK"):
+        assert launched_by_mpi({"PATH": "/usr/bin", name: "0"}), name

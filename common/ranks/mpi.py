@@ -158,8 +158,17 @@ def launched_by_mpi(env: Mapping[str, str]) -> bool:
     process: it left variables through which the rank finds its job. Without them MPI_Init could
     only make a world of one, and MPICH's singleton start (it starts a process manager, then
     finalises it at exit) costs about 0.15 s of wall time for nothing: such a run is a
-    :class:`SingleRank`, which behaves the same for one rank."""
-    return any(name.startswith(settings.LAUNCHER_PREFIXES) for name in env)
+    :class:`SingleRank`, which behaves the same for one rank.
+
+    Where in doubt, MPI is started as before: a job step of Slurm (an MPI built on Slurm's own PMI
+    finds its job through SLURM_* variables alone, under ``srun`` without ``--mpi``), MVAPICH, PBS's
+    PALS, Cray's ALPS and LSF's jsrun count as launchers too. Taking a real launch for a single
+    rank would run the whole job in every rank."""
+    return any(name.startswith(settings.LAUNCHER_PREFIXES + _OTHER_LAUNCHERS) for name in env)
+
+
+#: variables other launchers leave (not removed from a worker's environment: no MPI reads them there)
+_OTHER_LAUNCHERS = ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_PROCID", "MV2_", "PALS_", "ALPS_APP", "JSM_NAMESPACE")
 
 
 def srun_pmi_netmod(env: Mapping[str, str], library: str) -> Optional[str]:

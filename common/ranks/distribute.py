@@ -244,31 +244,45 @@ class Leader:
     # ----- results -----
     def _results(self, message: Any) -> None:
         """A :class:`Result` or :class:`Results` message."""
-        for record in message.records if isinstance(message, Results) else [message.record]:
-            self._finished(record)
+        self._finished(message.records if isinstance(message, Results) else [message.record])
 
-    def _finished(self, record: Record) -> None:
-        if record.rank == 0:
-            self.pace.observe(record.seconds)
-        holding = self.holding.get(record.rank)
-        if holding:
-            holding.discard(record.key)
-        names = self._names  # each unpickled record brings its own copies of these
-        record.host = names.setdefault(record.host, record.host)
-        record.device = names.setdefault(record.device, record.device)
-        record.worker = names.setdefault(record.worker, record.worker)
-        item = self.scheduler.items.get(record.key)
-        if item is not None:
-            record.key = item.key  # one copy of the key string, not one more per result
-            if item.after:
-                record.params = item.params  # what it was built from: --resume checks it still holds
-        if self.scheduler.done(record.key, record.result):
-            self.records[record.key] = record
-            self.journal.add_result(record)
-            self.progress.advance()
-            self.report_failures()  # a dependent that could not be built from this result
-        else:
-            self.bars.append({"worker": record.worker, "start": record.start, "end": record.end, "ok": True})
+    def _finished(self, records: List[Record]) -> None:
+        """Finished items (a :class:`Results` message's, or one), handled as one batch: per record
+        only its own bookkeeping, each O(1) (rank 0 does this for every result of the run); the
+        progress count and the journal's look at its batch's age once for all. Each result's line
+        joins the journal's batch in order, as before, so the window of a SIGKILL is the same."""
+        scheduler, journal, kept = self.scheduler, self.journal, self.records
+        items, done, add = scheduler.items, scheduler.done, journal.append_result
+        holding, names = self.holding, self._names  # names: each unpickled record brings its own copies
+        count = 0
+        for record in records:
+            rank, key = record.rank, record.key
+            if rank == 0:
+                self.pace.observe(record.seconds)
+            held = holding.get(rank)
+            if held:
+                held.discard(key)
+            record.host = names.setdefault(record.host, record.host)
+            record.device = names.setdefault(record.device, record.device)
+            record.worker = names.setdefault(record.worker, record.worker)
+            item = items.get(key)
+            if item is not None:
+                record.key = key = item.key  # one copy of the key string, not one more per result
+                if item.after:
+                    record.params = item.params  # what it was built from: --resume checks it still holds
+            if done(key, record.result):
+                kept[key] = record
+                add(record)
+                count += 1
+                if scheduler.has_new_failures:  # a dependent that could not be built from this result
+                    self.progress.advance(count)
+                    count = 0
+                    self.report_failures()
+            else:
+                self.bars.append({"worker": record.worker, "start": record.start, "end": record.end, "ok": True})
+        if count:
+            self.progress.advance(count)
+        journal.maybe_sync()
 
     def timeline_bars(self) -> List[dict]:
         """Every attempt of this run, for the timeline: the kept results' and then the others."""
@@ -333,10 +347,9 @@ class Leader:
         if isinstance(message, Request):
             self.requests[source] = (message.need, message.prefetch)
         elif isinstance(message, Results):
-            for record in message.records:
-                self._finished(record)
+            self._finished(message.records)
         elif isinstance(message, Result):
-            self._finished(message.record)
+            self._finished([message.record])
         elif isinstance(message, Failed):
             self._attempt_failed(message)
         elif isinstance(message, PoolCall):
@@ -367,8 +380,7 @@ class Leader:
             avoid = _avoided(bundle)
             if avoid and worker.name in avoid:
                 worker = self.pool.pick_worker(avoid, depth) or worker
-            for handout in bundle:
-                self.scheduler.handed(handout.item.key)
+            self.scheduler.handed_all([handout.item.key for handout in bundle])
             self.pool.assign(worker, bundle, bool(bundle[0].item.group))
             handed = True
         # nothing ready: only the requests that ask for nothing are answered (an empty Items)
@@ -377,13 +389,8 @@ class Leader:
         for rank, (need, prefetch) in requests:
             plenty = self.scheduler.ready_count > need + prefetch + self.total_capacity
             count = need + (prefetch if plenty else 0)
-            batch = []  # bundles
-            while len(batch) < count and self.scheduler.ready_count:
-                bundle = self.scheduler.take(self._chunk())
-                for handout in bundle:
-                    self.scheduler.handed(handout.item.key)
-                    self.holding[rank].add(handout.item.key)
-                batch.append(bundle)
+            batch, keys = self.scheduler.take_handed(count, self._chunk)  # bundles
+            self.holding[rank].update(keys)
             if batch or need == 0:
                 self._send(Items(batch, plenty), rank)
                 del self.requests[rank]
@@ -393,9 +400,11 @@ class Leader:
     def _chunk(self) -> int:
         """Items per message: 1, or for items far below a millisecond, about 2 ms worth of them
         (one message and one wake-up for many items), while there is plenty for everybody."""
-        if not self.pace.short or self.scheduler.ready_count < 4 * self.total_capacity:
+        ready, share = self.scheduler.ready_count, 4 * self.total_capacity
+        seconds = self.pace.seconds
+        if ready < share or not seconds < SHORT_ITEM_SECONDS:
             return 1
-        return max(1, min(64, int(0.002 / max(self.pace.seconds, 1e-6)), self.scheduler.ready_count // (4 * self.total_capacity)))
+        return max(1, min(64, int(0.002 / max(seconds, 1e-6)), ready // share))
 
     def _check_workers_left(self) -> None:
         """If no rank can run anything any more, fail what is left instead of waiting forever."""

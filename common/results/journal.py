@@ -129,14 +129,15 @@ def _result_line(record: Record) -> bytes:
     """The journal line of a result, as ``_ENCODER.encode`` writes the record's dict (same keys in
     the same order), made without the dict: it is most of rank 0's work per result. Raises
     TypeError or ValueError for an engine field that is not a plain str, int or finite float."""
-    seconds, start, end = record.seconds, record.start, record.end
+    seconds, start, end, result, params = record.seconds, record.start, record.end, record.result, record.params
     if not (-_INF < seconds < _INF and -_INF < start < _INF and -_INF < end < _INF):
         raise ValueError("not finite")
-    return (f'{{"type":"result","key":{_string(record.key)},"result":{_app_value(record.result)},'
+    return (f'{{"type":"result","key":{_string(record.key)},'
+            f'"result":{"null" if result is None else _app_value(result)},'
             f'"seconds":{_float(seconds)},"rank":{_int(record.rank)},"host":{_string(record.host)},'
             f'"device":{_string(record.device)},"worker":{_string(record.worker)},"start":{_float(start)},'
             f'"end":{_float(end)},"attempt":{_int(record.attempt)},"group_size":{_int(record.group_size)},'
-            f'"params":{_app_value(record.params)}}}').encode()
+            f'"params":{"null" if params is None else _app_value(params)}}}').encode()
 
 
 class _DiskWriter:
@@ -318,6 +319,13 @@ class Journal:
             self._fd = None
 
     def add_result(self, record: Record) -> None:
+        self.append_result(record)
+        self.maybe_sync()
+
+    def append_result(self, record: Record) -> None:
+        """:meth:`add_result` without the look at the batch's age: for a caller that adds many
+        results at once (rank 0, a :class:`common.messages.Results` message) and then calls
+        :meth:`maybe_sync` once. A full batch still goes to the writer at once."""
         if self._fd is None:
             return
         try:
@@ -327,13 +335,13 @@ class Journal:
             for name in _RECORD_FIELDS:
                 entry[name] = getattr(record, name)
             self._write(entry)
-        else:
-            if not self._pending:
-                self._since = time.monotonic()
-            self._pending.append(line)
-            if len(self._pending) >= self.max_lines:
-                self._hand_over()
-        self.maybe_sync()
+            return
+        pending = self._pending
+        if not pending:
+            self._since = time.monotonic()
+        pending.append(line)
+        if len(pending) >= self.max_lines:
+            self._hand_over()
 
     def add_event(self, kind: str, **fields: Any) -> None:
         """Failed attempts, permanent failures, stops: kept for the summary and the timeline."""

@@ -2,9 +2,9 @@
 1,000 simulated ranks of 8 workers each, with no-op items, in one process (common.testing.inprocess).
 
 Messages are pickled as MPI would pickle them. The simulated ranks answer at once: each Items
-message comes back as one Results message with every item's record and a new Request (8 idle
-workers, 8 more to queue), as a real follower with no-op items does (it sends what finished within
-2 ms together, and always before its next request). They run inside rank 0's poll of its workers;
+message comes back as one Results message with every item's record and its journal line, and a new
+Request (8 idle workers, 8 more to queue), as a real follower with no-op items does (it sends what
+finished within 2 ms together, each with its line, and always before its next request). They run inside rank 0's poll of its workers;
 their time is measured and taken out, so "results per second at rank 0" is what the Leader's own
 code (receiving, unpickling, scheduling, journaling, answering) sustains. The garbage collector is
 off while they run: their own allocations would otherwise set off most of its passes over rank 0's
@@ -40,7 +40,7 @@ from common.observe.progress import Progress
 from common.ranks.distribute import Leader
 from common.ranks.liveness import FollowerWatch
 from common.ranks.scheduler import Scheduler
-from common.results.journal import Journal
+from common.results.journal import Journal, result_line
 from common.results.layout import ResultsLayout
 from common.testing.inprocess import InProcessWorld, SimulatedPool
 
@@ -92,8 +92,8 @@ class SimulatedRanks:
                     records = [Record(key=item.key, result=None, seconds=1e-5, rank=rank, host=self.hosts[rank],
                                       device="cpu0", worker=self.names[rank], start=now, end=now, attempt=attempt)
                                for bundle in message.bundles for item, attempt, _ in bundle]
-                    if records:
-                        comm.send(Results(records), 0)
+                    if records:  # with their lines, as Follower._send_event makes them
+                        comm.send(Results(records, [result_line(record) for record in records]), 0)
                     comm.send(Request(self.workers, self.workers if message.plenty else 0), 0)
                 elif isinstance(message, End):
                     self.ended += 1

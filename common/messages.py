@@ -70,9 +70,12 @@ class Result:
 @dataclass
 class Results:
     """The items a follower finished in the last few milliseconds, in one message (one send, one
-    receive and one unpickling at rank 0 for many short items)."""
+    receive and one unpickling at rank 0 for many short items). ``lines``: each record's journal
+    line, made by the follower (``common.results.journal.result_line``; None where rank 0 must make
+    it): rank 0 only appends them, instead of encoding every result of the run itself."""
 
     records: List[Record]
+    lines: Optional[List[Optional[bytes]]] = None
 
 
 @dataclass

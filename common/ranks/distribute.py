@@ -41,7 +41,7 @@ from common.observe.progress import Progress
 from common.ranks.liveness import FollowerWatch, PeerWatch
 from common.ranks.scheduler import Scheduler
 from common.results.failures import WriteFailures
-from common.results.journal import Journal
+from common.results.journal import Journal, result_line
 from common.workers.pool import Event, WorkerPool
 from common.workers.resources import ResourceBroker
 
@@ -244,18 +244,22 @@ class Leader:
     # ----- results -----
     def _results(self, message: Any) -> None:
         """A :class:`Result` or :class:`Results` message."""
-        self._finished(message.records if isinstance(message, Results) else [message.record])
+        if isinstance(message, Results):
+            self._finished(message.records, message.lines)
+        else:
+            self._finished([message.record])
 
-    def _finished(self, records: List[Record]) -> None:
+    def _finished(self, records: List[Record], lines: Optional[List[Optional[bytes]]] = None) -> None:
         """Finished items (a :class:`Results` message's, or one), handled as one batch: per record
         only its own bookkeeping, each O(1) (rank 0 does this for every result of the run); the
         progress count and the journal's look at its batch's age once for all. Each result's line
-        joins the journal's batch in order, as before, so the window of a SIGKILL is the same."""
+        joins the journal's batch in order, as before, so the window of a SIGKILL is the same.
+        ``lines``: the records' journal lines as their follower made them (None: made here)."""
         scheduler, journal, kept = self.scheduler, self.journal, self.records
-        items, done, add = scheduler.items, scheduler.done, journal.append_result
+        items, done, add, append_line = scheduler.items, scheduler.done, journal.append_result, journal.append_line
         holding, names = self.holding, self._names  # names: each unpickled record brings its own copies
         count = 0
-        for record in records:
+        for index, record in enumerate(records):
             rank, key = record.rank, record.key
             if rank == 0:
                 self.pace.observe(record.seconds)
@@ -272,7 +276,11 @@ class Leader:
                     record.params = item.params  # what it was built from: --resume checks it still holds
             if done(key, record.result):
                 kept[key] = record
-                add(record)
+                line = lines[index] if lines is not None else None
+                if line is None:
+                    add(record)
+                else:
+                    append_line(line)
                 count += 1
                 if scheduler.has_new_failures:  # a dependent that could not be built from this result
                     self.progress.advance(count)
@@ -347,7 +355,7 @@ class Leader:
         if isinstance(message, Request):
             self.requests[source] = (message.need, message.prefetch)
         elif isinstance(message, Results):
-            self._finished(message.records)
+            self._finished(message.records, message.lines)
         elif isinstance(message, Result):
             self._finished([message.record])
         elif isinstance(message, Failed):
@@ -449,8 +457,10 @@ class Follower:
         self.end: Optional[End] = None
         self.silence = 0.0  # how long rank 0 had been silent when it was given up
         # Finished items not yet sent: sent together (Results) every RESULTS_SECONDS, RESULTS_BATCH
-        # items, whenever the loop has nothing else to do, and before any other message
+        # items, whenever the loop has nothing else to do, and before any other message; with each
+        # its journal line (rank 0 only appends it)
         self.results: List[Record] = []
+        self.lines: List[Optional[bytes]] = []
         self.results_since = 0.0
         self.status = status
 
@@ -511,8 +521,8 @@ class Follower:
         self.liveness.send(message, 0)
 
     def _send_results(self) -> None:
-        batch, self.results = self.results, []
-        self.liveness.send(Results(batch) if len(batch) > 1 else Result(batch[0]), 0)
+        batch, lines, self.results, self.lines = self.results, self.lines, [], []
+        self.liveness.send(Results(batch, lines) if len(batch) > 1 else Result(batch[0]), 0)
 
     def flush(self) -> None:
         """Send the finished items not sent yet (at the end of the run, before the :class:`Bye`)."""
@@ -557,12 +567,19 @@ class Follower:
             if not self.stopping:
                 self.buffer.extendleft([handout] for handout in reversed(handouts))
                 return
-        self.handed.pop(event.key, None)
+        handed = self.handed.pop(event.key, None)
         if event.kind == "done":
-            self.pace.observe(event.record.seconds)
+            record = event.record
+            self.pace.observe(record.seconds)
             if not self.results:
                 self.results_since = self.clock.monotonic()
-            self.results.append(event.record)
+            line = None  # not known here (no handout): rank 0 makes it
+            if handed is not None:
+                if handed.item.after:
+                    record.params = handed.item.params  # as rank 0 journals it (see Leader._finished)
+                line = result_line(record)
+            self.results.append(record)
+            self.lines.append(line)
             return
         self._send(event.as_message())
 

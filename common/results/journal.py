@@ -140,6 +140,16 @@ def _result_line(record: Record) -> bytes:
             f'"params":{"null" if params is None else _app_value(params)}}}').encode()
 
 
+def result_line(record: Record) -> Optional[bytes]:
+    """A result's journal line, as :meth:`Journal.add_result` writes it; None where it must be made
+    the general way (an engine field of an unusual type). A follower makes its results' lines, so
+    that rank 0 does not encode every result of the run (:meth:`Journal.append_line`)."""
+    try:
+        return _result_line(record)
+    except (TypeError, ValueError):
+        return None
+
+
 class _DiskWriter:
     """Writes and fsyncs the journal's batches in a thread of its own, so rank 0's loop never
     waits for the disk (an fsync takes milliseconds, tens of them on a busy disk). One batch is
@@ -335,6 +345,18 @@ class Journal:
             for name in _RECORD_FIELDS:
                 entry[name] = getattr(record, name)
             self._write(entry)
+            return
+        pending = self._pending
+        if not pending:
+            self._since = time.monotonic()
+        pending.append(line)
+        if len(pending) >= self.max_lines:
+            self._hand_over()
+
+    def append_line(self, line: bytes) -> None:
+        """:meth:`append_result` for a line :func:`result_line` made elsewhere (by the follower that
+        ran the item: the very bytes this journal would have made of the record)."""
+        if self._fd is None:
             return
         pending = self._pending
         if not pending:

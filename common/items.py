@@ -33,11 +33,11 @@ class Item:
         """Pickled as its fields in a row: rank 0 pickles every item it hands out, and the default
         way (the instance's ``__dict__``) is slower and leaves each item handed out a dict of its
         own at rank 0 (64 bytes more per item for the rest of the run)."""
-        return Item, _item_row(self)
+        return Item, item_row(self)
 
 
 #: an item's fields in order, as one tuple (``Item(*row)`` makes it again)
-_item_row = attrgetter(*(f.name for f in fields(Item)))
+item_row = attrgetter(*(f.name for f in fields(Item)))
 
 
 def item_seed(seed: int, key: str) -> np.random.SeedSequence:

@@ -167,9 +167,10 @@ class Leader:
         idle_since: Optional[float] = None
         while True:
             active = self._drain_messages()
-            for event in self.pool.poll(timeout):
+            events = self.pool.poll(timeout)
+            if events:
                 active = True
-                self._local_event(event)
+                self._local_events(events)
             self._watch_followers()
             why = self.stop_signal()
             if why and not self.stopping:
@@ -339,8 +340,20 @@ class Leader:
             self.progress.write(f"[rank 0] item {key} failed for good: {error.splitlines()[-1] if error else ''}")
             self.progress.advance(failed=True)
 
-    def _local_event(self, event: Event) -> None:
-        self._on_message(0, event.as_message())
+    def _local_events(self, events: List[Event]) -> None:
+        """What one poll of rank 0's own workers saw, in order; items finished one after the other
+        are handled as one batch, as a follower's :class:`Results` are."""
+        finished: List[Record] = []
+        for event in events:
+            if event.kind == "done":
+                finished.append(event.record)  # type: ignore[arg-type]
+                continue
+            if finished:
+                self._finished(finished)
+                finished = []
+            self._on_message(0, event.as_message())
+        if finished:
+            self._finished(finished)
 
     def _drain_messages(self) -> bool:
         active = False

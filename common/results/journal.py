@@ -3,7 +3,8 @@
 It is what makes a killed run lose nothing: ``--resume`` reads it back and skips every item it
 holds. Lines are written in batches: a batch is all the lines of the last ``sync_every`` seconds
 (at most ``max_lines`` of them), written with one write and one fsync by a thread of its own, so
-that per result rank 0 only makes a JSON line in memory. The bounded window (``WINDOW_SECONDS``,
+that per result rank 0 only appends a JSON line in memory (mostly made by the follower that ran
+the item: :func:`result_line`). The bounded window (``WINDOW_SECONDS``,
 ``WINDOW_LINES``): a SIGKILL of the whole job, or a crash of the node, loses at most the results
 that reached rank 0 in its last 0.15 s (the batch being filled, 0.05 s, one idle turn of rank 0's
 loop, 0.05 s, and the batch before it, still on its way to a disk that takes up to 0.05 s to write
@@ -127,7 +128,8 @@ def _app_value(value: Any) -> str:
 
 def _result_line(record: Record) -> bytes:
     """The journal line of a result, as ``_ENCODER.encode`` writes the record's dict (same keys in
-    the same order), made without the dict: it is most of rank 0's work per result. Raises
+    the same order), made without the dict (a follower makes it for each result it batches: see
+    :func:`result_line`; rank 0 for the others). Raises
     TypeError or ValueError for an engine field that is not a plain str, int or finite float."""
     seconds, start, end, result, params = record.seconds, record.start, record.end, record.result, record.params
     if not (-_INF < seconds < _INF and -_INF < start < _INF and -_INF < end < _INF):

@@ -2,11 +2,14 @@
 1,000 simulated ranks of 8 workers each, with no-op items, in one process (common.testing.inprocess).
 
 Messages are pickled as MPI would pickle them. The simulated ranks answer at once: each Items
-message comes back as one Results message with every item's record and a new Request (8 idle
-workers, 8 more to queue), as a real follower with no-op items does (it sends what finished within
-2 ms together, and always before its next request). They run inside rank 0's poll of its workers;
+message comes back as one Results message with every item's record and its journal line, and a new
+Request (8 idle workers, 8 more to queue), as a real follower with no-op items does (it sends what
+finished within 2 ms together, each with its line, and always before its next request). They run inside rank 0's poll of its workers;
 their time is measured and taken out, so "results per second at rank 0" is what the Leader's own
-code (receiving, unpickling, scheduling, journaling, answering) sustains.
+code (receiving, unpickling, scheduling, journaling, answering) sustains. The garbage collector is
+off while they run: their own allocations would otherwise set off most of its passes over rank 0's
+heap (the items, the records) inside their step, whose time is taken out; a pass that falls due then
+runs at rank 0's next allocation, and rank 0 pays for it, as a real rank 0 does.
 
 Memory: tracemalloc's traced bytes held after the run (before the journal is closed), less those
 held before the items were made, per item; the items themselves (what the app's ``items()`` builds)
@@ -19,6 +22,7 @@ memory the allocator keeps, and the simulated ranks' garbage).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -36,7 +40,7 @@ from common.observe.progress import Progress
 from common.ranks.distribute import Leader
 from common.ranks.liveness import FollowerWatch
 from common.ranks.scheduler import Scheduler
-from common.results.journal import Journal
+from common.results.journal import Journal, result_line
 from common.results.layout import ResultsLayout
 from common.testing.inprocess import InProcessWorld, SimulatedPool
 
@@ -63,6 +67,17 @@ class SimulatedRanks:
 
     def step(self) -> None:
         started, started_cpu = time.perf_counter(), time.thread_time()
+        collecting = gc.isenabled()
+        gc.disable()  # see the module's docstring
+        try:
+            self._answer()
+        finally:
+            if collecting:
+                gc.enable()
+        self.seconds += time.perf_counter() - started
+        self.cpu_seconds += time.thread_time() - started_cpu
+
+    def _answer(self) -> None:
         now = time.time()
         chosen = self.comms[self.next:self.next + self.per_step]
         self.next = self.next + self.per_step if self.next + self.per_step < len(self.comms) else 0
@@ -77,15 +92,13 @@ class SimulatedRanks:
                     records = [Record(key=item.key, result=None, seconds=1e-5, rank=rank, host=self.hosts[rank],
                                       device="cpu0", worker=self.names[rank], start=now, end=now, attempt=attempt)
                                for bundle in message.bundles for item, attempt, _ in bundle]
-                    if records:
-                        comm.send(Results(records), 0)
+                    if records:  # with their lines, as Follower._send_event makes them
+                        comm.send(Results(records, [result_line(record) for record in records]), 0)
                     comm.send(Request(self.workers, self.workers if message.plenty else 0), 0)
                 elif isinstance(message, End):
                     self.ended += 1
                 elif isinstance(message, Stop):
                     pass
-        self.seconds += time.perf_counter() - started
-        self.cpu_seconds += time.thread_time() - started_cpu
 
 
 def make_items(count: int) -> List[Item]:

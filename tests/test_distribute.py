@@ -14,13 +14,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from common.devices import Device
 from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from common.items import Item
-from common.messages import End, Stop
+from common.messages import End, Results, Stop
 from common.observe.progress import Progress
 from common.ranks.distribute import Follower, Leader
 from common.ranks.liveness import FollowerWatch, PeerWatch
 from common.ranks.scheduler import Scheduler
 from common.results.failures import WriteFailures
-from common.results.journal import Journal
+from common.results.journal import _ENCODER, _RECORD_FIELDS, Journal
+from common.results.outputs import to_jsonable
 from common.testing.inprocess import FakeClock, InProcessWorld, SimulatedPool, Turns, fake_time, instant
 from common.workers.pool import PoolSettings, WorkerHandle, WorkerPool
 
@@ -191,6 +192,35 @@ def test_a_later_wave_runs_after_what_it_waits_for_and_is_built_from_its_results
     for item in second + final:
         assert all(records[item.key].start >= records[dep].end for dep in item.after), item.key
     assert {r["key"]: r["params"] for r in sim.results()}["c"] == {"value": 30}  # what --resume checks
+
+
+def test_the_lines_followers_make_are_the_lines_rank_0_would_make(tmp_path):
+    """A follower sends each result's journal line with it and rank 0 only appends it: the journal
+    holds, for every record rank 0 keeps, the line the general encoder makes of that record (a later
+    wave's params, which rank 0 built, included)."""
+    first = [Item(f"a{n:02d}", {"value": n}) for n in range(60)]
+    second = [Item(f"b{n:02d}", after=(f"a{n:02d}",)) for n in range(60)]
+
+    def complete(item: Item, results: Dict[str, Any]) -> Item:
+        return Item(item.key, {"value": sum(results.values()), "mixed": [0.1, "\u00e9\n", None]}, after=item.after)
+
+    def behave(item: Item, attempt: int, worker: str):
+        return "done", {"v": item.params["value"], "text": "\u00fc\"x"} if item.after else item.params["value"], 0.0
+
+    sim = Sim(tmp_path, first + second, complete=complete, behave={rank: behave for rank in range(3)})
+    for rank in (1, 2):
+        sim.world.comm(rank).keep_sent = True
+    assert sim.run() == ["complete", "done", "done"]
+    made = [line for rank in (1, 2) for _, message in sim.world.comm(rank).sent if isinstance(message, Results)
+            for line in message.lines]
+    assert made and all(line is not None for line in made)  # the followers made lines, rank 0 took them
+    journaled = {json.loads(line)["key"]: line.encode()
+                 for line in (tmp_path / "journal.jsonl").read_text().splitlines() if '"type":"result"' in line}
+    assert sorted(journaled) == sorted(item.key for item in first + second)
+    for key, record in sim.leader.records.items():
+        entry = {"type": "result", **{name: getattr(record, name) for name in _RECORD_FIELDS}}
+        assert journaled[key] == _ENCODER.encode(to_jsonable(entry)).encode(), key
+    assert json.loads(journaled["b07"])["params"] == {"value": 7, "mixed": [0.1, "\u00e9\n", None]}
 
 
 def test_a_silent_rank_is_lost_and_its_items_finish_elsewhere(tmp_path):

@@ -78,15 +78,17 @@ class Progress:
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
-    def advance(self, failed: bool = False) -> None:
-        self.done += 1
+    def advance(self, count: int = 1, failed: bool = False) -> None:
+        """``count`` more items resolved (rank 0 counts a batch of results at once: the bar's
+        update is not free)."""
+        self.done += count
         if failed:
-            self.failed += 1
+            self.failed += count
         if self.bar is None:
             return
         if failed:
             self.bar.set_postfix(failed=self.failed, refresh=False)
-        self.bar.update(1)
+        self.bar.update(count)
 
     def write(self, message: str) -> None:
         """A log line that does not tear the bar."""

@@ -3,7 +3,8 @@
 It is what makes a killed run lose nothing: ``--resume`` reads it back and skips every item it
 holds. Lines are written in batches: a batch is all the lines of the last ``sync_every`` seconds
 (at most ``max_lines`` of them), written with one write and one fsync by a thread of its own, so
-that per result rank 0 only makes a JSON line in memory. The bounded window (``WINDOW_SECONDS``,
+that per result rank 0 only appends a JSON line in memory (mostly made by the follower that ran
+the item: :func:`result_line`). The bounded window (``WINDOW_SECONDS``,
 ``WINDOW_LINES``): a SIGKILL of the whole job, or a crash of the node, loses at most the results
 that reached rank 0 in its last 0.15 s (the batch being filled, 0.05 s, one idle turn of rank 0's
 loop, 0.05 s, and the batch before it, still on its way to a disk that takes up to 0.05 s to write
@@ -127,16 +128,28 @@ def _app_value(value: Any) -> str:
 
 def _result_line(record: Record) -> bytes:
     """The journal line of a result, as ``_ENCODER.encode`` writes the record's dict (same keys in
-    the same order), made without the dict: it is most of rank 0's work per result. Raises
+    the same order), made without the dict (a follower makes it for each result it batches: see
+    :func:`result_line`; rank 0 for the others). Raises
     TypeError or ValueError for an engine field that is not a plain str, int or finite float."""
-    seconds, start, end = record.seconds, record.start, record.end
+    seconds, start, end, result, params = record.seconds, record.start, record.end, record.result, record.params
     if not (-_INF < seconds < _INF and -_INF < start < _INF and -_INF < end < _INF):
         raise ValueError("not finite")
-    return (f'{{"type":"result","key":{_string(record.key)},"result":{_app_value(record.result)},'
+    return (f'{{"type":"result","key":{_string(record.key)},'
+            f'"result":{"null" if result is None else _app_value(result)},'
             f'"seconds":{_float(seconds)},"rank":{_int(record.rank)},"host":{_string(record.host)},'
             f'"device":{_string(record.device)},"worker":{_string(record.worker)},"start":{_float(start)},'
             f'"end":{_float(end)},"attempt":{_int(record.attempt)},"group_size":{_int(record.group_size)},'
-            f'"params":{_app_value(record.params)}}}').encode()
+            f'"params":{"null" if params is None else _app_value(params)}}}').encode()
+
+
+def result_line(record: Record) -> Optional[bytes]:
+    """A result's journal line, as :meth:`Journal.add_result` writes it; None where it must be made
+    the general way (an engine field of an unusual type). A follower makes its results' lines, so
+    that rank 0 does not encode every result of the run (:meth:`Journal.append_line`)."""
+    try:
+        return _result_line(record)
+    except (TypeError, ValueError):
+        return None
 
 
 class _DiskWriter:
@@ -318,6 +331,13 @@ class Journal:
             self._fd = None
 
     def add_result(self, record: Record) -> None:
+        self.append_result(record)
+        self.maybe_sync()
+
+    def append_result(self, record: Record) -> None:
+        """:meth:`add_result` without the look at the batch's age: for a caller that adds many
+        results at once (rank 0, a :class:`common.messages.Results` message) and then calls
+        :meth:`maybe_sync` once. A full batch still goes to the writer at once."""
         if self._fd is None:
             return
         try:
@@ -327,13 +347,25 @@ class Journal:
             for name in _RECORD_FIELDS:
                 entry[name] = getattr(record, name)
             self._write(entry)
-        else:
-            if not self._pending:
-                self._since = time.monotonic()
-            self._pending.append(line)
-            if len(self._pending) >= self.max_lines:
-                self._hand_over()
-        self.maybe_sync()
+            return
+        pending = self._pending
+        if not pending:
+            self._since = time.monotonic()
+        pending.append(line)
+        if len(pending) >= self.max_lines:
+            self._hand_over()
+
+    def append_line(self, line: bytes) -> None:
+        """:meth:`append_result` for a line :func:`result_line` made elsewhere (by the follower that
+        ran the item: the very bytes this journal would have made of the record)."""
+        if self._fd is None:
+            return
+        pending = self._pending
+        if not pending:
+            self._since = time.monotonic()
+        pending.append(line)
+        if len(pending) >= self.max_lines:
+            self._hand_over()
 
     def add_event(self, kind: str, **fields: Any) -> None:
         """Failed attempts, permanent failures, stops: kept for the summary and the timeline."""

@@ -295,3 +295,19 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
                                               "result": record.result["return"], "seconds": round(record.seconds, 6),
                                               "host": record.host, "device": ""})
                                   for item, record in zip(items, rows)]
+
+
+def test_the_seed_a_function_receives_is_numpys_first_word_of_the_items_stream():
+    """item_seed32 works the word out without numpy's generate_state: the same for many items."""
+    import random
+
+    import numpy as np
+
+    from common.items import item_seed, item_seed32
+
+    draw = random.Random(11)
+    for _ in range(5000):
+        sequence = item_seed(draw.choice([0, 7, draw.randrange(2 ** 64)]), f"x={draw.random()},repeat={draw.randrange(9)}")
+        assert item_seed32(sequence) == int(sequence.generate_state(1)[0])
+    other = np.random.SeedSequence(5, pool_size=8)
+    assert item_seed32(other) == int(other.generate_state(1)[0])

@@ -117,27 +117,31 @@ def _tables(finished: List[Any], parameters: List[str], values: List[str]) -> Tu
         key, host, device = item.key, record.host, record.device
         line = None
         if type(repeat) is int and type(seed) is int and type(seconds) is float and -_INF < seconds < _INF:
+            # csv writes an int as str() and a float as repr(), as json does: one text for both files
+            repeat_cell, seed_cell, seconds_cell = _int(repeat), _int(seed), _float(seconds)
             try:
-                line = (f'{{"key": {_string(key)}, "point": {join(chunks(point, 0))}, "repeat": {_int(repeat)}, '
-                        f'"seed": {_int(seed)}, "result": {join(chunks(returned, 0))}, '
-                        f'"seconds": {_float(seconds)}, "host": {_string(host)}, "device": {_string(device)}}}')
+                line = (f'{{"key": {_string(key)}, "point": {join(chunks(point, 0))}, "repeat": {repeat_cell}, '
+                        f'"seed": {seed_cell}, "result": {join(chunks(returned, 0))}, '
+                        f'"seconds": {seconds_cell}, "host": {_string(host)}, "device": {_string(device)}}}')
             except TypeError:  # a key, host or device not a str: as json.dumps writes the whole row
                 pass
+        else:
+            repeat_cell, seed_cell, seconds_cell = repeat, seed, seconds
         lines.append(line or join(chunks({"key": key, "point": point, "repeat": repeat, "seed": seed,
                                           "result": returned, "seconds": seconds, "host": host,
                                           "device": device}, 0)))
         if single is not None and type(point.get(single)) in _PLAIN:
-            row = [key, point[single], repeat, seed]
+            row = [key, point[single], repeat_cell, seed_cell]
         else:
             row = [key]
             row += [v if type(v) in _PLAIN else _cell(v) for v in map(point.get, parameters, itertools.repeat(""))]
-            row += (repeat, seed)
+            row += (repeat_cell, seed_cell)
         if values:
             get = returned.get if isinstance(returned, dict) else {}.get
             # a value missing, None or not a scalar: an empty cell (bool kept, as csv writes it)
             row += [v if type(v) in _PLAIN else ("" if v is None or not _scalar(v) else _cell(v))
                     for v in map(get, values)]
-        row += (seconds, host, device)
+        row += (seconds_cell, host, device)
         cells.append(row)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

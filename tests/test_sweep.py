@@ -263,3 +263,51 @@ def test_the_two_examples_run_and_find_a_good_point(tmp_path):
     best = summary(tmp_path / "torch")["sweep"]["best"][0]
     assert best["mean"] < 0.2 and best["n"] == 3 and len(rows(tmp_path / "torch")) == 18
     assert {row["device"] for row in rows(tmp_path / "torch")} <= {"cpu0", "cpu1"}
+
+
+def test_the_fast_paths_give_what_the_general_ones_gave():
+    """Keys made from a grid's texts, the C-speed check of a flat return and results.jsonl written
+    field by field: each equal to what point_key, to_jsonable and json.dumps make of the same values."""
+    import math
+
+    import numpy as np
+
+    from common.app import Record
+    from common.items import Item
+    from common.results.outputs import to_jsonable
+    from common.sweep import report
+    from common.sweep.app import checked_result
+    from common.sweep.space import grid_space, point_key
+
+    points, keys = grid_space({"x": [1, 2.5, "a,b"], "C": [True, None], "b": [[1, 2], {"k": "v"}]})
+    assert len(points) == 12 and keys == [point_key(point) for point in points]
+    for value in ({}, {"loss": 0.5, "n": 3, "ok": True, "name": "x", "none": None}, {"loss": math.nan},
+                  {"loss": np.float64(0.25)}, {"v": [1, (2, 3)]}, {1: "int key"}):
+        got = checked_result("k", value)
+        assert got == to_jsonable(dict(value)) and got is not value
+        assert [type(v) for v in got.values()] == [type(v) for v in to_jsonable(dict(value)).values()]
+    items, rows = [], []
+    for number, (seconds, host) in enumerate([(0.25, "h"), (3, "h"), (math.inf, "h"), (0.5, None)]):
+        items.append(Item(f"x={number}", {"point": {"x": number}, "repeat": 0}))
+        rows.append(Record(f"x={number}", {"seed": 7, "return": {"v": "é\n\"", "w": [1.5]}}, seconds, host=host))
+    _, lines = report._tables(list(zip(items, rows)), ["x"], ["v"])
+    assert lines.splitlines() == [json.dumps({"key": item.key, "point": item.params["point"], "repeat": 0, "seed": 7,
+                                              "result": record.result["return"], "seconds": round(record.seconds, 6),
+                                              "host": record.host, "device": ""})
+                                  for item, record in zip(items, rows)]
+
+
+def test_the_seed_a_function_receives_is_numpys_first_word_of_the_items_stream():
+    """item_seed32 works the word out without numpy's generate_state: the same for many items."""
+    import random
+
+    import numpy as np
+
+    from common.items import item_seed, item_seed32
+
+    draw = random.Random(11)
+    for _ in range(5000):
+        sequence = item_seed(draw.choice([0, 7, draw.randrange(2 ** 64)]), f"x={draw.random()},repeat={draw.randrange(9)}")
+        assert item_seed32(sequence) == int(sequence.generate_state(1)[0])
+    other = np.random.SeedSequence(5, pool_size=8)
+    assert item_seed32(other) == int(other.generate_state(1)[0])

@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import pickle
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -26,7 +26,7 @@ from ..app import App, RunInfo
 from ..errors import UsageError, quoted
 from ..items import Item, item_seed32
 from . import report
-from .space import check_unique, grid_points, list_points, load_file, point_key, sample_points
+from .space import check_unique, grid_space, list_points, load_file, point_key, sample_points
 
 log = logging.getLogger("multinode_gpu")
 
@@ -61,6 +61,7 @@ class Plan:
     metric: Optional[str] = None
     goal: str = "min"  # "min" or "max"
     wants: Tuple[str, ...] = field(default_factory=tuple)  # which of ARGUMENTS the function takes
+    keys: List[str] = field(default_factory=list)  # point_key of each point (empty: made from the points)
 
 
 def function_name(function: Callable[..., Any]) -> str:
@@ -141,8 +142,13 @@ class SweepApp(App):
         self.plan: Optional[Plan] = None
 
     def __reduce__(self) -> Any:
-        """Workers unpickle a plain SweepApp: the subclass :func:`main` makes exists only in the rank."""
-        return (SweepApp.__new__, (SweepApp,), self.__dict__)
+        """Workers unpickle a plain SweepApp: the subclass :func:`main` makes exists only in the rank.
+        Its plan goes without the points and their keys, which only rank 0 uses (each item brings
+        its own point): a big space is not pickled once more per worker."""
+        state = dict(self.__dict__)
+        if self.plan is not None:
+            state["plan"] = replace(self.plan, points=[], keys=[])
+        return (SweepApp.__new__, (SweepApp,), state)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -226,16 +232,16 @@ class SweepApp(App):
         if setup is not None:
             _picklable(setup, "setup")
         if kind == "grid":
-            points = grid_points(value)
+            points, keys = grid_space(value)
         elif kind == "points":
             points = list_points(value)
-            check_unique(points)
+            keys = check_unique(points)
         else:
-            drawn = sample_points(value, args.samples, args.seed)
-            points = list({point_key(p): p for p in drawn}.values())  # a small space may draw a point twice
+            drawn = {point_key(p): p for p in sample_points(value, args.samples, args.seed)}
+            points, keys = list(drawn.values()), list(drawn)  # a small space may draw a point twice
         metric = args.minimise or args.maximise
         self.plan = Plan(function, setup, points, kind, args.repeats, metric,
-                         "max" if args.maximise else "min", wants)
+                         "max" if args.maximise else "min", wants, keys)
 
     def fingerprint(self) -> Dict[str, Any]:
         # not the space: --resume after adding points runs only the new ones
@@ -246,8 +252,10 @@ class SweepApp(App):
 
     def items(self) -> List[Item]:
         plan = self.plan
-        return [Item(point_key(point, repeat), {"point": point, "repeat": repeat})
-                for point in plan.points for repeat in range(plan.repeats)]
+        keys = plan.keys or [point_key(point) for point in plan.points]
+        # point_key(point, repeat): the point's key, then ",repeat=R" from the second repeat on
+        return [Item(key if repeat == 0 else f"{key},repeat={repeat}", {"point": point, "repeat": repeat})
+                for key, point in zip(keys, plan.points) for repeat in range(plan.repeats)]
 
     def check_result(self, key: str, result: Any) -> None:
         if not isinstance(result, dict) or not isinstance(result.get("return"), dict):
@@ -270,11 +278,17 @@ class SweepApp(App):
 
     def run_item(self, state: Any, item: Item, seed: Any) -> Any:
         plan = self.plan
-        given = {"params": dict(item.params["point"]), "seed": item_seed32(seed),
-                 "device": state[1], "state": state[0]}
-        result = plan.function(**{name: given[name] for name in plan.wants})
+        seed32 = item_seed32(seed)
+        wants = plan.wants
+        if wants:  # only what the function takes (most items of a big sweep are short)
+            given = {"seed": seed32, "device": state[1], "state": state[0]}
+            if "params" in wants:
+                given["params"] = dict(item.params["point"])
+            result = plan.function(**{name: given[name] for name in wants})
+        else:
+            result = plan.function()
         # the seed travels with the return: rank 0 writes it in results.csv without deriving it again
-        return {"seed": given["seed"], "return": checked_result(item.key, result)}
+        return {"seed": seed32, "return": checked_result(item.key, result)}
 
     # ----- rank 0, at the end -----
     def finish(self, run: RunInfo) -> Dict[str, Any]:
@@ -290,6 +304,8 @@ class SweepApp(App):
 def checked_result(key: str, result: Any) -> Dict[str, Any]:
     """The function's return as JSON: a dict of JSON values (numpy scalars and arrays converted), or
     a one-line error naming the item and what is not JSON."""
+    if type(result) is dict and _flat_json(result):
+        return dict(result)  # what to_jsonable makes of it, without walking it twice
     if not isinstance(result, Mapping):
         raise TypeError(f"item {key} returned a {type(result).__name__}, not a dict of JSON values")
     plain = to_jsonable(dict(result))
@@ -298,6 +314,20 @@ def checked_result(key: str, result: Any) -> Dict[str, Any]:
         path, value = where
         raise TypeError(f"item {key} returned a value that is not JSON at {path}: a {type(value).__name__}")
     return plain
+
+
+#: the types of the values a return is checked for at C speed (str keys, no NaN: see _flat_json)
+_FLAT = frozenset((str, int, float, bool, type(None)))
+_NAMES = frozenset((str,))
+
+
+def _flat_json(result: Dict[Any, Any]) -> bool:
+    """Whether ``result`` is a flat dict that to_jsonable would copy as it is: str keys, and
+    values of exactly str, int, float (not NaN, which it makes None), bool or None."""
+    types = set(map(type, result.values()))
+    if not types <= _FLAT or not _NAMES.issuperset(map(type, result)):
+        return False
+    return float not in types or not any(value != value for value in result.values() if type(value) is float)
 
 
 def _not_json(value: Any, path: str = "") -> Optional[Tuple[str, Any]]:

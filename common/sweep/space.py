@@ -10,9 +10,10 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import operator
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple
 
 import numpy as np
 
@@ -71,6 +72,12 @@ def _plain(value: Any, where: str) -> Any:
 
 def grid_points(grid: Any) -> List[Dict[str, Any]]:
     """Every combination of a grid's lists, the first parameter varying slowest."""
+    return grid_space(grid)[0]
+
+
+def grid_space(grid: Any) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """:func:`grid_points` and each point's :func:`point_key`, made from each value's text once
+    (the texts the check for a value listed twice makes) rather than once per point."""
     if not isinstance(grid, Mapping):
         raise UsageError(f"the grid must be an object of parameter -> list of values, got a {type(grid).__name__}")
     if not grid:
@@ -84,14 +91,21 @@ def grid_points(grid: Any) -> List[Dict[str, Any]]:
         if not values:
             raise UsageError(f"the grid's {name!r} is an empty list: the grid would have no point")
         plain = [_plain(v, f"the grid's {name!r}") for v in values]
-        seen = set()
+        seen: Dict[str, None] = {}
         for value in plain:
             text = value_text(value)
             if text in seen:
                 raise UsageError(f"the grid's {name!r} lists {text} twice")
-            seen.add(text)
-        axes.append((name, plain))
-    return [dict(zip([name for name, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
+            seen[text] = None
+        axes.append((name, plain, [f"{name}={text}" for text in seen]))
+    names = [name for name, _, _ in axes]
+    points = [dict(zip(names, combo)) for combo in itertools.product(*[plain for _, plain, _ in axes])]
+    parts = [texts for _, _, texts in axes]
+    if len(parts) == 1:
+        return points, parts[0]
+    # a key lists the names sorted (point_key): each combination's parts picked in that order
+    order = operator.itemgetter(*sorted(range(len(names)), key=names.__getitem__))
+    return points, [",".join(order(combo)) for combo in itertools.product(*parts)]
 
 
 def list_points(points: Any) -> List[Dict[str, Any]]:
@@ -196,11 +210,12 @@ def point_key(point: Mapping[str, Any], repeat: int = 0) -> str:
     return key if repeat == 0 else f"{key},repeat={repeat}"
 
 
-def check_unique(points: List[Dict[str, Any]]) -> None:
-    """Refuse a space where two points are the same (they would be one item)."""
+def check_unique(points: List[Dict[str, Any]]) -> List[str]:
+    """Refuse a space where two points are the same (they would be one item); returns each point's key."""
     seen: Dict[str, int] = {}
     for number, point in enumerate(points, 1):
         key = point_key(point)
         if key in seen:
             raise UsageError(f"point {number} ({key}) is the same as point {seen[key]}: each point must be listed once")
         seen[key] = number
+    return list(seen)

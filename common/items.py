@@ -67,6 +67,8 @@ def item_seed32(seed_sequence: np.random.SeedSequence) -> int:
     (the ``seed`` a sweep function receives): ``seed_sequence.generate_state(1)[0]``, worked out
     as numpy does (the first word of the pool, hashed) in a sixth of the time numpy's array
     set-up takes, once per item of a sweep; tests/test_sweep.py checks the two agree."""
+    import numpy as np  # already imported by whoever made the sequence: a lookup
+
     if type(seed_sequence) is not np.random.SeedSequence:
         return int(seed_sequence.generate_state(1)[0])
     word = ((int(seed_sequence.pool[0]) ^ _INIT_B) * _HASH_B) & _MASK32

@@ -123,8 +123,8 @@ def run(ranks: int, workers: int, count: int, folder: Path, measure_memory: bool
     # the simulated ranks send no heartbeats: a long timeout (rank 0 still watches all of them), so
     # that a slow run on a busy machine does not lose them
     liveness = FollowerWatch(world.comm(0), 3600.0, {0: "node0", **simulated.hosts})
-    leader = Leader(world.comm(0), pool, scheduler, journal, progress, {}, ranks * workers, grace=60.0,
-                    stop_signal=lambda: None, liveness=liveness)
+    leader = Leader(world.comm(0), pool, scheduler, journal, progress=progress, liveness=liveness,
+                    stop_signal=lambda: None, grace=60.0, total_capacity=ranks * workers)
     started, started_cpu = time.perf_counter(), time.thread_time()
     outcome = leader.run()
     wall, cpu = time.perf_counter() - started, time.thread_time() - started_cpu

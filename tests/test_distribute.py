@@ -79,8 +79,9 @@ class Sim:
         self.started = started
         liveness = FollowerWatch(self.world.comm(0), self.heartbeat_timeout,
                                  {rank: f"node{rank}" for rank in range(self.ranks)}, clock=self.time)
-        self.leader = Leader(self.world.comm(0), self.pools[0], self.scheduler, self.journal, progress, {},
-                             self.ranks * self.workers, self.grace, stop_signal, liveness, clock=self.time,
+        self.leader = Leader(self.world.comm(0), self.pools[0], self.scheduler, self.journal, progress=progress,
+                             liveness=liveness, stop_signal=stop_signal, grace=self.grace,
+                             total_capacity=self.ranks * self.workers, clock=self.time,
                              write_failures=self.write_failures)
         self.followers = [Follower(self.world.comm(rank), self.pools[rank], lambda: None,
                                    PeerWatch(self.world.comm(rank), [0], self.follower_timeouts.get(rank, self.heartbeat_timeout),

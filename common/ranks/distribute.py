@@ -98,9 +98,9 @@ def _avoided(bundle: List[Handout]) -> Tuple[str, ...]:
 class Leader:
     """Rank 0: the scheduler, the journal, the global pools, its own workers, the others' liveness."""
 
-    def __init__(self, comm: Any, pool: WorkerPool, scheduler: Scheduler, journal: Journal, progress: Progress,
-                 global_pools: Dict[str, int], total_capacity: int, grace: float, stop_signal: Callable[[], Optional[str]],
-                 liveness: FollowerWatch, *, status: Optional[Any] = None,
+    def __init__(self, comm: Any, pool: WorkerPool, scheduler: Scheduler, journal: Journal, *, progress: Progress,
+                 liveness: FollowerWatch, stop_signal: Callable[[], Optional[str]], grace: float, total_capacity: int,
+                 global_pools: Optional[Dict[str, int]] = None, status: Optional[Any] = None,
                  on_idle: Optional[Callable[[], None]] = None,
                  clock: Clock = SYSTEM_CLOCK, write_failures: Optional[WriteFailures] = None):
         """``liveness``: the watch over the other ranks; ``status``: status.json's writer
@@ -112,7 +112,7 @@ class Leader:
         self.clock = clock
         self.write_failures = write_failures or WriteFailures()
         self.progress, self.grace, self.stop_signal = progress, grace, stop_signal
-        self.global_resources = ResourceBroker(global_pools)
+        self.global_resources = ResourceBroker(global_pools or {})
         self.total_capacity = total_capacity
         self.requests: Dict[int, Tuple[int, int]] = {}  # follower rank -> (need, prefetch)
         self.broken: Dict[int, str] = {}

@@ -407,8 +407,9 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
             if comm.rank == 0:
                 hosts = {entry["rank"]: entry["host"] for entry in layout}
                 liveness = FollowerWatch(comm, args.heartbeat_timeout, hosts)
-                leader = Leader(comm, pool, scheduler, journal, progress, global_pools, total_capacity, args.grace,
-                                stop, liveness, status=status, on_idle=preloading.start, write_failures=failures)
+                leader = Leader(comm, pool, scheduler, journal, progress=progress, liveness=liveness, stop_signal=stop,
+                                grace=args.grace, total_capacity=total_capacity, global_pools=global_pools,
+                                status=status, on_idle=preloading.start, write_failures=failures)
                 outcome = leader.run()
                 status.write(leader, "finishing")
             else:

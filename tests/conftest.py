@@ -1,8 +1,12 @@
 """Session fixtures shared by several test modules (one definition each, so one instance per session),
 and each test's tier marker (tests/tiers.py): ``make check`` runs ``-m "inprocess or processes"``."""
+import fcntl
+import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -62,12 +66,27 @@ class SmallNnRun:
 
 @pytest.fixture(scope="session")
 def nn_small_run(tmp_path_factory: pytest.TempPathFactory) -> SmallNnRun:
-    """One real mnist_nn run for every test that only reads its outputs (once per pytest-xdist
-    worker that runs one of them; each run is half a minute of CPU here). Run as python -m mnist_nn runs it, ``main(MnistNN, argv)``, by a script that then
-    says whether rank 0 ever imported torch (only the workers need it); in a user's folder with
+    """One real mnist_nn run for every test that only reads its outputs, once per session: under
+    pytest-xdist the first worker to need it makes it (its files and what it said, in the folder the
+    session's workers share) and the others wait for it and read it (each run is half a minute of CPU
+    here). Run as python -m mnist_nn runs it, ``main(MnistNN, argv)``, by a script that then says
+    whether rank 0 ever imported torch (only the workers need it); in a user's folder with
     ``--results .``, as reference users run it."""
-    folder = tmp_path_factory.mktemp("nn_small") / "work"
-    folder.mkdir()
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # pytest-N/, not popen-gwN/
+    record = shared / "nn_small.json"
+    with open(shared / "nn_small.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes: after the run, or at once
+        if not record.exists():
+            record.write_text(json.dumps(_nn_small(shared / "nn_small" / "work")))
+    made = json.loads(record.read_text())
+    return SmallNnRun(Path(made["results"]), made["stdout"], made["rank_0_imported_torch"])
+
+
+def _nn_small(folder: Path) -> Dict[str, Any]:
+    """The run itself, in ``folder`` (made here, with a user's notes.txt); what it left, as JSON."""
+    shutil.rmtree(folder, ignore_errors=True)  # a run that failed in another pytest-xdist worker
+    folder.mkdir(parents=True)
     (folder / "notes.txt").write_text("mine\n")
     script = ("import sys\n"
               "from common.run.runner import main\n"
@@ -78,4 +97,4 @@ def nn_small_run(tmp_path_factory: pytest.TempPathFactory) -> SmallNnRun:
     assert proc.returncode == 0, proc.stderr
     *stdout, last = proc.stdout.splitlines()
     assert last.split()[:2] == ["exit", "0"], proc.stdout
-    return SmallNnRun(folder, stdout, last.split()[2] == "True")
+    return {"results": str(folder), "stdout": stdout, "rank_0_imported_torch": last.split()[2] == "True"}

@@ -125,7 +125,9 @@ def test_a_hold_whose_refresh_stopped_is_taken_over(tmp_path, monkeypatch):
         os.killpg(first.pid, signal.SIGSTOP)
         refused = run(args + ["--resume"])  # refreshed a moment ago: still held
         assert_usage_error(refused, "in use by another run", f"pid {first.pid}")
-        time.sleep(5.0)  # more than 3 x 1.5 s without a refresh
+        # until it has gone more than 3 x 1.5 s without a refresh (by the rule the run applies)
+        assert wait_until(lambda: stale_because(read_hold(results)) is not None,
+                          timeout=30, every=0.05)
         resumed = run(args + ["--resume"])  # while the first is still there, frozen
     finally:
         end(first, signal.SIGKILL)  # never woken: it would write beside the new run

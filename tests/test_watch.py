@@ -13,10 +13,12 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 
 import pytest
 
+from common.status import STALE_INTERVALS, STALE_MARGIN_SECONDS
 from helpers import REPO, TOY, kill_frozen, rank_pids, run, start, wait_for_results, wait_until
 
 FAKE_NVML = str(REPO / "tests" / "fake_nvml")
@@ -141,7 +143,11 @@ def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, q
         job.wait()
         fresh = status(results).stdout
         assert fresh.startswith("toy: running"), fresh
-        # status every 1 s: stale after 4 intervals and a 5 s margin
+        # status every 1 s: stale after 4 intervals and a 5 s margin; asked (a process each time) from
+        # when the file's own age says so, not every second before it
+        every = float(status_file(results)["every"])
+        stale = STALE_INTERVALS * every + STALE_MARGIN_SECONDS
+        assert wait_until(lambda: time.time() - float(status_file(results)["updated"]) > stale, timeout=30, every=0.1)
         assert wait_until(lambda: status(results).stdout.startswith("toy: GONE?"), timeout=30, every=1.0)
     finally:
         if job.poll() is None:

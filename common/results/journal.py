@@ -348,12 +348,7 @@ class Journal:
                 entry[name] = getattr(record, name)
             self._write(entry)
             return
-        pending = self._pending
-        if not pending:
-            self._since = time.monotonic()
-        pending.append(line)
-        if len(pending) >= self.max_lines:
-            self._hand_over()
+        self.append_line(line)
 
     def append_line(self, line: bytes) -> None:
         """:meth:`append_result` for a line :func:`result_line` made elsewhere (by the follower that

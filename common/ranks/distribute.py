@@ -377,10 +377,8 @@ class Leader:
         """One message from rank ``source`` (0: an event of this rank's own workers)."""
         if isinstance(message, Request):
             self.requests[source] = (message.need, message.prefetch)
-        elif isinstance(message, Results):
-            self._finished(message.records, message.lines)
-        elif isinstance(message, Result):
-            self._finished([message.record])
+        elif isinstance(message, (Results, Result)):
+            self._results(message)
         elif isinstance(message, Failed):
             self._attempt_failed(message)
         elif isinstance(message, PoolCall):

@@ -340,9 +340,8 @@ class Journal:
         :meth:`maybe_sync` once. A full batch still goes to the writer at once."""
         if self._fd is None:
             return
-        try:
-            line = _result_line(record)
-        except (TypeError, ValueError):  # an engine field of an unusual type: the general way
+        line = result_line(record)
+        if line is None:  # an engine field of an unusual type: the general way
             entry = {"type": "result"}
             for name in _RECORD_FIELDS:
                 entry[name] = getattr(record, name)

@@ -152,3 +152,10 @@ def handler_installed(pid: int, number: int) -> bool:
     except (FileNotFoundError, StopIteration):
         return False
     return bool(int(caught.split()[1], 16) & (1 << (number - 1)))
+
+
+def stop_signals_deferred(pid: int) -> bool:
+    """Whether process ``pid`` has all its early stop handlers (``defer_stop_signals``) in place.
+    It installs them one after another, so one caught signal does not say the next is: SIGINT
+    is caught by Python from the start, the other three only once deferral is done."""
+    return all(handler_installed(pid, number) for number in (signal.SIGUSR1, signal.SIGTERM, signal.SIGUSR2))

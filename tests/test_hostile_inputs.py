@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, TOY, assert_usage_error, error_lines, handler_installed, start, wait_for_results, wait_until
+from helpers import (
+    REPO,
+    TOY,
+    assert_usage_error,
+    error_lines,
+    start,
+    stop_signals_deferred,
+    wait_for_results,
+    wait_until,
+)
 
 STOP_CODE = 75
 SVM = ["--dataset", "digits", "--subsample", "200", "--folds", "2", "--gpu", "cpu", "--no-progress"]
@@ -60,7 +69,7 @@ def test_stop_signals_while_the_process_exits_do_not_kill_it(tmp_path, sig):
     Python-handled signals their default action back then): still the one line and exit 75."""
     results = tmp_path / "results"
     process = start(["-m", "mnist_svm", "2", *SVM, "--results", str(results)])
-    assert wait_until(lambda: handler_installed(process.pid, signal.SIGUSR1), timeout=30, every=0.001)
+    assert wait_until(lambda: stop_signals_deferred(process.pid), timeout=30, every=0.001)
     os.kill(process.pid, sig)
     line = process.stderr.readline()  # the "stopped ... before the run started" line: main has returned
     assert "before the run started" in line, line

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import TOY, error_lines, handler_installed, start, wait_until
+from helpers import TOY, error_lines, start, stop_signals_deferred, wait_until
 
 STOP_CODE = 75
 
@@ -40,8 +40,8 @@ def test_a_stop_while_the_program_imports_is_one_line_and_writes_nothing(tmp_pat
     no KeyboardInterrupt traceback from inside an import, one line, exit 75, no results folder."""
     results = tmp_path / "results"
     process = start(["-m", "mnist_svm", "2", "--dataset", "digits", "--results", str(results)])
-    # SIGUSR1 is caught only once the program defers stop signals: still importing then
-    assert wait_until(lambda: handler_installed(process.pid, signal.SIGUSR1), timeout=30, every=0.001)
+    # the stop handlers are in place as the program starts importing numpy and scikit-learn
+    assert wait_until(lambda: stop_signals_deferred(process.pid), timeout=30, every=0.001)
     os.killpg(process.pid, sig)
     _, err = process.communicate(timeout=120)
     assert process.returncode == STOP_CODE, err

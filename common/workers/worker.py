@@ -325,6 +325,10 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
         pass
     try:
         try:
+            # numpy.random, which every item's seed (item_seed) needs: imported now, not inside the first item,
+            # whose time (its record, the timeline, the item timeout) would otherwise include it
+            import numpy.random  # noqa: F401
+
             state = app.setup_worker(device)
             _set_threads(threads)
         except Exception as error:

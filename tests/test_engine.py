@@ -180,6 +180,20 @@ def test_batch_replaces_workers_after_n_items(tmp_path):
     assert len(pids) == 5 and max(pids.values()) == 2
 
 
+@pytest.mark.mpi
+def test_batch_holds_on_every_rank_when_short_items_travel_in_chunks(tmp_path):
+    """No-op items are short: rank 0 hands them out in chunks, to its own workers and to a
+    follower's. A chunk is cut to what a worker may still run, so none runs more than --batch."""
+    proc = run([TOY, "40", "--workers", "1", "--batch", "3", "--results", str(tmp_path / "r"), "--no-progress"],
+               ranks=2)
+    assert proc.returncode == 0, proc.stderr
+    results = [e for e in journal_entries(tmp_path / "r") if e.get("type") == "result"]
+    assert sorted(e["key"] for e in results) == [f"item-{i:04d}" for i in range(40)]
+    pids = Counter(e["result"]["pid"] for e in results)
+    assert max(pids.values()) <= 3 and len(pids) >= 14, pids
+    assert {e["rank"] for e in results} == {0, 1}
+
+
 def test_longest_items_start_first(tmp_path):
     proc = run([TOY, "12", "--sleep", "0.02", "--lognormal", "1.0", "--results", str(tmp_path / "r"), "--no-progress"])
     assert proc.returncode == 0, proc.stderr

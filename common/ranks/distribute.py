@@ -405,10 +405,14 @@ class Leader:
             worker = self.pool.pick_worker(depth=depth)
             if worker is None:
                 break
-            bundle = self.scheduler.take(self._chunk())
+            room = self.pool.room(worker)  # --batch: a chunk never takes a worker past it
+            bundle = self.scheduler.take(self._chunk() if room is None else min(self._chunk(), room))
             avoid = _avoided(bundle)
             if avoid and worker.name in avoid:
-                worker = self.pool.pick_worker(avoid, depth) or worker
+                other = self.pool.pick_worker(avoid, depth)
+                other_room = None if other is None else self.pool.room(other)
+                if other is not None and (other_room is None or other_room >= len(bundle)):
+                    worker = other
             self.scheduler.handed_all([handout.item.key for handout in bundle])
             self.pool.assign(worker, bundle, bool(bundle[0].item.group))
             handed = True
@@ -613,6 +617,10 @@ class Follower:
             if worker is None:
                 break
             self.buffer.popleft()
+            room = self.pool.room(worker)  # --batch: a chunk from rank 0 is cut to what the worker may still run
+            if room is not None and len(bundle) > room and not bundle[0].item.group:
+                self.buffer.appendleft(bundle[room:])
+                bundle = bundle[:room]
             for handout in bundle:
                 self.handed[handout.item.key] = handout
             self.pool.assign(worker, bundle, bool(bundle[0].item.group))

@@ -25,7 +25,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 from common.app import Record
 from common.items import Item
 from common.messages import Handout, PoolAnswer, Requester
-from common.workers.placement import pick_worker
+from common.workers.placement import pick_worker, room
 from common.workers.pool import Assigned, Event, WorkerCounts
 
 
@@ -243,6 +243,10 @@ class SimulatedPool(WorkerCounts):
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[SimulatedWorker]:
         """The real pool's policy (:func:`common.workers.placement.pick_worker`)."""
         return pick_worker(self.workers.values(), avoid, depth, self.batch)
+
+    def room(self, worker: SimulatedWorker) -> Optional[int]:
+        """The real pool's rule (:func:`common.workers.placement.room`)."""
+        return room(worker, self.batch)
 
     def assign(self, worker: SimulatedWorker, bundle: List[Handout], together: bool = False) -> None:
         if not worker.assigned:

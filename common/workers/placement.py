@@ -8,6 +8,13 @@ from typing import Iterable, Optional, Tuple, TypeVar
 Worker = TypeVar("Worker")
 
 
+def room(worker: Worker, batch: Optional[int]) -> Optional[int]:
+    """How many more items ``worker`` may be handed under ``--batch`` (None: no limit). A chunk of
+    short items is cut to it, so that no worker runs more than ``batch`` items (a group run
+    together is never cut: it goes whole to a worker that has room left)."""
+    return None if not batch else max(0, batch - worker.handed_total)  # type: ignore[attr-defined]
+
+
 def pick_worker(workers: Iterable[Worker], avoid: Tuple[str, ...] = (), depth: int = 1,
                 batch: Optional[int] = None) -> Optional[Worker]:
     """An idle worker first, else one with fewer than ``depth`` bundles (one queued behind the

@@ -48,7 +48,7 @@ from common.messages import (
 from common.results.layout import worker_log
 from common.settings import without_launcher
 from common.signals import WORKER_IGNORED_SIGNALS, WORKER_TERMINATE_SIGNAL, signals_blocked
-from common.workers.placement import pick_worker
+from common.workers.placement import pick_worker, room
 from common.workers.resources import ResourceBroker
 from common.workers.watchdog import Watchdog, unanswered
 from common.workers.worker import worker_main
@@ -272,6 +272,10 @@ class WorkerPool(WorkerCounts):
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
         """The worker to hand the next item to (:func:`common.workers.placement.pick_worker`)."""
         return pick_worker(self.workers.values(), avoid, depth, self.batch)
+
+    def room(self, worker: WorkerHandle) -> Optional[int]:
+        """Items ``worker`` may still be handed (:func:`common.workers.placement.room`)."""
+        return room(worker, self.batch)
 
     def revoke_queued(self) -> None:
         """Ask every busy worker to give back the items waiting in its inbox (a stop); the one

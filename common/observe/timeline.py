@@ -25,6 +25,8 @@ LABELS = {"failed": "failed (red)", "timeout": "timed out (orange)", "silent": "
 def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:
     """``bars``: dicts with worker, start, end (epoch seconds), ok (bool) and, for a failure, maybe why
     ("failed", "timeout" or "silent")."""
+    from matplotlib.collections import PolyCollection
+
     from common.results.outputs import new_figure, save_figure  # numpy: imported by the drawing's warm-up thread
 
     def row_order(name: str) -> tuple:
@@ -44,8 +46,8 @@ def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:
             (bar["start"] - origin, max(bar["end"] - bar["start"], 1e-3)))
     many = len(bars) > 1000  # thousands of rectangles: draw them as pixels, even in the SVG
     for (worker, outcome), row in spans.items():
-        ax.broken_barh(row, (rows[worker] - 0.35, 0.7), facecolors=COLOURS[outcome],
-                       edgecolor="white", linewidth=0 if many else 0.3, rasterized=many)
+        ax.add_collection(PolyCollection(_rectangles(row, rows[worker] - 0.35, 0.7), facecolors=COLOURS[outcome],
+                                         edgecolor="white", linewidth=0 if many else 0.3, rasterized=many))
     ax.set_yticks(range(len(workers)), workers)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first item started")
@@ -54,6 +56,20 @@ def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:
                  + "".join(f", {count} {LABELS[kind]}" for kind, count in counts.items() if count))
     ax.grid(axis="x", alpha=0.3)
     return save_figure(fig, path_without_suffix)
+
+
+def _rectangles(spans: List[tuple], bottom: float, height: float) -> Any:
+    """The corners of one row's bars, as ``Axes.broken_barh`` makes them, but built as one array:
+    broken_barh converts each bar on its own, about 0.1 s of the end of a run of 5,000 items."""
+    import numpy as np
+
+    starts, widths = np.array(spans, dtype=float).reshape(-1, 2).T
+    corners = np.empty((len(starts), 4, 2))
+    corners[:, :2, 0] = starts[:, None]
+    corners[:, 2:, 0] = (starts + widths)[:, None]
+    corners[:, [0, 3], 1] = bottom
+    corners[:, [1, 2], 1] = bottom + height
+    return corners
 
 
 def _outcome(bar: Mapping) -> str:

@@ -35,6 +35,9 @@ class NoopApp(App):
     def items(self) -> List[Item]:
         return [Item(f"i={i}", {"point": {"i": i}, "repeat": 0}) for i in range(self.args.n_items)]
 
+    def draws_figures(self) -> bool:
+        return False  # as the sweep without --minimise/--maximise
+
     def run_item(self, state: Any, item: Item, seed: Any) -> Any:
         return noop()
 

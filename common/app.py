@@ -154,6 +154,12 @@ class App:
         """Rank 0, after all items: write the app's outputs; return extra fields for summary.json."""
         return {}
 
+    def draws_figures(self) -> bool:
+        """Whether ``finish`` draws matplotlib figures. Rank 0 then imports matplotlib and warms it
+        up while the items run (about a second of CPU), so that the end of the run does not wait
+        for it; an app that draws none says False and spares rank 0 that second."""
+        return True
+
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         """The app's part of summary.md (the engine adds run facts and failures)."""
         return ""

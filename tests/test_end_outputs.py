@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import TOY, assert_usage_error, error_lines, run, snapshot, start, wait_for_results
+from helpers import REPO, TOY, assert_usage_error, error_lines, run, snapshot, start, wait_for_results
 
 STOP_CODE = 75
 
@@ -71,3 +72,16 @@ def test_a_summary_that_cannot_be_written_at_the_end_is_one_line_exit_75(tmp_pat
     shutil.rmtree(results / "summary.json")
     assert run([TOY, "6", "--results", str(results), "--resume"]).returncode == 0
     assert (results / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("figures", [True, False])
+def test_rank_0_warms_matplotlib_up_only_when_it_will_draw(figures):
+    """preload_figures(figures): markdown for report.html always; matplotlib, about a second of CPU,
+    only for an app that draws (App.draws_figures) or a run with GPUs. A fresh interpreter: the
+    test process may hold matplotlib already."""
+    code = ("import sys; from common.results.outputs import preload_figures\n"
+            f"thread = preload_figures({figures}); thread.start(); thread.join(120)\n"
+            "print('markdown' in sys.modules, 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", str(figures)]

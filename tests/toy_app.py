@@ -121,6 +121,9 @@ class ToyApp(App):
             result["group_size"] = len(items)
         return results
 
+    def draws_figures(self):
+        return False  # values.json only
+
     def finish(self, run: RunInfo):
         if self.args.broken_finish:
             raise RuntimeError("a bug in finish()")

@@ -37,6 +37,9 @@ class PeerApp(App):
                                   "marker_dir": spec["marker_dir"]}, cost=max(s, 1e-9))
                 for i, s in enumerate(spec["durations"])]
 
+    def draws_figures(self):
+        return False  # as a user's app that writes no figures says
+
     def run_item(self, state, item, seed):
         return list(work(item.params["i"], item.params["seconds"], item.params["fault"], item.params["marker_dir"]))
 

@@ -263,6 +263,9 @@ class PipelineApp(App):
             items.append(Item(key=key, params=params, cost=float(1 + sum(s.gpu for s in pipeline.steps))))
         return items
 
+    def draws_figures(self) -> bool:
+        return False  # its report is tables and text
+
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         """Every pipeline of the file: this run's outcome where it ran, else its newest journaled run."""
         errors = {f["key"]: f.get("error") or "" for f in run.failed_items}

@@ -127,20 +127,23 @@ def atomic_write_json(path: Path, value: Any, *, parents: bool = True) -> None:
     atomic_write_text(path, json.dumps(to_jsonable(value), indent=2, sort_keys=False) + "\n", parents=parents)
 
 
-def preload_figures() -> threading.Thread:
+def preload_figures(figures: bool = True) -> threading.Thread:
     """A daemon thread (not started) that imports what the end-of-run figures and report need
     (matplotlib and its PNG, SVG and PDF backends, the fonts, markdown: about a second of CPU) and
     uses each once: started while the items run and rank 0 is idle, the run's end need not wait for
-    it."""
+    it. ``figures=False`` (rank 0 draws none): markdown only."""
     def load() -> None:
         try:
             import markdown as markdown_module
+
+            markdown_module.markdown("# warm-up\n\n| a |\n|---|\n| 1 |", extensions=["tables", "fenced_code"])
+            if not figures:
+                return
             import matplotlib.backends.backend_agg  # noqa: F401
             import matplotlib.backends.backend_pdf  # noqa: F401
             import matplotlib.backends.backend_svg  # noqa: F401
             import matplotlib.figure  # noqa: F401
 
-            markdown_module.markdown("# warm-up\n\n| a |\n|---|\n| 1 |", extensions=["tables", "fenced_code"])
             # one small figure in every format: fonts, text layout and each backend's first use
             fig, ax = new_figure(2, 1)
             ax.broken_barh([(0, 1)], (0, 1))

@@ -294,6 +294,9 @@ class SweepApp(App):
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         return report.write(run, self.plan)
 
+    def draws_figures(self) -> bool:
+        return self.plan is None or self.plan.metric is not None  # the figure of --minimise/--maximise's metric
+
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         return report.markdown(summary.get("sweep") or {})
 

@@ -102,7 +102,12 @@ class ToyApp(App):
             time.sleep(0.2)
             os.kill(os.getpid(), signal.SIGKILL)
         if item.key == self.args.gil_key and not (self.args.marker_dir and _runs(self.args.marker_dir / item.key) > 1):
-            ctypes.PyDLL(None).sleep(self.args.gil_seconds)  # no thread of this process runs meanwhile
+            # no thread of this process runs meanwhile. libc's sleep returns early when a handled signal
+            # comes (the rank's dump signal, before it kills a silent worker); a hung native call
+            # does not, so neither does this one: it sleeps again until --gil-seconds are over
+            libc, end = ctypes.PyDLL(None), time.monotonic() + self.args.gil_seconds
+            while time.monotonic() < end:
+                libc.sleep(max(1, int(end - time.monotonic())))
         if item.key == self.args.slow_key:
             time.sleep(self.args.slow_seconds)
         if item.key == self.args.fail_key:

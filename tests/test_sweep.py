@@ -282,7 +282,8 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
 
     points, keys = grid_space({"x": [1, 2.5, "a,b"], "C": [True, None], "b": [[1, 2], {"k": "v"}]})
     assert len(points) == 12 and keys == [point_key(point) for point in points]
-    for value in ({}, {"loss": 0.5, "n": 3, "ok": True, "name": "x", "none": None}, {"loss": math.nan},
+    for value in ({}, {"loss": 0.5, "n": 3, "ok": True, "name": "x", "none": None}, {"loss": math.nan}, {"a": 0.5, "b": math.nan, "c": "x"},
+                  {"a": math.inf, "b": -0.0, "n": 2}, {"a": 1.5, "ok": False, "none": None},
                   {"loss": np.float64(0.25)}, {"v": [1, (2, 3)]}, {1: "int key"}):
         got = checked_result("k", value)
         assert got == to_jsonable(dict(value)) and got is not value

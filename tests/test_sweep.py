@@ -3,6 +3,7 @@ imported from tests/sweep_functions.py as ``python -m common.sweep`` imports a u
 from __future__ import annotations
 
 import csv
+import io
 import json
 import signal
 from collections import Counter
@@ -281,7 +282,8 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
 
     points, keys = grid_space({"x": [1, 2.5, "a,b"], "C": [True, None], "b": [[1, 2], {"k": "v"}]})
     assert len(points) == 12 and keys == [point_key(point) for point in points]
-    for value in ({}, {"loss": 0.5, "n": 3, "ok": True, "name": "x", "none": None}, {"loss": math.nan},
+    for value in ({}, {"loss": 0.5, "n": 3, "ok": True, "name": "x", "none": None}, {"loss": math.nan}, {"a": 0.5, "b": math.nan, "c": "x"},
+                  {"a": math.inf, "b": -0.0, "n": 2}, {"a": 1.5, "ok": False, "none": None},
                   {"loss": np.float64(0.25)}, {"v": [1, (2, 3)]}, {1: "int key"}):
         got = checked_result("k", value)
         assert got == to_jsonable(dict(value)) and got is not value
@@ -295,6 +297,19 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
                                               "result": record.result["return"], "seconds": round(record.seconds, 6),
                                               "host": record.host, "device": ""})
                                   for item, record in zip(items, rows)]
+    # one parameter: its point written as {"x": value} for an int or str, json.dumps' way for the others
+    items = [Item(f"x={number}", {"point": point, "repeat": 0}) for number, point in enumerate(
+        [{"x": 2 ** 70}, {"x": "é\n\"a,b"}, {"x": True}, {"x": None}, {"x": 0.5}, {"x": [1]}, {"x": 3, "y": 1}, {}])]
+    rows = [Record(item.key, {"seed": 7, "return": {}}, 0.25, host="h", device="cpu0") for item in items]
+    table, lines = report._tables(list(zip(items, rows)), ["x"], [])
+    assert lines.splitlines() == [json.dumps({"key": item.key, "point": item.params["point"], "repeat": 0, "seed": 7,
+                                              "result": {}, "seconds": 0.25, "host": "h", "device": "cpu0"})
+                                  for item in items]
+    expected = io.StringIO()
+    csv.writer(expected, lineterminator="\n").writerows(
+        [["key", "x", "repeat", "seed", "seconds", "host", "device"]]
+        + [[item.key, report._cell(item.params["point"].get("x", "")), 0, 7, 0.25, "h", "cpu0"] for item in items])
+    assert table == expected.getvalue()
 
 
 def test_the_seed_a_function_receives_is_numpys_first_word_of_the_items_stream():

@@ -12,6 +12,7 @@ import inspect
 import json
 import logging
 import multiprocessing
+import operator
 import os
 import pickle
 import sys
@@ -327,10 +328,11 @@ _NAMES = frozenset((str,))
 def _flat_json(result: Dict[Any, Any]) -> bool:
     """Whether ``result`` is a flat dict that to_jsonable would copy as it is: str keys, and
     values of exactly str, int, float (not NaN, which it makes None), bool or None."""
-    types = set(map(type, result.values()))
-    if not types <= _FLAT or not _NAMES.issuperset(map(type, result)):
-        return False
-    return float not in types or not any(value != value for value in result.values() if type(value) is float)
+    values = result.values()
+    types = set(map(type, values))
+    # a NaN is the one value of these types not equal to itself: every value compared with itself at C speed
+    return (types <= _FLAT and _NAMES.issuperset(map(type, result))
+            and (float not in types or all(map(operator.eq, values, values))))
 
 
 def _not_json(value: Any, path: str = "") -> Optional[Tuple[str, Any]]:

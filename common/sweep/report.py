@@ -109,18 +109,31 @@ def _tables(finished: List[Any], parameters: List[str], values: List[str]) -> Tu
     lines = []
     cells = []
     single = parameters[0] if len(parameters) == 1 else None
+    # a one-parameter point's JSON object, {"name": value}, for an int or str value: its key's text made once
+    single_text = "" if single is None else _string(single)
+    kind: Any = None
+    value: Any = None
     for item, record in finished:
         params = item.params
         point, repeat = params["point"], params["repeat"]
         result, seconds = record.result, round(record.seconds, 6)
         returned, seed = result["return"], result["seed"]
         key, host, device = item.key, record.host, record.device
+        if single is not None:
+            value = point.get(single)
+            kind = type(value)
         line = None
         if type(repeat) is int and type(seed) is int and type(seconds) is float and -_INF < seconds < _INF:
             # csv writes an int as str() and a float as repr(), as json does: one text for both files
             repeat_cell, seed_cell, seconds_cell = _int(repeat), _int(seed), _float(seconds)
+            if kind is int and len(point) == 1:
+                point_text = f"{{{single_text}: {_int(value)}}}"
+            elif kind is str and len(point) == 1:
+                point_text = f"{{{single_text}: {_string(value)}}}"
+            else:
+                point_text = join(chunks(point, 0))
             try:
-                line = (f'{{"key": {_string(key)}, "point": {join(chunks(point, 0))}, "repeat": {repeat_cell}, '
+                line = (f'{{"key": {_string(key)}, "point": {point_text}, "repeat": {repeat_cell}, '
                         f'"seed": {seed_cell}, "result": {join(chunks(returned, 0))}, '
                         f'"seconds": {seconds_cell}, "host": {_string(host)}, "device": {_string(device)}}}')
             except TypeError:  # a key, host or device not a str: as json.dumps writes the whole row
@@ -130,8 +143,8 @@ def _tables(finished: List[Any], parameters: List[str], values: List[str]) -> Tu
         lines.append(line or join(chunks({"key": key, "point": point, "repeat": repeat, "seed": seed,
                                           "result": returned, "seconds": seconds, "host": host,
                                           "device": device}, 0)))
-        if single is not None and type(point.get(single)) in _PLAIN:
-            row = [key, point[single], repeat_cell, seed_cell]
+        if kind in _PLAIN:  # the one parameter's value (kind stays None without one)
+            row = [key, value, repeat_cell, seed_cell]
         else:
             row = [key]
             row += [v if type(v) in _PLAIN else _cell(v) for v in map(point.get, parameters, itertools.repeat(""))]

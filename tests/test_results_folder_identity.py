@@ -14,7 +14,7 @@ import pytest
 
 from helpers import journal_entries, run, start, wait_until
 
-SVM = ["-m", "mnist_svm", "12", "--dataset", "digits", "--subsample", "200", "--folds", "2", "--gpu", "cpu",
+SVM = ["-m", "mnist_svm", "8", "--dataset", "digits", "--subsample", "200", "--folds", "2", "--gpu", "cpu",
        "--no-progress"]
 
 

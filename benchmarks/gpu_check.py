@@ -364,7 +364,9 @@ class Check:
         for backend, gpu in (("cuml", "all"), ("sklearn", "cpu")):
             results = self.out / "runs" / f"mnist_svm-{backend}"
             shutil.rmtree(results, ignore_errors=True)
-            ran = self.command(["-m", "mnist_svm", "2" if self.smoke else "3", "--dataset", "digits", "--subsample", "600",
+            # smoke: the one grid point C 1e-3, gamma 1e-6 (its 5 folds and the refit), where the fake
+            # cuML's float32 pixels flip the most validation images (2): the criterion at its tightest
+            ran = self.command(["-m", "mnist_svm", "1" if self.smoke else "3", "--dataset", "digits", "--subsample", "600",
                                 "--gpu", gpu,
                                 "--no-progress", "--results", str(results)], env=dict(env))
             runs[backend] = {**ran, "results": results,

@@ -178,6 +178,8 @@ def training_check(smoke: bool) -> Dict[str, Any]:
     from mnist_nn.train import fit, to_device
 
     device = "cpu" if smoke else "cuda"
+    if smoke:  # one torch thread, as the smoke's runs (--threads 1): a second only spins on a shared CPU
+        torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True, warn_only=True)
     data = to_device(load_dataset("digits", subsample=400, seed=0), device)
     candidate, index = Candidate(8, 5, 64, 0.01, 0.5), np.arange(100 if smoke else 300)

@@ -18,7 +18,7 @@ def test_a_missing_mnist_is_downloaded_by_a_child_and_the_rank_never_imports_tor
     script = ("import sys\n"
               "from common.run.runner import main\n"
               "from mnist_svm.app import MnistSvm\n"
-              f"code = main(MnistSvm, ['1', '--dataset', 'mnist', '--data-dir', {str(data)!r}, '--gpu', 'cpu', "
+              f"code = main(MnistSvm, ['1', '--dataset', 'mnist', '--data-dir', {str(data)!r}, '--gpu', 'cpu', '--threads', '1', "
               f"'--no-progress', '--results', {str(results)!r}])\n"
               "print('exit', code, 'torch' in sys.modules, 'torchvision' in sys.modules)\n")
     with socket.create_server(("127.0.0.1", 0)) as mirror:

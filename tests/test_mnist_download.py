@@ -129,7 +129,8 @@ def test_mnist_nn_1_1_downloads_mnist_through_torchvision_from_a_mirror(tmp_path
                                                  "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")]
     program = mirrored_program(tmp_path, monkeypatch, [url], resources)
     data = tmp_path / "data"
-    result = run(["-c", program, "1", "1", "--data-dir", str(data), "--gpu", "cpu", "--max-macs", "3e5",
+    # one torch thread: a second only spins on a shared CPU (16.4 s of CPU for the run, 11 s with one)
+    result = run(["-c", program, "1", "1", "--data-dir", str(data), "--gpu", "cpu", "--threads", "1", "--max-macs", "3e5",
                   "--max-epochs", "2", "--folds", "2", "--certainty-images", "0", "--no-progress",
                   "--results", str(tmp_path / "r")], cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
@@ -140,7 +141,7 @@ def test_mnist_nn_1_1_downloads_mnist_through_torchvision_from_a_mirror(tmp_path
     for name, _ in resources:
         assert (raw / name.removesuffix(".gz")).is_file(), name  # torchvision unpacked each one
     assert "ensemble test error: " in result.stdout
-    again = run(["-c", program, "1", "1", "--data-dir", str(data), "--gpu", "cpu", "--max-macs", "3e5",
+    again = run(["-c", program, "1", "1", "--data-dir", str(data), "--gpu", "cpu", "--threads", "1", "--max-macs", "3e5",
                  "--max-epochs", "2", "--folds", "2", "--certainty-images", "0", "--no-progress", "--dry-run"],
                 cwd=tmp_path)
     assert again.returncode == 0, again.stderr

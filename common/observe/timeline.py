@@ -183,9 +183,11 @@ class TimelineDrawer:
             self._sending.join()
 
 
-def _warm_up() -> None:
+def _warm_up(enough: Optional[threading.Event] = None) -> None:
     """matplotlib imported, and one small timeline drawn in every format (fonts, each backend's
-    first use), so that the run's own is drawn at once."""
+    first use), so that the run's own is drawn at once. Once ``enough`` is set (the run's bars have
+    come) it stops after the step it is in: the real drawing makes those first uses itself, and
+    drawing the warm-up too would only hold the end of a short run longer."""
     import io
 
     from common.results.outputs import _SAVE_OPTIONS, FIGURE_FORMATS, new_figure
@@ -193,12 +195,16 @@ def _warm_up() -> None:
     fig, ax = new_figure(2, 1)
     ax.broken_barh([(0, 1)], (0, 1), rasterized=True)
     ax.set_title("warm-up")
-    fig.draw_without_rendering()
-    for form in FIGURE_FORMATS:
-        fig.savefig(io.BytesIO(), format=form, **_SAVE_OPTIONS[form])
+    for step in ("layout", *FIGURE_FORMATS):
+        if enough is not None and enough.is_set():
+            return
+        if step == "layout":
+            fig.draw_without_rendering()
+        else:
+            fig.savefig(io.BytesIO(), format=step, **_SAVE_OPTIONS[step])
 
 
-def _warm_up_nicely() -> None:
+def _warm_up_nicely(enough: threading.Event) -> None:
     """:func:`_warm_up` in a thread of its own at ``DRAWER_NICENESS`` (Linux: niceness is a
     thread's), so that the main thread draws at full priority."""
     try:
@@ -206,7 +212,7 @@ def _warm_up_nicely() -> None:
     except (OSError, AttributeError):
         pass
     try:
-        _warm_up()
+        _warm_up(enough)
     except Exception:
         pass  # only a head start
 
@@ -222,12 +228,14 @@ def _child(parent: int) -> int:
     for number in DRAWER_IGNORED_SIGNALS:
         signal.signal(number, signal.SIG_IGN)  # the parent decides how a stop ends; it kills this one
     signal.pthread_sigmask(signal.SIG_UNBLOCK, DRAWER_IGNORED_SIGNALS)  # blocked since the fork (TimelineDrawer.start)
-    warming = threading.Thread(target=_warm_up_nicely, name="warm-up", daemon=True)
+    bars_came = threading.Event()
+    warming = threading.Thread(target=_warm_up_nicely, args=(bars_came,), name="warm-up", daemon=True)
     warming.start()
     try:
         bars, path = pickle.load(sys.stdin.buffer)
     except (EOFError, OSError, pickle.UnpicklingError):
         return 0
+    bars_came.set()  # a warm-up still under way ends after its current step
     warming.join()  # matplotlib in one thread at a time
     try:
         answer: Any = ("ok", plot_timeline(bars, path))

@@ -183,36 +183,19 @@ class TimelineDrawer:
             self._sending.join()
 
 
-def _warm_up(enough: Optional[threading.Event] = None) -> None:
-    """matplotlib imported, and one small timeline drawn in every format (fonts, each backend's
-    first use), so that the run's own is drawn at once. Once ``enough`` is set (the run's bars have
-    come) it stops after the step it is in: the real drawing makes those first uses itself, and
-    drawing the warm-up too would only hold the end of a short run longer."""
-    import io
-
-    from common.results.outputs import _SAVE_OPTIONS, FIGURE_FORMATS, new_figure
-
-    fig, ax = new_figure(2, 1)
-    ax.broken_barh([(0, 1)], (0, 1), rasterized=True)
-    ax.set_title("warm-up")
-    for step in ("layout", *FIGURE_FORMATS):
-        if enough is not None and enough.is_set():
-            return
-        if step == "layout":
-            fig.draw_without_rendering()
-        else:
-            fig.savefig(io.BytesIO(), format=step, **_SAVE_OPTIONS[step])
-
-
 def _warm_up_nicely(enough: threading.Event) -> None:
-    """:func:`_warm_up` in a thread of its own at ``DRAWER_NICENESS`` (Linux: niceness is a
-    thread's), so that the main thread draws at full priority."""
+    """:func:`common.results.outputs.warm_up_figures` in a thread of its own at ``DRAWER_NICENESS``
+    (Linux: niceness is a thread's), so that the main thread draws at full priority. It stops once
+    ``enough`` is set (the run's bars have come): warming up further would only hold the end of a
+    short run longer."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DRAWER_NICENESS)
     except (OSError, AttributeError):
         pass
     try:
-        _warm_up(enough)
+        from common.results.outputs import warm_up_figures
+
+        warm_up_figures(enough)
     except Exception:
         pass  # only a head start
 

@@ -405,8 +405,8 @@ class Leader:
             worker = self.pool.pick_worker(depth=depth)
             if worker is None:
                 break
-            room = self.pool.room(worker)  # --batch: a chunk never takes a worker past it
-            bundle = self.scheduler.take(self._chunk() if room is None else min(self._chunk(), room))
+            chunk, room = self._chunk(), self.pool.room(worker)  # --batch: a chunk never takes a worker past it
+            bundle = self.scheduler.take(chunk if room is None else min(chunk, room))
             avoid = _avoided(bundle)
             if avoid and worker.name in avoid:
                 other = self.pool.pick_worker(avoid, depth)

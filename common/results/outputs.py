@@ -1,6 +1,7 @@
 """Writing results so that a killed run never leaves a half-written file behind."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Sequence
+from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence
 
 from common.errors import UsageError, quoted
 
@@ -144,18 +145,28 @@ def preload_figures(figures: bool = True) -> threading.Thread:
             import matplotlib.backends.backend_svg  # noqa: F401
             import matplotlib.figure  # noqa: F401
 
-            # one small figure in every format: fonts, text layout and each backend's first use
-            fig, ax = new_figure(2, 1)
-            ax.broken_barh([(0, 1)], (0, 1))
-            ax.set_title("warm-up")
-            save_figure(fig, Path(os.devnull), formats=(), tight=True)
-            for form in FIGURE_FORMATS:
-                fig.savefig(io.BytesIO(), format=form, **_SAVE_OPTIONS[form])
+            warm_up_figures()
         except Exception:  # only a head start: the figures import what they need anyway, and say what fails
             pass
 
     # The caller joins it before drawing anything itself: matplotlib is not to be used from two threads at once
     return threading.Thread(target=load, name="preload-figures", daemon=True)
+
+
+def warm_up_figures(enough: Optional[threading.Event] = None) -> None:
+    """One small figure laid out and saved in every format: the fonts, text layout, rasterised
+    parts and each backend's first use, so that the real figures are drawn at once. Once
+    ``enough`` is set it stops after the step it is in (the real drawing has begun, and makes
+    those first uses itself)."""
+    fig, ax = new_figure(2, 1)
+    ax.broken_barh([(0, 1)], (0, 1), rasterized=True)
+    ax.set_title("warm-up")
+    steps = [fig.draw_without_rendering] + [
+        functools.partial(fig.savefig, io.BytesIO(), format=form, **_SAVE_OPTIONS[form]) for form in FIGURE_FORMATS]
+    for step in steps:
+        if enough is not None and enough.is_set():
+            return
+        step()
 
 
 def new_figure(width: float, height: float, rows: int = 1, columns: int = 1, **subplots: Any) -> tuple:

@@ -396,7 +396,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
     pool.start()
     # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
     # matplotlib too where rank 0 will draw: the app's figures, or the GPU usage figure
-    preloading = preload_figures(app.draws_figures() or any(d.is_gpu for d in devices)) if comm.rank == 0 else None
+    preloading = preload_figures(app.draws_figures() or app.on_gpu()) if comm.rank == 0 else None
     if comm.rank == 0:  # status.json for python -m common.status
         status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
                               items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor,

@@ -26,7 +26,7 @@ def pick_worker(workers: Iterable[Worker], avoid: Tuple[str, ...] = (), depth: i
     for worker in workers:
         if not worker.ready or worker.retiring or len(worker.assigned) >= depth:  # type: ignore[attr-defined]
             continue
-        if batch and worker.handed_total >= batch:  # type: ignore[attr-defined]
+        if room(worker, batch) == 0:
             continue
         rank = (len(worker.assigned), worker.name in avoid)  # type: ignore[attr-defined]
         if best_rank is None or rank < best_rank:

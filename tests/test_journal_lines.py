@@ -2,8 +2,11 @@
 line the general encoder writes, and read back as the record it came from."""
 from __future__ import annotations
 
+import collections
+import enum
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +15,20 @@ from common.app import Record
 from common.results.journal import _ENCODER, _RECORD_FIELDS, Journal, _result_line, read_journal
 from common.results.outputs import to_jsonable
 
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
 RESULTS = [None, 1, 2.5, float("nan"), "é\n\"x\u2028", {"a": np.float32(1.5), "b": [1, np.arange(3)]}, np.int64(4),
-           True, [float("inf")], {"nested": {"deep": [None, "ü"]}}]
+           True, [float("inf")], {"nested": {"deep": [None, "ü"]}},
+           # plain JSON, written at C speed: it must be the same line
+           {"seed": 7, "return": {"loss": 0.125, "ok": True, "none": None, "s": "x"}}, {}, [], (1, (2, "3")),
+           collections.OrderedDict([("b", 1), ("a", 2)]), {"level": Level.HIGH, Level.HIGH: np.float64(0.1)},
+           # keys JSON spells itself, and ones it refuses
+           {1: "int", 2.5: "float", None: "n", np.float64(1.5): "np"}, {True: "t", False: "f"},
+           {float("nan"): 1, float("inf"): 2}, {(1, 2): "tuple key"}, {np.int64(3): "numpy key"},
+           {"path": Path("/a/b")}, {"deep": [{"x": float("-inf")}]}, -0.0, 1e300, 2 ** 70]
 
 
 def general_line(record: Record) -> bytes:

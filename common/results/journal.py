@@ -122,8 +122,36 @@ def describe_difference(old: dict, new: dict) -> str:
     return "nothing"
 
 
+def _plain_json() -> Optional[Any]:
+    """json's C encoder for values that are JSON as they are, with ``_ENCODER``'s separators,
+    refusing (TypeError, ValueError) whatever :func:`to_jsonable` would change: another type
+    (numpy, Path: ``default`` raises), a NaN or an infinity; a cycle is refused, not recursed into.
+    Keys: JSON's spelling of int, float, bool and None keys, which is to_jsonable's. None where
+    this Python has no C encoder."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+
+    def refuse(value: Any) -> Any:
+        raise TypeError(type(value).__name__)
+
+    return make({}, refuse, encode_basestring_ascii, None, ":", ",", False, False, False)
+
+
+_PLAIN_JSON = _plain_json()
+
+
 def _app_value(value: Any) -> str:
-    return "null" if value is None else _ENCODER.encode(to_jsonable(value))
+    """An app's result or params as _ENCODER writes ``to_jsonable(value)``: most are plain JSON
+    already, written at C speed without the copy to_jsonable makes (tests/test_journal_lines.py)."""
+    if value is None:
+        return "null"
+    if _PLAIN_JSON is not None:
+        try:
+            return "".join(_PLAIN_JSON(value, 0))
+        except (TypeError, ValueError):  # a value to_jsonable converts: the general way
+            pass
+    return _ENCODER.encode(to_jsonable(value))
 
 
 def _result_line(record: Record) -> bytes:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import socket
 import sys
-from typing import Optional
+import time
+from typing import List, Optional, Tuple
 
 from common.errors import quoted
 from common.results.failures import WriteFailures
 
 log = logging.getLogger("multinode_gpu")
+#: a held routine line (FileLog.hold) is written at the latest this many seconds after it
+HOLD_SECONDS = 0.2
 
 
 class FileLog(logging.FileHandler):
@@ -20,18 +23,64 @@ class FileLog(logging.FileHandler):
     the first record, so opening it cannot fail at start-up either."""
 
     def __init__(self, path: str, fallback: Optional[logging.Handler] = None, what: str = "the log",
-                 write_failures: Optional[WriteFailures] = None):
+                 write_failures: Optional[WriteFailures] = None, name: str = ""):
         """``write_failures``: where a failed write is noted (the run stops on it); only without a
-        ``fallback``."""
+        ``fallback``. ``name``: what each line says it comes from (for :meth:`hold`)."""
         super().__init__(path, delay=True)
-        self.fallback, self.what, self.write_failures = fallback, what, write_failures
+        self.fallback, self.what, self.write_failures, self.name = fallback, what, write_failures, name
         self.failed = False
+        self.held: List[Tuple[float, str]] = []  # (when, message) of routine lines not yet written
+        self._second, self._second_text = -1, ""  # the last second formatted, and its text
+
+    def hold(self, when: float, message: str) -> None:
+        """A routine INFO line (an item done), written with the next ones: at the latest
+        HOLD_SECONDS after the first of them, before any other record (the order is kept), on
+        :meth:`write_held` (a worker about to wait for work) and on close. A worker's short
+        items then cost no pass through logging and no write each (most of the time between
+        two items, measured); a SIGKILL loses the held lines, at most HOLD_SECONDS of them."""
+        with self.lock:  # type: ignore[union-attr]
+            held = self.held
+            held.append((when, message))
+            if when - held[0][0] >= HOLD_SECONDS:
+                self._write_held()
+
+    def write_held(self) -> None:
+        if self.held:
+            with self.lock:  # type: ignore[union-attr]
+                self._write_held()
+
+    def _write_held(self) -> None:
+        """The held lines as the formatter writes them ("%(asctime)s [name] INFO %(message)s")."""
+        held, self.held = self.held, []
+        if not held or self.failed:
+            return
+        lines = []
+        for when, message in held:
+            second = int(when)
+            if second != self._second:
+                self._second, self._second_text = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+            lines.append(f"{self._second_text},{int((when - second) * 1000):03d} [{self.name}] INFO {message}\n")
+        try:
+            if self.stream is None:
+                self.stream = self._open()
+            self.stream.write("".join(lines))
+            self.flush()
+        except Exception:
+            self.handleError(logging.makeLogRecord({"msg": lines[-1].rstrip("\n"), "levelno": logging.INFO}))
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.failed:
             self._fall_back(record)
             return
+        if self.held:
+            self._write_held()  # emit runs under the handler's lock
         super().emit(record)
+
+    def close(self) -> None:
+        try:
+            self.write_held()
+        finally:
+            super().close()
 
     def _fall_back(self, record: logging.LogRecord) -> None:
         if self.fallback is not None and record.levelno >= self.fallback.level:
@@ -84,13 +133,13 @@ class _FirstLine(logging.Formatter):
         return lines[0] + (" (more in the log, which could not be written)" if len(lines) > 1 else "")
 
 
-def worker_file_log(path: str, name: str) -> logging.Handler:
+def worker_file_log(path: str, name: str) -> FileLog:
     """A worker's log: its file, or, once that cannot be written, stderr for the first line of its
     warnings and errors (a line per item, or a traceback, there would bury the rank's own messages)."""
     formatter = logging.Formatter(f"%(asctime)s [{name}] %(levelname)s %(message)s")
     fallback = logging.StreamHandler(sys.stderr)
     fallback.setLevel(logging.WARNING)
     fallback.setFormatter(_FirstLine(f"%(asctime)s [{name}] %(levelname)s %(message)s"))
-    handler = FileLog(path, fallback, what="the worker log")
+    handler = FileLog(path, fallback, what="the worker log", name=name)
     handler.setFormatter(formatter)
     return handler

@@ -26,7 +26,7 @@ import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from common.items import item_seed
 from common.linux import die_with_parent
@@ -44,7 +44,7 @@ from common.messages import (
     Revoked,
     SetupFailed,
 )
-from common.observe.logs import worker_file_log
+from common.observe.logs import FileLog, worker_file_log
 from common.signals import (
     DUMP_SIGNAL,
     WORKER_IGNORED_SIGNALS,
@@ -156,9 +156,12 @@ class _Inbox:
             while self.conn.poll():
                 self._take(self.conn.recv())
 
-    def next_bundle(self) -> Optional[tuple]:
-        """The next bundle ([Handout, ...], together) to run, waiting for one; None once told to stop."""
+    def next_bundle(self, before_waiting: Callable[[], None] = lambda: None) -> Optional[tuple]:
+        """The next bundle ([Handout, ...], together) to run, waiting for one (``before_waiting()``
+        first); None once told to stop."""
         self.pump()
+        if not self.items and not self.stopped:
+            before_waiting()
         while not self.items and not self.stopped:
             self.pump(None)
         return None if self.stopped and not self.items else self.items.popleft()
@@ -239,8 +242,9 @@ def _os_error(error: BaseException) -> Tuple[Optional[int], str]:
     return error.errno, os.fsdecode(filename) if isinstance(filename, (str, bytes, os.PathLike)) else ""
 
 
-def _run_group(app: Any, state: Any, bundle: list, seed: int) -> List[Any]:
-    """Run one item, or a group of items together (``App.run_group``); the answer for each."""
+def _run_group(app: Any, state: Any, bundle: list, seed: int, lines: Optional[FileLog] = None) -> List[Any]:
+    """Run one item, or a group of items together (``App.run_group``); the answer for each.
+    ``lines``: the worker log, which holds the "done" line (:meth:`FileLog.hold`); None: logged now."""
     items = [handout.item for handout in bundle]
     names = ", ".join(item.key for item in items)
     started = time.time()
@@ -259,16 +263,20 @@ def _run_group(app: Any, state: Any, bundle: list, seed: int) -> List[Any]:
         return [ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended, errno, path)
                 for item in items]
     ended = time.time()
-    log.info("%s done in %.3f s", names, ended - started)
+    if lines is None:
+        log.info("%s done in %.3f s", names, ended - started)
+    else:
+        lines.hold(ended, f"{names} done in {ended - started:.3f} s")
     return [ItemDone(item.key, result, started, ended) for item, result in zip(items, results)]
 
 
-def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed: int, conn: Any, finished: Any) -> None:
+def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed: int, conn: Any, finished: Any,
+                lines: Optional[FileLog] = None) -> None:
     """A group (run together) or a chunk of short items (one after the other); the answers go in
     as few messages as ANSWER_SECONDS allows. ``finished`` (shared with the rank) counts the items
     this process has finished, sent or not: if it dies, its rank knows which item it was running."""
     if together:
-        answers = _run_group(app, state, entries, seed)
+        answers = _run_group(app, state, entries, seed, lines)
         if finished is not None:
             finished.value += len(entries)
         _answer(conn, answers)
@@ -276,7 +284,7 @@ def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed: int, 
     pending: List[Any] = []
     since = 0.0
     for handout in entries:
-        pending += _run_group(app, state, [handout], seed)
+        pending += _run_group(app, state, [handout], seed, lines)
         if finished is not None:
             finished.value += 1
         now = time.monotonic()
@@ -337,11 +345,11 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
             return
         conn.send(Ready())
         while True:
-            bundle = inbox.next_bundle()
+            bundle = inbox.next_bundle(handler.write_held)  # no line waits while the worker does
             if bundle is None:
                 break
             entries, together = bundle
-            _run_bundle(app, state, entries, together, seed, conn, finished)
+            _run_bundle(app, state, entries, together, seed, conn, finished, handler)
     except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):
         log.info("stopping")
     finally:

@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 
 from common.app import Record
-from common.results.journal import _ENCODER, _RECORD_FIELDS, Journal, _result_line, read_journal
+from common.results.journal import (
+    _ENCODER,
+    _PLAIN_JSON,
+    _RECORD_FIELDS,
+    Journal,
+    _app_value,
+    _result_line,
+    read_journal,
+)
 from common.results.outputs import to_jsonable
 
 
@@ -59,3 +67,14 @@ def test_an_engine_field_of_another_type_takes_the_general_way(tmp_path, odd):
     assert records["plain"].result == [1, 2] and records["odd"].result == {"x": 1}
     name, value = next(iter(odd.items()))
     assert getattr(records["odd"], name) == json.loads(json.dumps(to_jsonable(value)))
+
+
+def test_values_the_fast_way_refuses_leave_nothing_behind():
+    """json's C encoder keeps the ids of the containers it is inside and leaves them when a value
+    is refused: they must not pile up, one or more per result, over a run of numpy returns."""
+    assert _PLAIN_JSON is not None
+    refused = [{"loss": np.float32(0.5)}, {"a": [1, {"b": float("nan")}]}, [{"x": float("inf")}], {(1, 2): 1}]
+    for _ in range(100):
+        for value in refused:
+            assert _app_value(value) == _ENCODER.encode(to_jsonable(value))
+    assert _PLAIN_JSON.markers == {}

@@ -122,23 +122,33 @@ def describe_difference(old: dict, new: dict) -> str:
     return "nothing"
 
 
-def _plain_json() -> Optional[Any]:
+class _PlainJson:
     """json's C encoder for values that are JSON as they are, with ``_ENCODER``'s separators,
-    refusing (TypeError, ValueError) whatever :func:`to_jsonable` would change: another type
-    (numpy, Path: ``default`` raises), a NaN or an infinity; a cycle is refused, not recursed into.
-    Keys: JSON's spelling of int, float, bool and None keys, which is to_jsonable's. None where
-    this Python has no C encoder."""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return None
+    refusing (None) whatever :func:`to_jsonable` would change: another type (numpy, Path:
+    ``default`` raises), a NaN or an infinity; a cycle is refused, not recursed into. Keys: JSON's
+    spelling of int, float, bool and None keys, which is to_jsonable's."""
 
-    def refuse(value: Any) -> Any:
+    def __init__(self) -> None:
+        self.markers: Dict[int, Any] = {}  # the encoder's ids of the containers it is inside
+        self.encode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
+            self.markers, self._refuse, encode_basestring_ascii, None, ":", ",", False, False, False)
+
+    @staticmethod
+    def _refuse(value: Any) -> Any:
         raise TypeError(type(value).__name__)
 
-    return make({}, refuse, encode_basestring_ascii, None, ":", ",", False, False, False)
+    def __call__(self, value: Any) -> Optional[str]:
+        try:
+            return "".join(self.encode(value, 0))
+        except (TypeError, ValueError, RecursionError):
+            # the encoder leaves the ids of the containers it was inside when it gave up: without
+            # this, they would pile up, one or more for each result of an app that returns numpy values
+            self.markers.clear()
+            return None
 
 
-_PLAIN_JSON = _plain_json()
+#: None where this Python has no C encoder
+_PLAIN_JSON = _PlainJson() if getattr(json.encoder, "c_make_encoder", None) is not None else None
 
 
 def _app_value(value: Any) -> str:
@@ -146,12 +156,8 @@ def _app_value(value: Any) -> str:
     already, written at C speed without the copy to_jsonable makes (tests/test_journal_lines.py)."""
     if value is None:
         return "null"
-    if _PLAIN_JSON is not None:
-        try:
-            return "".join(_PLAIN_JSON(value, 0))
-        except (TypeError, ValueError):  # a value to_jsonable converts: the general way
-            pass
-    return _ENCODER.encode(to_jsonable(value))
+    text = _PLAIN_JSON(value) if _PLAIN_JSON is not None else None
+    return text if text is not None else _ENCODER.encode(to_jsonable(value))
 
 
 def _result_line(record: Record) -> bytes:

@@ -55,11 +55,13 @@ class FileLog(logging.FileHandler):
         if not held or self.failed:
             return
         lines = []
+        time_format, msec_format = logging.Formatter.default_time_format, logging.Formatter.default_msec_format
         for when, message in held:
             second = int(when)
-            if second != self._second:
-                self._second, self._second_text = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-            lines.append(f"{self._second_text},{int((when - second) * 1000):03d} [{self.name}] INFO {message}\n")
+            if second != self._second:  # a second's text made once for all its lines
+                self._second, self._second_text = second, time.strftime(time_format, time.localtime(second))
+            stamp = msec_format % (self._second_text, int((when - second) * 1000))  # logging's own asctime
+            lines.append(f"{stamp} [{self.name}] INFO {message}\n")
         try:
             if self.stream is None:
                 self.stream = self._open()

@@ -26,6 +26,7 @@ import math
 import multiprocessing
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,9 @@ RUNS = [
     ["2", "2", "--dataset", "digits", "--max-macs", "1e6", "--gpu", "cpu", "--workers", "2", "--threads", "1"],
 ]
 GPU_RUNS = [["1", "1", "--dataset", "digits"], ["2", "2", "--dataset", "digits"]]
+#: a whole run still going after this long is killed and reported as such (the default seed's first net
+#: took 212-222 s here alone, but more than 19 minutes on a busy machine)
+RUN_CAP_SECONDS = 1800.0
 #: the models measured: tiny, small, and the default seed's first candidate
 MODELS = [(Candidate(2, 3, 16, 0.01, 0.5), "tiny (2 conv 3x3, 16 hidden)"),
           (Candidate(8, 5, 64, 0.01, 0.5), "small (8 conv 5x5, 64 hidden)")]
@@ -230,19 +234,29 @@ def measure(candidate: Candidate, label: str, samples: Optional[int], repeats: i
     return row
 
 
-def time_whole_run(extra: List[str]) -> Dict[str, Any]:
+def time_whole_run(extra: List[str], cap: float = RUN_CAP_SECONDS) -> Dict[str, Any]:
+    """One whole mnist_nn run, timed; past ``cap`` seconds its whole process group is killed (no run
+    of it is left behind) and the row says so, so that ``make bench`` always ends."""
     with tempfile.TemporaryDirectory() as folder:
         command = [sys.executable, "-m", "mnist_nn", *extra, "--no-progress", "--results", str(Path(folder) / "run")]
         start = time.perf_counter()
-        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+        proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            _, stderr = proc.communicate(timeout=cap)
+            capped = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, stderr = proc.communicate()
+            capped = True
         wall = time.perf_counter() - start
         summary = {}
         if proc.returncode == 0:
             summary = json.loads(ResultsLayout(Path(folder) / "run").summary_json.read_text())
     shown = " ".join(["python -m mnist_nn", *extra])
-    return {"command": shown, "exit_code": proc.returncode, "wall_seconds": wall,
+    return {"command": shown, "exit_code": proc.returncode, "wall_seconds": wall, "capped": capped,
             "engine_wall_seconds": summary.get("wall_seconds"), "item_seconds_total": summary.get("item_seconds_total"),
-            "ensemble_test_error": summary.get("ensemble_test_error"), "stderr_tail": proc.stderr[-500:]}
+            "ensemble_test_error": summary.get("ensemble_test_error"), "stderr_tail": stderr[-500:]}
 
 
 def print_table(rows: List[Dict[str, Any]]) -> None:
@@ -293,7 +307,9 @@ def main(argv: List[str] = None) -> int:
     print(f"device: {args.device} ({device_name}), torch {torch.__version__}\n")
     print_table(rows)
     for run in runs:
-        print(f"\nwhole run `{run['command']}`: {run['wall_seconds']:.1f} s wall (exit {run['exit_code']})")
+        ended = (f"killed unfinished after {run['wall_seconds']:.0f} s (cap {RUN_CAP_SECONDS:.0f} s)" if run["capped"]
+                 else f"{run['wall_seconds']:.1f} s wall (exit {run['exit_code']})")
+        print(f"\nwhole run `{run['command']}`: {ended}")
     return 0
 
 

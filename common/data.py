@@ -13,6 +13,7 @@ build of torch) is one line of the child's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import math
@@ -182,12 +183,16 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
+def _no_torchvision(child: subprocess.CompletedProcess) -> str:
+    return (f"torchvision cannot be imported: {_last_line(child.stderr)}; install the torchvision built "
+            f"for this torch (in a checkout: make install-torchvision)")
+
+
 def _mirrors(name: str) -> tuple:
     """(torchvision's download mirrors for ``name``, None), or (None, why torchvision cannot download)."""
     child = _torchvision_child("mirrors", name, timeout=TORCHVISION_IMPORT_SECONDS)
     if child.returncode != 0:
-        return None, (f"torchvision cannot be imported: {_last_line(child.stderr)}; install the torchvision built "
-                      f"for this torch (in a checkout: make install-torchvision)")
+        return None, _no_torchvision(child)
     return json.loads(_last_line(child.stdout)), None
 
 
@@ -207,14 +212,19 @@ def _download_problem(name: str, timeout: float = 3.0) -> Optional[str]:
     return "offline: no download mirror can be reached"
 
 
+#: the child's exit code when torchvision cannot be imported (a failed download: 1)
+_CHILD_NO_TORCHVISION = 3
+
+
 def _child_main(argv: List[str]) -> int:
     """The child's side: ``mirrors NAME`` prints them as JSON; ``download NAME ROOT`` fetches both
-    splits into ROOT. A failure is one line on stderr and exit 1."""
+    splits into ROOT. A failure is one line on stderr and exit 1 (``_CHILD_NO_TORCHVISION``: no
+    torchvision)."""
     try:
         import torchvision.datasets as tvd
     except Exception as error:  # ImportError, or RuntimeError from a CUDA-only build
         print(str(error).splitlines()[0] if str(error) else type(error).__name__, file=sys.stderr)
-        return 1
+        return _CHILD_NO_TORCHVISION
     dataset_class = getattr(tvd, _TORCHVISION[argv[1]][0])
     if argv[0] == "mirrors":
         print(json.dumps(list(getattr(dataset_class, "mirrors", None) or [])))
@@ -268,17 +278,21 @@ def ensure_available(name: str, data_dir: Optional[Path] = None) -> None:
     _check_name(name)
     if name == "digits" or find_idx_files(name, data_dir) is not None:
         return
-    _, problem = _mirrors(name)
-    if problem:
-        raise UsageError(_missing_message(name, data_dir, problem))
     root = Path(data_dir) if data_dir is not None else default_data_dir()
+    made = not root.exists()
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UsageError(_missing_message(name, data_dir, f"cannot make {quoted(root)}: {error.strerror or error}")) from None
+    # one child imports torchvision (seconds of CPU) and downloads: validate() has just checked on this
+    # rank that it imports and a mirror answers, so it is not asked for its mirrors once more first
     child = _torchvision_child("download", name, str(root), timeout=DOWNLOAD_SECONDS)
     if child.returncode != 0:
-        raise UsageError(_missing_message(name, data_dir, _last_line(child.stderr)))
+        if made:  # no empty data folder left behind by a run that downloaded nothing
+            with contextlib.suppress(OSError):
+                root.rmdir()
+        why = _no_torchvision(child) if child.returncode == _CHILD_NO_TORCHVISION else _last_line(child.stderr)
+        raise UsageError(_missing_message(name, data_dir, why))
     if find_idx_files(name, data_dir) is None:
         raise UsageError(_missing_message(name, data_dir, "the download left no IDX files"))
 

@@ -8,13 +8,18 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO
 
 FAKE_TORCHVISION = REPO / "tests" / "fake_torchvision"
 
 
 def test_a_missing_mnist_is_downloaded_by_a_child_and_the_rank_never_imports_torch(tmp_path):
+    """Two children import torchvision (seconds of CPU each): validate's, which asks for the mirrors,
+    and rank 0's download; the download does not ask for the mirrors once more."""
     data, results = tmp_path / "data", tmp_path / "results"
+    imports = tmp_path / "torchvision-imports"
     script = ("import sys\n"
               "from common.run.runner import main\n"
               "from mnist_svm.app import MnistSvm\n"
@@ -23,7 +28,8 @@ def test_a_missing_mnist_is_downloaded_by_a_child_and_the_rank_never_imports_tor
               "print('exit', code, 'torch' in sys.modules, 'torchvision' in sys.modules)\n")
     with socket.create_server(("127.0.0.1", 0)) as mirror:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FAKE_TORCHVISION), str(REPO)]),
-                   FAKE_TORCHVISION_MIRROR=f"http://127.0.0.1:{mirror.getsockname()[1]}/")
+                   FAKE_TORCHVISION_MIRROR=f"http://127.0.0.1:{mirror.getsockname()[1]}/",
+                   FAKE_TORCHVISION_IMPORTS=str(imports))
         proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=240)
     assert proc.returncode == 0, proc.stderr
@@ -32,6 +38,23 @@ def test_a_missing_mnist_is_downloaded_by_a_child_and_the_rank_never_imports_tor
         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
         "train-labels-idx1-ubyte.gz"]
     assert (results / "summary.json").is_file()
+    assert len(imports.read_text().split()) == 2
+
+
+def test_a_download_whose_torchvision_cannot_be_imported_says_so_and_leaves_no_data_folder(tmp_path, monkeypatch):
+    """ensure_available alone (rank 0's download, called without validate's check first): its one
+    child finds no torchvision; one line says so, and the data folder it made is gone again."""
+    from common.data import ensure_available
+    from common.errors import UsageError
+
+    broken = tmp_path / "broken" / "torchvision"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken.parent))
+    with pytest.raises(UsageError) as raised:
+        ensure_available("mnist", tmp_path / "data")
+    assert "torchvision cannot be imported: operator torchvision::nms does not exist" in str(raised.value)
+    assert "\n" not in str(raised.value) and not (tmp_path / "data").exists()
 
 
 def test_a_torchvision_that_cannot_be_imported_is_one_line_naming_why(tmp_path):

@@ -21,6 +21,7 @@ Prints a markdown table and writes ``bench-results/bench_nn.json``; it also time
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing
@@ -247,7 +248,8 @@ def time_whole_run(extra: List[str], cap: float = RUN_CAP_SECONDS) -> Dict[str, 
             _, stderr = proc.communicate(timeout=cap)
             capped = False
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may have ended just now
+                os.killpg(proc.pid, signal.SIGKILL)
             _, stderr = proc.communicate()
             capped = True
         wall = time.perf_counter() - start

@@ -35,6 +35,10 @@ def _gone(process: psutil.Process) -> bool:
         return True
 
 
+def _hangup_at_its_default() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _alive(processes: list) -> list:
     """(pid, name, status) of those of ``processes`` that still exist."""
     alive = []
@@ -62,8 +66,10 @@ def test_a_forked_step_program_dies_with_its_worker(tmp_path, how, command):
     seconds = "600"
     definition = tmp_path / "hold.json"
     definition.write_text(json.dumps({"name": "hold", "steps": [{"id": "wait", "command": command}]}))
+    # SIGHUP as a closed terminal sends it, at its default (under nohup, which CI runs may be started
+    # with, every process inherits it ignored, and the run rightly lives on)
     process = start(["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "1",
-                     "--results", str(tmp_path / "res")])
+                     "--results", str(tmp_path / "res")], preexec_fn=_hangup_at_its_default)
     sleep = None
     try:
         assert wait_until(lambda: _sleep_of(process.pid, seconds) is not None, timeout=120), "the step never started"
@@ -75,9 +81,7 @@ def test_a_forked_step_program_dies_with_its_worker(tmp_path, how, command):
             worker.send_signal(signal.SIGKILL)
         else:
             os.killpg(process.pid, signal.SIGHUP)
-        # seconds, not one: once in a CI run on the loaded 2-core machine, 5 s were not enough (not
-        # reproduced in 21 runs since, alone or beside a CPU hog); the failure says who was still alive
-        assert wait_until(lambda: _gone(sleep), timeout=20), (
+        assert wait_until(lambda: _gone(sleep), timeout=5), (
             f"sleep {sleep.pid} outlived its worker ({how}); still alive: {_alive(chain)}; "
             f"worker logs: {_log_tails(tmp_path / 'res' / 'logs')}")
     finally:

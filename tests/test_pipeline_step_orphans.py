@@ -11,6 +11,7 @@ import sys
 import psutil
 import pytest
 
+from common.results.layout import ResultsLayout
 from helpers import start, wait_until
 
 
@@ -83,7 +84,7 @@ def test_a_forked_step_program_dies_with_its_worker(tmp_path, how, command):
             os.killpg(process.pid, signal.SIGHUP)
         assert wait_until(lambda: _gone(sleep), timeout=5), (
             f"sleep {sleep.pid} outlived its worker ({how}); still alive: {_alive(chain)}; "
-            f"worker logs: {_log_tails(tmp_path / 'res' / 'logs')}")
+            f"worker logs: {_log_tails(ResultsLayout(tmp_path / 'res').logs)}")
     finally:
         if sleep is not None and not _gone(sleep):
             sleep.kill()

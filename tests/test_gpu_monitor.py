@@ -82,8 +82,8 @@ def test_samples_over_time_with_a_fake_nvml(fake_nvml):
     monitor.start()
     time.sleep(0.5)
     recent = {view["gpu"]: view for view in monitor.recent()}
-    series = monitor.series()
     report = monitor.stop()
+    series = monitor.series()  # after stop, as the engine reads it: no sample can land in between
     assert set(report) == set(series) == set(recent) == {"gpu0", "gpu1"}
     full, mig = report["gpu0"], report["gpu1"]
     assert full["samples"] >= 5 and full["samples"] == len(series["gpu0"]["samples"])

@@ -139,7 +139,9 @@ def test_stopped_run_resumes_to_the_same_results_without_recomputing(tmp_path, s
     assert clean.returncode == 0, clean.stderr
     marks = tmp_path / "marks"
     marks.mkdir()
-    args = [TOY, "30", "--wave", "--sleep", "0.15", "--workers", "2", "--marker-dir", str(marks),
+    # 0.3 s items: the whole run takes about 3 s, so a signal sent after the 6th result, however late a
+    # busy machine lets this process see it, finds items still to hand out
+    args = [TOY, "30", "--wave", "--sleep", "0.3", "--workers", "2", "--marker-dir", str(marks),
             "--results", str(tmp_path / "r"), "--no-progress"]
     stopped = stop_run(start(args, ranks=2), tmp_path / "r", after=6, sig=sig, every_rank=every_rank)
     assert stopped.returncode == 75, stopped.stderr

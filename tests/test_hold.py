@@ -114,14 +114,17 @@ def test_a_hold_whose_refresh_stopped_is_taken_over(tmp_path, monkeypatch):
     clean = run([TOY, "12", "--results", str(tmp_path / "clean"), "--no-progress"])
     assert clean.returncode == 0, clean.stderr
     results = tmp_path / "r"
-    args = [TOY, "12", "--sleep", "0.3", "--results", str(results), "--no-progress"]
-    # 1.5 s: the refused run below must start and read the hold within 3 x 1.5 s of the freeze, which
-    # a loaded 2-core machine (Python start-up of several seconds) does not always do within 3 x 0.5 s
-    monkeypatch.setenv("MULTINODE_GPU_HOLD_SECONDS", "1.5")
+    args = [TOY, "12", "--sleep", "0.6", "--results", str(results), "--no-progress"]  # long enough for a refresh
+    # 2 s, and frozen just after a refresh: the refused run below must start and read the hold
+    # within 3 x 2 s of that refresh, which a loaded 2-core machine (Python start-up of several
+    # seconds) did not always do within 3 x 0.5 s, nor within 3 x 1.5 s less the time since a refresh
+    monkeypatch.setenv("MULTINODE_GPU_HOLD_SECONDS", "2")
     first = start(args)
     monkeypatch.delenv("MULTINODE_GPU_HOLD_SECONDS")
     try:
         wait_for_results(results, 2)
+        before = read_hold(results)["refreshed"]
+        assert wait_until(lambda: read_hold(results)["refreshed"] != before, timeout=30, every=0.02)
         os.killpg(first.pid, signal.SIGSTOP)
         refused = run(args + ["--resume"])  # refreshed a moment ago: still held
         assert_usage_error(refused, "in use by another run", f"pid {first.pid}")

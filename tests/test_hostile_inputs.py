@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from common.signals import ECHO_SECONDS
 from helpers import (
     REPO,
     TOY,
@@ -119,9 +120,11 @@ def test_a_third_ctrl_c_while_writing_outputs_is_one_line_and_resume_writes_them
     results = tmp_path / "results"
     process = start([TOY, "4", "--results", str(results), "--no-progress", "--gpu", "cpu", "--finish-seconds", "30"])
     assert wait_until(lambda: (results / "status.json").exists() and state_of(results) == "finishing", timeout=120)
-    for _ in range(3):  # 2 s and more apart: each one counts (a sooner one is the same signal passed on)
+    # ECHO_SECONDS and more apart as the rank's handler sees them: each one counts (a sooner one is the
+    # same signal passed on); a second over it, as a busy machine may run a handler late
+    for _ in range(3):
         os.kill(process.pid, signal.SIGINT)
-        time.sleep(2.3)
+        time.sleep(ECHO_SECONDS + 1.0)
     _, err = process.communicate(timeout=60)
     assert process.returncode == STOP_CODE, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

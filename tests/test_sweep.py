@@ -133,7 +133,7 @@ def test_sigterm_then_resume_runs_only_the_rest(tmp_path, monkeypatch):
     grid = write(tmp_path / "grid.json", {"x": list(range(16))})
     (tmp_path / "marks").mkdir()
     monkeypatch.setenv("SWEEP_MARKS", str(tmp_path / "marks"))
-    monkeypatch.setenv("SWEEP_SLEEP", "0.3")
+    monkeypatch.setenv("SWEEP_SLEEP", "0.8")  # about 3 s in all: the SIGTERM after the 4th result finds items left
     args = ["-m", "common.sweep", "sweep_functions:noisy", "--grid", str(grid), *ENGINE, "--workers", "2",
             "--results", str(tmp_path / "r")]
     stopped = stop_run(start(args, ranks=2, cwd=TESTS), tmp_path / "r", after=4, sig=signal.SIGTERM)

@@ -51,7 +51,7 @@ def fake_gpus(monkeypatch):
 
 def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quick_status, fake_gpus):
     results = tmp_path / "r"
-    job = start([TOY, "16", "--sleep", "1.0", "--gpu", "all", "--fail-key", "item-0003", "--retries", "0",
+    job = start([TOY, "16", "--sleep", "1.5", "--gpu", "all", "--fail-key", "item-0003", "--retries", "0",
                  "--results", str(results)], ranks=2)
     watcher = subprocess.Popen([sys.executable, "-m", "common.status", str(results), "--watch", "0.5"], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -61,9 +61,19 @@ def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quic
         assert wait_until(lambda: status_file(results).get("state") == "running" and {
             w.get("rank") for w in status_file(results).get("workers", []) if w.get("state") == "running"} >= {0, 1},
             timeout=90), status_file(results)
-        shown = status(results)
-        assert shown.returncode == 0, shown.stderr
-        text = shown.stdout
+        # what the command shows, asked until it too shows a worker of each rank running (it reads the
+        # status file a moment later than the wait above, and the file is rewritten every second)
+        seen: list = []
+
+        def shows_both_ranks_running() -> bool:
+            shown = status(results)
+            assert shown.returncode == 0, shown.stderr
+            seen.append(shown.stdout)
+            running = re.findall(r"^  (rank\d-gpu\d) .* (item-\d{4}) for (\d+)s", shown.stdout, re.M)
+            return {worker[:5] for worker, _, _ in running} == {"rank0", "rank1"}
+
+        assert wait_until(shows_both_ranks_running, timeout=60, every=0.2), seen[-1:]
+        text = seen[-1]
         print(text)
         assert text.startswith("toy: running"), text
         assert re.search(r"items +\d+ of 16 done", text), text

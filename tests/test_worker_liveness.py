@@ -41,8 +41,9 @@ def _logs(results: Path, pattern: str) -> str:
 
 
 def test_a_stopped_worker_is_killed_after_the_timeout_and_its_item_runs_elsewhere(tmp_path):
+    # item-0006 lasts 3 s: the SIGSTOP below finds it running even when this process is slow to see its marker
     args = [TOY, "16", "--wave", "--sleep", "0.5", "--workers", "2", "--threads", "1", "--no-progress",
-            "--worker-timeout", str(TIMEOUT)]
+            "--worker-timeout", str(TIMEOUT), "--slow-key", "item-0006", "--slow-seconds", "3"]
     clean = run(args + ["--results", str(tmp_path / "clean")])
     assert clean.returncode == 0, clean.stderr
     marks, results = tmp_path / "marks", tmp_path / "r"
@@ -50,8 +51,9 @@ def test_a_stopped_worker_is_killed_after_the_timeout_and_its_item_runs_elsewher
     process = start(args + ["--marker-dir", str(marks), "--results", str(results)], ranks=2)
     victim = None
     try:
-        assert wait_until((marks / "item-0006").exists, timeout=120)
-        victim = psutil.Process(int((marks / "item-0006").read_text().split()[0]))
+        marker = marks / "item-0006"
+        assert wait_until(lambda: marker.exists() and marker.read_text().strip(), timeout=120)  # its pid written
+        victim = psutil.Process(int(marker.read_text().split()[0]))
         victim.send_signal(signal.SIGSTOP)  # mid-item: it is alive, and says nothing
         stopped_at = time.time()
         out, err = process.communicate(timeout=120)

@@ -116,7 +116,9 @@ class ToyApp(App):
             time.sleep(item.params["sleep"])
         value = float(np.random.default_rng(seed).random()) + item.params.get("sum", 0.0)
         if self.args.done_dir is not None:
-            (self.args.done_dir / item.key).write_text(repr(time.time()))
+            partial = self.args.done_dir / f".{item.key}.partial"  # whole or absent, even under a SIGKILL
+            partial.write_text(repr(time.time()))
+            os.replace(partial, self.args.done_dir / item.key)
         return {"value": value, "pid": state["pid"], "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "cuda_order": os.environ.get("CUDA_DEVICE_ORDER")}
 

@@ -111,10 +111,11 @@ def test_a_hold_left_by_a_sigkilled_run_is_taken_over_by_resume(tmp_path):
 def test_a_hold_whose_refresh_stopped_is_taken_over(tmp_path, monkeypatch):
     """A frozen run (SIGSTOP: think of a hung node) stops refreshing its hold; after three of its
     refresh periods another run takes the folder over."""
-    clean = run([TOY, "12", "--results", str(tmp_path / "clean"), "--no-progress"])
+    clean = run([TOY, "16", "--results", str(tmp_path / "clean"), "--no-progress"])
     assert clean.returncode == 0, clean.stderr
     results = tmp_path / "r"
-    args = [TOY, "12", "--sleep", "0.6", "--results", str(results), "--no-progress"]  # long enough for a refresh
+    # 16 items of 0.6 s: after the 2nd result, 4 s and more of run, two refresh periods (below)
+    args = [TOY, "16", "--sleep", "0.6", "--results", str(results), "--no-progress"]
     # 2 s, and frozen just after a refresh: the refused run below must start and read the hold
     # within 3 x 2 s of that refresh, which a loaded 2-core machine (Python start-up of several
     # seconds) did not always do within 3 x 0.5 s, nor within 3 x 1.5 s less the time since a refresh

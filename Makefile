@@ -17,7 +17,7 @@ INSTALL_TORCH = $(PY) -m pip install -q --retries 1 --timeout 30 --index-url $(C
 
 .PHONY: install install-torchvision lint quick check test bench bench-peers demo gpu-check clean
 
-# The checkout's Python compiled ahead, into __pycache__, by every target that runs it: where
+# The checkout's Python compiled ahead, into __pycache__, by every target built on install: where
 # PYTHONDONTWRITEBYTECODE is set (as here, and in many container images) or the checkout is
 # read-only to its users, every rank, worker and test program would otherwise compile the engine's
 # modules again as it starts (launch to first result 0.49 -> 0.34 s here). Up to date: 0.05 s.

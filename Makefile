@@ -24,7 +24,7 @@ INSTALL_TORCH = $(PY) -m pip install -q --retries 1 --timeout 30 --index-url $(C
 SOURCES := common mnist_nn mnist_svm benchmarks examples tests
 
 install: $(VENV)/.installed
-	@$(PY) -m compileall -q $(SOURCES) >/dev/null || $(PY) -m compileall -q $(SOURCES)
+	@$(PY) -m compileall -q $(SOURCES)
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	python3 -m venv $(VENV)

@@ -21,7 +21,7 @@ time.sleep(float(os.environ.get("TOY_IMPORT_SLEEP", "0")))
 
 from common.app import App, RunInfo  # noqa: E402
 from common.items import Item  # noqa: E402
-from common.results.outputs import atomic_write_json  # noqa: E402
+from common.results.outputs import atomic_write_json, atomic_write_text  # noqa: E402
 
 
 class ToyApp(App):
@@ -116,9 +116,8 @@ class ToyApp(App):
             time.sleep(item.params["sleep"])
         value = float(np.random.default_rng(seed).random()) + item.params.get("sum", 0.0)
         if self.args.done_dir is not None:
-            partial = self.args.done_dir / f".{item.key}.partial"  # whole or absent, even under a SIGKILL
-            partial.write_text(repr(time.time()))
-            os.replace(partial, self.args.done_dir / item.key)
+            # whole or absent, even under a SIGKILL (its temporary file's name starts with a dot)
+            atomic_write_text(self.args.done_dir / item.key, repr(time.time()))
         return {"value": value, "pid": state["pid"], "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
                 "cuda_order": os.environ.get("CUDA_DEVICE_ORDER")}
 

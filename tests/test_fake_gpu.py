@@ -84,15 +84,23 @@ def test_one_vs_rest_on_the_device_predicts_as_scikit_learns_one_vs_rest(fake_gp
 
 
 def test_one_vs_one_goes_through_cumls_own_multiclass_svc(fake_gpu_modules):
+    """cuML's one-vs-one ``support_`` holds row indexes of the whole training data (each pair's
+    model's own indexes mapped back), so the support vectors counted on the GPU are libsvm's own
+    one-vs-one count on the CPU: the union of the pairs' support vectors."""
     from common.data import load_dataset
-    from mnist_svm.backends import CumlBackend
+    from mnist_svm.backends import CumlBackend, SklearnBackend
 
     data = load_dataset("digits", subsample=300, seed=1)
     gpu = CumlBackend(data, multiclass="ovo")
     model = gpu.fit(10.0, 1e-3, np.arange(300))
     assert model.decision_function_shape == "ovo"
     assert np.mean(gpu.predict(model, "test") == data.y_test) > 0.8
-    assert 0 < gpu.n_support(model) <= 300
+    cpu = SklearnBackend(data, multiclass="ovo")
+    expected = cpu.n_support(cpu.fit(10.0, 1e-3, np.arange(300)))
+    assert abs(gpu.n_support(model) - expected) <= 0.02 * expected, (gpu.n_support(model), expected)
+    labels = np.asarray(data.y_train)[:300]
+    pairs = model._estimators
+    assert len(pairs) == 45 and all(len(set(labels[np.asarray(pair.support_)])) == 2 for pair in pairs)
 
 
 def test_a_keyword_the_pinned_cuml_does_not_take_is_a_type_error(fake_gpu_modules):

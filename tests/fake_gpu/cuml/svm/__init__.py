@@ -3,6 +3,8 @@
 The constructor is copied from cuML 26.02 (rapidsai/cuml v26.02.00, python/cuml/cuml/svm/svc.py,
 ``SVC.__init__``; 25.06's svc.pyx has the same parameters): keyword-only, no ``**kwargs``, so a
 keyword the pinned cuML does not take (``multiclass_strategy``, removed in 25.06) is a TypeError.
+One-vs-one ``support_`` holds row indexes of the whole training data, as cuML maps each pair's
+back (``SVC._fit_multiclass``).
 Two classes: one binary SVC, positive decision values for the larger label (cuML encodes labels
 to -1/+1 in that order). More: scikit-learn's one-vs-one or one-vs-rest wrapper over binary SVCs
 on host copies of the data, chosen by ``decision_function_shape``, as cuML does.
@@ -80,6 +82,8 @@ class SVC(BaseEstimator, ClassifierMixin):
             params = self.get_params()
             params.pop("decision_function_shape")
             self._multiclass = wrapper(SVC(**params)).fit(np.array(X), np.array(y))  # cuML: host copies
+            if self.decision_function_shape == "ovo":
+                self._align_pairs_support(np.asarray(y))
             self.fit_status_ = 0
             return self
         from sklearn.svm import SVC as LibsvmSVC
@@ -95,6 +99,17 @@ class SVC(BaseEstimator, ClassifierMixin):
         self.intercept_ = self._binary.intercept_
         self.fit_status_ = 0
         return self
+
+    def _align_pairs_support(self, y):
+        """One-vs-one: each pair's model was fitted on that pair's rows only; its ``support_`` is
+        made row indexes of the whole training data, pair by pair in the order of the sorted classes,
+        as cuML's ``SVC._fit_multiclass`` does (``cp.nonzero(cond)[0][ovo_support]``)."""
+        pairs = iter(self._estimators)
+        for i, first in enumerate(self.classes_):
+            for second in self.classes_[i + 1:]:
+                estimator = next(pairs)
+                rows = np.nonzero((y == first) | (y == second))[0]
+                estimator.support_ = rows[np.asarray(estimator.support_)]
 
     @property
     def _estimators(self):

@@ -118,6 +118,28 @@ def test_the_fake_nvml_has_the_real_signatures():
             assert plain(inspect.signature(getattr(fake, key.split(".")[-1]))) == text, (version, key)
 
 
+def test_the_fake_nvml_is_the_installed_nvidia_ml_py_in_what_it_defines():
+    """Every function the fake defines has the installed nvidia-ml-py's signature (the project's
+    dependency, here without a driver), and an error code makes the same class with the same text."""
+    real = pytest.importorskip("pynvml")
+    spec = importlib.util.spec_from_file_location("fake_pynvml", FAKE_NVML)
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    functions = [name for name, value in vars(fake).items() if name.startswith("nvml") and callable(value)]
+    assert "nvmlDeviceGetTemperatureV" in functions and "nvmlDeviceGetHandleByUUID" in functions
+    for name in functions:
+        assert plain(inspect.signature(getattr(fake, name))) == plain(inspect.signature(getattr(real, name))), name
+    codes = [value for name, value in vars(fake).items() if name.startswith("NVML_ERROR_")]
+    assert len(codes) >= 4
+    for code in codes:
+        made, expected = fake.NVMLError(code), real.NVMLError(code)
+        assert type(made).__name__ == type(expected).__name__ and made.value == expected.value == code
+        assert str(made) == str(expected), code
+        assert isinstance(made, fake.NVMLError) and isinstance(made, getattr(fake, type(expected).__name__))
+    for name in ("NVML_TEMPERATURE_GPU", "nvmlTemperature_v1"):
+        assert getattr(fake, name) == getattr(real, name), name
+
+
 def test_the_projects_torch_cuda_calls_bind_on_the_recorded_torch():
     for _, signatures in recorded("torch"):
         for name, (args, kwargs) in TORCH_CALLS.items():

@@ -97,6 +97,38 @@ def test_samples_over_time_with_a_fake_nvml(fake_nvml):
     assert recent["gpu1"]["util_percent"] is None and recent["gpu1"]["physical"] == "1"
 
 
+def test_gpus_named_by_uuid_or_its_prefix_are_sampled_through_nvml_as_the_bindings_answer(fake_nvml):
+    """CUDA_VISIBLE_DEVICES may name GPUs by UUID: NVML finds the whole UUID itself, and the start
+    of one (which CUDA accepts) among the UUIDs it gives (``str``, as nvidia-ml-py decodes them)."""
+    whole, prefix = fake_nvml.fake_uuid(3), fake_nvml.fake_uuid(5)[:12]
+    monitor = GpuMonitor([Device("cuda", 0, whole), Device("cuda", 1, prefix)], interval=0.02)
+    monitor.start()
+    time.sleep(0.2)
+    report = monitor.stop()
+    assert set(report) == {"gpu0", "gpu1"} and all(r["samples"] >= 2 for r in report.values())
+    assert monitor.series()["gpu1"]["physical"] == prefix
+    fake_nvml.nvmlInit()
+    try:
+        assert nvml_handle(fake_nvml, whole) == "handle-3" and nvml_handle(fake_nvml, prefix) == "handle-5"
+        with pytest.raises(LookupError):
+            nvml_handle(fake_nvml, "GPU-ffffffff")
+    finally:
+        fake_nvml.nvmlShutdown()
+    with pytest.raises(fake_nvml.NVMLError_Uninitialized):  # shut down: NVML answers nothing more
+        fake_nvml.nvmlDeviceGetCount()
+
+
+def test_the_temperature_is_read_through_its_successor_once_a_release_drops_the_old_call(fake_nvml, monkeypatch):
+    """nvidia-ml-py 13 deprecates nvmlDeviceGetTemperature for nvmlDeviceGetTemperatureV ("will be
+    removed in CUDA 14.0"): without it the monitor still reports the temperature."""
+    monkeypatch.delattr(fake_nvml, "nvmlDeviceGetTemperature")
+    monitor = GpuMonitor([Device("cuda", 0, "0")], interval=0.02)
+    monitor.start()
+    time.sleep(0.2)
+    report = monitor.stop()
+    assert 45 <= report["gpu0"]["temperature_mean_c"] <= 65
+
+
 def test_a_long_run_keeps_a_bounded_series_with_exact_mean_and_peak(fake_nvml, monkeypatch):
     monkeypatch.setattr(gpu_monitor, "MAX_POINTS", 100)
     monitor = GpuMonitor([Device("cuda", 0, "0")])

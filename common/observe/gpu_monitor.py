@@ -144,7 +144,7 @@ class GpuMonitor:
                       read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
                       None if memory is None else memory.used / 2**20,
                       None if memory is None else memory.total / 2**20,
-                      read(lambda: nvml.nvmlDeviceGetTemperature(handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))),
+                      read(lambda: _temperature(nvml)(handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))),
                       read(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0))  # milliwatts
 
     def recent(self) -> List[Dict[str, Any]]:
@@ -194,6 +194,13 @@ def usage_report(samples: List[Sample]) -> Dict[str, Optional[float]]:
         values = [getattr(sample, measure) for sample in samples if getattr(sample, measure) is not None]
         totals[measure] = [sum(values), len(values), max(values) if values else None]
     return _report(totals)
+
+
+def _temperature(nvml: Any) -> Any:
+    """NVML's temperature call: ``nvmlDeviceGetTemperature`` (every nvidia-ml-py from 12.0, and every
+    driver), or where a later release has removed it, as 13.x says it will, its successor
+    ``nvmlDeviceGetTemperatureV`` (same arguments and answer, drivers that have it)."""
+    return getattr(nvml, "nvmlDeviceGetTemperature", None) or nvml.nvmlDeviceGetTemperatureV
 
 
 def nvml_handle(nvml: Any, ident: str) -> Any:

@@ -222,10 +222,11 @@ def _child_main(argv: List[str]) -> int:
     torchvision)."""
     try:
         import torchvision.datasets as tvd
+
+        dataset_class = getattr(tvd, _TORCHVISION[argv[1]][0])  # AttributeError: a torchvision without it
     except Exception as error:  # ImportError, or RuntimeError from a CUDA-only build
         print(str(error).splitlines()[0] if str(error) else type(error).__name__, file=sys.stderr)
         return _CHILD_NO_TORCHVISION
-    dataset_class = getattr(tvd, _TORCHVISION[argv[1]][0])
     if argv[0] == "mirrors":
         print(json.dumps(list(getattr(dataset_class, "mirrors", None) or [])))
         return 0

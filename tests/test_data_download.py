@@ -34,9 +34,9 @@ def test_a_missing_mnist_is_downloaded_by_a_child_and_the_rank_never_imports_tor
                               timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-4:] == ["exit", "0", "False", "False"], proc.stdout
-    assert sorted(p.name for p in (data / "MNIST" / "raw").iterdir()) == [
-        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
-        "train-labels-idx1-ubyte.gz"]
+    stems = ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "train-images-idx3-ubyte", "train-labels-idx1-ubyte"]
+    # as torchvision leaves them: each .gz beside its unpacked file
+    assert sorted(p.name for p in (data / "MNIST" / "raw").iterdir()) == sorted(stems + [f"{s}.gz" for s in stems])
     assert (results / "summary.json").is_file()
     assert len(imports.read_text().split()) == 2
 
@@ -68,3 +68,41 @@ def test_a_torchvision_that_cannot_be_imported_is_one_line_naming_why(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "torchvision cannot be imported: operator torchvision::nms does not exist" in proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_fashion_mnist_is_downloaded_into_its_own_folder_by_the_child(tmp_path):
+    """The child of ``ensure_available`` for Fashion-MNIST: torchvision's FashionMNIST class, its
+    files in FashionMNIST/raw, loaded as the IDX files the apps read."""
+    from common.data import read_idx
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(FAKE_TORCHVISION), str(REPO)]))
+    proc = subprocess.run([sys.executable, "-m", "common.data", "download", "fashion-mnist", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    raw = tmp_path / "FashionMNIST" / "raw"
+    assert sorted(p.name for p in raw.glob("*.gz")) == ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz",
+                                                        "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"]
+    assert read_idx(raw / "train-images-idx3-ubyte").shape == (150, 28, 28)
+    assert read_idx(raw / "t10k-labels-idx1-ubyte.gz").shape == (40,)
+
+
+def test_the_fake_torchvision_takes_what_torchvision_takes(tmp_path):
+    """tests/fake_torchvision's dataset classes against the installed torchvision's (the real
+    one cannot download here): the same constructor and class attribute ``mirrors``."""
+    import importlib.util
+    import inspect
+
+    real = pytest.importorskip("torchvision.datasets")
+    spec = importlib.util.spec_from_file_location("fake_tv_datasets", FAKE_TORCHVISION / "torchvision" / "datasets.py")
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+
+    def plain(function):
+        parameters = inspect.signature(function).parameters.values()
+        return [(p.name, p.kind, p.default) for p in parameters]
+
+    for name in ("MNIST", "FashionMNIST"):
+        assert plain(getattr(fake, name).__init__) == plain(getattr(real, name).__init__), name
+        assert isinstance(getattr(fake, name).mirrors, list) and isinstance(getattr(real, name).mirrors, list)
+    with pytest.raises(RuntimeError, match="Dataset not found"):
+        fake.MNIST(root=str(tmp_path), train=True, download=False)

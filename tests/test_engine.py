@@ -1,6 +1,7 @@
 """The engine end to end: real mpiexec, real spawned workers, real signals."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -12,6 +13,7 @@ import pytest
 from helpers import (
     TOY,
     assert_usage_error,
+    error_lines,
     journal_entries,
     rank_pids,
     run,
@@ -339,10 +341,25 @@ def test_workers_that_die_while_starting_are_given_up(tmp_path):
     assert len(summary(tmp_path / "r")["failed_items"]) == 3
 
 
-def test_an_error_on_rank_0_ends_every_rank_instead_of_hanging(tmp_path):
-    proc = run([TOY, "4", "--broken-finish", "--results", str(tmp_path / "r"), "--no-progress"], ranks=2, timeout=120)
-    assert proc.returncode != 0
-    assert "a bug in finish()" in proc.stderr
+def test_an_error_in_the_apps_finish_ends_every_rank_in_one_line_and_resume_writes_the_outputs(tmp_path):
+    """finish() raising (the app's own code) after every item ran: one line and exit 1, every rank
+    ends, summary and status say failed and why, rank 0's log has the traceback; a --resume once
+    the bug is gone runs nothing again and writes the outputs."""
+    args = [TOY, "4", "--results", str(tmp_path / "r"), "--no-progress"]
+    proc = run(args + ["--broken-finish"], ranks=2, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in error_lines(proc.stderr) if not line.startswith("[rank ")]  # its log lines aside
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    assert "writing the outputs failed: RuntimeError: a bug in finish()" in lines[0] and "--resume" in lines[0]
+    done = summary(tmp_path / "r")
+    assert done["status"] == "failed" and done["items_done"] == 4 and not done["failed_items"]
+    assert done["outputs_error"]["error"] == "RuntimeError: a bug in finish()"
+    assert "Traceback" in (tmp_path / "r" / "logs" / "rank0.log").read_text()
+    assert json.loads((tmp_path / "r" / "status.json").read_text())["state"] == "failed"
+    assert "could not be written" in (tmp_path / "r" / "summary.md").read_text()
+    again = run(args + ["--resume"], timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert summary(tmp_path / "r")["items_this_run"] == 0 and (tmp_path / "r" / "values.json").is_file()
 
 
 def test_sigterm_to_the_whole_process_group_stops_cleanly_without_failures(tmp_path):

@@ -127,6 +127,14 @@ def add_file_log(path: str, first_line: str = "", write_failures: Optional[Write
     log.addHandler(handler)
 
 
+def log_to_files(text: str, level: int = logging.ERROR) -> None:
+    """``text`` (a traceback) in the rank's log file only: stderr has had its one line."""
+    record = logging.makeLogRecord({"msg": text, "levelno": level, "levelname": logging.getLevelName(level)})
+    for handler in log.handlers:
+        if isinstance(handler, FileLog):
+            handler.handle(record)
+
+
 class _FirstLine(logging.Formatter):
     """A record's first line: no traceback on stderr."""
 

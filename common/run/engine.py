@@ -17,6 +17,7 @@ import resource
 import socket
 import sys
 import time
+import traceback
 import uuid
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -29,7 +30,7 @@ from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, 
 from common.messages import Bye
 from common.observe.gpu_monitor import GpuMonitor
 from common.observe.gpu_usage import write_gpu_usage
-from common.observe.logs import add_file_log, setup_logging
+from common.observe.logs import add_file_log, log_to_files, setup_logging
 from common.observe.progress import Progress
 from common.observe.report_html import warm_up as warm_up_report
 from common.observe.report_html import write_report
@@ -576,9 +577,16 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                                                            files.root / png_name(GPU_USAGE_STEM),
                                                            lambda: write_gpu_usage(reports, results))
     run = None
+    outputs_error = None
     if outcome != "stopped" and failures.first is None:
         run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
-        summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
+        try:
+            summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
+        except Exception as error:  # the app's own code: its results stay journaled for a --resume after a fix
+            outputs_error = " ".join(f"{type(error).__name__}: {error}".split())
+            log_to_files(f"{app.name}: writing the outputs failed:\n{traceback.format_exc().rstrip()}")
+            summary["status"] = "failed"
+            summary["outputs_error"] = {"error": outputs_error, "traceback": traceback.format_exc()}
     if drawing and drawer is not None:  # done before the summary and report.html, which show it
         warm_up_report()  # while the child draws
         if _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM), drawer.result) is None \
@@ -593,6 +601,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
         summary["resume_command"] = module_command([a for a in argv if a != "--resume"] + ["--resume"])
+    # a run that ran no item (stopped or failed before any) has no timeline to show
+    summary["timeline_plot"] = png_name(TIMELINE_STEM) if (files.root / png_name(TIMELINE_STEM)).is_file() else None
     _written(failures, results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
     _written(failures, results, SUMMARY_MD, files.summary_md,
              lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary)))
@@ -614,6 +624,12 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         print(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
               f"finish with the same launcher and: {summary['resume_command']}", file=sys.stderr)
         return EXIT_STOPPED
+    if outputs_error is not None:
+        print(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
+              f"{outputs_error} (traceback in {LOGS_DIR}/{files.rank_log(0).name}); every result is journaled: after "
+              f"a fix, write the outputs with the same launcher and: "
+              f"{module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+        return EXIT_FAILED_ITEMS
     if not failed and run is not None:  # complete: the app's headline, as the reference's closing prints
         for line in app.headline(run, summary):
             print(line)
@@ -678,6 +694,10 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
                   f"{summary['stopped_because']}.", ""]
     if summary.get("resume_command"):
         lines += ["Stopped before the end. Finish with:", "", f"    {summary['resume_command']}", ""]
+    if summary.get("outputs_error"):
+        lines += [f"**The app's outputs could not be written**: {summary['outputs_error']['error']}. Every result "
+                  f"is in `{JOURNAL_NAME}`; the traceback is in `{LOGS_DIR}/` and summary.json. After a fix, "
+                  f"run the command above with `--resume` to write them.", ""]
     if summary["gpu_usage"]:
         lines += ["| GPU | utilisation mean % | peak % | memory mean MiB | peak MiB |", "|---|---|---|---|---|"]
         measures = ("util_mean_percent", "util_peak_percent", "memory_mean_mib", "memory_peak_mib")
@@ -690,7 +710,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
         lines += ["## Failed items", "", "| item | error |", "|---|---|"]
         lines += [f"| {f['key']} | {f['error'].splitlines()[-1] if f['error'] else ''} |" for f in summary["failed_items"]]
         lines += ["", f"Tracebacks are in `{LOGS_DIR}/` and `{JOURNAL_NAME}`.", ""]
-    lines += [f"![timeline]({png_name(TIMELINE_STEM)})", ""]
+    if summary.get("timeline_plot"):
+        lines += [f"![timeline]({summary['timeline_plot']})", ""]
     app_part = app.summary_markdown(summary) if summary["status"] != "stopped" else ""
     if app_part:
         lines += [app_part.rstrip(), ""]

@@ -229,6 +229,14 @@ BAD_INPUTS = [
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--repeats", "0"], ["--repeats"]),
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "nothing_here"],
      ["has no 'nothing_here'"]),
+    ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "NOT_A_FUNCTION"],
+     ["--setup 'sweep_functions:NOT_A_FUNCTION' is not a function"]),
+    ("sweep_functions:noisy", {"p.json": [{"x": 1}, {"x": 1, "repeat": 1}]}, ["--points", "p.json", "--repeats", "2"],
+     ["parameter named 'repeat'"]),
+    ("exits:fit", {"g.json": {"x": [1]}, "exits.py": "import sys\nsys.exit(3)\ndef fit(params):\n    return {}\n"},
+     ["--grid", "g.json"], ["importing 'exits'", "exited the program (SystemExit: 3)"]),
+    ("positional:fit", {"g.json": {"x": [1]}, "positional.py": "def fit(params, /):\n    return {}\n"},
+     ["--grid", "g.json"], ["positional-only"]),
 ]
 
 
@@ -326,3 +334,58 @@ def test_the_seed_a_function_receives_is_numpys_first_word_of_the_items_stream()
         assert item_seed32(sequence) == int(sequence.generate_state(1)[0])
     other = np.random.SeedSequence(5, pool_size=8)
     assert item_seed32(other) == int(other.generate_state(1)[0])
+
+
+UNGUARDED = """from common import sweep
+
+
+def fit(params):
+    return {"y": params["x"] * 2}
+
+
+"""
+
+
+def test_a_script_calling_sweep_main_unguarded_is_one_line_naming_the_line(tmp_path):
+    """Each worker imports the script: without `if __name__ == "__main__":` it would start a sweep of
+    its own. Found before anything is written; called from a function, each worker says it."""
+    script = write(tmp_path / "unguarded.py", UNGUARDED + 'raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n')
+    result = run([str(script), *ENGINE, "--results", str(tmp_path / "r")], cwd=tmp_path)
+    assert_usage_error(result, "unguarded.py:8:", "if __name__ ==")
+    assert not (tmp_path / "r").exists()
+    script = write(tmp_path / "via_function.py", UNGUARDED + 'def go():\n    return sweep.main(fit, grid={"x": [1]})\n\n\n'
+                   'raise SystemExit(go())\n')
+    result = run([str(script), *ENGINE, "--results", str(tmp_path / "f")], cwd=tmp_path)
+    assert result.returncode == 1 and "sweep.main ran inside a worker" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    guarded = write(tmp_path / "guarded.py", UNGUARDED + 'if __name__ == "__main__":\n'
+                    '    raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n')
+    assert run([str(guarded), "--help"], cwd=tmp_path).stdout.startswith(f"usage: python {guarded}")
+    assert run([str(guarded), *ENGINE, "--results", str(tmp_path / "g")], cwd=tmp_path).returncode == 0
+
+
+def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range(tmp_path):
+    """A parameter named like one of results.csv's own columns is written as param.NAME; values near
+    the float limit still give the ranking and every file but a figure that cannot be laid out."""
+    grid = write(tmp_path / "g.json", {"seed": [1, 2], "host": ["h"], "x": [1]})
+    result = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid))
+    assert result.returncode == 0, result.stderr
+    header = (tmp_path / "r" / "results.csv").read_text().splitlines()[0].split(",")
+    assert len(header) == len(set(header)) and {"param.seed", "param.host", "x", "seed", "host"} <= set(header)
+    write(tmp_path / "huge.py", "def fit(params, seed):\n    return {'loss': 1.7e308 if seed % 2 else -1.7e308}\n")
+    grid = write(tmp_path / "g4.json", {"x": [1, 2, 3, 4]})
+    result = sweep("huge:fit", tmp_path / "h", "--grid", str(grid), "--repeats", "4", "--minimise", "loss", cwd=tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert len(rows(tmp_path / "h")) == 16 and summary(tmp_path / "h")["sweep"]["best"]
+    assert "No figure: the figure of 'loss' could not be drawn" in (tmp_path / "h" / "summary.md").read_text()
+
+
+def test_a_run_where_no_item_ran_shows_no_timeline(tmp_path):
+    grid = write(tmp_path / "g.json", {"x": [1, 2]})
+    write(tmp_path / "setup_fails.py", "def setup(device):\n    raise RuntimeError('no data')\n\n\n"
+                                       "def fit(params, state):\n    return {}\n")
+    result = sweep("setup_fails:fit", tmp_path / "r", "--grid", str(grid), "--setup", "setup", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert summary(tmp_path / "r")["timeline_plot"] is None and not (tmp_path / "r" / "timeline.png").exists()
+    assert "timeline" not in (tmp_path / "r" / "summary.md").read_text()
+    assert "is missing" not in (tmp_path / "r" / "report.html").read_text()

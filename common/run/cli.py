@@ -82,8 +82,9 @@ def folder(text: str) -> Path:
 
 
 def build_parser(app_class: Any, quiet: bool = False) -> Parser:
-    parser = Parser(prog=f"python -m {app_class.module or app_class.name}", description=app_class.description, quiet=quiet,
-                    formatter_class=_HelpFormatter)
+    # an app without a module of its own (sweep.main in a user's script): the program as it was started
+    program = f"python -m {app_class.module}" if app_class.module else module_command([])
+    parser = Parser(prog=program, description=app_class.description, quiet=quiet, formatter_class=_HelpFormatter)
     app_class.add_arguments(parser)
     engine = parser.add_argument_group("engine (distribution over ranks, GPUs and workers)")
     engine.add_argument("--gpu", default=None, metavar="GPU",

@@ -7,6 +7,7 @@ Two front doors build the same :class:`SweepApp`: :func:`main` from a script
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import inspect
 import json
@@ -48,6 +49,7 @@ class Preset:
     repeats: int = 1
     minimise: Optional[str] = None
     maximise: Optional[str] = None
+    unguarded: str = ""  # "FILE:LINE" of a main() call outside `if __name__ == "__main__":`
 
 
 @dataclass
@@ -87,6 +89,10 @@ def resolve(target: str, what: str = "MODULE:FUNCTION") -> Callable[..., Any]:
     except Exception as error:  # ImportError, SyntaxError, or whatever its top level raised
         detail = " ".join(f"{type(error).__name__}: {error}".split())
         raise UsageError(f"cannot import {module_name!r} (from {quoted(os.getcwd())}): {detail}") from None
+    except SystemExit as exit_:  # its top level ends the program (sys.exit, its own argparse)
+        raise UsageError(f"importing {module_name!r} (from {quoted(os.getcwd())}) exited the program "
+                         f"(SystemExit: {exit_.code}): a module to sweep must not run anything when imported; "
+                         f"put that under `if __name__ == \"__main__\":`") from None
     found: Any = module
     for part in name.split("."):
         found = getattr(found, part, None)
@@ -94,7 +100,7 @@ def resolve(target: str, what: str = "MODULE:FUNCTION") -> Callable[..., Any]:
             raise UsageError(f"module {module_name!r} ({quoted(getattr(module, '__file__', module_name))}) has no "
                              f"{name!r}")
     if not callable(found):
-        raise UsageError(f"{target!r} is a {type(found).__name__}, not a function")
+        raise UsageError(f"{what} {target!r} is not a function but a value of type {type(found).__name__}")
     return found
 
 
@@ -114,6 +120,9 @@ def _wanted(function: Callable[..., Any]) -> Tuple[str, ...]:
         if parameter.name in ARGUMENTS and parameter.kind is not inspect.Parameter.POSITIONAL_ONLY:
             wants.append(parameter.name)
         elif parameter.default is inspect.Parameter.empty:
+            if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+                raise UsageError(f"{name}() takes {parameter.name!r} positional-only (before '/'): a sweep function "
+                                 f"receives its arguments by name ({', '.join(ARGUMENTS)})")
             raise UsageError(f"{name}() takes {parameter.name!r}, which is none of {', '.join(ARGUMENTS)} "
                              f"(a sweep function's parameters are named after what it receives)")
     return tuple(wants)
@@ -189,6 +198,10 @@ class SweepApp(App):
         for flag in ("minimise", "maximise"):
             if getattr(args, flag) is not None and not str(getattr(args, flag)).strip():
                 raise UsageError(f"--{flag} needs the name of a value the function returns")
+        if self.preset is not None and self.preset.unguarded:
+            raise UsageError(f"{self.preset.unguarded}: sweep.main is called at the top level of the script; call "
+                             f"it under `if __name__ == \"__main__\":` (each worker imports the script, and would "
+                             f"start a sweep of its own)")
         if self.preset is None:
             chosen = [flag for flag in ("grid", "points", "space") if getattr(args, flag) is not None]
             if not chosen:
@@ -240,6 +253,9 @@ class SweepApp(App):
         else:
             drawn = {point_key(p): p for p in sample_points(value, args.samples, args.seed)}
             points, keys = list(drawn.values()), list(drawn)  # a small space may draw a point twice
+        if args.repeats > 1 and any("repeat" in point for point in points):
+            raise UsageError("a parameter named 'repeat' and --repeats would give two items one key "
+                             "(x=1,repeat=1): rename the parameter")
         metric = args.minimise or args.maximise
         self.plan = Plan(function, setup, points, kind, args.repeats, metric,
                          "max" if args.maximise else "min", wants, keys)
@@ -355,6 +371,51 @@ def _not_json(value: Any, path: str = "") -> Optional[Tuple[str, Any]]:
     return (path or "the top", value)
 
 
+def _in_a_worker(frame: Any) -> bool:
+    """Whether this process is a worker, which imports the user's script as ``__mp_main__`` before
+    it is one (``multiprocessing.parent_process()`` is set only after that import): ``frame`` is
+    :func:`main`'s own, whose caller is the script's top level there."""
+    caller = frame.f_back if frame is not None else None
+    return (multiprocessing.parent_process() is not None
+            or getattr(multiprocessing.current_process(), "_inheriting", False)  # spawn's bootstrap (the stdlib's test)
+            or (caller is not None and caller.f_globals.get("__name__") == "__mp_main__"))
+
+
+def _unguarded_call(frame: Any) -> str:
+    """"FILE:LINE" where a script calls :func:`main` (``frame``) in its top-level code but not under
+    ``if __name__ == "__main__":``, read from the script's source; "" where it is guarded, called
+    from a function (that cannot be told) or the source cannot be read."""
+    caller = frame.f_back if frame is not None else None
+    if caller is None or caller.f_code.co_name != "<module>" or caller.f_globals.get("__name__") != "__main__":
+        return ""
+    path, line = caller.f_code.co_filename, caller.f_lineno
+    try:
+        tree = ast.parse(Path(path).read_text(), path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return ""
+
+    def guarded(statements: List[ast.stmt]) -> Optional[bool]:
+        for statement in statements:
+            if statement.lineno <= line <= (statement.end_lineno or statement.lineno):
+                if isinstance(statement, ast.If) and _is_main_guard(statement.test):
+                    return any(s.lineno <= line <= (s.end_lineno or s.lineno) for s in statement.body) or None
+                inner = [child for field in ("body", "orelse", "finalbody") for child in getattr(statement, field, [])]
+                inner += [child for handler in getattr(statement, "handlers", []) for child in handler.body]
+                return guarded(inner) if inner else False
+        return None
+
+    return "" if guarded(tree.body) is not False else f"{Path(path).name}:{line}"
+
+
+def _is_main_guard(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(isinstance(side, ast.Name) and side.id == "__name__" for side in sides)
+            and any(isinstance(side, ast.Constant) and side.value == "__main__" for side in sides))
+
+
 def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, points: Any = None,
          setup: Optional[Callable[..., Any]] = None, samples: Optional[int] = None, repeats: int = 1,
          minimise: Optional[str] = None, maximise: Optional[str] = None,
@@ -363,11 +424,13 @@ def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, p
     (random, with ``samples``) as a full engine program: the command line takes every engine flag
     (``--gpu``, ``--results``, ``--resume``, ``--dry-run``, ...). Returns the exit code; call it as
     ``raise SystemExit(sweep.main(...))`` under ``if __name__ == "__main__":``."""
-    if multiprocessing.parent_process() is not None:
-        raise RuntimeError("sweep.main ran inside a worker: call it under `if __name__ == \"__main__\":` so that the "
-                           "workers, which import your script, do not start a sweep of their own")
+    frame = inspect.currentframe()
+    if _in_a_worker(frame):  # found before the run by _unguarded_call where the script can be read
+        raise SystemExit("sweep.main ran inside a worker: call it under `if __name__ == \"__main__\":` so that the "
+                         "workers, which import your script, do not start a sweep of their own")
     from common.run.runner import main as run
 
-    preset = Preset(function, grid, space, points, setup, samples, repeats, minimise, maximise)
+    preset = Preset(function, grid, space, points, setup, samples, repeats, minimise, maximise,
+                    _unguarded_call(frame))
     app_class = type("SweepApp", (SweepApp,), {"preset": preset, "module": "", "__module__": __name__})
     return run(app_class, None if argv is None else list(argv))

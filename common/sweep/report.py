@@ -15,6 +15,7 @@ import json
 import math
 import operator
 import statistics
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -72,10 +73,14 @@ def _values(dicts: List[Mapping[str, Any]]) -> Iterator[Any]:
     return itertools.chain.from_iterable(map(operator.methodcaller("values"), dicts))
 
 
+#: results.csv's own columns: a parameter of one of these names is written as ``param.NAME``, a
+#: returned value as ``result.NAME``
+RESERVED_COLUMNS = ("key", "repeat", "seed", "seconds", "host", "device")
+
+
 def _columns(parameters: List[str], values: List[str]) -> List[str]:
-    reserved = ("key", "repeat", "seed", "seconds", "host", "device")
-    return ["key", *parameters, "repeat", "seed",
-            *[name if name not in parameters and name not in reserved else f"result.{name}" for name in values],
+    return ["key", *[name if name not in RESERVED_COLUMNS else f"param.{name}" for name in parameters], "repeat", "seed",
+            *[name if name not in parameters and name not in RESERVED_COLUMNS else f"result.{name}" for name in values],
             "seconds", "host", "device"]
 
 
@@ -183,11 +188,28 @@ def _best(finished: List[Any], metric: str, goal: str) -> List[Dict[str, Any]]:
     ranked = []
     for key, entry in by_point.items():
         values = entry["values"]
-        ranked.append({"key": key, "params": entry["params"], "mean": statistics.fmean(values),
-                       "sd": statistics.stdev(values) if len(values) > 1 else None, "n": len(values),
+        ranked.append({"key": key, "params": entry["params"], "mean": _mean(values),
+                       "sd": _sd(values) if len(values) > 1 else None, "n": len(values),
                        "min": min(values), "max": max(values)})
     ranked.sort(key=lambda e: e["mean"], reverse=goal == "max")
     return ranked
+
+
+def _mean(values: List[float]) -> float:
+    """The mean, also of values near the float limit (``fmean`` raises OverflowError where their
+    sum would pass it)."""
+    try:
+        return statistics.fmean(values)
+    except OverflowError:
+        return sum(value / len(values) for value in values)
+
+
+def _sd(values: List[float]) -> float:
+    """The sample standard deviation; inf where it is past the float limit (``stdev`` raises)."""
+    try:
+        return statistics.stdev(values)
+    except OverflowError:
+        return math.inf
 
 
 @contextlib.contextmanager
@@ -226,8 +248,15 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
     for stale in OUTPUT_NAMES[2:]:  # a figure of an earlier run's metric
         (folder / stale).unlink(missing_ok=True)
     if ranked:
-        _figure(ranked, parameters, plan.metric, plan.goal, folder / FIGURE)
-        sweep["figure"] = png_name(FIGURE)
+        try:
+            with warnings.catch_warnings():  # numpy's overflow warnings on axes spanning the float range
+                warnings.simplefilter("ignore", RuntimeWarning)
+                _figure(ranked, parameters, plan.metric, plan.goal, folder / FIGURE)
+            sweep["figure"] = png_name(FIGURE)
+        except (ValueError, OverflowError) as error:  # values matplotlib cannot lay out (near the float limit)
+            for name in OUTPUT_NAMES[2:]:
+                (folder / name).unlink(missing_ok=True)
+            sweep["figure_note"] = f"the figure of {plan.metric!r} could not be drawn: {error}"
     return {"sweep": sweep}
 
 
@@ -300,6 +329,8 @@ def markdown(sweep: Mapping[str, Any]) -> str:
              "device); `results.jsonl`: each item's whole return", ""]
     if sweep.get("note"):
         lines += [f"Nothing to rank: {sweep['note']}.", ""]
+    if sweep.get("figure_note"):
+        lines += [f"No figure: {sweep['figure_note']}.", ""]
     best = sweep.get("best") or []
     if best:
         metric = sweep["metric"]

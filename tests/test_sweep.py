@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, assert_usage_error, journal_entries, run, start, stop_run
+from helpers import REPO, assert_usage_error, journal_entries, run, snapshot, start, stop_run
 
 TESTS = REPO / "tests"
 ENGINE = ["--gpu", "cpu", "--threads", "1", "--no-progress"]
@@ -389,3 +389,19 @@ def test_a_run_where_no_item_ran_shows_no_timeline(tmp_path):
     assert summary(tmp_path / "r")["timeline_plot"] is None and not (tmp_path / "r" / "timeline.png").exists()
     assert "timeline" not in (tmp_path / "r" / "summary.md").read_text()
     assert "is missing" not in (tmp_path / "r" / "report.html").read_text()
+
+
+def test_a_dry_run_refuses_what_the_run_would_and_lists_what_a_resume_would_run(tmp_path):
+    results = tmp_path / "r"
+    assert sweep("sweep_functions:noisy", results, "--grid", str(write(tmp_path / "g3.json", {"x": [1, 2, 3]}))
+                 ).returncode == 0
+    before = snapshot(results)
+    grown = write(tmp_path / "g4.json", {"x": [1, 2, 3, 4]})
+    assert_usage_error(sweep("sweep_functions:noisy", results, "--grid", str(grown), "--dry-run"),
+                       "already holds the journal")
+    assert_usage_error(sweep("sweep_functions:everything", results, "--grid", str(grown), "--dry-run", "--resume"),
+                       "cannot resume", "other arguments")
+    left = sweep("sweep_functions:noisy", results, "--grid", str(grown), "--dry-run", "--resume")
+    assert left.returncode == 0, left.stderr
+    assert [json.loads(line)["key"] for line in left.stdout.splitlines()] == ["x=4"]
+    assert snapshot(results) == before

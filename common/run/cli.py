@@ -125,8 +125,9 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
     engine.add_argument("--no-progress", action="store_true", help="no progress bar")
     if "--dry-run" not in parser._option_string_actions:  # an app may have its own (the pipelines')
         engine.add_argument("--dry-run", action="store_true",
-                            help="check the arguments, print each planned work item as one JSON line "
-                                 "({key, params}) and exit without running, writing or holding anything")
+                            help="check the arguments and the results folder as the run would, print each "
+                                 "work item it would run as one JSON line ({key, params}) and exit without "
+                                 "running, writing or holding anything")
     return parser
 
 

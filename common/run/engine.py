@@ -150,6 +150,24 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     """Rank 0: refuse a folder another run holds, refuse to overwrite a journal or to resume
     another run; then make the folder and take its hold. Sets ``app.journaled`` from the journal
     being resumed."""
+    fingerprint = _judge_results_folder(app)
+    folder: Path = app.args.results
+    try:
+        for place in (folder, folder / LOGS_DIR):
+            place.mkdir(parents=True, exist_ok=True)
+            probe = place / WRITE_PROBE
+            probe.write_bytes(b"")
+            probe.unlink()
+        hold = Hold(folder)
+        hold.acquire()
+    except OSError as error:
+        raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
+    return fingerprint, hold
+
+
+def _judge_results_folder(app: App) -> Dict[str, Any]:
+    """What :func:`_check_results_folder` refuses, found without writing anything (a dry run
+    refuses the same); returns the run's fingerprint and sets ``app.journaled``."""
     args = app.args
     folder: Path = args.results
     journal_path = ResultsLayout(folder).journal
@@ -197,17 +215,7 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
             raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({', '.join(clashes[:3])}"
                              f"{', ...' if len(clashes) > 3 else ''}), which this run would overwrite; move them away "
                              f"or choose another --results")
-    try:
-        for place in (folder, folder / LOGS_DIR):
-            place.mkdir(parents=True, exist_ok=True)
-            probe = place / WRITE_PROBE
-            probe.write_bytes(b"")
-            probe.unlink()
-        hold = Hold(folder)
-        hold.acquire()
-    except OSError as error:
-        raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
-    return fingerprint, hold
+    return fingerprint
 
 
 def _own_entries(folder: Path, app: App) -> List[str]:
@@ -301,10 +309,15 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
 
 
 def _dry_run(comm: Any, app: App) -> int:
-    """--dry-run: rank 0 prints each planned item as one JSON line; nothing written, no hold taken."""
+    """--dry-run: rank 0 refuses what the run would refuse (the results folder: a journal without
+    --resume, another run's journal, a run holding it, ...), then prints each item the run would
+    run (with --resume, those the journal does not hold yet) as one JSON line; nothing written,
+    no hold taken."""
     def plan() -> None:
-        app.prepare()
+        _judge_results_folder(app)  # prepares the app
         for item in app.items():
+            if item.key in app.journaled:
+                continue
             print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
         sys.stdout.flush()
 

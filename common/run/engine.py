@@ -155,7 +155,9 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
     try:
         for place in (folder, folder / LOGS_DIR):
             place.mkdir(parents=True, exist_ok=True)
-            probe = place / WRITE_PROBE
+            # a name of this process's own: two runs started at once on one folder (one to be refused
+            # by the hold) must not remove each other's probe
+            probe = place / f"{WRITE_PROBE}.{socket.gethostname()}.{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
         hold = Hold(folder)

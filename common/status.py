@@ -301,6 +301,10 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
     except OSError as error:  # a name over the filesystem's limit, no permission: --watch would never see it
         print(f"python -m common.status: error: {quoted(results)}: {error.strerror or error}", file=sys.stderr)
         return 2
+    if results.exists() and not results.is_dir():
+        print(f"python -m common.status: error: {quoted(results)}: is not a folder (give a run's --results folder)",
+              file=sys.stderr)
+        return 2
     if not results.is_dir() and args.watch is None:
         print(f"python -m common.status: error: {quoted(results)}: no such folder", file=sys.stderr)
         return 2

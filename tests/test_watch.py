@@ -170,7 +170,9 @@ def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, q
 
 
 def test_a_folder_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
-    for folder, fragment in ((tmp_path / "missing", "no such folder"), (tmp_path, "not the results folder")):
+    (tmp_path / "a-file").write_text("")
+    for folder, fragment in ((tmp_path / "missing", "no such folder"), (tmp_path, "not the results folder"),
+                             (tmp_path / "a-file", "is not a folder")):
         proc = status(folder)
         assert proc.returncode == 2 and proc.stdout == "", proc
         assert len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr, proc.stderr

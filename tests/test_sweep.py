@@ -404,4 +404,8 @@ def test_a_dry_run_refuses_what_the_run_would_and_lists_what_a_resume_would_run(
     left = sweep("sweep_functions:noisy", results, "--grid", str(grown), "--dry-run", "--resume")
     assert left.returncode == 0, left.stderr
     assert [json.loads(line)["key"] for line in left.stdout.splitlines()] == ["x=4"]
+    # --resume is a flag: the function named after it is still the positional argument
+    after = run(["-m", "common.sweep", "--results", str(results), "--grid", str(grown), "--dry-run", "--resume",
+                 "sweep_functions:noisy", *ENGINE], cwd=TESTS)
+    assert after.returncode == 0 and after.stdout == left.stdout, after.stderr
     assert snapshot(results) == before

@@ -100,8 +100,11 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                         help="replace a worker by a fresh process after this many items (frees leaked GPU memory)")
     engine.add_argument("--seed", type=at_least(0, maximum=MAX_SEED), default=app_class.default_seed,
                         help="seed of every item's randomness (any non-negative integer)")
-    engine.add_argument("--resume", nargs="?", const=True, default=False, metavar="TARGET",
-                        help="continue the run in --results, skipping every item its journal holds")
+    resume_help = "continue the run in --results, skipping every item its journal holds"
+    if app_class.resume_target:  # the pipelines' --resume RUN_ID/STEP_ID
+        engine.add_argument("--resume", nargs="?", const=True, default=False, metavar="TARGET", help=resume_help)
+    else:  # a flag: `--resume tiny:fit` leaves tiny:fit to the positional arguments
+        engine.add_argument("--resume", action="store_true", help=resume_help)
     engine.add_argument("--retries", type=at_least(0), default=app_class.default_retries,
                         help="extra attempts for an item that fails")
     engine.add_argument("--grace", type=at_least(0, float), default=60.0,

@@ -95,8 +95,6 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
     peers = _same_node_peers(comm, socket.gethostname(), gpus)
     try:
         args = build_parser(app_class, quiet=comm.rank != 0).parse_args(argv)
-        if isinstance(args.resume, str) and not app_class.resume_target:
-            raise UsageError(f"--resume takes no value here (got {args.resume!r}); put it after the other arguments")
         app = app_class(args)
         # ranks of one node that see the same GPUs share them out
         devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers),

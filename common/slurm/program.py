@@ -77,8 +77,6 @@ def check_program(command: List[str]) -> None:
     except UsageError as error:
         raise UsageError(f"{target}: {error}") from None
     try:
-        if isinstance(args.resume, str) and not app_class.resume_target:
-            raise UsageError(f"--resume takes no value here (got {args.resume!r}); put it after the other arguments")
         if args.gpu is not None:
             parse_gpu_spec(args.gpu)  # the form only: the compute nodes' GPUs are not visible here
         app_class(args).check_arguments()

@@ -128,6 +128,15 @@ def _number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{unit}"
 
 
+def gone(status: Optional[Dict[str, Any]], now: float) -> bool:
+    """Whether a run the status file says is running (or stopping) has stopped refreshing it for
+    several of its periods: the job was probably killed, and will not say more."""
+    if not status or status.get("state") not in ("running", "stopping"):
+        return False
+    every = float(status.get("every") or STATUS_SECONDS)
+    return now - float(status.get("updated") or 0) > STALE_INTERVALS * every + STALE_MARGIN_SECONDS
+
+
 def describe(results: Path, status: Optional[dict], journal: JournalCounts, now: float) -> str:
     """The report as text: what ``python -m common.status`` prints."""
     if status is None and journal.header is None:
@@ -152,8 +161,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     every = float(status.get("every") or STATUS_SECONDS)
     state = status.get("state", "?")
     age = now - float(status.get("updated") or 0)
-    stale_after = STALE_INTERVALS * every + STALE_MARGIN_SECONDS
-    if state in ("running", "stopping") and age > stale_after:
+    if gone(status, now):
         shown = (f"GONE? the status file has not been refreshed for {format_seconds(age)} (every {every:g} s while "
                  f"the job runs): the job was probably killed; rerun it with --resume to finish")
     elif state == "finishing":
@@ -336,7 +344,8 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
                 out.write(f"--- {_when(time.time())}\n")
             out.write(text)
             out.flush()
-            if args.watch is None or (status or {}).get("state") in FINAL_STATES:
+            # ends with the job: done, stopped, failed, or gone without a word (killed)
+            if args.watch is None or (status or {}).get("state") in FINAL_STATES or gone(status, time.time()):
                 return 0
             time.sleep(args.watch)
     except KeyboardInterrupt:

@@ -167,6 +167,8 @@ def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, q
     assert "has not been refreshed for" in text and "--resume" in text, text
     done = sum(1 for line in (results / "journal.jsonl").read_text().splitlines() if '"type":"result"' in line)
     assert re.search(rf"items +{done} of 40 done", text), (done, text)
+    watched = status(results, "--watch", "1")  # ends with the job, a killed one too: after one look
+    assert watched.returncode == 0 and watched.stdout.count("toy: GONE?") == 1, watched.stdout
 
 
 def test_a_folder_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):

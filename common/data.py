@@ -250,7 +250,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                              "Fashion-MNIST /usr/share/datasets/fashion-mnist; a download goes to data/")
     parser.add_argument("--subsample", type=int, default=None, metavar="N",
                         help="use N training images (stratified) for quick runs; the test set is kept whole")
-    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds (split by --seed)")
+    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")
 
 
 def check_data_flags(args: argparse.Namespace) -> None:

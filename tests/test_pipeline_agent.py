@@ -94,6 +94,13 @@ def test_steps_stop_starting_once_the_reported_costs_pass_the_budget(tmp_path):
     assert [result["steps"][s]["status"] for s in "abc"] == ["ok", "ok", "skipped"]
     assert not (layout.shared / "c").exists()
     assert result["steps"]["a"]["cost"] == pytest.approx(0.6)
+    # a resume goes on with what the kept steps spent: c still does not start, whether the resume
+    # starts at c (where the run stopped) or at b
+    for first in ("c", "b"):
+        result = PipelineRunner(runner.pipeline, layout).run(start=first, keep_shared=True)
+        assert result["status"] == "failed" and result["reason"].startswith("budget 1 passed"), (first, result)
+        assert not (layout.shared / "c").exists()
+    assert result["cost"] == pytest.approx(1.2) and result["steps"]["b"]["status"] == "ok"
     # and no retry either once the budget is spent
     runner, layout = run_pipeline(tmp_path, {"name": "q", "budget": 1, "steps": [
         {"id": "a", "command": "echo x >> $PIPELINE_SHARED/runs; echo '{\"pipeline_cost\": 2}'; exit 1",

@@ -406,6 +406,9 @@ class PipelineRunner:
         earlier = {}
         for step in steps[:position]:  # a resume: earlier steps are kept as they were
             earlier[step.id] = dict(read_status(self.layout, step.id) or {"status": "missing"}, previous_run=True)
+        # ... and so is what they cost: the budget counts it (a resume must not start spending afresh)
+        walk.spent = sum(cost for cost in (status.get("cost") for status in earlier.values())
+                         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost))
         via_edge = start is not None
         first = start is not None  # the step a resume starts from runs, whatever its condition
         while position < len(steps):

@@ -315,3 +315,14 @@ def test_a_step_waiting_for_a_node_wide_slot_gives_up_when_the_run_stops(tmp_pat
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_pipelines_table_has_as_many_cells_in_each_row_as_its_header():
+    """Pipelines without a step record (each killed with its worker before writing one) too."""
+    from common.pipeline.report import pipelines_table
+
+    for pipelines in ({"p1": {"status": "failed", "steps": {}}},
+                      {"p1": {"status": "ok", "steps": {"a": {"status": "ok", "seconds": 1.0}}},
+                       "p2": {"status": "failed", "steps": {}}}):
+        lines = pipelines_table(pipelines).splitlines()
+        assert len({line.count("|") for line in lines}) == 1, lines

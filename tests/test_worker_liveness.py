@@ -165,6 +165,10 @@ def test_a_pipeline_past_the_item_timeout_is_ended_with_every_process_of_its_ste
     assert proc.returncode == 1, proc.stderr
     assert [f["key"] for f in _summary(results)["failed_items"]] == ["hang"], proc.stderr
     assert "timed out after 5 s" in _summary(results)["failed_items"][0]["error"]
+    # the killed step is in the summary (its worker died before it could write its status.json)
+    assert _summary(results)["pipelines"]["hang"]["steps"]["s1"]["status"] == "failed"
+    table = [line for line in (results / "summary.md").read_text().splitlines() if line.startswith("| pipeline | status")]
+    assert table == ["| pipeline | status | s1 |"]
 
     def step_gone() -> bool:
         return not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]

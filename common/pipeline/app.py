@@ -281,8 +281,13 @@ class PipelineApp(App):
             elif item is not None:  # failed: its result never reached the journal; read its steps from disk
                 error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
                 error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]
-                summary = {"run_id": run_id, "status": "failed", "reason": error,
-                           "steps": statuses_on_disk(RunLayout(self.results, run_id), pipeline)}
+                layout = RunLayout(self.results, run_id)
+                steps = statuses_on_disk(layout, pipeline)
+                progress = read_progress(layout) or {}
+                running = progress.get("resume_at") if progress.get("state") == "running" else None
+                if isinstance(running, str) and running not in steps:  # killed with its worker (--item-timeout)
+                    steps[running] = {"status": "failed", "reason": error, "attempts": 1}
+                summary = {"run_id": run_id, "status": "failed", "reason": error, "steps": steps}
             else:  # not run now, and never finished: what an earlier run left on disk
                 steps = statuses_on_disk(RunLayout(self.results, run_id), pipeline)
                 summary = {"run_id": run_id, "status": "unfinished" if steps else "not run",

@@ -42,11 +42,13 @@ def pipelines_table(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     columns: List[str] = []
     for run in pipelines.values():
         columns += [step for step in run.get("steps", {}) if step not in columns]
-    lines = ["| pipeline | status | " + " | ".join(columns) + " |", "|---" * (len(columns) + 2) + "|"]
+    def row(cells: List[str]) -> str:
+        return "| " + " | ".join(cells) + " |"
+
+    lines = [row(["pipeline", "status", *columns]), "|---" * (len(columns) + 2) + "|"]
     for run_id, run in pipelines.items():
         steps = run.get("steps", {})
-        cells = [_cell(steps[c]) if c in steps else "" for c in columns]
-        lines.append(f"| {run_id} | {run.get('status', '?')} | " + " | ".join(cells) + " |")
+        lines.append(row([run_id, str(run.get("status", "?")), *[_cell(steps[c]) if c in steps else "" for c in columns]]))
     return "\n".join(lines)
 
 

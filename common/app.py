@@ -132,6 +132,12 @@ class App:
     def prepare(self) -> None:
         """Rank 0, once, before any work starts (e.g. download data). May raise UsageError."""
 
+    def plan_text(self) -> Optional[str]:
+        """Rank 0, for ``--dry-run``, once the arguments and the results folder are checked (with
+        ``--resume``, ``journaled`` holds what is done): the plan in the app's own words, or None
+        for the engine's (each item the run would run as a JSON line)."""
+        return None
+
     def items(self) -> List[Item]:
         """Every item of the run, later waves included (they name what they wait for in ``after``)."""
         raise NotImplementedError

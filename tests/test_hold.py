@@ -165,8 +165,9 @@ def test_readers_and_dry_runs_never_take_the_hold(tmp_path):
     status = subprocess.run([sys.executable, "-m", "common.status", str(results)], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert status.returncode == 0, status.stderr
+    # a dry run is refused where the run would be (the folder is another run's), and leaves it as it was
     dry = run(["-m", "common.pipeline", "examples/pipelines/ml.json", "--results", str(results), "--dry-run"])
-    assert dry.returncode == 0, dry.stderr
+    assert_usage_error(dry, "in use by another run")
     assert snapshot(results) == before
 
 

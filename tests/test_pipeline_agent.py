@@ -292,8 +292,22 @@ def test_a_results_folder_left_by_a_dry_run_is_untouched(tmp_path):
     results.mkdir()
     (results / "keep.txt").write_text("mine")
     before = snapshot(results)
-    proc = cli(EXAMPLES / "ml.json", results, "--dry-run")
-    assert proc.returncode == 0, proc.stderr
+    proc = cli(EXAMPLES / "ml.json", results, "--dry-run")  # refused as the run is: the pipelines claim the folder
+    assert_usage_error(proc, "holds files but no journal of a run (keep.txt)")
+    assert snapshot(results) == before
+
+
+def test_a_dry_run_refuses_what_the_run_would_and_says_what_a_resume_skips(tmp_path):
+    results = tmp_path / "results"
+    definition = write(tmp_path / "two.json", {"pipelines": [
+        {"name": "fine", "steps": [{"id": "a", "command": "true"}]},
+        {"name": "broken", "steps": [{"id": "a", "command": "true"}, {"id": "b", "command": "exit 3"}]}]})
+    assert cli(definition, results).returncode == 1
+    before = snapshot(results)
+    assert_usage_error(cli(definition, results, "--dry-run"), "already holds the journal")
+    plan = cli(definition, results, "--dry-run", "--resume")
+    assert plan.returncode == 0, plan.stderr
+    assert "finished: --resume skips it" in plan.stdout and "--resume goes on at step 'b'" in plan.stdout, plan.stdout
     assert snapshot(results) == before
 
 

@@ -155,8 +155,8 @@ class PipelineApp(App):
                             help="image (file or URI) of the steps whose definition names none: they run in it "
                                  f"with apptainer (also {CONTAINER_ENV}); a step's or pipeline's own 'container' wins")
         parser.add_argument("--dry-run", action="store_true",
-                            help="check the definition, print the plan (pipelines, steps, pools, conditions) "
-                                 "and exit without running or writing anything")
+                            help="check the definition and the results folder as the run would, print the plan "
+                                 "(pipelines, steps, pools, conditions) and exit without running or writing anything")
         parser.add_argument("--schema", action="store_true",
                             help="print the definition format as JSON Schema (for editors) and exit")
 
@@ -178,23 +178,19 @@ class PipelineApp(App):
         self.results = Path(self.args.results).absolute()
         self.definition_dir = Path(self.args.definition).absolute().parent
         self.explicit_gpu_pool = GPU_POOL in self.capacities
-        if self.args.dry_run:
-            from common.ranks.mpi import world
 
-            if world().rank == 0:
-                print(self.plan(), end="", flush=True)
-            raise SystemExit(0)
-
-    def plan(self) -> str:
-        """What a run would do, for --dry-run: read-only (with --resume, where each pipeline goes on)."""
+    def plan_text(self) -> str:
+        """What a run would do, for --dry-run (the engine has checked the results folder first):
+        read-only; with --resume, where each pipeline goes on, or that it is finished."""
         starts = {}
         if self.resume_from:
             starts[self.resume_from[0]] = f"resume from step {self.resume_from[1]!r}"
         elif self.args.resume:
             for pipeline in self.pipelines:
                 point = self.resume_point(pipeline)
-                starts[pipeline.name] = (f"--resume goes on at step {point!r}" if point
-                                         else "--resume: from the first step, unless finished")
+                starts[pipeline.name] = ("finished: --resume skips it" if self._newest_key(pipeline.name, self.journaled)
+                                         else f"--resume goes on at step {point!r}" if point
+                                         else "--resume: from the first step")
         capacities = dict(self.capacities)
         capacities.setdefault(GPU_POOL, None)
         return plan_text(self.pipelines, capacities, self.queue_timeout, self.agent, starts, self.results)

@@ -315,7 +315,10 @@ def _dry_run(comm: Any, app: App) -> int:
     no hold taken."""
     def plan() -> None:
         _judge_results_folder(app)  # prepares the app
-        for item in app.items():
+        text = app.plan_text()
+        if text is not None:
+            print(text, end="")
+        for item in app.items() if text is None else []:
             if item.key in app.journaled:
                 continue
             print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))

@@ -221,7 +221,10 @@ def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_p
     assert time.monotonic() - stopped < 30
     assert "--resume" in err
     assert wait_until(lambda: not alive(child), 5), f"the step's child {child} outlived the stopped run"
-    assert step_status(results, "long", "hold")["reason"] == "interrupted: the run was stopped"
+    status = step_status(results, "long", "hold")
+    assert status["reason"] == "interrupted: the run was stopped"
+    # the attempt the stop cut short is in the step's history, which a resume then adds to
+    assert [(h["status"], h["reason"]) for h in status["history"]] == [("failed", "interrupted: the run was stopped")]
 
 
 def test_slurms_walltime_warning_to_every_process_lets_the_running_step_finish(tmp_path):

@@ -344,9 +344,12 @@ class PipelineRunner:
                     reason = (INTERRUPTED if not isinstance(error, Exception) else STOPPING
                               if isinstance(error, RunStopping)
                               else f"error in the pipeline runner: {type(error).__name__}: {error}")
-                    self._write_status(step, self._status(step, "failed", reason, walk.runs[step.id], began,
-                                                          time.time(), round(time.time() - began, 3),
-                                                          history=earlier + history))
+                    ended = time.time()
+                    cut = dict(Attempt("failed", None, began, ended, reason).as_dict(), queued_seconds=0.0,
+                               run_started=self.run_started)  # the attempt the stop cut short is listed too
+                    self._write_status(step, self._status(step, "failed", reason, walk.runs[step.id], began, ended,
+                                                          round(ended - began, 3),
+                                                          history=(earlier + history + [cut])[-MAX_HISTORY:]))
                 raise
             walk.spent += attempt.cost
             history.append(dict(attempt.as_dict(), queued_seconds=round(queued, 3), run_started=self.run_started))

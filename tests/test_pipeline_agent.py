@@ -76,6 +76,9 @@ def test_a_prompt_step_without_an_agent_is_refused_before_anything_runs(tmp_path
     proc = cli(EXAMPLES / "agent.json", results)
     assert_usage_error(proc, "step 'train'", "a prompt step needs an agent command", "--agent", "PIPELINE_AGENT")
     assert not results.exists()
+    monkeypatch.setenv("PIPELINE_AGENT", "")  # empty: as unset (README: an empty program means its default)
+    assert_usage_error(cli(EXAMPLES / "agent.json", results), "a prompt step needs an agent command")
+    assert cli(EXAMPLES / "ml.json", results, "--dry-run").returncode == 0  # no prompt step: no agent needed
     # PIPELINE_AGENT configures it as well as --agent
     monkeypatch.setenv("PIPELINE_AGENT", "cat")
     definition = write(tmp_path / "echo.json", {"name": "echo", "steps": [{"id": "ask", "prompt": "hello agent"}]})
@@ -340,3 +343,14 @@ def test_the_pipelines_table_has_as_many_cells_in_each_row_as_its_header():
                        "p2": {"status": "failed", "steps": {}}}):
         lines = pipelines_table(pipelines).splitlines()
         assert len({line.count("|") for line in lines}) == 1, lines
+
+
+def test_a_lock_folder_that_cannot_be_made_is_refused_when_the_run_starts(tmp_path, monkeypatch):
+    """PIPELINE_LOCK_DIR, where GPU steps take their node-wide slots: one line and exit 2 at the
+    start, not a failure of every GPU step later."""
+    results = tmp_path / "results"
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("PIPELINE_LOCK_DIR", str(tmp_path / "a-file" / "locks"))
+    assert_usage_error(cli(EXAMPLES / "ml.json", results, "--resource", "gpu=1"), "PIPELINE_LOCK_DIR",
+                       "the node-wide GPU slots cannot live there")
+    assert not results.exists()

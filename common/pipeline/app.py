@@ -108,7 +108,7 @@ def parse_resume_target(value: Any, pipelines: List[Pipeline]) -> Optional[Tuple
 def agent_command(flag: Optional[str], environ: Mapping[str, str], pipelines: List[Pipeline], source: str) -> Optional[str]:
     """The shell command that runs prompt steps: ``--agent``, else ``PIPELINE_AGENT``. A prompt
     step with neither is refused before anything runs."""
-    agent = flag if flag is not None else environ.get(AGENT_ENV)
+    agent = flag if flag is not None else (environ.get(AGENT_ENV) or None)  # an empty variable: unset
     if agent is not None and not agent.strip():
         raise UsageError(f"{'--agent' if flag is not None else AGENT_ENV}: the agent command is empty")
     if agent is None:
@@ -178,6 +178,12 @@ class PipelineApp(App):
         self.results = Path(self.args.results).absolute()
         self.definition_dir = Path(self.args.definition).absolute().parent
         self.explicit_gpu_pool = GPU_POOL in self.capacities
+        uses_slots = self.explicit_gpu_pool or any(device.is_gpu for device in self.devices)  # as setup_worker
+        if uses_slots and any(GPU_POOL in step.pools for pipeline in self.pipelines for step in pipeline.steps):
+            try:  # where the node-wide GPU slots live (made now, as the first GPU step would): refused now
+                nodelock.lock_dir()
+            except OSError as error:
+                raise UsageError(f"{nodelock.LOCK_DIR_ENV}: the node-wide GPU slots cannot live there: {error}") from None
 
     def plan_text(self) -> str:
         """What a run would do, for --dry-run (the engine has checked the results folder first):

@@ -82,6 +82,9 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--help"], "the job would only print its help"),
     (["--gpus-per-node", "1", "--", "common.pipeline", "no-such.json"], "'no-such.json': no such pipeline definition"),
     (["--gpus-per-node", "1", "--", "common.pipeline", "README.md"], "README.md: not valid JSON"),
+    (["--gpus-per-node", "1", "--", "common.pipeline", "examples/pipelines/ml.json", "--resume", "ml/train"],
+     "--resume 'ml/train': no pipeline 'ml'"),
+    (["--cpu", "--", "mnist_svm", "4", "--gpu", "0"], "a CPU job (--cpu) is given no GPU"),
     (["--gpus-per-node", "1", "--", "no_such_script.py"], "'no_such_script.py': no such file"),
     (["--gpus-per-node", "1", "--container", "no-such.sif", "--", "mnist_svm", "4"],
      "--container 'no-such.sif': no such image file"),
@@ -103,7 +106,9 @@ def test_programs_that_pass_their_own_checks_get_a_script():
     """The shipped apps with good arguments (no data needed on the login node), a pipeline whose
     definition exists, a script file and a user's own importable module."""
     for program in (["mnist_svm", "24", "--batch", "50"], ["mnist_nn", "12", "12", "--dataset", "fashion-mnist"],
-                    ["common.pipeline", "examples/pipelines/sweep.json", "--resume"], ["tests/toy_app.py", "3"],
+                    ["common.pipeline", "examples/pipelines/sweep.json", "--resume"],
+                    ["common.pipeline", "examples/pipelines/ml.json", "--resume", "digits-cnn/train"],
+                    ["tests/toy_app.py", "3"],
                     ["common.status", "results"]):
         made = generate("--gpus-per-node", "1", "--", *program)
         assert made.returncode == 0 and made.stdout.startswith("#!/bin/bash"), made.stderr

@@ -46,7 +46,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(path)
             return 0
         spec = spec_from_args(args, command)
-        check_program(spec.command)
+        check_program(spec.command, cpu_job=spec.cpu)
         check_container(spec.container)
         script = render(spec)
         if not args.submit:

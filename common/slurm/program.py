@@ -55,8 +55,9 @@ def _app_class(target: str) -> Optional[type]:
                      f"can be imported here, or a .py file")
 
 
-def check_program(command: List[str]) -> None:
-    """Refuse, as the app itself would, a program whose arguments or files are wrong."""
+def check_program(command: List[str], cpu_job: bool = False) -> None:
+    """Refuse, as the app itself would, a program whose arguments or files are wrong; in a CPU job
+    (``cpu_job``), one told to use GPUs (its nodes have none for it)."""
     from common.run.cli import build_parser
 
     from ..devices import parse_gpu_spec
@@ -79,14 +80,19 @@ def check_program(command: List[str]) -> None:
     try:
         if args.gpu is not None:
             parse_gpu_spec(args.gpu)  # the form only: the compute nodes' GPUs are not visible here
+            if cpu_job and args.gpu.strip().lower() != "cpu":
+                raise UsageError(f"--gpu {args.gpu}: a CPU job (--cpu) is given no GPU; use --gpu cpu, or a GPU job")
         app_class(args).check_arguments()
         if target == "common.pipeline":
-            _check_definition(args.definition, getattr(args, "container", None))
+            from ..pipeline.app import parse_resume_target
+
+            pipelines = _check_definition(args.definition, getattr(args, "container", None))
+            parse_resume_target(args.resume, pipelines)  # --resume RUN_ID/STEP_ID names one of them
     except UsageError as error:
         raise UsageError(f"{target}: {error}") from None
 
 
-def _check_definition(path: Path, container: Optional[str]) -> None:
+def _check_definition(path: Path, container: Optional[str]) -> list:
     """The pipeline definition exists and passes the runner's own checks of its format, with the
     default image the job would give steps that name none (the program's --container, else
     PIPELINE_CONTAINER)."""
@@ -95,7 +101,7 @@ def _check_definition(path: Path, container: Optional[str]) -> None:
 
     if not _is_file(path, "the pipeline definition"):
         raise UsageError(f"{quoted(path)}: no such pipeline definition")
-    load_definition(path, default_image=default_image(container, os.environ))
+    return load_definition(path, default_image=default_image(container, os.environ))
 
 
 #: what every Apptainer (and Singularity) sandbox folder holds

@@ -276,6 +276,7 @@ class PipelineApp(App):
         pipelines = {}
         for pipeline in self.pipelines:
             run_id, item = pipeline.name, this_run.get(pipeline.name)
+            layout = RunLayout(self.results, run_id)
             key = item.key if item is not None else self._newest_key(run_id, journaled)
             record = journaled.get(key) if key is not None else None
             if record is not None:
@@ -283,7 +284,6 @@ class PipelineApp(App):
             elif item is not None:  # failed: its result never reached the journal; read its steps from disk
                 error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
                 error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]
-                layout = RunLayout(self.results, run_id)
                 steps = statuses_on_disk(layout, pipeline)
                 progress = read_progress(layout) or {}
                 running = progress.get("resume_at") if progress.get("state") == "running" else None
@@ -291,7 +291,7 @@ class PipelineApp(App):
                     steps[running] = {"status": "failed", "reason": error, "attempts": 1}
                 summary = {"run_id": run_id, "status": "failed", "reason": error, "steps": steps}
             else:  # not run now, and never finished: what an earlier run left on disk
-                steps = statuses_on_disk(RunLayout(self.results, run_id), pipeline)
+                steps = statuses_on_disk(layout, pipeline)
                 summary = {"run_id": run_id, "status": "unfinished" if steps else "not run",
                            "reason": "not finished in an earlier run" if steps else "", "steps": steps}
             summary["steps"] = {step: {k: v for k, v in status.items() if k != "history"}

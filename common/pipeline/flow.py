@@ -327,6 +327,10 @@ class PipelineRunner:
                 return None
             time.sleep(min(0.2, left))
 
+    def _history_entry(self, attempt: Attempt, queued: float) -> Dict[str, Any]:
+        """An attempt as the step's status.json ``history`` lists it."""
+        return dict(attempt.as_dict(), queued_seconds=round(queued, 3), run_started=self.run_started)
+
     def _run_step(self, walk: _Walk, step: Step) -> Dict[str, Any]:
         """Run the step, retrying in place while its max_retries allow (after its retry_delay);
         write and return its status. Raises :class:`RunStopping` when a stop cut its retries short."""
@@ -345,14 +349,13 @@ class PipelineRunner:
                               if isinstance(error, RunStopping)
                               else f"error in the pipeline runner: {type(error).__name__}: {error}")
                     ended = time.time()
-                    cut = dict(Attempt("failed", None, began, ended, reason).as_dict(), queued_seconds=0.0,
-                               run_started=self.run_started)  # the attempt the stop cut short is listed too
+                    cut = self._history_entry(Attempt("failed", None, began, ended, reason), 0.0)  # listed too
                     self._write_status(step, self._status(step, "failed", reason, walk.runs[step.id], began, ended,
                                                           round(ended - began, 3),
                                                           history=(earlier + history + [cut])[-MAX_HISTORY:]))
                 raise
             walk.spent += attempt.cost
-            history.append(dict(attempt.as_dict(), queued_seconds=round(queued, 3), run_started=self.run_started))
+            history.append(self._history_entry(attempt, queued))
             deadline_passed = self.deadline is not None and time.monotonic() >= self.deadline
             if attempt.status == "ok" or limit is None or walk.runs[step.id] >= limit or deadline_passed:
                 break

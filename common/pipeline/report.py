@@ -42,14 +42,16 @@ def pipelines_table(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     columns: List[str] = []
     for run in pipelines.values():
         columns += [step for step in run.get("steps", {}) if step not in columns]
-    def row(cells: List[str]) -> str:
-        return "| " + " | ".join(cells) + " |"
-
-    lines = [row(["pipeline", "status", *columns]), "|---" * (len(columns) + 2) + "|"]
+    lines = [_row(["pipeline", "status", *columns]), "|---" * (len(columns) + 2) + "|"]
     for run_id, run in pipelines.items():
         steps = run.get("steps", {})
-        lines.append(row([run_id, str(run.get("status", "?")), *[_cell(steps[c]) if c in steps else "" for c in columns]]))
+        lines.append(_row([run_id, str(run.get("status", "?")), *[_cell(steps[c]) if c in steps else "" for c in columns]]))
     return "\n".join(lines)
+
+
+def _row(cells: List[str]) -> str:
+    """A Markdown table row of these cells."""
+    return "| " + " | ".join(cells) + " |"
 
 
 def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:

@@ -318,10 +318,10 @@ def _dry_run(comm: Any, app: App) -> int:
         text = app.plan_text()
         if text is not None:
             print(text, end="")
-        for item in app.items() if text is None else []:
-            if item.key in app.journaled:
-                continue
-            print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
+        else:
+            for item in app.items():
+                if item.key not in app.journaled:
+                    print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
         sys.stdout.flush()
 
     return EXIT_USAGE if _on_rank_0(comm, app, plan)[1] else EXIT_OK
@@ -455,7 +455,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
             except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
                 print(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item "
                       f"is journaled: write them with the same launcher and: "
-                      f"{module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+                      f"{_resume_command(argv)}", file=sys.stderr)
                 code = EXIT_STOPPED
             finally:
                 stop.outputs_interruptible = False
@@ -548,7 +548,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if failure is not None and failure.moved_away:  # outputs written now would have no journal behind them
         print(f"{app.name}: stopped: {failure.describe()}; nothing more is written ({len(records)} of {len(items)} "
               f"items had finished, in that journal); if it was renamed, move it back, then finish with the same "
-              f"launcher and: {module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+              f"launcher and: {_resume_command(argv)}", file=sys.stderr)
         return EXIT_STOPPED
     failed = [{"key": key, "error": error} for key, error in scheduler.failed.items()]
     final_items = [scheduler.items[item.key] for item in items]
@@ -599,10 +599,10 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         try:
             summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
         except Exception as error:  # the app's own code: its results stay journaled for a --resume after a fix
-            outputs_error = " ".join(f"{type(error).__name__}: {error}".split())
-            log_to_files(f"{app.name}: writing the outputs failed:\n{traceback.format_exc().rstrip()}")
+            outputs_error, trace = " ".join(f"{type(error).__name__}: {error}".split()), traceback.format_exc()
+            log_to_files(f"{app.name}: writing the outputs failed:\n{trace.rstrip()}")
             summary["status"] = "failed"
-            summary["outputs_error"] = {"error": outputs_error, "traceback": traceback.format_exc()}
+            summary["outputs_error"] = {"error": outputs_error, "traceback": trace}
     if drawing and drawer is not None:  # done before the summary and report.html, which show it
         warm_up_report()  # while the child draws
         if _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM), drawer.result) is None \
@@ -616,7 +616,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["no_space"] = failure.no_space
         summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
-        summary["resume_command"] = module_command([a for a in argv if a != "--resume"] + ["--resume"])
+        summary["resume_command"] = _resume_command(argv)
     # a run that ran no item (stopped or failed before any) has no timeline to show
     summary["timeline_plot"] = png_name(TIMELINE_STEM) if (files.root / png_name(TIMELINE_STEM)).is_file() else None
     _written(failures, results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
@@ -626,7 +626,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
         print(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
               f"{late.remedy()}, then write them with the same launcher and: "
-              f"{module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+              f"{_resume_command(argv)}", file=sys.stderr)
         return EXIT_STOPPED
     if failure is None:
         write_report(results)
@@ -644,7 +644,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         print(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
               f"{outputs_error} (traceback in {LOGS_DIR}/{files.rank_log(0).name}); every result is journaled: after "
               f"a fix, write the outputs with the same launcher and: "
-              f"{module_command([a for a in argv if a != '--resume'] + ['--resume'])}", file=sys.stderr)
+              f"{_resume_command(argv)}", file=sys.stderr)
         return EXIT_FAILED_ITEMS
     if not failed and run is not None:  # complete: the app's headline, as the reference's closing prints
         for line in app.headline(run, summary):
@@ -653,6 +653,11 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     print(f"{app.name}: {summary['status']}: {len(records)} of {len(items)} items in {summary['wall_seconds']:.1f} s; "
           f"results in {results}/ (summary.md)", file=sys.stderr)
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
+
+
+def _resume_command(argv: List[str]) -> str:
+    """The command that finishes this run: the same, with ``--resume`` (once)."""
+    return module_command([a for a in argv if a != "--resume"] + ["--resume"])
 
 
 def _start_drawer() -> TimelineDrawer:

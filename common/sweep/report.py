@@ -245,8 +245,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
     if plan.metric and not ranked:
         sweep["note"] = f"no result holds a finite number named {plan.metric!r}"
     sweep["best"] = ranked[:BEST_ROWS]
-    for stale in OUTPUT_NAMES[2:]:  # a figure of an earlier run's metric
-        (folder / stale).unlink(missing_ok=True)
+    _remove_figure(folder)  # an earlier run's, of its metric
     if ranked:
         try:
             with warnings.catch_warnings():  # numpy's overflow warnings on axes spanning the float range
@@ -254,10 +253,15 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
                 _figure(ranked, parameters, plan.metric, plan.goal, folder / FIGURE)
             sweep["figure"] = png_name(FIGURE)
         except (ValueError, OverflowError) as error:  # values matplotlib cannot lay out (near the float limit)
-            for name in OUTPUT_NAMES[2:]:
-                (folder / name).unlink(missing_ok=True)
+            _remove_figure(folder)
             sweep["figure_note"] = f"the figure of {plan.metric!r} could not be drawn: {error}"
     return {"sweep": sweep}
+
+
+def _remove_figure(folder: Path) -> None:
+    """The sweep figure's files (PNG, SVG, PDF), where there are any."""
+    for name in OUTPUT_NAMES[2:]:
+        (folder / name).unlink(missing_ok=True)
 
 
 def _function_name(plan: "Plan") -> str:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from common.errors import UsageError
-from common.items import Item
+from common.items import Item, ItemSeeds
 from common.messages import Handout
 from common.ranks.scheduler import Scheduler
 from common.results.journal import read_journal
@@ -104,12 +104,12 @@ def test_an_items_oserror_travels_as_errno_and_path_beside_the_unchanged_text(tm
     def run_item(state, item, seed):
         raise OSError(errno.ENOSPC, "No space left on device", str(target))
 
-    [full] = _run_group(SimpleNamespace(run_item=run_item), None, [Handout(Item("a"), 1)], 0)
+    [full] = _run_group(SimpleNamespace(run_item=run_item), None, [Handout(Item("a"), 1)], ItemSeeds(0).sequence)
     assert (full.errno, full.path) == (errno.ENOSPC, str(target))
     assert full.error == f"OSError: [Errno 28] No space left on device: {str(target)!r}"
 
     def run_other(state, item, seed):
         raise RuntimeError("OSError: [Errno 28] No space left on device: 'looks like one'")
 
-    [other] = _run_group(SimpleNamespace(run_item=run_other), None, [Handout(Item("b"), 1)], 0)
+    [other] = _run_group(SimpleNamespace(run_item=run_other), None, [Handout(Item("b"), 1)], ItemSeeds(0).sequence)
     assert (other.errno, other.path) == (None, "")

@@ -60,6 +60,10 @@ def test_a_grid_on_two_ranks_by_two_workers_equals_one_by_one(tmp_path, monkeypa
     assert "vector" not in table[0]  # not a scalar: in results.jsonl only
     assert {row["key"] for row in table} == {f"kind={k},x={x}" for x in range(1, 6) for k in "ab"}
     assert all(int(row["seed"]) == returns(tmp_path / "many")[row["key"]]["seed_seen"] for row in table)
+    # the seed is numpy's first 32-bit word of the item's own stream (--seed 0 and its key), on any worker
+    from common.items import item_seed
+
+    assert all(int(row["seed"]) == int(item_seed(0, row["key"]).generate_state(1)[0]) for row in table)
     assert {e["rank"] for e in journal_entries(tmp_path / "many") if e.get("type") == "result"} == {0, 1}
     for name in ("summary.md", "report.html", "sweep.png", "sweep.svg", "sweep.pdf", "timeline.png"):
         assert (tmp_path / "many" / name).exists(), name
@@ -334,6 +338,36 @@ def test_the_seed_a_function_receives_is_numpys_first_word_of_the_items_stream()
         assert item_seed32(sequence) == int(sequence.generate_state(1)[0])
     other = np.random.SeedSequence(5, pool_size=8)
     assert item_seed32(other) == int(other.generate_state(1)[0])
+
+
+def test_the_workers_shortcut_to_that_word_equals_numpys_for_seeds_of_every_size():
+    """ItemSeeds.word32 mixes the run's seed into numpy's pool once and each key's words after it:
+    the same word as the item's SeedSequence, for seeds of one to seven 32-bit words."""
+    import random
+
+    from common.items import ItemSeeds, item_seed
+
+    draw = random.Random(12)
+    for seed in [0, 1, 25328, 2 ** 32 - 1, 2 ** 32, 2 ** 64 + 5, 2 ** 128 - 1, 2 ** 128 + 3, 2 ** 200 + 7,
+                 *(draw.randrange(2 ** bits) for bits in (31, 63, 95, 160) for _ in range(3))]:
+        seeds = ItemSeeds(seed)
+        assert seeds._first is not None, "the shortcut, not numpy's way"
+        for _ in range(200):
+            key = f"x={draw.random()},repeat={draw.randrange(9)}"
+            assert seeds.word32(key) == int(item_seed(seed, key).generate_state(1)[0]), (seed, key)
+            assert seeds.maker("int32")(key) == seeds.word32(key)
+        assert seeds.maker("sequence")("k").spawn_key == item_seed(seed, "k").spawn_key
+
+
+def test_the_shortcut_falls_back_to_numpy_where_its_self_check_fails(monkeypatch):
+    import common.items as items
+
+    monkeypatch.setattr(items, "_run_mixed", lambda seed: (12345, ((1, 2),) * 4))  # a wrong mix
+    seeds = items.ItemSeeds(7)
+    assert seeds._first is None
+    assert seeds.word32("x=1") == int(items.item_seed(7, "x=1").generate_state(1)[0])
+    with pytest.raises(ValueError, match="seed_form must be one of sequence, int32"):
+        seeds.maker("int64")
 
 
 UNGUARDED = """from common import sweep

@@ -26,7 +26,7 @@ from common.run.cli import at_least
 
 from ..app import App, RunInfo
 from ..errors import UsageError, quoted
-from ..items import Item, item_seed32
+from ..items import Item
 from . import report
 from .space import check_unique, grid_space, list_points, load_file, point_key, sample_points
 
@@ -145,6 +145,8 @@ class SweepApp(App):
     description = "Run a function over a grid, a list or random samples of parameters on every GPU of every node"
     #: set by :func:`main` on the subclass it makes; None for ``python -m common.sweep``
     preset: Optional[Preset] = None
+    #: each item's seed as the function gets it: 32 bits of the item's stream, without its SeedSequence
+    seed_form = "int32"
 
     def __init__(self, args: argparse.Namespace):
         super().__init__(args)
@@ -295,7 +297,7 @@ class SweepApp(App):
 
     def run_item(self, state: Any, item: Item, seed: Any) -> Any:
         plan = self.plan
-        seed32 = item_seed32(seed)
+        seed32 = seed  # item_seed32 of the item's SeedSequence (seed_form "int32")
         wants = plan.wants
         if wants:  # only what the function takes (most items of a big sweep are short)
             given = {"seed": seed32, "device": state[1], "state": state[0]}

@@ -28,7 +28,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
-from common.items import item_seed
+from common.items import ItemSeeds
 from common.linux import die_with_parent
 from common.messages import (
     Alive,
@@ -242,17 +242,19 @@ def _os_error(error: BaseException) -> Tuple[Optional[int], str]:
     return error.errno, os.fsdecode(filename) if isinstance(filename, (str, bytes, os.PathLike)) else ""
 
 
-def _run_group(app: Any, state: Any, bundle: list, seed: int, lines: Optional[FileLog] = None) -> List[Any]:
+def _run_group(app: Any, state: Any, bundle: list, seed_of: Callable[[str], Any],
+               lines: Optional[FileLog] = None) -> List[Any]:
     """Run one item, or a group of items together (``App.run_group``); the answer for each.
+    ``seed_of``: key -> the item's seed, in the app's ``seed_form`` (:class:`ItemSeeds`).
     ``lines``: the worker log, which holds the "done" line (:meth:`FileLog.hold`); None: logged now."""
     items = [handout.item for handout in bundle]
     names = ", ".join(item.key for item in items)
     started = time.time()
     try:
         if len(items) == 1:
-            results = [app.run_item(state, items[0], item_seed(seed, items[0].key))]
+            results = [app.run_item(state, items[0], seed_of(items[0].key))]
         else:
-            results = list(app.run_group(state, items, [item_seed(seed, item.key) for item in items]))
+            results = list(app.run_group(state, items, [seed_of(item.key) for item in items]))
             if len(results) != len(items):
                 raise RuntimeError(f"run_group returned {len(results)} results for {len(items)} items")
     except Exception as error:
@@ -270,13 +272,13 @@ def _run_group(app: Any, state: Any, bundle: list, seed: int, lines: Optional[Fi
     return [ItemDone(item.key, result, started, ended) for item, result in zip(items, results)]
 
 
-def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed: int, conn: Any, finished: Any,
-                lines: Optional[FileLog] = None) -> None:
+def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed_of: Callable[[str], Any], conn: Any,
+                finished: Any, lines: Optional[FileLog] = None) -> None:
     """A group (run together) or a chunk of short items (one after the other); the answers go in
     as few messages as ANSWER_SECONDS allows. ``finished`` (shared with the rank) counts the items
     this process has finished, sent or not: if it dies, its rank knows which item it was running."""
     if together:
-        answers = _run_group(app, state, entries, seed, lines)
+        answers = _run_group(app, state, entries, seed_of, lines)
         if finished is not None:
             finished.value += len(entries)
         _answer(conn, answers)
@@ -284,7 +286,7 @@ def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed: int, 
     pending: List[Any] = []
     since = 0.0
     for handout in entries:
-        pending += _run_group(app, state, [handout], seed, lines)
+        pending += _run_group(app, state, [handout], seed_of, lines)
         if finished is not None:
             finished.value += 1
         now = time.monotonic()
@@ -337,6 +339,7 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
             # whose time (its record, the timeline, the item timeout) would otherwise include it
             import numpy.random  # noqa: F401
 
+            seed_of = ItemSeeds(seed).maker(getattr(app, "seed_form", "sequence"))
             state = app.setup_worker(device)
             _set_threads(threads)
         except Exception as error:
@@ -349,7 +352,7 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
             if bundle is None:
                 break
             entries, together = bundle
-            _run_bundle(app, state, entries, together, seed, conn, finished, handler)
+            _run_bundle(app, state, entries, together, seed_of, conn, finished, handler)
     except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):
         log.info("stopping")
     finally:

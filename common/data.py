@@ -13,8 +13,10 @@ build of torch) is one line of the child's.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import gzip
+import importlib.util
 import json
 import math
 import os
@@ -196,17 +198,46 @@ def _mirrors(name: str) -> tuple:
     return json.loads(_last_line(child.stdout)), None
 
 
+def _mirrors_in_source(name: str) -> Optional[List[str]]:
+    """torchvision's mirrors for ``name`` read from its source, without importing it (torch takes
+    seconds to import); None where they cannot be read so (no torchvision, another layout), or where
+    a ``sitecustomize``/``usercustomize`` ran, which may change them as torchvision imports (as a
+    site pointing torchvision at its own mirror would)."""
+    if "sitecustomize" in sys.modules or "usercustomize" in sys.modules:
+        return None
+    try:
+        spec = importlib.util.find_spec("torchvision")
+        folders = list(spec.submodule_search_locations or []) if spec else []
+        for folder in folders:
+            tree = ast.parse((Path(folder) / "datasets" / "mnist.py").read_text())
+            for node in tree.body:
+                if isinstance(node, ast.ClassDef) and node.name == _TORCHVISION[name][0]:
+                    for statement in node.body:
+                        if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                                and getattr(statement.targets[0], "id", None) == "mirrors"):
+                            mirrors = ast.literal_eval(statement.value)
+                            if isinstance(mirrors, list) and mirrors and all(isinstance(m, str) for m in mirrors):
+                                return mirrors
+    except (ImportError, ValueError, OSError, SyntaxError, TypeError):
+        pass
+    return None
+
+
 def _download_problem(name: str, timeout: float = 3.0) -> Optional[str]:
-    """Why the IDX files cannot be downloaded here (torchvision, or no mirror reachable), or ``None``."""
-    mirrors, problem = _mirrors(name)
-    if problem:
-        return problem
+    """Why the IDX files cannot be downloaded here (torchvision, or no mirror reachable), or ``None``.
+    Offline (a compute node, often), that is known without importing torchvision in a child."""
+    mirrors = _mirrors_in_source(name)
+    read = mirrors is not None
+    if not read:
+        mirrors, problem = _mirrors(name)
+        if problem:
+            return problem
     for url in mirrors:
         parsed = urlparse(url)
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
         try:
             with socket.create_connection((parsed.hostname, port), timeout=timeout):
-                return None
+                return _mirrors(name)[1] if read else None  # reachable: torchvision must import to fetch
         except OSError:
             continue
     return "offline: no download mirror can be reached"

@@ -210,3 +210,37 @@ def test_training_labels_of_one_class_are_refused_by_both_apps(tmp_path, program
     assert not results.exists() and snapshot(tmp_path) == before
     with pytest.raises(UsageError, match="every training label is 3"):
         load_dataset("mnist", data_dir)
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
+def test_torchvisions_mirrors_are_read_from_its_source_as_its_import_gives_them(name):
+    """The download check reads the mirrors without importing torch (seconds): the same list the
+    installed torchvision's classes hold, which a child importing it reports."""
+    import common.data as data
+
+    pytest.importorskip("torchvision")
+    read = data._mirrors_in_source(name)
+    imported, problem = data._mirrors(name)
+    assert problem is None and read == imported and read
+
+
+def test_a_sitecustomize_that_may_change_the_mirrors_sends_the_check_to_torchvision_itself(monkeypatch):
+    import sys
+    import types
+
+    import common.data as data
+
+    monkeypatch.setitem(sys.modules, "sitecustomize", types.ModuleType("sitecustomize"))
+    assert data._mirrors_in_source("mnist") is None
+
+
+def test_missing_data_offline_is_refused_without_importing_torchvision(tmp_path, monkeypatch):
+    """Offline, no mirror can be reached: known from the mirrors in torchvision's source, without
+    the child that imports it (4.5 s of CPU here for every missing data set)."""
+    import common.data as data
+
+    pytest.importorskip("torchvision")
+    monkeypatch.setattr(data, "_torchvision_child", lambda *argv, timeout: pytest.fail("torchvision imported"))
+    monkeypatch.setattr(data.socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    with pytest.raises(UsageError, match="offline: no download mirror can be reached"):
+        check_available("mnist", tmp_path / "nothing here")

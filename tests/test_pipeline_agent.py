@@ -215,7 +215,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert not results.exists()
     plan = proc.stdout
-    assert "Dry run: 2 pipeline(s)" in plan and "pools: gpu=GPUs of each node, licence=2" in plan
+    # the gpu pool as the run sizes it: here no GPU (--gpu cpu), so one step per worker
+    assert "Dry run: 2 pipeline(s)" in plan and "pools: gpu=1 per rank (no GPU: one per worker), licence=2" in plan
+    three = cli(EXAMPLES / "agent.json", results, "--dry-run", "--agent", AGENT, "--workers", "3")
+    assert "pools: gpu=3 per rank (no GPU: one per worker);" in three.stdout, three.stderr
     assert "pipeline agent-digits-lr50; deadline 3600 s; budget 1; matrix lr=50" in plan
     assert "2. train-retry: prompt 'The first training failed." in plan
     assert "holds gpu; if prev.error; timeout 1200 s; on failure report" in plan

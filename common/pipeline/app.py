@@ -197,8 +197,11 @@ class PipelineApp(App):
                 starts[pipeline.name] = ("finished: --resume skips it" if self._newest_key(pipeline.name, self.journaled)
                                          else f"--resume goes on at step {point!r}" if point
                                          else "--resume: from the first step")
-        capacities = dict(self.capacities)
-        capacities.setdefault(GPU_POOL, None)
+        capacities: Dict[str, Any] = dict(self.capacities)
+        if capacities.get(GPU_POOL) is None:  # what pools() gives the run: its GPUs, else one per worker
+            gpus = len(self.gpus())
+            capacities[GPU_POOL] = (f"{gpus} per rank (its GPUs)" if gpus
+                                    else f"{self.args.workers} per rank (no GPU: one per worker)")
         return plan_text(self.pipelines, capacities, self.queue_timeout, self.agent, starts, self.results)
 
     def resume_point(self, pipeline: Pipeline) -> Optional[str]:

@@ -87,10 +87,11 @@ def _what(step: Step) -> str:
     return f"prompt {short(step.prompt, 40)}{extra}"
 
 
-def plan_text(pipelines: List[Pipeline], capacities: Mapping[str, Optional[int]], queue_timeout: Optional[float],
+def plan_text(pipelines: List[Pipeline], capacities: Mapping[str, Any], queue_timeout: Optional[float],
               agent: Optional[str], starts: Mapping[str, str], results: Path) -> str:
-    """The plan of ``--dry-run``: pipelines, their steps, pools, conditions and jumps, in words."""
-    pools = ", ".join(f"{name}={'GPUs of each node' if cap is None else cap}" for name, cap in sorted(capacities.items()))
+    """The plan of ``--dry-run``: pipelines, their steps, pools (capacity, or its words), conditions
+    and jumps, in words."""
+    pools = ", ".join(f"{name}={cap}" for name, cap in sorted(capacities.items()))
     lines = [f"Dry run: {len(pipelines)} pipeline(s); nothing is run or written.",
              f"results: {results}", f"pools: {pools}; queue timeout: "
              f"{'none' if queue_timeout is None else f'{queue_timeout:g} s'}",

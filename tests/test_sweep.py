@@ -109,10 +109,15 @@ def test_random_samples_stay_in_their_space_and_more_samples_keep_the_first(tmp_
         assert 1e-4 <= point["lr"] <= 1e-1 and 0 <= point["drop"] <= 0.5
         assert point["layers"] in (1, 2, 3) and point["kind"] in ("a", "b", "c")
     assert not (tmp_path / "dry").exists()
+    # every rank draws the space from --seed: 2 ranks x 2 workers run the points planned, with the results of 1 x 1
     ran = sweep("sweep_functions:noisy", tmp_path / "r", "--space", str(space), "--samples", "6", "--seed", "7",
-                "--maximise", "draw")
+                "--maximise", "draw", ranks=2)
     assert ran.returncode == 0, ran.stderr
     assert sorted(returns(tmp_path / "r")) == sorted(entry["key"] for entry in six)
+    alone = sweep("sweep_functions:noisy", tmp_path / "alone", "--space", str(space), "--samples", "6", "--seed", "7",
+                  "--maximise", "draw", workers=1)
+    assert alone.returncode == 0, alone.stderr
+    assert returns(tmp_path / "alone") == returns(tmp_path / "r")
     best = summary(tmp_path / "r")["sweep"]["best"]
     assert best == sorted(best, key=lambda e: -e["mean"])
 

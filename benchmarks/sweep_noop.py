@@ -2,6 +2,7 @@
 
 python -m common.sweep benchmarks.sweep_noop:noop --grid GRID    the sweep (GRID: {"i": [0, 1, ...]})
 python benchmarks/sweep_noop.py N                                 the App: items i=0 ... i=N-1, each calling noop()
+python benchmarks/sweep_noop.py N --seed-form int32               the same App given the sweep's 32-bit seeds
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Dict, List
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.app import App  # noqa: E402
-from common.items import Item  # noqa: E402
+from common.items import SEED_FORMS, Item  # noqa: E402
 
 
 def noop() -> Dict[str, Any]:
@@ -25,9 +26,15 @@ class NoopApp(App):
 
     name = "noop"
 
+    def __init__(self, args: Any):
+        super().__init__(args)
+        self.seed_form = args.seed_form  # the workers get it with the app
+
     @classmethod
     def add_arguments(cls, parser: Any) -> None:
         parser.add_argument("n_items", type=int)
+        parser.add_argument("--seed-form", choices=SEED_FORMS, default=App.seed_form,
+                            help="the item seeds run_item gets (App.seed_form)")
 
     def fingerprint(self) -> Dict[str, Any]:
         return {"n_items": self.args.n_items}

@@ -161,7 +161,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     every = float(status.get("every") or STATUS_SECONDS)
     state = status.get("state", "?")
     age = now - float(status.get("updated") or 0)
-    if gone(status, now):
+    lost = gone(status, now)  # what the file says of running items, the rate and the workers is stale
+    if lost:
         shown = (f"GONE? the status file has not been refreshed for {format_seconds(age)} (every {every:g} s while "
                  f"the job runs): the job was probably killed; rerun it with --resume to finish")
     elif state == "finishing":
@@ -181,7 +182,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     done = min(done, total) if total else done
     failed = max(int(status.get("items_failed") or 0), len(journal.failed))
     share = f" ({100.0 * done / total:.1f}%)" if total else ""
-    running = status.get("items_running", 0) if state not in FINAL_STATES else 0
+    running = status.get("items_running", 0) if state not in FINAL_STATES and not lost else 0
     resumed = int(status.get("items_resumed") or 0)
     lines.append(f"items    {done} of {total} done{share}, {failed} failed, {running} running"
                  + (f"; {resumed} from an earlier run" if resumed else ""))
@@ -189,6 +190,10 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     rate = status.get("rate_per_second")
     if state in FINAL_STATES:
         lines.append(f"time     started {_when(status.get('started'))}, ran {format_seconds(elapsed)}")
+    elif lost:
+        ran = float(status.get("updated") or now) - float(status.get("started") or now)
+        lines.append(f"time     started {_when(status.get('started'))}, ran at least {format_seconds(ran)}; "
+                     f"last rate {_number(rate, ' items/s', 3)}, no ETA (the job is not running)")
     else:
         eta = status.get("eta_seconds")
         lines.append(f"rate     {_number(rate, ' items/s', 3)}, ETA {format_seconds(eta)}; "
@@ -197,7 +202,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
         lines.append(f"resume   {summary['resume_command']}")
 
     lines += _ranks(status, journal, every, now)
-    if state not in FINAL_STATES:
+    if state not in FINAL_STATES and not lost:
         lines += _workers(status, now)
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
         else _gpus(status)

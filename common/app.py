@@ -200,13 +200,14 @@ class App:
         """Once per worker process: load data onto the device; the return value is ``state``."""
         return None
 
-    def run_item(self, state: Any, item: Item, seed: np.random.SeedSequence) -> Any:
+    def run_item(self, state: Any, item: Item, seed: np.random.SeedSequence | int) -> Any:
         """Do one item and return a JSON-able result (numbers, strings, lists, dicts). ``seed``: the
         item's own SeedSequence (an int where ``seed_form`` is "int32")."""
         raise NotImplementedError
 
-    def run_group(self, state: Any, items: List[Item], seeds: List[np.random.SeedSequence]) -> List[Any]:
-        """Do several items of one ``Item.group`` together; one result per item, in order.
+    def run_group(self, state: Any, items: List[Item], seeds: List[np.random.SeedSequence | int]) -> List[Any]:
+        """Do several items of one ``Item.group`` together; one result per item, in order. ``seeds``:
+        each item's, as ``run_item`` gets it (SeedSequences, or ints where ``seed_form`` is "int32").
 
         Override to share work between them (e.g. train same-shaped models in one batched step);
         the result of an item must not depend on which others came with it. If this raises, every

@@ -5,10 +5,11 @@ so an app never cares where the pixels came from. IDX files are read whole (one
 ``np.frombuffer`` per file, not one image at a time) and checked, so a corrupt or truncated
 download fails with one clear line instead of a reshape error deep inside a worker.
 
-torchvision (and so torch) is never imported by a rank: where a file is missing, a child process
-asks torchvision for its mirrors and downloads (``python -m common.data mirrors|download``), so
-rank 0 stays free of torch's start-up and memory, and a torchvision that fails to import (with a CPU
-build of torch) is one line of the child's.
+torchvision (and so torch) is never imported by a rank: where a file is missing, its mirrors are
+read from torchvision's source, and a child process downloads (``python -m common.data
+mirrors|download``) where one answers, so rank 0 stays free of torch's start-up and memory, and a
+torchvision that fails to import (with a CPU build of torch) is one line of the child's. Offline,
+that is said without the child (and so before whether torchvision would import).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
 import numpy as np
@@ -201,9 +202,10 @@ def _mirrors(name: str) -> tuple:
 def _mirrors_in_source(name: str) -> Optional[List[str]]:
     """torchvision's mirrors for ``name`` read from its source, without importing it (torch takes
     seconds to import); None where they cannot be read so (no torchvision, another layout), or where
-    a ``sitecustomize``/``usercustomize`` ran, which may change them as torchvision imports (as a
-    site pointing torchvision at its own mirror would)."""
-    if "sitecustomize" in sys.modules or "usercustomize" in sys.modules:
+    a ``sitecustomize``/``usercustomize`` that names torchvision ran: it may change them as
+    torchvision imports (as a site pointing torchvision at its own mirror would). Debian's and
+    Ubuntu's own sitecustomize (apport's hook) does not."""
+    if any(_names_torchvision(sys.modules.get(name)) for name in ("sitecustomize", "usercustomize")):
         return None
     try:
         spec = importlib.util.find_spec("torchvision")
@@ -221,6 +223,16 @@ def _mirrors_in_source(name: str) -> Optional[List[str]]:
     except (ImportError, ValueError, OSError, SyntaxError, TypeError):
         pass
     return None
+
+
+def _names_torchvision(module: Any) -> bool:
+    """Whether a loaded module's source mentions torchvision (unreadable source: assumed so)."""
+    if module is None:
+        return False
+    try:
+        return "torchvision" in Path(module.__file__).read_text(errors="replace")
+    except (OSError, TypeError, AttributeError):
+        return True
 
 
 def _download_problem(name: str, timeout: float = 3.0) -> Optional[str]:

@@ -224,14 +224,23 @@ def test_torchvisions_mirrors_are_read_from_its_source_as_its_import_gives_them(
     assert problem is None and read == imported and read
 
 
-def test_a_sitecustomize_that_may_change_the_mirrors_sends_the_check_to_torchvision_itself(monkeypatch):
+def test_a_sitecustomize_that_may_change_the_mirrors_sends_the_check_to_torchvision_itself(tmp_path, monkeypatch):
+    """One that names torchvision may change its mirrors as it imports: the child is asked. One that
+    does not (Debian's and Ubuntu's own, apport's hook, is loaded in every venv made from their
+    python3) leaves the mirrors read from the source."""
     import sys
     import types
 
     import common.data as data
 
-    monkeypatch.setitem(sys.modules, "sitecustomize", types.ModuleType("sitecustomize"))
-    assert data._mirrors_in_source("mnist") is None
+    pytest.importorskip("torchvision")
+    for name, source, read in (("sitecustomize", "import apport_python_hook\n", True),
+                               ("usercustomize", "import torchvision.datasets  # mirrors = [...]\n", False)):
+        module = types.ModuleType(name)
+        module.__file__ = str(tmp_path / f"{name}.py")
+        Path(module.__file__).write_text(source)
+        monkeypatch.setitem(sys.modules, name, module)
+        assert (data._mirrors_in_source("mnist") is not None) is read, (name, source)
 
 
 def test_missing_data_offline_is_refused_without_importing_torchvision(tmp_path, monkeypatch):

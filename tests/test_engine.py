@@ -432,3 +432,15 @@ def test_resume_after_failures_reruns_the_later_wave_built_from_them(tmp_path):
     resumed = run(args + ["--resume"])  # the cause is gone: the failed item and the sum built without it run again
     assert resumed.returncode == 0, resumed.stderr
     assert values(tmp_path / "r") == values(tmp_path / "clean")
+
+
+def test_an_app_with_an_unknown_seed_form_is_refused_in_one_line_before_any_worker(tmp_path):
+    """App.seed_form is the app's own setting: a typo is one line and exit 2, not every worker's setup failing."""
+    script = tmp_path / "bad_seeds.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(Path(TOY).parent)!r})\nfrom toy_app import ToyApp\n"
+                      "from common.run.runner import main\n\n\nclass BadSeeds(ToyApp):\n    seed_form = 'int64'\n\n\n"
+                      "if __name__ == '__main__':\n    raise SystemExit(main(BadSeeds))\n")
+    results = tmp_path / "r"
+    proc = run([str(script), "4", "--results", str(results), "--no-progress"])
+    assert_usage_error(proc, "BadSeeds.seed_form must be one of sequence, int32, not 'int64'")
+    assert not results.exists()

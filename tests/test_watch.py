@@ -167,7 +167,7 @@ def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, q
     assert "has not been refreshed for" in text and "--resume" in text, text
     done = sum(1 for line in (results / "journal.jsonl").read_text().splitlines() if '"type":"result"' in line)
     assert re.search(rf"items +{done} of 40 done \([\d.]+%\), 0 failed, 0 running", text), (done, text)
-    # nothing from the stale file presented as current: no ETA, no running workers
+    # the stale file's running items, ETA and workers are not presented as current (a CPU job: no GPU lines)
     assert "no ETA (the job is not running)" in text and "ETA " not in text.replace("no ETA", ""), text
     assert "running" not in text.replace("0 running", "").replace("not running", ""), text
     watched = status(results, "--watch", "1")  # ends with the job, a killed one too: after one look

@@ -209,20 +209,18 @@ def _mirrors_in_source(name: str) -> Optional[List[str]]:
         return None
     try:
         spec = importlib.util.find_spec("torchvision")
-        folders = list(spec.submodule_search_locations or []) if spec else []
-        for folder in folders:
-            tree = ast.parse((Path(folder) / "datasets" / "mnist.py").read_text())
-            for node in tree.body:
-                if isinstance(node, ast.ClassDef) and node.name == _TORCHVISION[name][0]:
-                    for statement in node.body:
-                        if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                                and getattr(statement.targets[0], "id", None) == "mirrors"):
-                            mirrors = ast.literal_eval(statement.value)
-                            if isinstance(mirrors, list) and mirrors and all(isinstance(m, str) for m in mirrors):
-                                return mirrors
-    except (ImportError, ValueError, OSError, SyntaxError, TypeError):
-        pass
-    return None
+        folder = next(iter(spec.submodule_search_locations or []), None) if spec else None
+        if folder is None:
+            return None
+        tree = ast.parse((Path(folder) / "datasets" / "mnist.py").read_text())
+        body = next(node.body for node in tree.body
+                    if isinstance(node, ast.ClassDef) and node.name == _TORCHVISION[name][0])
+        value = next(statement.value for statement in body if isinstance(statement, ast.Assign)
+                     and [getattr(target, "id", None) for target in statement.targets] == ["mirrors"])
+        mirrors = ast.literal_eval(value)
+    except (ImportError, ValueError, OSError, SyntaxError, TypeError, StopIteration):
+        return None
+    return mirrors if isinstance(mirrors, list) and mirrors and all(isinstance(m, str) for m in mirrors) else None
 
 
 def _names_torchvision(module: Any) -> bool:

@@ -131,9 +131,14 @@ class ItemSeeds:
 
     def maker(self, form: str) -> Callable[[str], Any]:
         """key -> seed in ``form`` (one of SEED_FORMS)."""
-        if form not in SEED_FORMS:
-            raise ValueError(f"seed_form must be one of {', '.join(SEED_FORMS)}, not {form!r}")
+        check_seed_form(form)
         return self.word32 if form == "int32" else self.sequence
+
+
+def check_seed_form(form: str) -> None:
+    """ValueError unless ``form`` is one of SEED_FORMS (``App.seed_form``)."""
+    if form not in SEED_FORMS:
+        raise ValueError(f"seed_form must be one of {', '.join(SEED_FORMS)}, not {form!r}")
 
 
 def _run_mixed(seed: int) -> tuple:

@@ -27,7 +27,7 @@ from common import settings, startup
 from common.app import App, RunInfo
 from common.devices import resolve_devices, visible_gpus
 from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, quoted
-from common.items import SEED_FORMS
+from common.items import check_seed_form
 from common.messages import Bye
 from common.observe.gpu_monitor import GpuMonitor
 from common.observe.gpu_usage import write_gpu_usage
@@ -97,9 +97,10 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
     try:
         args = build_parser(app_class, quiet=comm.rank != 0).parse_args(argv)
         app = app_class(args)
-        if getattr(app, "seed_form", SEED_FORMS[0]) not in SEED_FORMS:  # the app's own setting, before any worker
-            raise UsageError(f"{app_class.__name__}.seed_form must be one of {', '.join(SEED_FORMS)}, not "
-                             f"{app.seed_form!r}")
+        try:  # the app's own setting, refused before any worker starts
+            check_seed_form(app.seed_form)
+        except ValueError as error:
+            raise UsageError(f"{app_class.__name__}.{error}") from None
         # ranks of one node that see the same GPUs share them out
         devices, notice = resolve_devices(args.gpu, args.workers, gpus, peers.index(comm.rank), len(peers),
                                           args.workers_per_gpu)

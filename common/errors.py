@@ -1,4 +1,4 @@
-"""Errors the engine turns into exit codes, and how a path goes into a one-line message."""
+"""Errors the engine turns into exit codes, and how a path or a count goes into a one-line message."""
 
 
 class UsageError(Exception):
@@ -16,3 +16,8 @@ def quoted(path: object) -> str:
     """A path (or any user-given text) for a one-line message: quoted, newlines and other
     control characters escaped, so the message stays one line."""
     return repr(str(path))
+
+
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless it is one: "1 item", "2 items", "0 items"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

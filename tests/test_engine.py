@@ -444,3 +444,9 @@ def test_an_app_with_an_unknown_seed_form_is_refused_in_one_line_before_any_work
     proc = run([str(script), "4", "--results", str(results), "--no-progress"])
     assert_usage_error(proc, "BadSeeds.seed_form must be one of sequence, int32, not 'int64'")
     assert not results.exists()
+
+
+def test_the_start_line_counts_one_item_one_rank_and_one_worker_in_the_singular(tmp_path):
+    proc = run([TOY, "1", "--workers", "1", "--results", str(tmp_path / "r"), "--no-progress"])
+    assert proc.returncode == 0, proc.stderr
+    assert "toy: 1 item (0 already in the journal) on 1 rank, 1 worker: " in proc.stderr, proc.stderr

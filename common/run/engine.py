@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from common import settings, startup
 from common.app import App, RunInfo
 from common.devices import resolve_devices, visible_gpus
-from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, quoted
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, counted, quoted
 from common.items import check_seed_form
 from common.messages import Bye
 from common.observe.gpu_monitor import GpuMonitor
@@ -403,8 +403,8 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                           write_failures=failures)
         journal.add_event("start", time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
         reserve_space(results)  # room for the summary should the disk fill up
-        log.info("%s: %d items (%d already in the journal) on %d rank(s), %d worker(s): %s", app.name, len(items),
-                 len(resumed), comm.size, total_capacity,
+        log.info("%s: %s (%d already in the journal) on %s, %s: %s", app.name, counted(len(items), "item"),
+                 len(resumed), counted(comm.size, "rank"), counted(total_capacity, "worker"),
                  ", ".join(f"{e['host']}[{','.join(e['devices'])}]" for e in layout))
         progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
 

@@ -246,6 +246,8 @@ BAD_INPUTS = [
      ["--grid", "g.json"], ["importing 'exits'", "exited the program (SystemExit: 3)"]),
     ("positional:fit", {"g.json": {"x": [1]}, "positional.py": "def fit(params, /):\n    return {}\n"},
      ["--grid", "g.json"], ["positional-only"]),
+    ("sweep_functions:noisy", {"g.yaml": "x: [1]\n123: [2]\n"}, ["--grid", "g.yaml"],  # YAML's unquoted 123 is a number
+     ["parameter name 123 is not a string but int", "quote a name such as 123"]),
 ]
 
 

@@ -50,6 +50,9 @@ def load_file(path: Path, what: str) -> Any:
 
 
 def _check_name(name: Any, where: str) -> str:
+    if isinstance(name, (bool, int, float)) or name is None:  # YAML reads an unquoted 123, 1e-3, true or null so
+        raise UsageError(f"{where}: parameter name {name!r} is not a string but {type(name).__name__} (in YAML, quote "
+                         f"a name such as 123, 1e-3, true or null)")
     if not isinstance(name, str) or not name or any(c in name for c in ",=\n"):
         raise UsageError(f"{where}: parameter name {name!r} must be a non-empty string without ',', '=' or a newline")
     return name

@@ -419,8 +419,12 @@ def stratified_subsample(labels: np.ndarray, n: int, seed: int = 0) -> np.ndarra
 
     total = len(labels)
     n_classes = len(np.unique(labels))
-    if not n_classes <= n <= total:
-        raise UsageError(f"--subsample {n}: must be between {n_classes} (one per class) and {total}")
+    # each message names the one bound it breaks: a range here would disagree with the folds' own lower
+    # bound (check_data_flags), which this function does not know
+    if n > total:
+        raise UsageError(f"--subsample {n}: more than the {total} training images there are")
+    if n < n_classes:
+        raise UsageError(f"--subsample {n}: fewer than the {n_classes} classes (it keeps at least one image of each)")
     if n == total:
         return np.arange(total)
     chosen, _ = train_test_split(np.arange(total), train_size=n, stratify=labels, random_state=seed32(seed))

@@ -55,8 +55,11 @@ def test_subsample_is_stratified_seeded_and_leaves_test_alone():
     np.testing.assert_array_equal(a.x_test, full.x_test)
     expected = np.bincount(full.y_train) * 500 / len(full.y_train)
     assert np.all(np.abs(np.bincount(a.y_train) - expected) <= 1)
-    with pytest.raises(UsageError):
+    # each refusal names the bound it breaks, with no range that the folds' own bound would contradict
+    with pytest.raises(UsageError, match=r"^--subsample 5: fewer than the 10 classes \(it keeps at least one image of each\)$"):
         load_dataset("digits", subsample=5)
+    with pytest.raises(UsageError, match=rf"^--subsample 99999: more than the {len(full.y_train)} training images there are$"):
+        load_dataset("digits", subsample=99999)
 
 
 def test_resize_digits_to_mnist_shape():

@@ -159,6 +159,36 @@ def test_sigterm_then_resume_runs_only_the_rest(tmp_path, monkeypatch):
     assert len(counts) == 16 and all(n == 1 for n in counts.values()), counts
 
 
+def test_a_stopped_resume_says_the_files_beside_its_summary_are_an_earlier_runs(tmp_path, monkeypatch):
+    """results.csv of a complete run stays when a --resume with more points is stopped: summary.md
+    (and report.html) say whose it is, a second stopped run still does, and the run that ends writes
+    the files again and drops the note."""
+    grid = write(tmp_path / "grid.json", {"x": [1, 2]})
+    args = ["-m", "common.sweep", "sweep_functions:noisy", "--grid", str(grid), *ENGINE, "--workers", "1",
+            "--results", str(tmp_path / "r")]
+    first = run(args, cwd=TESTS)
+    assert first.returncode == 0, first.stderr
+    started = summary(tmp_path / "r")["started"]
+    write(grid, {"x": list(range(1, 9))})
+    monkeypatch.setenv("SWEEP_SLEEP", "0.5")
+    note = f"**The app's files in this folder are an earlier run's** (started {started}, 2 of 2 items)"
+    for _ in range(2):  # the second stop finds the note in the summary it replaces
+        journaled = sum(1 for e in journal_entries(tmp_path / "r") if e.get("type") == "result")
+        stopped = stop_run(start(args + ["--resume"], cwd=TESTS), tmp_path / "r", after=journaled + 1,
+                           sig=signal.SIGUSR1)
+        assert stopped.returncode == 75, stopped.stderr
+        assert note in (tmp_path / "r" / "summary.md").read_text()
+        assert summary(tmp_path / "r")["earlier_outputs"] == {"started": started, "items_done": 2, "items_total": 2}
+        assert "are an earlier run" in (tmp_path / "r" / "report.html").read_text()
+        assert len(rows(tmp_path / "r")) == 2
+    monkeypatch.setenv("SWEEP_SLEEP", "0")
+    finished = run(args + ["--resume"], cwd=TESTS)
+    assert finished.returncode == 0, finished.stderr
+    assert len(rows(tmp_path / "r")) == 8
+    assert "earlier run's" not in (tmp_path / "r" / "summary.md").read_text()
+    assert "earlier_outputs" not in summary(tmp_path / "r")
+
+
 def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path, monkeypatch):
     (tmp_path / "marks").mkdir()
     monkeypatch.setenv("SWEEP_MARKS", str(tmp_path / "marks"))

@@ -622,6 +622,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
         summary["resume_command"] = _resume_command(argv)
+    earlier = _earlier_outputs(files.summary_json) if run is None or outputs_error is not None else None
+    if earlier is not None:  # the app's files of an earlier run were left as they were
+        summary["earlier_outputs"] = earlier
     # a run that ran no item (stopped or failed before any) has no timeline to show
     summary["timeline_plot"] = png_name(TIMELINE_STEM) if (files.root / png_name(TIMELINE_STEM)).is_file() else None
     _written(failures, results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
@@ -693,6 +696,23 @@ def _written(failures: WriteFailures, results: Path, what: str, path: Path, writ
         return None
 
 
+def _earlier_outputs(summary_json: Path) -> Optional[Dict[str, Any]]:
+    """When and with how many items the app's files now in the folder were written, from the
+    summary this run replaces (a run that wrote none: the one it names in turn); None where no run
+    wrote any, or that summary cannot be read. A stopped run says so beside its summary: a user
+    reading results.csv there would otherwise take an earlier run's results for this one's."""
+    try:
+        earlier = json.loads(summary_json.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(earlier, dict):
+        return None
+    if earlier.get("status") in ("complete", "failed") and not earlier.get("outputs_error"):
+        return {key: earlier.get(key) for key in ("started", "items_done", "items_total")}
+    carried = earlier.get("earlier_outputs")
+    return carried if isinstance(carried, dict) else None
+
+
 def _journaled(path: Path, items: list) -> Optional[int]:
     """How many of ``items`` the journal on disk holds (what --resume will skip); None if unreadable."""
     try:
@@ -720,6 +740,11 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
                   f"{summary['stopped_because']}.", ""]
     if summary.get("resume_command"):
         lines += ["Stopped before the end. Finish with:", "", f"    {summary['resume_command']}", ""]
+    earlier = summary.get("earlier_outputs")
+    if earlier:
+        lines += [f"**The app's files in this folder are an earlier run's** (started {earlier['started']}, "
+                  f"{earlier['items_done']} of {earlier['items_total']} items): none of this run's results are in "
+                  f"them. Every result is in `{JOURNAL_NAME}`; finishing with `--resume` writes them all again.", ""]
     if summary.get("outputs_error"):
         lines += [f"**The app's outputs could not be written**: {summary['outputs_error']['error']}. Every result "
                   f"is in `{JOURNAL_NAME}`; the traceback is in `{LOGS_DIR}/` and summary.json. After a fix, "

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -121,12 +122,13 @@ def test_placeholders_in_the_users_arguments_and_spaces_around_time_stay_as_give
     assert "#SBATCH --time=02:00:00\n" in made.stdout and "--time 02:00:00 --" in made.stdout
 
 
-def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path):
-    """The script's own logic, with ``srun`` replaced by a recorder (apptainer cannot run here)."""
+def container_job(tmp_path: Path, bind: str):
+    """A 2-node GPU job script in a container binding ``bind``, and how to run it with ``srun``
+    replaced by a recorder of its arguments (apptainer cannot run here): (generator's result, run)."""
     image = tmp_path / "img.sif"
     image.write_bytes(b"")  # the generator checks that the image exists
     made = generate("--nodes", "2", "--gpus-per-node", "2", "--time", "01:00:00", "--container", str(image),
-                    "--bind", "/data:/data", "--", "mnist_nn", "1", "1")
+                    "--bind", bind, "--", "mnist_nn", "1", "1")
     assert made.returncode == 0, made.stderr
     script = tmp_path / "job.sbatch"
     script.write_text(made.stdout)
@@ -138,18 +140,47 @@ def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ARGV_FILE=str(tmp_path / "argv"),
                SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2",
                SLURM_CPUS_PER_TASK="8")
+    return made, lambda *script_args: subprocess.run(["bash", str(script), *script_args], env=env, capture_output=True,
+                                                     text=True, timeout=30)
+
+
+def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path):
+    """The script's own logic, with ``srun`` replaced by a recorder."""
+    (tmp_path / "data").mkdir()
+    bind = f"{tmp_path / 'data'}:/data"
+    made, job = container_job(tmp_path, bind)
+    assert made.stderr == ""
 
     def srun_argv(*script_args: str):
-        done = subprocess.run(["bash", str(script), *script_args], env=env, capture_output=True, text=True, timeout=30)
+        done = job(*script_args)
         assert done.returncode == 0, done.stdout + done.stderr
         return (tmp_path / "argv").read_text().splitlines()
 
     launch = ["--mpi=pmi2", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=8", "--gpus-per-node=2",
-              "--kill-on-bad-exit=0", "--no-kill", "apptainer", "exec", "--nv", "--bind", "/data:/data", str(image),
+              "--kill-on-bad-exit=0", "--no-kill", "apptainer", "exec", "--nv", "--bind", bind, str(tmp_path / "img.sif"),
               "python", "-m", "mnist_nn"]
     assert srun_argv() == launch + ["1", "1", "--gpu", "all", "--grace", "240", "--resume"]
     # Arguments after the script replace the defaults; flags they set are not added again.
     assert srun_argv("2", "2", "--gpu", "0", "--resume") == launch + ["2", "2", "--gpu", "0", "--resume", "--grace", "240"]
+
+
+def test_a_bind_source_missing_on_the_node_ends_the_job_in_one_line_before_srun(tmp_path):
+    """apptainer would refuse the mount on every rank and the step be started again three times: the
+    script checks each source first (several joined by commas too); the generator notes one it cannot
+    see (it may be on the compute nodes only) and still writes the script."""
+    (tmp_path / "data").mkdir()
+    missing = tmp_path / "scratch"
+    made, job = container_job(tmp_path, f"{tmp_path / 'data'}:/data,{missing}:/scratch:ro")
+    assert made.stderr.splitlines() == [f"python -m common.slurm: note: --bind {missing}: not found on this host; the "
+                                        f"job checks it again on its first node and ends with one line if it is "
+                                        f"missing there"]
+    done = job()
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert not (tmp_path / "argv").exists()  # srun never ran
+    assert done.stdout.splitlines()[-1].endswith(f"--bind {missing}: no such file or folder on "
+                                                 f"{socket.gethostname()}: the run was not started"), done.stdout
+    missing.mkdir()  # there now (a folder the compute nodes have): the job starts
+    assert job().returncode == 0 and (tmp_path / "argv").exists()
 
 
 # ----- the project's CPU scripts on a real Slurm -----

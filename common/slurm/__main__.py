@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         check_program(spec.command, cpu_job=spec.cpu)
         check_container(spec.container)
         script = render(spec)
+        for source in spec.bind_sources if spec.container else []:
+            if not os.path.exists(source):  # a typo, or a folder only the compute nodes have: the job checks again
+                print(f"python -m common.slurm: note: --bind {source}: not found on this host; the job checks it again "
+                      f"on its first node and ends with one line if it is missing there", file=sys.stderr)
         if not args.submit:
             sys.stdout.write(script)
             return 0

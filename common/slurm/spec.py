@@ -132,6 +132,11 @@ class JobSpec:
 
     # ----- derived values -----
     @property
+    def bind_sources(self) -> List[str]:
+        """The host paths of the --bind values (apptainer's ``SRC[:DST[:OPTS]]``, several joined by commas)."""
+        return [spec.split(":", 1)[0] for bind in self.binds for spec in bind.split(",") if spec.split(":", 1)[0]]
+
+    @property
     def name(self) -> str:
         return self.job_name or program_of(self.command)[1]
 

@@ -55,7 +55,7 @@ trap 'forward TERM' TERM
 
 restarts=${SLURM_RESTART_COUNT:-0}
 log "start $((restarts + 1)) on ${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST:-}"
-LAUNCH=({{launch}})
+{{checks}}LAUNCH=({{launch}})
 # A step that ends abnormally (a rank killed: the others finish without it, then MPI_Abort ends the
 # step, the one way out with a rank missing; or an MPI that crashes the ranks still talking to it)
 # is started again with --resume on the job's nodes that are still up, up to {{step_restarts}} times.
@@ -153,6 +153,21 @@ def _srun_options(spec: JobSpec, relaunch: bool = False) -> str:
     return " ".join(options)
 
 
+def _checks(spec: JobSpec) -> str:
+    """Shell lines that end the job with exit 2 before anything starts where what the step needs
+    is missing on the node: a --bind source (apptainer would refuse its mount on every rank, and the
+    step would be started again in vain)."""
+    if not spec.container or not spec.bind_sources:
+        return ""
+    return (f"# every --bind source, on this node (apptainer refuses a missing one on every rank)\n"
+            f"for source in {_words(spec.bind_sources)}; do\n"
+            f"    if [ ! -e \"$source\" ]; then\n"
+            f"        log \"--bind $source: no such file or folder on $(hostname): the run was not started\"\n"
+            f"        exit 2\n"
+            f"    fi\n"
+            f"done\n")
+
+
 def _launch(spec: JobSpec, relaunch: bool = False) -> str:
     """srun, and the container wrapper (hybrid model: srun outside, the program and its MPI inside)."""
     launch = "srun " + _srun_options(spec, relaunch)
@@ -183,6 +198,7 @@ def render(spec: JobSpec) -> str:
         "warning": str(spec.warning),
         "exit_stopped": str(EXIT_STOPPED),
         "max_requeues": str(spec.max_requeues),
+        "checks": _checks(spec),
         "launch": _launch(spec),
         "relaunch": _launch(spec, relaunch=True),
         "step_restarts": str(STEP_RESTARTS),

@@ -205,7 +205,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     if state not in FINAL_STATES and not lost:
         lines += _workers(status, now)
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
-        else _gpus(status)
+        else _gpus(status, age if lost else None)
     lines += _failures(status.get("failures") or [{"key": k, "error": e} for k, e in journal.failed.items()], failed)
     if state in FINAL_STATES and ResultsLayout(results).report.exists():
         lines.append(f"report   {ResultsLayout(results).report}")
@@ -254,11 +254,15 @@ def _workers(status: dict, now: float) -> List[str]:
     return lines
 
 
-def _gpus(status: dict) -> List[str]:
+def _gpus(status: dict, stale_for: Optional[float] = None) -> List[str]:
+    """The GPUs' last sample; ``stale_for``: seconds since it was taken, where the job is gone (so
+    that no one reads a dead job's last figures as what its GPUs do now)."""
     gpus = status.get("gpus") or []
     if not gpus:
         return []
-    lines = ["GPUs     last sample (mean of the last minute)"]
+    lines = ["GPUs     last sample (mean of the last minute)" if stale_for is None else
+             f"GPUs     last sample, taken {format_seconds(stale_for)} ago, before the job went silent "
+             f"(mean of the minute before it)"]
     for g in gpus:
         memory = _number(g.get("memory_mib"), digits=0)
         if g.get("memory_total_mib"):

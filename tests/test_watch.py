@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from common.status import STALE_INTERVALS, STALE_MARGIN_SECONDS
+from common.status import STALE_INTERVALS, STALE_MARGIN_SECONDS, JournalCounts, describe
 from helpers import REPO, TOY, kill_frozen, rank_pids, run, start, wait_for_results, wait_until
 
 FAKE_NVML = str(REPO / "tests" / "fake_nvml")
@@ -236,3 +236,21 @@ def test_a_rank_that_falls_silent_is_shown_silent_then_lost(tmp_path, quick_stat
             job.wait()
     final = status(results).stdout
     assert final.startswith("toy: complete") and "40 of 40 done" in final and "LOST" in final, final
+
+
+def test_a_gone_jobs_last_gpu_sample_says_how_old_it_is(tmp_path):
+    """A killed job's status file still holds its GPUs' last sample: shown as taken before the job
+    went silent, with its age, never as what the GPUs do now."""
+    now = 1_000_000.0
+    sample = {"rank": 0, "gpu": "gpu0", "host": "node1", "util_percent": 97.0, "util_recent_percent": 95.0,
+              "memory_mib": 30000.0, "memory_total_mib": 40960.0, "memory_recent_mib": 29000.0,
+              "temperature_c": 70.0, "power_w": 300.0}
+    state = {"app": "toy", "state": "running", "every": 1.0, "updated": now - 600.0, "started": now - 900.0,
+             "items_total": 10, "items_done": 4, "gpus": [sample]}
+    journal = JournalCounts(tmp_path / "journal.jsonl")
+    gone = describe(tmp_path, state, journal, now)
+    assert gone.startswith("toy: GONE?"), gone
+    assert "GPUs     last sample, taken 10m00s ago, before the job went silent (mean of the minute before it)" in gone
+    assert "util 97% (95%)" in gone  # the figures themselves are kept: where the job was when it went
+    running = describe(tmp_path, dict(state, updated=now - 0.5), journal, now)
+    assert "GPUs     last sample (mean of the last minute)" in running and "silent" not in running, running

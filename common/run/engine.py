@@ -658,8 +658,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         for line in app.headline(run, summary):
             print(line)
         sys.stdout.flush()
-    print(f"{app.name}: {summary['status']}: {len(records)} of {len(items)} items in {summary['wall_seconds']:.1f} s; "
-          f"results in {results}/ (summary.md)", file=sys.stderr)
+    counts = f"{len(records)} of {len(items)} items" + (f" done, {len(failed)} failed," if failed else "")
+    print(f"{app.name}: {summary['status']}: {counts} in {summary['wall_seconds']:.1f} s; results in {results}/ "
+          f"(summary.md)", file=sys.stderr)
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
 
 

@@ -65,6 +65,7 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--time", "01:00:00"], "no command"),
     (["--gpus-per-node", "1", "--"], "no command"),
     (["--gpus-per-node", "0", "--", "mnist_svm", "4"], "--gpus-per-node 0"),
+    (["--", "mnist_svm", "4"], "a GPU job needs --gpus-per-node N (the GPUs each node gives the run), or --cpu"),
     (["--cpu", "--gpus-per-node", "2", "--", "mnist_svm", "4"], "--cpu"),
     (["--gpus-per-node", "1", "--mpi", "none", "--", "mnist_svm", "4"], "--mpi"),
     (["--gpus-per-node", "1", "--", "mnist-svm;rm", "4"], "module"),

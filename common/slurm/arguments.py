@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
                      description="Print a walltime-safe Slurm batch script for a multinode-gpu program "
                                  "(everything after '--' is the program and its arguments).")
     parser.add_argument("--nodes", type=int, default=1, help="nodes, one MPI rank each (default 1)")
-    parser.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node; the rank uses them all")
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="GPUs per node; the rank uses them all (a GPU job needs it; or --cpu)")
     parser.add_argument("--time", default="01:00:00", help="walltime HH:MM:SS or D-HH:MM:SS (default 01:00:00)")
     parser.add_argument("--partition", help="Slurm partition")
     parser.add_argument("--account", help="Slurm account to charge")

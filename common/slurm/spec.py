@@ -60,7 +60,7 @@ class JobSpec:
 
     command: List[str]
     nodes: int = 1
-    gpus_per_node: int = 0
+    gpus_per_node: Optional[int] = None  # None: not given (a CPU job's, or a GPU job's mistake)
     time: str = "01:00:00"
     cpu: bool = False
     ntasks_per_node: int = 1
@@ -100,6 +100,9 @@ class JobSpec:
             raise UsageError(f"--ntasks-per-node {self.ntasks_per_node}: needs at least one task per node")
         if self.cpu and self.gpus_per_node:
             raise UsageError("--cpu with --gpus-per-node: a CPU job asks for no GPUs (drop one of them)")
+        if not self.cpu and self.gpus_per_node is None:
+            raise UsageError("a GPU job needs --gpus-per-node N (the GPUs each node gives the run), or --cpu for a "
+                             "CPU job")
         if not self.cpu and self.gpus_per_node < 1:
             raise UsageError(f"--gpus-per-node {self.gpus_per_node}: a GPU job needs at least one GPU per node (or use --cpu)")
         if not self.cpu and self.ntasks_per_node > 1:

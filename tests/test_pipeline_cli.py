@@ -168,6 +168,15 @@ def test_resume_from_a_step_skips_earlier_steps_and_sees_their_shared_files(tmp_
     prepared = (results / "exp" / "shared" / "prepared.txt").read_text()
     prepare_status = step_status(results, "exp", "prepare")
 
+    # from train again, failing again: the summary marks prepare, which it kept, as the earlier run's
+    again = pipeline_cli(definition, results, "--resume", "exp/train", "--retries", "0")
+    assert again.returncode == 1, again.stderr
+    failed = summary(results)["pipelines"]["exp"]
+    assert failed["status"] == "failed" and failed["steps"]["prepare"]["previous_run"] is True, failed
+    assert "previous_run" not in failed["steps"]["train"], failed
+    row = next(line for line in (results / "summary.md").read_text().splitlines() if line.startswith("| exp |"))
+    assert row.split(" | ")[2].endswith("(earlier run)") and "(earlier run)" not in row.split(" | ")[3], row
+
     flag.touch()
     second = pipeline_cli(definition, results, "--resume", "exp/train")
     assert second.returncode == 0, second.stderr

@@ -288,6 +288,10 @@ class PipelineApp(App):
                 error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
                 error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]
                 steps = statuses_on_disk(layout, pipeline)
+                start = item.params.get("start")
+                for kept in pipeline.steps[:pipeline.index(start)] if start is not None else []:  # a resume from start
+                    if kept.id in steps:
+                        steps[kept.id] = dict(steps[kept.id], previous_run=True)
                 progress = read_progress(layout) or {}
                 running = progress.get("resume_at") if progress.get("state") == "running" else None
                 if isinstance(running, str) and running not in steps:  # killed with its worker (--item-timeout)

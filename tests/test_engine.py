@@ -47,6 +47,10 @@ def test_one_by_one_and_two_ranks_by_two_workers_give_identical_results(tmp_path
     for name in ("summary.md", "timeline.png", "timeline.svg", "logs/rank0-cpu0.log", "logs/rank1-cpu1.log"):
         assert (tmp_path / "many" / name).exists(), name
     assert (tmp_path / "many" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # two ranks on one host, each with a cpu0 and a cpu1: told apart by their ranks
+    placement = ", ".join(f"rank {r} on {layout[r]['host']} [cpu0, cpu1]" for r in (0, 1))
+    assert f"- ranks: 2; workers: {placement}\n" in (tmp_path / "many" / "summary.md").read_text()
+    assert f"toy: 30 items (0 already in the journal) on 2 ranks, 4 workers: {placement}" in many.stderr, many.stderr
 
 
 def test_gpu_workers_are_pinned_one_gpu_each_in_pci_order(tmp_path, monkeypatch):
@@ -449,4 +453,6 @@ def test_an_app_with_an_unknown_seed_form_is_refused_in_one_line_before_any_work
 def test_the_start_line_counts_one_item_one_rank_and_one_worker_in_the_singular(tmp_path):
     proc = run([TOY, "1", "--workers", "1", "--results", str(tmp_path / "r"), "--no-progress"])
     assert proc.returncode == 0, proc.stderr
-    assert "toy: 1 item (0 already in the journal) on 1 rank, 1 worker: " in proc.stderr, proc.stderr
+    assert "toy: 1 item (0 already in the journal) on 1 rank, 1 worker: rank 0 on " in proc.stderr, proc.stderr
+    cards = (tmp_path / "r" / "report.html").read_text()
+    assert '<b class="">1</b><span>rank</span>' in cards and '<b class="">1</b><span>worker</span>' in cards, cards

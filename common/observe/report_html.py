@@ -109,13 +109,15 @@ def _tracebacks(results: Path) -> List[Dict[str, Any]]:
 
 def _cards(summary: Mapping[str, Any]) -> str:
     failed = len(summary.get("failed_items") or [])
+    ranks = summary.get("ranks", "?")
+    workers = sum(len(w.get("devices", [])) for w in summary.get("workers") or [])
     cards = [("state", summary.get("status", "?"), "status"),
              ("", f"{summary.get('items_done', 0)} of {summary.get('items_total', 0)}", "items done"),
              ("", str(failed), "failed"),
              ("", str(summary.get("items_resumed", 0)), "from an earlier run"),
              ("", f"{float(summary.get('wall_seconds') or 0):.1f} s", "wall time"),
-             ("", str(summary.get("ranks", "?")), "ranks"),
-             ("", str(sum(len(w.get("devices", [])) for w in summary.get("workers") or [])), "workers")]
+             ("", str(ranks), "rank" if ranks == 1 else "ranks"),
+             ("", str(workers), "worker" if workers == 1 else "workers")]
     items = "".join(f'<li><b class="{cls}">{html.escape(str(value))}</b><span>{html.escape(label)}</span></li>'
                     for cls, value, label in cards)
     return f'<ul class="cards" id="counts">{items}</ul>'

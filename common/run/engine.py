@@ -404,8 +404,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
         journal.add_event("start", time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
         reserve_space(results)  # room for the summary should the disk fill up
         log.info("%s: %s (%d already in the journal) on %s, %s: %s", app.name, counted(len(items), "item"),
-                 len(resumed), counted(comm.size, "rank"), counted(total_capacity, "worker"),
-                 ", ".join(f"{e['host']}[{','.join(e['devices'])}]" for e in layout))
+                 len(resumed), counted(comm.size, "rank"), counted(total_capacity, "worker"), _placement(layout))
         progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
 
     settings = PoolSettings(rank=comm.rank, host=host, logs_dir=files.logs, seed=args.seed, threads=threads,
@@ -724,13 +723,17 @@ def _journaled(path: Path, items: list) -> Optional[int]:
     return sum(1 for key in records if key in keys)
 
 
+def _placement(layout: List[Dict[str, Any]]) -> str:
+    """Each rank's host and devices, named by its rank: two ranks on one host both have a cpu0."""
+    return ", ".join(f"rank {entry['rank']} on {entry['host']} [{', '.join(entry['devices'])}]" for entry in layout)
+
+
 def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
     lines = [f"# {app.name}: {summary['status']}", "",
              f"- command: `{summary['command']}`",
              f"- items: {summary['items_done']} of {summary['items_total']} done "
              f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",
-             f"- ranks: {summary['ranks']}; workers: "
-             + ", ".join(f"{w['host']} [{', '.join(w['devices'])}]" for w in summary["workers"]),
+             f"- ranks: {summary['ranks']}; workers: {_placement(summary['workers'])}",
              f"- wall time: {summary['wall_seconds']:.1f} s; item time: {summary['item_seconds_total']:.1f} s",
              ""]
     for lost in summary.get("lost_ranks", []):

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import signal
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -177,6 +178,8 @@ def test_a_stopped_resume_says_the_files_beside_its_summary_are_an_earlier_runs(
         stopped = stop_run(start(args + ["--resume"], cwd=TESTS), tmp_path / "r", after=journaled + 1,
                            sig=signal.SIGUSR1)
         assert stopped.returncode == 75, stopped.stderr
+        host = socket.gethostname().split(".")[0]  # the stop's line begins as every line of rank 0 does
+        assert f"[rank 0 {host}] received SIGUSR1: handing out no more items" in stopped.stderr, stopped.stderr
         assert note in (tmp_path / "r" / "summary.md").read_text()
         assert summary(tmp_path / "r")["earlier_outputs"] == {"started": started, "items_done": 2, "items_total": 2}
         assert "are an earlier run" in (tmp_path / "r" / "report.html").read_text()

@@ -106,10 +106,14 @@ class FileLog(logging.FileHandler):
         self._fall_back(record)
 
 
+def rank_tag(rank: int) -> str:
+    """What starts each line a rank writes on stderr, its log's and its progress messages alike."""
+    return f"[rank {rank} {socket.gethostname().split('.')[0]}]"
+
+
 def setup_logging(rank: int, level: int = logging.INFO) -> None:
-    host = socket.gethostname().split(".")[0]
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"[rank {rank} {host}] %(message)s"))
+    handler.setFormatter(logging.Formatter(f"{rank_tag(rank)} %(message)s"))
     log.handlers[:] = [handler]
     log.setLevel(level)
     log.propagate = False

@@ -38,6 +38,7 @@ from common.messages import (
     Stop,
     StopRequest,
 )
+from common.observe.logs import rank_tag
 from common.observe.progress import Progress
 from common.ranks.liveness import FollowerWatch, PeerWatch
 from common.ranks.scheduler import Scheduler
@@ -129,6 +130,7 @@ class Leader:
         self.code = EXIT_OK
         self.status = status
         self.on_idle = on_idle
+        self.tag = rank_tag(0)  # its messages begin as its log lines do
 
     @property
     def lost(self) -> Dict[int, Dict[str, Any]]:
@@ -237,7 +239,7 @@ class Leader:
             self._pool_reply(who, PoolAnswer("granted", who.request))
         host = self.liveness.note_lost(rank, why, len(keys))
         self.journal.add_event("rank_lost", rank=rank, host=host, why=why, items=keys, time=self.clock.time())
-        self.progress.write(f"[rank 0] lost rank {rank} on {host} ({why}); "
+        self.progress.write(f"{self.tag} lost rank {rank} on {host} ({why}); "
                             f"{len(keys)} of its item(s) go to the other ranks")
         log.error("lost rank %d on %s (%s); %d item(s) handed to the others", rank, host, why, len(keys))
 
@@ -246,7 +248,7 @@ class Leader:
         self.stopping = why
         self.deadline = self.clock.monotonic() + self.grace
         running = len(self.scheduler.in_flight)
-        self.progress.write(f"[rank 0] {why}: handing out no more items; waiting up to {self.grace:g} s "
+        self.progress.write(f"{self.tag} {why}: handing out no more items; waiting up to {self.grace:g} s "
                             f"for {running} running item(s)")
         self.journal.add_event("stop", why=why, time=self.clock.time())
         self.pool.revoke_queued()
@@ -323,7 +325,7 @@ class Leader:
         retried = self.scheduler.attempt_failed(key, error, worker)
         if retried:
             last_line = error.splitlines()[-1] if error else "failed"
-            self.progress.write(f"[rank 0] item {key} failed on {worker} (attempt {record.attempt}): {last_line}; retrying")
+            self.progress.write(f"{self.tag} item {key} failed on {worker} (attempt {record.attempt}): {last_line}; retrying")
         self.report_failures()
 
     def report_failures(self) -> None:
@@ -331,7 +333,7 @@ class Leader:
         for key in self.scheduler.pop_new_failures():
             error = self.scheduler.failed[key]
             self.journal.add_event("failed", key=key, error=error)
-            self.progress.write(f"[rank 0] item {key} failed for good: {error.splitlines()[-1] if error else ''}")
+            self.progress.write(f"{self.tag} item {key} failed for good: {error.splitlines()[-1] if error else ''}")
             self.progress.advance(failed=True)
 
     def _local_events(self, events: List[Event]) -> None:

@@ -101,11 +101,13 @@ def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quic
     assert "item-0003: RuntimeError: item item-0003 always fails" in final
     assert f"report   {results / 'report.html'}" in final
 
-    # progress in a pipe: plain lines, each with done/total, rate and ETA, and never a carriage return
+    # progress in a pipe: plain lines, each with done/total, rate and ETA (but the last: the run is over),
+    # and never a carriage return
     assert "\r" not in err
-    lines = re.findall(r"^toy: (\d+)/16 items done \(\d+%\)(, 1 failed)?, \S+ items/s, ETA \S+, elapsed \S+$", err, re.M)
+    lines = re.findall(r"^toy: (\d+)/16 items done \(\d+%\)(, 1 failed)?, \S+ items/s, (ETA \S+, )?elapsed \S+$", err,
+                       re.M)
     assert len(lines) >= 3, err
-    assert lines[-1] == ("15", ", 1 failed")
+    assert lines[-1] == ("15", ", 1 failed", "") and all(line[2] for line in lines[:-1]), lines
 
     # GPU use over the run: every GPU of both ranks, sampled over time, in the CSV, the figure and the summary
     rows = list(csv.DictReader((results / "gpu_usage.csv").open()))
@@ -132,12 +134,15 @@ def test_a_stopped_job_says_how_to_finish_it(tmp_path, quick_status):
     try:
         wait_for_results(results, 4)
         os.kill(rank_pids(results)[0], signal.SIGTERM)
-        job.communicate(timeout=60)
+        _, err = job.communicate(timeout=60)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     assert job.returncode == 75
+    assert re.search(r"received SIGTERM: handing out no more items; waiting up to 5 s for \d+ running items?\n", err), err
+    last = [line for line in err.splitlines() if line.startswith("toy: ") and " items done " in line][-1]
+    assert "ETA" not in last and " elapsed " in last, err  # a stopped run's last progress line gives no ETA
     text = status(results).stdout
     assert text.startswith("toy: stopped"), text
     assert re.search(r"items +\d+ of 40 done", text) and "resume   python" in text and "--resume" in text, text

@@ -57,9 +57,10 @@ class Progress:
             self._lines = threading.Thread(target=self._print_lines, name="progress", daemon=True)
             self._lines.start()
 
-    def line(self) -> str:
+    def line(self, final: bool = False) -> str:
         """``toy: 11/40 items done (28%), 1 failed, 2.4 items/s, ETA 12s, elapsed 5s`` (a failed item
-        counts towards the rate and the ETA, not towards done)."""
+        counts towards the rate and the ETA, not towards done); ``final``: the run's last, with no
+        ETA (a stopped run would otherwise end on one)."""
         elapsed = time.monotonic() - self.started
         this_run = self.done - self.resumed
         rate = this_run / elapsed if elapsed > 0 else 0.0
@@ -68,8 +69,9 @@ class Progress:
         done = self.done - self.failed
         share = 100.0 * done / self.total if self.total else 100.0
         failed = f", {self.failed} failed" if self.failed else ""
+        remaining = "" if final else f"ETA {format_seconds(eta)}, "
         return (f"{self.label}: {done}/{self.total} items done ({share:.0f}%){failed}, {rate:.3g} items/s, "
-                f"ETA {format_seconds(eta)}, elapsed {format_seconds(elapsed)}")
+                f"{remaining}elapsed {format_seconds(elapsed)}")
 
     def _print_lines(self) -> None:
         while not self._closed.wait(self.every):
@@ -106,4 +108,4 @@ class Progress:
         if self._lines is not None and not self._closed.is_set():
             self._closed.set()
             self._lines.join()
-            self._print(self.line())
+            self._print(self.line(final=True))

@@ -17,7 +17,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from common.app import Record
 from common.clock import SYSTEM_CLOCK, Clock
-from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, counted
 from common.messages import (
     Broken,
     Dropped,
@@ -248,8 +248,8 @@ class Leader:
         self.stopping = why
         self.deadline = self.clock.monotonic() + self.grace
         running = len(self.scheduler.in_flight)
-        self.progress.write(f"{self.tag} {why}: handing out no more items; waiting up to {self.grace:g} s "
-                            f"for {running} running item(s)")
+        waiting = f"waiting up to {self.grace:g} s for {counted(running, 'running item')}" if running else "none is running"
+        self.progress.write(f"{self.tag} {why}: handing out no more items; {waiting}")
         self.journal.add_event("stop", why=why, time=self.clock.time())
         self.pool.revoke_queued()
         self._broadcast(Stop())

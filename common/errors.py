@@ -1,4 +1,4 @@
-"""Errors the engine turns into exit codes, and how a path or a count goes into a one-line message."""
+"""Errors the engine turns into exit codes, and how a path, a count or a value's type goes into a one-line message."""
 
 
 class UsageError(Exception):
@@ -21,3 +21,18 @@ def quoted(path: object) -> str:
 def counted(count: int, noun: str) -> str:
     """``count`` and ``noun``, plural unless it is one: "1 item", "2 items", "0 items"."""
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+#: a value's type as a JSON or YAML file's reader calls it, with its article
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", tuple: "a list",
+          dict: "an object", type(None): "null"}
+
+
+def kind_of(value: object) -> str:
+    """"an integer", "a string", "an object", ... for "must be X, got Y" messages about what a user
+    wrote (a JSON or YAML file, a call's argument); Python's own name, with its article, otherwise."""
+    name = _KINDS.get(type(value))
+    if name is not None:
+        return name
+    python = type(value).__name__
+    return f"{'an' if python[:1].lower() in 'aeiou' else 'a'} {python}"

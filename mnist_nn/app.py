@@ -370,11 +370,16 @@ def warn_big_nets(candidates: Sequence[Candidate]) -> None:
     if big:
         top = max(big, key=lambda c: c.n_weights)
         rank_log = logging.getLogger("multinode_gpu")
-        rank_log.warning("%d of the %d candidates have over %dM weights, the biggest %.0fM (%s: about %.1f GiB to "
-                         "train); on a CPU each of their fits takes minutes to hours. --max-macs N draws only nets "
-                         "of at most N multiply-adds an image (not the reference's search; e.g. --max-macs 1e6)", len(big),
-                         len(candidates), CPU_WARN_WEIGHTS // 10 ** 6, top.n_weights / 1e6, top.describe(),
-                         top.n_weights * TRAIN_BYTES_PER_WEIGHT / 2 ** 30)
+        if len(big) == 1:
+            which = "the one candidate has" if len(candidates) == 1 else f"1 of the {len(candidates)} candidates has"
+            size = f"{top.n_weights / 1e6:.0f}M weights"
+        else:
+            which = f"{len(big)} of the {len(candidates)} candidates have"
+            size = f"over {CPU_WARN_WEIGHTS // 10 ** 6}M weights, the biggest {top.n_weights / 1e6:.0f}M"
+        rank_log.warning("%s %s (%s: about %.1f GiB to train); on a CPU each of %s fits takes minutes to hours. "
+                         "--max-macs N draws only nets of at most N multiply-adds an image (not the reference's "
+                         "search; e.g. --max-macs 1e6)", which, size, top.describe(),
+                         top.n_weights * TRAIN_BYTES_PER_WEIGHT / 2 ** 30, "its" if len(big) == 1 else "their")
 
 
 def finite_or_none(value: float) -> Optional[float]:

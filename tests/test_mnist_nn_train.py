@@ -193,3 +193,20 @@ def test_the_reference_normalisation_is_x_over_255_minus_half():
     assert torch.equal(to_model_input(images, 0.5, 1.0), data.x_train)
     own = to_device(tiny, "cpu", "data")  # --normalise data: the training pixels' own mean and std
     assert own.mean == pytest.approx(0.5) and own.std == pytest.approx(0.5)
+
+
+def test_the_big_nets_warning_counts_one_net_in_the_singular(caplog):
+    from mnist_nn.app import warn_big_nets
+
+    big, small = Candidate(950, 7, 596, 0.01, 0.5), Candidate(8, 5, 64, 0.01, 0.5)
+    for candidates, start in (([big], "the one candidate has 274M weights (950 conv 7x7, 596 hidden"),
+                              ([small, big], "1 of the 2 candidates has 274M weights ("),
+                              ([big, small, big], "2 of the 3 candidates have over 100M weights, the biggest 274M (")):
+        caplog.clear()
+        warn_big_nets(candidates)
+        (message,) = [record.getMessage() for record in caplog.records]
+        assert message.startswith(start), message
+        assert ("each of its fits" in message) == (candidates.count(big) == 1), message
+    caplog.clear()
+    warn_big_nets([small])
+    assert not caplog.records

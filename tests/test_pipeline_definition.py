@@ -53,7 +53,8 @@ BAD = {
     # x is skipped on every lap (the step before it succeeded), so its max_retries bounds nothing.
     "a loop bounded only by a step with a condition": (
         pipeline(step("w"), step("x", condition="prev.error", max_retries=0), step("y", next="w")),
-        ["loop that can run forever: w -> x -> y -> w", "without a condition"]),
+        ["loop that can run forever: w -> x -> y -> w; bound it with max_retries on one of its steps that has no "
+         "condition (a step with a condition can be skipped on every lap)"]),
     "a timeout too large for a float": (pipeline(step("a", timeout=10 ** 400)),
                                         ["timeout must be a positive number of seconds up to 31536000", "(401 characters)"]),
     "an infinite deadline": (pipeline(step("a"), deadline_seconds=float("inf")), ["deadline_seconds must be a positive number of seconds up to", "got inf"]),

@@ -362,7 +362,8 @@ def _pipeline(data: Any, base: Path, where: _Where, matrix: Dict[str, str],
     cycle = unbounded_cycle(pipeline)
     if cycle:
         raise where.error(f"loop that can run forever: {' -> '.join(cycle + cycle[:1])}; "
-                          "give one of its steps without a condition max_retries to bound it")
+                          "bound it with max_retries on one of its steps that has no condition (a step with a "
+                          "condition can be skipped on every lap)")
     return pipeline
 
 

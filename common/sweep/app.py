@@ -25,7 +25,7 @@ from common.results.outputs import to_jsonable
 from common.run.cli import at_least
 
 from ..app import App, RunInfo
-from ..errors import UsageError, quoted
+from ..errors import UsageError, kind_of, quoted
 from ..items import Item
 from . import report
 from .space import check_unique, grid_space, list_points, load_file, point_key, sample_points
@@ -240,9 +240,9 @@ class SweepApp(App):
             kind = "samples" if preset.space is not None else ("grid" if preset.grid is not None else "points")
             value = {"grid": preset.grid, "points": preset.points, "samples": preset.space}[kind]
         if not callable(function):
-            raise UsageError(f"the sweep function must be a function, got a {type(function).__name__}")
+            raise UsageError(f"the sweep function must be a function, got {kind_of(function)}")
         if setup is not None and not callable(setup):
-            raise UsageError(f"setup must be a function, got a {type(setup).__name__}")
+            raise UsageError(f"setup must be a function, got {kind_of(setup)}")
         wants = _wanted(function)
         _picklable(function, "the function")
         if setup is not None:

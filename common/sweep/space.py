@@ -19,7 +19,7 @@ import numpy as np
 
 from common.results.outputs import to_jsonable
 
-from ..errors import UsageError, quoted
+from ..errors import UsageError, kind_of, quoted
 
 #: the distributions a --space may name, each with what its two bounds must be
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
@@ -82,14 +82,14 @@ def grid_space(grid: Any) -> Tuple[List[Dict[str, Any]], List[str]]:
     """:func:`grid_points` and each point's :func:`point_key`, made from each value's text once
     (the texts the check for a value listed twice makes) rather than once per point."""
     if not isinstance(grid, Mapping):
-        raise UsageError(f"the grid must be an object of parameter -> list of values, got a {type(grid).__name__}")
+        raise UsageError(f"the grid must be an object of parameter -> list of values, got {kind_of(grid)}")
     if not grid:
         raise UsageError("the grid is empty: give at least one parameter with a list of values")
     axes = []
     for name, values in grid.items():
         _check_name(name, "the grid")
         if not isinstance(values, (list, tuple)):
-            raise UsageError(f"the grid's {name!r} must be a list of values, got a {type(values).__name__} "
+            raise UsageError(f"the grid's {name!r} must be a list of values, got {kind_of(values)} "
                              f"({values!r}); write [{json.dumps(to_jsonable(values), default=str)}] for one value")
         if not values:
             raise UsageError(f"the grid's {name!r} is an empty list: the grid would have no point")
@@ -114,7 +114,7 @@ def grid_space(grid: Any) -> Tuple[List[Dict[str, Any]], List[str]]:
 def list_points(points: Any) -> List[Dict[str, Any]]:
     """An explicit list of points (dicts), each checked."""
     if not isinstance(points, (list, tuple)):
-        raise UsageError(f"the points must be a list of objects (parameter -> value), got a {type(points).__name__}")
+        raise UsageError(f"the points must be a list of objects (parameter -> value), got {kind_of(points)}")
     if not points:
         raise UsageError("the list of points is empty")
     result = []
@@ -145,7 +145,7 @@ def check_space(space: Any) -> Dict[str, tuple]:
     """A random-search space: parameter -> ``{"uniform"|"loguniform"|"int": [low, high]}`` or
     ``{"choice": [values]}``; returns parameter -> (distribution, arguments)."""
     if not isinstance(space, Mapping):
-        raise UsageError(f"the space must be an object of parameter -> distribution, got a {type(space).__name__}")
+        raise UsageError(f"the space must be an object of parameter -> distribution, got {kind_of(space)}")
     if not space:
         raise UsageError("the space is empty: give at least one parameter with a distribution")
     checked = {}

@@ -116,6 +116,29 @@ def test_programs_that_pass_their_own_checks_get_a_script():
         assert made.returncode == 0 and made.stdout.startswith("#!/bin/bash"), made.stderr
 
 
+def test_a_sweep_from_the_shell_is_checked_before_the_queue(tmp_path):
+    """common.sweep is a shipped app: its flags, that its module can be found from the submit folder
+    (found, not imported: the job imports it), and that its space's file reads and makes points."""
+    (tmp_path / "my_sweep.py").write_text("raise SystemExit('imported on the login node')\ndef fit(params):\n    return {}\n")
+    (tmp_path / "grid.json").write_text(json.dumps({"x": [1, 2]}))
+    (tmp_path / "bad.json").write_text(json.dumps({"x": 3}))
+
+    def generated(*program: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*GENERATOR, "--gpus-per-node", "1", "--", "common.sweep", *program], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+
+    good = generated("my_sweep:fit", "--grid", "grid.json", "--minimise", "loss")
+    assert good.returncode == 0 and good.stdout.startswith("#!/bin/bash"), good.stderr
+    for program, message in ((["my_swep:fit", "--grid", "grid.json"], "common.sweep: cannot find module 'my_swep' from "),
+                             (["my_sweep:fit", "--grid", "grid.jsn"], "common.sweep: --grid 'grid.jsn': cannot read it"),
+                             (["my_sweep:fit", "--grid", "bad.json"], "the grid's 'x' must be a list of values, got an integer"),
+                             (["my_sweep", "--grid", "grid.json"], "must look like module:function"),
+                             (["my_sweep:fit"], "say what to sweep: --grid FILE, --points FILE or --space FILE")):
+        refused = generated(*program)
+        assert refused.returncode == 2 and refused.stdout == "", refused
+        assert refused.stderr.count("\n") == 1 and message in refused.stderr, refused.stderr
+
+
 def test_placeholders_in_the_users_arguments_and_spaces_around_time_stay_as_given():
     made = generate("--gpus-per-node", "1", "--time", " 02:00:00 ", "--", "mnist_svm", "24", "--results", "{{warning}}")
     assert made.returncode == 0, made.stderr

@@ -22,6 +22,7 @@ KNOWN_APPS: Dict[str, str] = {
     "mnist_svm": "mnist_svm.app:MnistSvm",
     "mnist_nn": "mnist_nn.app:MnistNN",
     "common.pipeline": "common.pipeline.app:PipelineApp",
+    "common.sweep": "common.sweep.app:SweepApp",
 }
 
 
@@ -88,6 +89,8 @@ def check_program(command: List[str], cpu_job: bool = False) -> None:
 
             pipelines = _check_definition(args.definition, getattr(args, "container", None))
             parse_resume_target(args.resume, pipelines)  # --resume RUN_ID/STEP_ID names one of them
+        if target == "common.sweep":
+            app_class(args).check_before_the_queue()
     except UsageError as error:
         raise UsageError(f"{target}: {error}") from None
 

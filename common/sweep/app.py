@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import logging
@@ -75,6 +76,23 @@ def function_name(function: Callable[..., Any]) -> str:
         path = getattr(sys.modules.get(module), "__file__", None)
         module = Path(path).stem if path else module
     return f"{module}:{function.__qualname__}"
+
+
+def _points(kind: str, value: Any, args: Any) -> Tuple[List[Dict[str, Any]], Optional[List[str]]]:
+    """The points of a space as read (``kind``: grid, points or samples) and their keys; bad input
+    is a UsageError."""
+    if kind == "grid":
+        points, keys = grid_space(value)
+    elif kind == "points":
+        points = list_points(value)
+        keys = check_unique(points)
+    else:
+        drawn = {point_key(p): p for p in sample_points(value, args.samples, args.seed)}
+        points, keys = list(drawn.values()), list(drawn)  # a small space may draw a point twice
+    if args.repeats > 1 and any("repeat" in point for point in points):
+        raise UsageError("a parameter named 'repeat' and --repeats would give two items one key "
+                         "(x=1,repeat=1): rename the parameter")
+    return points, keys
 
 
 def resolve(target: str, what: str = "MODULE:FUNCTION") -> Callable[..., Any]:
@@ -247,20 +265,34 @@ class SweepApp(App):
         _picklable(function, "the function")
         if setup is not None:
             _picklable(setup, "setup")
-        if kind == "grid":
-            points, keys = grid_space(value)
-        elif kind == "points":
-            points = list_points(value)
-            keys = check_unique(points)
-        else:
-            drawn = {point_key(p): p for p in sample_points(value, args.samples, args.seed)}
-            points, keys = list(drawn.values()), list(drawn)  # a small space may draw a point twice
-        if args.repeats > 1 and any("repeat" in point for point in points):
-            raise UsageError("a parameter named 'repeat' and --repeats would give two items one key "
-                             "(x=1,repeat=1): rename the parameter")
+        points, keys = _points(kind, value, args)
         metric = args.minimise or args.maximise
         self.plan = Plan(function, setup, points, kind, args.repeats, metric,
                          "max" if args.maximise else "min", wants, keys)
+
+    def check_before_the_queue(self) -> None:
+        """What ``python -m common.slurm`` checks on the login node, beyond :meth:`check_arguments`
+        (from the shell, not a script's ``sweep.main``): the function's module can be found from
+        this folder, where the job starts (found, not imported: its top level may load a GPU library
+        or data), and the space's file reads and makes its points."""
+        args = self.args
+        if self.preset is not None:
+            return
+        module_name, colon, name = args.function.partition(":")
+        if not colon or not module_name or not name:
+            raise UsageError(f"MODULE:FUNCTION must look like module:function (my_sweep:fit), got {args.function!r}")
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            found = importlib.util.find_spec(module_name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise UsageError(f"cannot find module {module_name!r} from {quoted(os.getcwd())}, where the job starts")
+        for kind, flag in (("grid", "grid"), ("points", "points"), ("samples", "space")):
+            path = getattr(args, flag)
+            if path is not None:
+                _points(kind, load_file(path, f"--{flag}"), args)
 
     def fingerprint(self) -> Dict[str, Any]:
         # not the space: --resume after adding points runs only the new ones

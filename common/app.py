@@ -16,6 +16,7 @@ load it in ``setup_worker``.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from pathlib import Path
@@ -233,3 +234,13 @@ def check_fields(result: Any, fields: Mapping[str, Union[type, Tuple[type, ...]]
             raise ValueError(f"{name!r} is {value!r}")
         if not isinstance(value, types):
             raise ValueError(f"{name!r} is a {type(value).__name__}")
+
+
+def check_range(result: Mapping[str, Any], names: Tuple[str, ...], low: float, high: float = math.inf) -> None:
+    """Raise ValueError unless each of ``names`` in ``result`` (checked by :func:`check_fields`
+    first) lies in [``low``, ``high``]: an error rate that is negative, a count below zero or a
+    NaN is no result any item makes (a journal edited or damaged by hand)."""
+    for name in names:
+        value = result[name]
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{name!r} is {value!r}, outside [{low:g}, {high:g}]")

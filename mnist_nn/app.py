@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields
+from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields, check_range
 from common.data import add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
@@ -189,8 +189,11 @@ class MnistNN(App):
     def check_result(self, key: str, result: Any) -> None:
         refit = key.endswith(",refit")
         check_fields(result, REFIT_FIELDS if refit else FIT_FIELDS)
+        check_range(result, ("training_error", "test_error") if refit else ("val_error",), 0.0, 1.0)
+        check_range(result, ("epochs",), 0)
         for entry in result["log"]:
             check_fields(entry, LOG_FIELDS)
+            check_range(entry, ("error",), 0.0, 1.0)
         if refit:
             check_fields(result["test_probabilities"], {"shape": list, "float32_base64": str})
             check_fields(result["weights"], {"sha256": str, "bytes": int, "embedded": (str, type(None))})

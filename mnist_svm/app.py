@@ -10,12 +10,13 @@ import argparse
 import csv
 import dataclasses
 import io
+import math
 import sys
 from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
-from common.app import NUMBER, App, RunInfo, check_fields
+from common.app import NUMBER, App, RunInfo, check_fields, check_range
 from common.data import Dataset, add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
@@ -134,6 +135,10 @@ class MnistSvm(App):
 
     def check_result(self, key: str, result: Any) -> None:
         check_fields(result, REFIT_FIELDS if key == REFIT_KEY else FIT_FIELDS)
+        check_range(result, ("test_error",) if key == REFIT_KEY else ("error",), 0.0, 1.0)
+        check_range(result, ("n_support",), 0)
+        if key == REFIT_KEY:
+            check_range(result, ("C", "gamma"), math.ulp(0.0))
 
     def output_names(self) -> tuple:
         """What finish writes: validation_error.npy, the validation figures, fits.csv."""

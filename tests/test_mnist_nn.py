@@ -121,7 +121,10 @@ def test_resume_accepts_every_result_a_run_writes_and_refuses_a_damaged_one(clea
     for damaged, problem in [({**refit, "log": [{**refit["log"][0], "loss": "x"}]}, "'loss' is a str"),
                              ({**refit, "test_probabilities": {"shape": [3]}}, "no 'float32_base64'"),
                              ({**refit, "weights": {**refit["weights"], "bytes": None}}, "'bytes' is a NoneType"),
-                             ({k: v for k, v in refit.items() if k != "test_error"}, "no 'test_error'")]:
+                             ({k: v for k, v in refit.items() if k != "test_error"}, "no 'test_error'"),
+                             ({**refit, "test_error": 1.5}, "'test_error' is 1.5, outside [0, 1]"),
+                             ({**refit, "log": [{**refit["log"][0], "error": -0.1}]}, "'error' is -0.1, outside [0, 1]"),
+                             ({**refit, "epochs": -1}, "'epochs' is -1, outside [0, inf]")]:
         with pytest.raises(ValueError, match=re.escape(problem)):
             app.check_result(refit_key(0), damaged)
     with pytest.raises(ValueError, match="no 'val_error'"):

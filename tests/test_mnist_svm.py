@@ -108,7 +108,8 @@ def test_stopped_run_resumes_to_the_same_results_as_other_layouts(two_rank_run, 
     (lambda result: "garbage", "a str, not a JSON object"),
     (lambda result: {k: v for k, v in result.items() if k != "error"}, "no 'error'"),
     (lambda result: {**result, "n_support": "many"}, "'n_support' is a str"),
-], ids=["not-an-object", "missing-field", "wrong-type"])
+    (lambda result: {**result, "error": -5.0}, "'error' is -5.0, outside [0, 1]"),
+], ids=["not-an-object", "missing-field", "wrong-type", "impossible-error"])
 def test_a_journal_with_a_damaged_result_is_refused_and_left_as_it_was(two_rank_run, tmp_path, damage, problem):
     """A result edited or damaged in the journal: --resume says which, in one line, exit 2, instead of
     failing in the report with a traceback."""

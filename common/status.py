@@ -189,6 +189,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     elapsed = (float(status.get("updated") or now) if state in FINAL_STATES else now) - float(status.get("started") or now)
     rate = status.get("rate_per_second")
     if state in FINAL_STATES:
+        if summary and isinstance(summary.get("wall_seconds"), (int, float)):  # as summary.md says it
+            elapsed = float(summary["wall_seconds"])
         lines.append(f"time     started {_when(status.get('started'))}, ran {format_seconds(elapsed)}")
     elif lost:
         ran = float(status.get("updated") or now) - float(status.get("started") or now)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from common.observe.progress import format_seconds
 from common.status import STALE_INTERVALS, STALE_MARGIN_SECONDS, JournalCounts, describe
 from helpers import REPO, TOY, kill_frozen, rank_pids, run, start, wait_for_results, wait_until
 
@@ -97,6 +98,8 @@ def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quic
     assert watched.count("--- ") >= 2 and watched.rstrip().splitlines()[-1].startswith("report"), watched
     final = status(results).stdout
     assert final.startswith("toy: failed"), final
+    wall = json.loads((results / "summary.json").read_text())["wall_seconds"]
+    assert f", ran {format_seconds(wall)}\n" in final, (wall, final)  # the wall time summary.md gives
     assert "15 of 16 done (93.8%), 1 failed, 0 running" in final
     assert "item-0003: RuntimeError: item item-0003 always fails" in final
     assert f"report   {results / 'report.html'}" in final
@@ -259,3 +262,14 @@ def test_a_gone_jobs_last_gpu_sample_says_how_old_it_is(tmp_path):
     assert "util 97% (95%)" in gone  # the figures themselves are kept: where the job was when it went
     running = describe(tmp_path, dict(state, updated=now - 0.5), journal, now)
     assert "GPUs     last sample (mean of the last minute)" in running and "silent" not in running, running
+
+
+def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
+    """status.json is last written after the outputs (a minute of figures, for a big run); the time
+    the job ran is summary.md's wall time all the same, so that the two never disagree."""
+    now = 1_000_000.0
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4}))
+    state = {"app": "toy", "state": "complete", "every": 1.0, "updated": now - 1.0, "started": now - 101.0,
+             "items_total": 10, "items_done": 10}
+    text = describe(tmp_path, state, JournalCounts(tmp_path / "journal.jsonl"), now)
+    assert ", ran 1m10s\n" in text, text

@@ -137,6 +137,13 @@ class App:
     def prepare(self) -> None:
         """Rank 0, once, before any work starts (e.g. download data). May raise UsageError."""
 
+    def data_fingerprint(self) -> Optional[str]:
+        """Rank 0, after ``prepare``: what identifies the data the items compute on (a hash of their
+        content, e.g. ``common.data.Dataset.identity``), or None. A journal records it, and
+        ``--resume`` on other data (another ``--data-dir`` holding other files) is refused, where
+        its items would otherwise mix results of two data sets."""
+        return None
+
     def plan_text(self) -> Optional[str]:
         """Rank 0, for ``--dry-run``, once the arguments and the results folder are checked (with
         ``--resume``, ``journaled`` holds what is done): the plan in the app's own words, or None

@@ -138,6 +138,10 @@ class MnistNN(App):
         if args.batch_size > len(dataset.y_train):
             raise UsageError(f"--batch-size {args.batch_size} is more than the {len(dataset.y_train)} training images")
         self.n_train = len(dataset.y_train)
+        self._data_identity = dataset.identity()
+
+    def data_fingerprint(self) -> Optional[str]:
+        return getattr(self, "_data_identity", None)
 
     def candidate(self, bootstrap: int, number: int) -> Candidate:
         return self.candidates(bootstrap)[number]

@@ -12,7 +12,7 @@ import dataclasses
 import io
 import math
 import sys
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -119,6 +119,7 @@ class MnistSvm(App):
         args = self.args
         ensure_available(args.dataset, args.data_dir)
         data = self._load()
+        self._data_identity = data.identity()
         smallest_class = int(np.bincount(data.y_train).min())
         if smallest_class < args.folds:
             raise UsageError(f"--folds {args.folds}: the smallest class of the training images has only "
@@ -132,6 +133,9 @@ class MnistSvm(App):
         """The refit item gets the best (C, gamma) by mean validation error."""
         best = best_point(self.grid, error_table(self.grid, results))
         return dataclasses.replace(item, params={**item.params, **best})
+
+    def data_fingerprint(self) -> Optional[str]:
+        return getattr(self, "_data_identity", None)
 
     def check_result(self, key: str, result: Any) -> None:
         check_fields(result, REFIT_FIELDS if key == REFIT_KEY else FIT_FIELDS)

@@ -268,3 +268,37 @@ def test_fits_of_one_gamma_and_fold_share_their_kernel_and_get_the_same_results(
     before = kernel.copy()
     state.backend.fit(group[0].params["C"], group[0].params["gamma"], train, kernel)
     assert np.array_equal(kernel, before), "libsvm must only read the shared kernel"
+
+
+def mnist_folder(folder: Path, seed: int) -> Path:
+    """A small valid MNIST (60 training and 20 test images), its pixels drawn from ``seed``."""
+    folder.mkdir()
+    rng = np.random.default_rng(seed)
+    write_idx(folder / "train-images-idx3-ubyte.gz", rng.integers(0, 256, (60, 28, 28)))
+    write_idx(folder / "train-labels-idx1-ubyte.gz", np.arange(60) % 10)
+    write_idx(folder / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (20, 28, 28)))
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.arange(20) % 10)
+    return folder
+
+
+def test_resume_on_other_data_is_refused_and_on_a_moved_copy_goes_on(tmp_path):
+    """The journal records what the items were computed on (a hash of the images and labels, not of
+    the files): --resume with a --data-dir holding other images would mix two data sets' fits."""
+    first, other = mnist_folder(tmp_path / "a", seed=1), mnist_folder(tmp_path / "b", seed=2)
+    results = tmp_path / "r"
+    flags = ["--dataset", "mnist", "--folds", "2", "--gpu", "cpu", "--no-progress", "--results", str(results)]
+    done = run(["-m", "mnist_svm", "1", *flags, "--data-dir", str(first)])
+    assert done.returncode == 0, done.stderr
+    identity = json.loads((results / "journal.jsonl").read_text().splitlines()[0])["fingerprint"]["data_identity"]
+    assert identity.startswith("sha256:")
+    before = snapshot(results)
+    refused = run(["-m", "mnist_svm", "1", *flags, "--data-dir", str(other), "--resume"])
+    assert_usage_error(refused, f"cannot resume {str(results)!r}: its items were computed on other data (data "
+                                f"{identity} (journal) vs sha256:")
+    assert snapshot(results) == before
+    moved = shutil.copytree(first, tmp_path / "moved")
+    for packed in moved.glob("*.gz"):  # unpacked, as torchvision leaves them beside the .gz files
+        packed.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
+        packed.unlink()
+    again = run(["-m", "mnist_svm", "1", *flags, "--data-dir", str(moved), "--resume"])
+    assert again.returncode == 0, again.stderr

@@ -140,6 +140,10 @@ def _end_children() -> None:
         child.join(5)
 
 
+#: the fingerprint's entry for ``App.data_fingerprint``: what the items were computed on
+DATA_FINGERPRINT = "data_identity"
+
+
 def engine_fingerprint(args: Any) -> Dict[str, Any]:
     """The engine's arguments that change results, fingerprinted for every app (an app's own
     ``fingerprint`` adds only its arguments): the seed, and --threads where given (a BLAS or torch
@@ -177,6 +181,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
     folder: Path = args.results
     journal_path = ResultsLayout(folder).journal
     fingerprint = {"app": app.name, **engine_fingerprint(args), **app.fingerprint()}
+    old_data = None  # the data the journal's items were computed on, where it says
     try:
         os.stat(folder)
     except FileNotFoundError:
@@ -197,6 +202,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         if not isinstance(old, dict):
             raise UsageError(f"cannot resume {quoted(folder)}: its journal's first line is not a run's header "
                              f"(damaged?); use another --results")
+        old_data = old.pop(DATA_FINGERPRINT, None)  # judged after prepare(), which reads the data
         if old != fingerprint:
             raise UsageError(f"cannot resume {quoted(folder)}: it was made with other arguments "
                              f"({describe_difference(old, fingerprint)}); use the same arguments or another --results")
@@ -214,6 +220,13 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         check_replaceable(folder, ENGINE_OUTPUTS, skip=[name for name in os.listdir(folder) if name not in own]
                           + [LOGS_DIR, HOLD_NAME])
     app.prepare()  # its own one-line errors (a --resume of nothing, ...) say more than a clash
+    data = app.data_fingerprint()
+    if data is not None:
+        if old_data is not None and old_data != data:
+            raise UsageError(f"cannot resume {quoted(folder)}: its items were computed on other data (data "
+                             f"{old_data} (journal) vs {data} (now): another --data-dir, or files that changed); use "
+                             f"the same data or another --results")
+        fingerprint[DATA_FINGERPRINT] = data
     if not journal_path.exists():
         clashes = [name for name in own if not (folder / name).is_dir() or any((folder / name).iterdir())]
         if clashes:  # someone's files named like ours, or results whose journal is gone: never overwrite them

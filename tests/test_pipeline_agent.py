@@ -17,6 +17,7 @@ import pytest
 from common.pipeline import nodelock
 from common.pipeline.definition import load_definition, parse_definition
 from common.pipeline.flow import PipelineRunner, RunLayout, RunStopping, read_progress
+from common.pipeline.report import summary_markdown
 from common.pipeline.schema import SCHEMA
 from helpers import REPO, assert_usage_error, rank_pids, run, snapshot, start, wait_until
 
@@ -110,6 +111,15 @@ def test_steps_stop_starting_once_the_reported_costs_pass_the_budget(tmp_path):
          "max_retries": 5}]})
     result = runner.run()
     assert result["steps"]["a"]["attempts"] == 1 and "no retry: budget 1 passed" in result["steps"]["a"]["reason"]
+    # passed by the last step: nothing is left to stop, the pipeline ends as its steps did, and the
+    # summary marks its cost over the budget
+    runner, layout = run_pipeline(tmp_path, {"name": "last", "budget": 1, "steps": [
+        {"id": "a", "command": "echo '{\"pipeline_cost\": 0.5}'"}, {"id": "b", "command": "echo '{\"pipeline_cost\": 9}'"}]})
+    result = runner.run()
+    assert result["status"] == "ok" and result["cost"] == pytest.approx(9.5) and result["budget"] == 1
+    assert "Reported costs: last 9.5 (**over its budget of 1**)" in summary_markdown({"last": result})
+    within = dict(result, cost=0.5)
+    assert "Reported costs: last 0.5\n" in summary_markdown({"last": within})
 
 
 def test_a_matrix_makes_one_pipeline_per_combination(tmp_path):

@@ -468,5 +468,5 @@ class PipelineRunner:
         return {"run_id": self.layout.run_id, "pipeline": self.pipeline.name,
                 "status": "failed" if walk.failed else "ok", "reason": walk.reason, "resumed_from": start,
                 "started": began, "ended": time.time(), "seconds": round(time.monotonic() - clock, 3),
-                "cost": round(walk.spent, 6), "order": walk.order,
+                "cost": round(walk.spent, 6), "budget": self.pipeline.budget, "order": walk.order,
                 "steps": {s.id: statuses[s.id] for s in steps if s.id in statuses}}

@@ -71,10 +71,18 @@ def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
                   "| pipeline | step | output | cost |", "|---|---|---|---|"]
         lines += [f"| {run_id} | {step} | [{status['output']}]({status['output']}) | {status.get('cost') or 0:g} |"
                   for run_id, step, status in outputs] + [""]
-    costs = {run_id: run.get("cost") for run_id, run in pipelines.items() if run.get("cost")}
+    costs = {run_id: _cost(run) for run_id, run in pipelines.items() if run.get("cost")}
     if costs:
-        lines += ["Reported costs: " + ", ".join(f"{run_id} {cost:g}" for run_id, cost in costs.items()), ""]
+        lines += ["Reported costs: " + ", ".join(f"{run_id} {cost}" for run_id, cost in costs.items()), ""]
     return "\n".join(lines)
+
+
+def _cost(run: Mapping[str, Any]) -> str:
+    """A pipeline's reported cost, marked where it passed the budget: its last step can pass it with
+    no step left for the budget to stop, and the pipeline then ends as its steps did."""
+    cost, budget = run["cost"], run.get("budget")
+    over = isinstance(budget, (int, float)) and cost > budget
+    return f"{cost:g}" + (f" (**over its budget of {budget:g}**)" if over else "")
 
 
 def _what(step: Step) -> str:

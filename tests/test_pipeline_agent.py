@@ -122,6 +122,25 @@ def test_steps_stop_starting_once_the_reported_costs_pass_the_budget(tmp_path):
     assert "Reported costs: last 0.5\n" in summary_markdown({"last": within})
 
 
+def test_a_resume_from_after_an_unhandled_failure_leaves_the_pipeline_failed(tmp_path):
+    """The pipeline is ok when no failure was left without an on_fail: a resume from the clean-up
+    step after one (its condition prev.error) runs it, and the kept failure still stands; a plain
+    --resume then starts at the failed step. A handled failure (on_fail) kept by a resume does not."""
+    runner, layout = run_pipeline(tmp_path, {"name": "h", "steps": [
+        {"id": "work", "command": "echo broken >&2; exit 3"},
+        {"id": "cleanup", "condition": "prev.error", "command": "touch $PIPELINE_SHARED/cleaned"}]})
+    assert runner.run()["status"] == "failed"
+    again = PipelineRunner(runner.pipeline, layout).run(start="cleanup", keep_shared=True)
+    assert again["status"] == "failed" and again["reason"].startswith("step 'work' failed in an earlier run: "), again
+    assert again["steps"]["cleanup"]["status"] == "ok" and (layout.shared / "cleaned").exists()
+    assert read_progress(layout)["resume_at"] == "work"
+    runner, layout = run_pipeline(tmp_path, {"name": "handled", "steps": [
+        {"id": "work", "command": "exit 3", "on_fail": "fallback"}, {"id": "fallback", "command": "true"},
+        {"id": "report", "command": "true"}]})
+    assert runner.run()["status"] == "ok"
+    assert PipelineRunner(runner.pipeline, layout).run(start="report", keep_shared=True)["status"] == "ok"
+
+
 def test_a_matrix_makes_one_pipeline_per_combination(tmp_path):
     pipelines = parse_definition({"name": "sweep", "matrix": {"lr": [0.01, 0.5], "batch": [16, 32]}, "steps": [
         {"id": "train-${batch}", "command": "train --lr ${lr} --batch ${batch} --home ${HOME}",

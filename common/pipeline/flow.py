@@ -412,6 +412,9 @@ class PipelineRunner:
         earlier = {}
         for step in steps[:position]:  # a resume: earlier steps are kept as they were
             earlier[step.id] = dict(read_status(self.layout, step.id) or {"status": "missing"}, previous_run=True)
+            kept = earlier[step.id].get("status")
+            if kept not in ("ok", "skipped", "missing") and not step.on_fail:  # its failure stands: the pipeline's too
+                walk.fail(f"step {step.id!r} failed in an earlier run: {earlier[step.id].get('reason') or kept}", step.id)
         # ... and so is what they cost: the budget counts it (a resume must not start spending afresh)
         walk.spent = sum(cost for cost in (status.get("cost") for status in earlier.values())
                          if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost))

@@ -128,6 +128,23 @@ def test_an_item_past_the_item_timeout_is_killed_retried_then_failed(tmp_path):
         assert "item-0001 timed out after 2 s (--item-timeout): killed by its rank" in _logs(results, f"{attempt['worker']}.log")
 
 
+def test_an_item_killed_for_its_timeout_fails_even_if_it_answers_during_the_stack_dump(tmp_path):
+    """Items a little over --item-timeout answer in the 0.2 s between the stack dump and the SIGKILL:
+    each item the run said it was killing fails (it was kept as a success before, and its worker
+    killed all the same), is counted as an attempt (no endless retry), and the run ends."""
+    results = tmp_path / "r"
+    proc = run([TOY, "6", "--sleep", "0.45", "--workers", "2", "--item-timeout", "0.3", "--retries", "0",
+                "--results", str(results), "--no-progress"], timeout=120)
+    killed = {line.split(": ")[1].split(" timed out after")[0] for line in _logs(results, "rank0.log").splitlines()
+              if "timed out after 0.3 s (--item-timeout); killing it" in line}
+    failed = {f["key"] for f in _summary(results)["failed_items"]}
+    assert killed and killed == failed, (killed, failed)
+    assert proc.returncode == (1 if failed else 0), proc.stderr
+    kept = {e["key"] for e in journal_entries(results) if e.get("type") == "result"}
+    assert not kept & killed and kept | failed == {f"item-{i:04d}" for i in range(6)}, (kept, failed)
+    assert all(a["error"].startswith("timed out after 0.3 s") for a in _failed_attempts(results))
+
+
 def test_a_slow_item_under_the_limit_and_tiny_items_are_left_alone(tmp_path):
     """A worker that sleeps (the GIL released) keeps sending heartbeats: a --worker-timeout far
     shorter than its item does not touch it, nor does an --item-timeout it stays under. Items far

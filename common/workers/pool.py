@@ -364,6 +364,12 @@ class WorkerPool(WorkerCounts):
             entry = next((e for e in running.entries if e.item.key == key), None)
             if entry is None:  # cannot happen unless the pipe reorders; fail loudly
                 raise RuntimeError(f"{worker.name} answered {key}, which it was not running")
+            if worker.killed_kind == "timeout" and (worker.killed_running is entry or worker.killed_running is running):
+                # it answered during the stack dump, past its --item-timeout: the item timed out all
+                # the same (as the run said when it killed the worker), and fails or is retried
+                log.info("%s: %s answered after its --item-timeout, while being killed: not kept", worker.name, key)
+                worker.items_done += 1  # answered (not on its way any more): its exit fails it, counted
+                return
             running.entries.remove(entry)
             if not running.entries:
                 worker.assigned.popleft()

@@ -19,6 +19,7 @@ from common.results.journal import (
     Journal,
     _app_value,
     _result_line,
+    describe_difference,
     read_journal,
 )
 from common.results.outputs import to_jsonable
@@ -78,3 +79,12 @@ def test_values_the_fast_way_refuses_leave_nothing_behind():
         for value in refused:
             assert _app_value(value) == _ENCODER.encode(to_jsonable(value))
     assert _PLAIN_JSON.markers == {}
+
+
+def test_a_difference_in_an_argument_left_at_its_default_names_the_default():
+    """Apps leave an argument at its default out of their fingerprint (older journals resume): the
+    refusal says "the default" there, not None, which the user never gave."""
+    assert describe_difference({"seed": 1}, {"seed": 2}) == "seed 1 (journal) vs 2 (now)"
+    assert describe_difference({"draws": "reference"}, {}) == "draws 'reference' (journal) vs the default (now)"
+    assert describe_difference({}, {"max_macs": 1e6}) == "max_macs the default (journal) vs 1000000.0 (now)"
+    assert describe_difference({"subsample": None}, {"subsample": 300}) == "subsample None (journal) vs 300 (now)"

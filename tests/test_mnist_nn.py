@@ -137,7 +137,7 @@ def test_resume_with_another_max_macs_is_refused_in_one_line(clean_run, tmp_path
     copy = tmp_path / "copy"
     shutil.copytree(clean_run, copy)
     before = snapshot(copy)
-    assert_usage_error(mnist_nn(copy, "--max-macs", "1e6", "--resume"), "max_macs None (journal) vs 1000000.0 (now)")
+    assert_usage_error(mnist_nn(copy, "--max-macs", "1e6", "--resume"), "max_macs the default (journal) vs 1000000.0 (now)")
     assert snapshot(copy) == before
 
 

@@ -115,10 +115,14 @@ def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record]]:
 
 
 def describe_difference(old: dict, new: dict) -> str:
-    """'seed 1 (journal) vs 2 (now)' for the first argument that differs."""
+    """'seed 1 (journal) vs 2 (now)' for the first argument that differs; an argument a fingerprint
+    leaves out where it has its default (so that older journals resume) is "the default"."""
+    def shown(fingerprint: dict, name: str) -> str:
+        return repr(fingerprint[name]) if name in fingerprint else "the default"
+
     for name in sorted(set(old) | set(new)):
-        if old.get(name) != new.get(name):
-            return f"{name} {old.get(name)!r} (journal) vs {new.get(name)!r} (now)"
+        if name not in old or name not in new or old[name] != new[name]:
+            return f"{name} {shown(old, name)} (journal) vs {shown(new, name)} (now)"
     return "nothing"
 
 

@@ -54,7 +54,8 @@ def test_a_silent_rank_is_lost_its_items_run_elsewhere_and_the_run_completes(tmp
     assert [entry["rank"] for entry in summary["lost_ranks"]] == [2], summary["lost_ranks"]
     assert lost and lost[0]["rank"] == 2
     assert "lost rank 2" in (results / "summary.md").read_text()
-    assert "lost rank 2" in err
+    assert err.count("lost rank 2") == 1, err  # once on stderr (it was twice, worded two ways)
+    assert "lost rank 2 on " in (results / "logs" / "rank0.log").read_text()
     assert _values(results) == _values(tmp_path / "clean")
 
 

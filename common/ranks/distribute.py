@@ -38,7 +38,7 @@ from common.messages import (
     Stop,
     StopRequest,
 )
-from common.observe.logs import rank_tag
+from common.observe.logs import log_to_files, rank_tag
 from common.observe.progress import Progress
 from common.ranks.liveness import FollowerWatch, PeerWatch
 from common.ranks.scheduler import Scheduler
@@ -239,9 +239,9 @@ class Leader:
             self._pool_reply(who, PoolAnswer("granted", who.request))
         host = self.liveness.note_lost(rank, why, len(keys))
         self.journal.add_event("rank_lost", rank=rank, host=host, why=why, items=keys, time=self.clock.time())
-        self.progress.write(f"{self.tag} lost rank {rank} on {host} ({why}); "
-                            f"{len(keys)} of its item(s) go to the other ranks")
-        log.error("lost rank %d on %s (%s); %d item(s) handed to the others", rank, host, why, len(keys))
+        said = f"lost rank {rank} on {host} ({why}); {counted(len(keys), 'item')} of its go to the other ranks"
+        self.progress.write(f"{self.tag} {said}")  # stderr: once, as the bar's line
+        log_to_files(said)  # and the rank's log
 
     # ----- stopping -----
     def _begin_stop(self, why: str) -> None:

@@ -8,7 +8,8 @@ Layers, lowest first; a module imports its own layer and those below it, never o
                   settings.py (every environment variable and default), signals.py (the stop signals
                   and their handling), startup.py (stdout/stderr that cannot make a run fail),
                   clock.py (the clock loops are given), linux.py (prctl: children that die with
-                  their parent), data.py (the apps' data sets)
+                  their parent), argtypes.py (argparse types: a number in a range, a folder),
+                  data.py (the apps' data sets)
   results/        the results folder: layout (every name in it), journal, hold, outputs, write
                   failures, status.json, safe reads of the run's own files
   observe/        what users see: progress, logs, GPU monitor and plot, timeline, report.html

@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from .argtypes import folder as folder_path
 from .errors import UsageError, quoted
 from .items import seed32
 
@@ -295,7 +296,7 @@ def _child_main(argv: List[str]) -> int:
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """The data flags every case study takes (--dataset, --data-dir, --subsample, --folds)."""
     parser.add_argument("--dataset", choices=DATASETS, default="mnist", help="data set")
-    parser.add_argument("--data-dir", type=Path, default=None,
+    parser.add_argument("--data-dir", type=folder_path, default=None,
                         help="folder of the IDX files (or its mnist/, fashion-mnist/, MNIST/raw/, FashionMNIST/raw/), "
                              "shared by every node, and the only place looked at; when not given: data/, then "
                              "./MNIST/raw or ./FashionMNIST/raw (the reference's torchvision download), then for "

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields, check_range
+from common.argtypes import at_least
 from common.data import add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
@@ -35,7 +36,7 @@ from common.results.layout import (
     TRAINING_CURVES_STEM,
     TRAINING_LOG_CSV,
 )
-from common.run.cli import REFERENCE_SEED, at_least
+from common.run.cli import REFERENCE_SEED
 
 from .records import cv_scores, encode_array, fit_key, model_stem, refit_key
 from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate, reference_candidates

@@ -147,7 +147,7 @@ TORCHVISION_LOADS = importlib.util.find_spec("torchvision") is not None
 
 
 @pytest.mark.parametrize("case", ["n_tuning 0", "n_tuning -1", "unknown dataset", "missing mnist offline",
-                                  "corrupt idx", "folds 1", "n_tuning huge"])
+                                  "corrupt idx", "folds 1", "n_tuning huge", "empty data dir"])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
     results = tmp_path / "results"
     extra = {
@@ -160,6 +160,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
                         "train-images-idx3-ubyte.gz': truncated"),
         "folds 1": (["2", "--dataset", "digits", "--folds", "1"], "--folds must be at least 2"),
         "n_tuning huge": (["201", "--dataset", "digits"], "n_tuning 201 with 5 folds is 202,005 fits; at most 100,000"),
+        "empty data dir": (["2", "--dataset", "mnist", "--data-dir", ""],  # not the current folder
+                           "argument --data-dir: expected a folder, got an empty path"),
     }
     argv, fragment = extra[case]
     if case == "missing mnist offline" and TORCHVISION_LOADS:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from common.argtypes import at_least
 from common.results.outputs import to_jsonable
-from common.run.cli import at_least
 
 from ..app import App, RunInfo
 from ..errors import UsageError, kind_of, quoted

@@ -356,3 +356,20 @@ def test_a_stop_says_how_many_items_it_waits_for_and_none_when_none_runs(tmp_pat
     at_once = Sim(tmp_path / "b", items(12), stop_at=0.0)  # before anything was handed out
     assert at_once.run()[0] == "stopped"
     assert "SIGTERM: handing out no more items; none is running\n" in capsys.readouterr().err
+
+
+def test_no_worker_anywhere_fails_every_item_once_later_waves_too_and_leaves_none_ready():
+    """fail_remaining: each unresolved item fails once with the reason given, a later wave's too
+    (it used to be made ready, or built from no results, when its last dependency failed, and so
+    failed, or was reported, twice), and nothing is left to hand out."""
+    def build(item: Item, results: Dict[str, Any]) -> Item:
+        if not results:
+            raise ValueError("nothing to build it from")
+        return item
+
+    waves = [Item("a", {}), Item("b", {}), Item("c", {}, after=("a", "b"))]
+    scheduler = Scheduler(waves, {}, 1, build)
+    scheduler.fail_remaining("no worker could start: no driver")
+    assert scheduler.pop_new_failures() == ["a", "b", "c"]
+    assert set(scheduler.failed.values()) == {"no worker could start: no driver"}
+    assert scheduler.ready_count == 0 and scheduler.take() is None and scheduler.all_resolved()

@@ -242,12 +242,15 @@ class Scheduler:
     def fail_remaining(self, error: str) -> None:
         """Give up on everything not yet resolved (no worker anywhere can run items)."""
         keys = [key for key in self.items if key not in self.results and key not in self.failed]
+        for key in keys:  # all at once, later waves too: none is built from its dependencies first
+            self.failed[key] = error
+            self._new_failures.append(key)
+            self._waiting.pop(key, None)
+            self._dependents.pop(key, None)
         self._ready.clear()
         self._first.clear()
         self._ready_keys.clear()
         self._ready_groups.clear()
-        for key in keys:
-            self._fail(key, error)
 
     @property
     def has_new_failures(self) -> bool:

@@ -174,7 +174,7 @@ def test_a_pipeline_past_the_item_timeout_is_ended_with_every_process_of_its_ste
     token = f"{time.time() % 1000 + 1000:.3f}"  # a sleep this run's step alone runs
     definition = tmp_path / "hang.json"
     definition.write_text(json.dumps({"pipelines": [
-        {"name": "hang", "steps": [{"id": "s1", "command": f"sleep {token}; true"}]},
+        {"name": "hang", "steps": [{"id": "s1", "command": f"sleep {token}; true"}, {"id": "s2", "command": "true"}]},
         {"name": "slow", "steps": [{"id": "s1", "command": "sleep 2.5; true"}]}]}))
     results = tmp_path / "r"
     proc = run(["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "2", "--item-timeout", "5",
@@ -185,7 +185,9 @@ def test_a_pipeline_past_the_item_timeout_is_ended_with_every_process_of_its_ste
     # the killed step is in the summary (its worker died before it could write its status.json)
     assert _summary(results)["pipelines"]["hang"]["steps"]["s1"]["status"] == "failed"
     table = [line for line in (results / "summary.md").read_text().splitlines() if line.startswith("| pipeline | status")]
-    assert table == ["| pipeline | status | s1 |"]
+    assert table == ["| pipeline | status | s1 | s2 |"]
+    # its time is not known (no status.json), and the step it never reached still has its column
+    assert "| hang | failed | FAILED (ended with its worker) | - |" in (results / "summary.md").read_text()
 
     def step_gone() -> bool:
         return not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]

@@ -29,7 +29,8 @@ def _cell(status: Mapping[str, Any]) -> str:
     parts = [mark]
     if status.get("attempts", 1) > 1:
         parts.append(f"x{status['attempts']}")
-    parts.append(f"{status.get('seconds') or 0:.1f} s")
+    # a step ended with its worker (--item-timeout, a killed worker) wrote no status: its time is not known
+    parts.append("(ended with its worker)" if status.get("ended_with_worker") else f"{status.get('seconds') or 0:.1f} s")
     if status.get("gpu") not in (None, ""):
         parts.append(f"GPU {status['gpu']}")
     if status.get("previous_run"):

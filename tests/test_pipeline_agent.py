@@ -232,6 +232,12 @@ def test_a_plain_resume_goes_on_from_the_first_unfinished_step(tmp_path):
     assert len((results / "exp" / "shared" / "prepared.txt").read_text().split()) == 1  # not run again
     assert not (results / "exp" / "shared.previous-1").exists()  # the shared folder was reused
     assert len((results / "fine" / "shared" / "runs").read_text().split()) == 1  # finished: skipped
+    # ... and its row in the summary says so, as the kept steps of exp do
+    pipelines = json.loads((results / "summary.json").read_text())["pipelines"]
+    assert pipelines["fine"]["steps"]["only"]["previous_run"] is True
+    assert pipelines["exp"]["steps"]["prepare"]["previous_run"] is True and "previous_run" not in pipelines["exp"]["steps"]["train"]
+    row = next(line for line in (results / "summary.md").read_text().splitlines() if line.startswith("| fine |"))
+    assert row.startswith("| fine | ok |") and row.endswith(" s (earlier run) |"), row
     # both attempts' logs are kept: a resume appends to them
     assert (results / "exp" / "train" / "stderr.log").read_text().count("trying") == 2
     history = json.loads((results / "exp" / "train" / "status.json").read_text())["history"]

@@ -284,6 +284,9 @@ class PipelineApp(App):
             record = journaled.get(key) if key is not None else None
             if record is not None:
                 summary = dict(record.result)
+                if key in self.journaled:  # finished in an earlier run, not run now: every step is that run's
+                    summary["steps"] = {step: dict(status, previous_run=True)
+                                        for step, status in summary.get("steps", {}).items()}
             elif item is not None:  # failed: its result never reached the journal; read its steps from disk
                 error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
                 error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -456,3 +458,25 @@ def test_the_start_line_counts_one_item_one_rank_and_one_worker_in_the_singular(
     assert "toy: 1 item (0 already in the journal) on 1 rank, 1 worker: rank 0 on " in proc.stderr, proc.stderr
     cards = (tmp_path / "r" / "report.html").read_text()
     assert '<b class="">1</b><span>rank</span>' in cards and '<b class="">1</b><span>worker</span>' in cards, cards
+
+
+def test_a_dry_run_refuses_the_results_folders_the_run_refuses(tmp_path):
+    """--dry-run checks the results folder as the run would, without writing: a link to nothing
+    (mkdir would have said "File exists") and a read-only filesystem, the folder or one to be made in it."""
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    for extra in ([], ["--dry-run"]):
+        assert_usage_error(run([TOY, "2", "--results", str(dangling), *extra]),
+                           f"--results {str(dangling)!r}: a symbolic link to {str(tmp_path / 'nowhere')!r}, which does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"]
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace here for a read-only folder: {probe.stderr.decode().strip()}")
+    for target in (read_only, read_only / "new"):
+        for extra in ("", " --dry-run"):
+            script = (f"mount --bind -o ro {read_only} {read_only} && "
+                      f"exec {sys.executable} {TOY} 2 --results {target}{extra}")
+            proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+            assert_usage_error(proc, f"--results {str(target)!r}: cannot write there (Read-only file system)")

@@ -188,6 +188,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         pass
     except OSError as error:  # a name over the filesystem's limit, a loop of links, no permission
         raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
+    _check_writable(folder)  # found without writing: a dry run refuses it too
     if folder.is_dir():
         for name, what in ((JOURNAL_NAME, "the journal"), (HOLD_NAME, "the results folder's hold"),
                            (STATUS_NAME, "the status file")):
@@ -234,6 +235,26 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
                              f"{', ...' if len(clashes) > 3 else ''}), which this run would overwrite; move them away "
                              f"or choose another --results")
     return fingerprint
+
+
+def _check_writable(folder: Path) -> None:
+    """Refuse, without writing anything, a results folder that cannot be made or written: a link
+    to nothing (mkdir would say "File exists"), a read-only filesystem, no permission. Judged on
+    the folder, or on the nearest folder above it that exists."""
+    if folder.is_symlink() and not folder.exists():
+        raise UsageError(f"--results {quoted(folder)}: a symbolic link to {quoted(os.readlink(folder))}, which does "
+                         f"not exist")
+    place = folder
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if not place.is_dir() or os.access(place, os.W_OK | os.X_OK):
+        return  # a file on the way is said where the folder is made
+    try:
+        read_only = bool(os.statvfs(place).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    raise UsageError(f"--results {quoted(folder)}: cannot write there "
+                     f"({'Read-only file system' if read_only else 'Permission denied'})")
 
 
 def _own_entries(folder: Path, app: App) -> List[str]:

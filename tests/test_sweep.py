@@ -453,6 +453,14 @@ def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert len(rows(tmp_path / "h")) == 16 and summary(tmp_path / "h")["sweep"]["best"]
     assert "No figure: the figure of 'loss' could not be drawn" in (tmp_path / "h" / "summary.md").read_text()
+    # a point whose metric is NaN (or missing) is not ranked, and the summary says so
+    write(tmp_path / "nan.py", "def fit(params):\n    return {'loss': float('nan') if params['x'] > 2 else params['x']}\n")
+    result = sweep("nan:fit", tmp_path / "n", "--grid", str(grid), "--minimise", "loss", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert len(rows(tmp_path / "n")) == 4 and [b["key"] for b in summary(tmp_path / "n")["sweep"]["best"]] == ["x=1", "x=2"]
+    assert summary(tmp_path / "n")["sweep"]["unranked"] == 2
+    assert ("2 points returned no finite `loss` (NaN, infinite or missing) and are not ranked; results.csv has them."
+            in (tmp_path / "n" / "summary.md").read_text())
 
 
 def test_a_run_where_no_item_ran_shows_no_timeline(tmp_path):

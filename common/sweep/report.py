@@ -244,6 +244,10 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
     if plan.metric and not ranked:
         sweep["note"] = f"no result holds a finite number named {plan.metric!r}"
+    elif plan.metric:  # points none of whose repeats returned a finite metric: in results.csv, not ranked
+        unranked = {point_key(item.params["point"]) for item, _ in finished} - {entry["key"] for entry in ranked}
+        if unranked:
+            sweep["unranked"] = len(unranked)
     sweep["best"] = ranked[:BEST_ROWS]
     _remove_figure(folder)  # an earlier run's, of its metric
     if ranked:
@@ -348,6 +352,11 @@ def markdown(sweep: Mapping[str, Any]) -> str:
                                                      for p in parameters)
                          + f" | {_number_text(entry['mean'])} | {_number_text(entry['sd'])} | {entry['n']} |")
         lines.append("")
+    if sweep.get("unranked"):
+        count = sweep["unranked"]
+        lines += [f"{count} point{'s' if count != 1 else ''} returned no finite `{sweep['metric']}` (NaN, infinite "
+                  f"or missing) and {'are' if count != 1 else 'is'} not ranked; {RESULTS_CSV} has "
+                  f"{'them' if count != 1 else 'it'}.", ""]
     if sweep.get("figure"):
         lines += [f"![{sweep['metric']} against each parameter]({sweep['figure']})", ""]
     return "\n".join(lines)

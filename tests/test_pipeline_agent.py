@@ -128,11 +128,14 @@ def test_a_resume_from_after_an_unhandled_failure_leaves_the_pipeline_failed(tmp
     --resume then starts at the failed step. A handled failure (on_fail) kept by a resume does not."""
     runner, layout = run_pipeline(tmp_path, {"name": "h", "steps": [
         {"id": "work", "command": "echo broken >&2; exit 3"},
-        {"id": "cleanup", "condition": "prev.error", "command": "touch $PIPELINE_SHARED/cleaned"}]})
+        {"id": "cleanup", "condition": "prev.error", "command": "touch $PIPELINE_SHARED/cleaned"},
+        {"id": "after", "command": "touch $PIPELINE_SHARED/after"}, {"id": "last", "command": "true"}]})
     assert runner.run()["status"] == "failed"
     again = PipelineRunner(runner.pipeline, layout).run(start="cleanup", keep_shared=True)
     assert again["status"] == "failed" and again["reason"].startswith("step 'work' failed in an earlier run: "), again
     assert again["steps"]["cleanup"]["status"] == "ok" and (layout.shared / "cleaned").exists()
+    # the steps after the one it started from run as on any resume: the kept failure decides the status only
+    assert [again["steps"][s]["status"] for s in ("after", "last")] == ["ok", "ok"] and (layout.shared / "after").exists()
     assert read_progress(layout)["resume_at"] == "work"
     runner, layout = run_pipeline(tmp_path, {"name": "handled", "steps": [
         {"id": "work", "command": "exit 3", "on_fail": "fallback"}, {"id": "fallback", "command": "true"},

@@ -30,7 +30,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from common.results.layout import PROGRESS_FILE, SHARED_DIR, STEP_OUTPUT, STEP_PROMPT, STEP_STATUS_NAME, STEP_STDOUT
 from common.results.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -409,12 +409,15 @@ class PipelineRunner:
         if position == 0 and not keep_shared:
             self.layout.set_shared_aside()
         self.layout.shared.mkdir(parents=True, exist_ok=True)
-        earlier = {}
+        earlier: Dict[str, Dict[str, Any]] = {}
+        kept_failure: Optional[Tuple[str, str]] = None  # (reason, step) of the first kept unhandled failure
         for step in steps[:position]:  # a resume: earlier steps are kept as they were
             earlier[step.id] = dict(read_status(self.layout, step.id) or {"status": "missing"}, previous_run=True)
             kept = earlier[step.id].get("status")
-            if kept not in ("ok", "skipped", "missing") and not step.on_fail:  # its failure stands: the pipeline's too
-                walk.fail(f"step {step.id!r} failed in an earlier run: {earlier[step.id].get('reason') or kept}", step.id)
+            if kept not in ("ok", "skipped", "missing") and not step.on_fail and kept_failure is None:
+                # its failure stands, the pipeline's too: judged after the walk, whose steps run as on any resume
+                kept_failure = (f"step {step.id!r} failed in an earlier run: {earlier[step.id].get('reason') or kept}",
+                                step.id)
         # ... and so is what they cost: the budget counts it (a resume must not start spending afresh)
         walk.spent = sum(cost for cost in (status.get("cost") for status in earlier.values())
                          if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost))
@@ -463,6 +466,10 @@ class PipelineRunner:
             else:
                 walk.fail(f"step {step.id!r} failed: {status['reason']}", step.id)
                 position, via_edge = position + 1, False
+        if kept_failure is not None:  # the first unhandled failure, where a plain --resume goes on
+            reason, at = kept_failure
+            walk.failed, walk.resume_at = True, at
+            walk.reason = reason if not walk.reason else f"{reason}; then {walk.reason}"
         for step in steps:  # what a jump, a deadline or an exhausted loop left unvisited
             if step.id not in walk.statuses and step.id not in earlier:
                 self._skip(walk, step, walk.reason if walk.failed else "not reached")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import types
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from common.devices import Device
 from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from common.items import Item
-from common.messages import End, Results, Stop
+from common.messages import Answers, End, ItemDone, Results, Stop
 from common.observe.progress import Progress
 from common.ranks.distribute import Follower, Leader
 from common.ranks.liveness import FollowerWatch, PeerWatch
@@ -23,7 +24,7 @@ from common.results.failures import WriteFailures
 from common.results.journal import _ENCODER, _RECORD_FIELDS, Journal
 from common.results.outputs import to_jsonable
 from common.testing.inprocess import FakeClock, InProcessWorld, SimulatedPool, Turns, fake_time, instant
-from common.workers.pool import PoolSettings, WorkerHandle, WorkerPool
+from common.workers.pool import Assigned, Bundle, PoolSettings, WorkerHandle, WorkerPool
 
 
 def sleeper(seconds: float) -> Callable:
@@ -373,3 +374,52 @@ def test_no_worker_anywhere_fails_every_item_once_later_waves_too_and_leaves_non
     assert scheduler.pop_new_failures() == ["a", "b", "c"]
     assert set(scheduler.failed.values()) == {"no worker could start: no driver"}
     assert scheduler.ready_count == 0 and scheduler.take() is None and scheduler.all_resolved()
+
+
+class _DeadProcess:
+    """What the pool's exit handling reads of a worker process it killed."""
+
+    pid, exitcode, sentinel = 12345, -9, object()
+
+    def join(self, timeout: float) -> None:
+        pass
+
+
+class _ClosedPipe:
+    def close(self) -> None:
+        pass
+
+
+def _killed_chunk_worker(tmp_path: Path, kind: str, finished: int):
+    """A pool whose one worker runs the chunk A, B, C and was killed (``kind``) for B, A finished
+    before it with its answer held back (a chunk's answers travel together)."""
+    pool = WorkerPool(None, [], PoolSettings(rank=0, host="node0", logs_dir=tmp_path, seed=0, threads=1))
+    pool.closing = True  # no new worker is started in its place
+    entries = [Assigned(Item(key, {}), 1) for key in "ABC"]
+    worker = WorkerHandle("rank0-cpu0", Device("cpu", 0), _DeadProcess(), _ClosedPipe(), ready=True)
+    worker.assigned.append(Bundle(entries, together=False, size=3))
+    worker.running, worker.finished = entries[0], types.SimpleNamespace(value=finished)
+    worker.killed_because = "timed out after 0.3 s (--item-timeout)" if kind == "timeout" else "worker silent for 9 s"
+    worker.killed_kind, worker.killed_keys = kind, ("B",)
+    pool.workers[worker.name] = worker
+    return pool, worker
+
+
+def test_a_chunks_answers_during_a_timeout_kill_keep_the_item_before_and_fail_the_one_killed(tmp_path):
+    """B ran past --item-timeout; A's held-back answer and B's, sent together during the stack
+    dump, arrive: A is kept, B fails (the item the run said it killed, counted), C goes back."""
+    pool, worker = _killed_chunk_worker(tmp_path, "timeout", finished=2)
+    events: list = []
+    pool._handle(worker, Answers([ItemDone("A", {"v": 1}, 1.0, 1.1), ItemDone("B", {"v": 2}, 1.1, 1.6)]), events)
+    pool._on_exit(worker, events)
+    assert [(e.kind, e.key or e.keys) for e in events] == [("done", "A"), ("failed", "B"), ("returned", ("C",))]
+    assert events[1].error.startswith("timed out after 0.3 s") and events[1].failure == "timeout"
+
+
+def test_a_worker_killed_silent_in_a_chunk_fails_the_item_it_ran_and_gives_back_the_rest(tmp_path):
+    """Killed for silence while running B, A finished (its answer died with the worker): B fails,
+    A and C go back uncounted, as before the answers of a timeout kill were judged."""
+    pool, worker = _killed_chunk_worker(tmp_path, "silent", finished=1)
+    events: list = []
+    pool._on_exit(worker, events)
+    assert [(e.kind, e.key or e.keys) for e in events] == [("failed", "B"), ("returned", ("A", "C"))]

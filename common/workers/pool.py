@@ -130,7 +130,7 @@ class WorkerHandle:
     running_wall: float = 0.0  # the same as epoch seconds, for the timeline
     killed_because: str = ""  # why the watch killed it (its item's error)
     killed_kind: str = ""  # "silent" or "timeout" (Failed.kind: the timeline colours those attempts)
-    killed_running: Any = None  # what it was running then
+    killed_keys: Tuple[str, ...] = ()  # the items it was running then (Watchdog.running_keys)
     # items the process has finished, answered or not (shared memory it writes): answers of a chunk
     # travel together, so on its death this tells which item it was running
     finished: Any = None
@@ -364,7 +364,7 @@ class WorkerPool(WorkerCounts):
             entry = next((e for e in running.entries if e.item.key == key), None)
             if entry is None:  # cannot happen unless the pipe reorders; fail loudly
                 raise RuntimeError(f"{worker.name} answered {key}, which it was not running")
-            if worker.killed_kind == "timeout" and (worker.killed_running is entry or worker.killed_running is running):
+            if worker.killed_kind == "timeout" and key in worker.killed_keys:
                 # it answered during the stack dump, past its --item-timeout: the item timed out all
                 # the same (as the run said when it killed the worker), and fails or is retried
                 log.info("%s: %s answered after its --item-timeout, while being killed: not kept", worker.name, key)
@@ -453,8 +453,8 @@ class WorkerPool(WorkerCounts):
         if worker.assigned:
             # An item that answered just before its worker was killed for it: what came next had
             # barely started, and goes back uncounted
-            overtaken = worker.killed_because and worker.running is not worker.killed_running
             running = worker.assigned.popleft()
+            overtaken = bool(worker.killed_keys) and not any(e.item.key in worker.killed_keys for e in running.entries)
             # Items it finished whose answers died with it (a chunk's answers travel together): they
             # go back uncounted, and the next one is the item it was running.
             ahead = min(unanswered(worker), len(running.entries))

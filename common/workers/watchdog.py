@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Tuple
 
 import psutil
 
@@ -82,7 +82,7 @@ class Watchdog:
             late = self.item_timeout is not None and running > self.item_timeout
             if not (silent or late) or worker.conn.poll():  # unread messages: read them first
                 continue
-            keys = self.running_keys(worker)
+            keys = ", ".join(self.running_keys(worker))
             if late:
                 why = f"{TIMED_OUT} {self.item_timeout:g} s (--item-timeout)"
                 said = f"{keys} timed out after {self.item_timeout:g} s (--item-timeout)"
@@ -95,22 +95,23 @@ class Watchdog:
             self.kill(worker, why, said)
 
     @staticmethod
-    def running_keys(worker: Any) -> str:
-        """The keys of what the worker runs now: its group, or its chunk's item after those finished."""
+    def running_keys(worker: Any) -> Tuple[str, ...]:
+        """The keys of what the worker runs now: its group, or its chunk's item after those finished
+        (their answers may still be held back in the worker, which sends a chunk's together)."""
         if worker.running is None:
-            return ""
+            return ()
         head = worker.assigned[0]
         if head.together:
             entries = head.entries
         else:  # in a chunk: past the items finished but not yet answered for
             entries = head.entries[min(unanswered(worker), len(head.entries) - 1):][:1]
-        return ", ".join(entry.item.key for entry in entries)
+        return tuple(entry.item.key for entry in entries)
 
     def kill(self, worker: Any, why: str, said: str) -> None:
         """SIGKILL, with every process it started (a pipeline step's own children hold GPUs too:
         their memory goes with them), after a stack dump into its log; the sentinel then reports
         it like any dead worker, its item failing with ``why``."""
-        worker.killed_because, worker.killed_running = why, worker.running
+        worker.killed_because, worker.killed_keys = why, self.running_keys(worker)
         log.error("%s: %s; killing it (pid %d)", worker.name, said, worker.process.pid)
         handler = worker_file_log(str(worker_log(self.logs_dir, worker.name)), worker.name)
         handler.handle(logging.makeLogRecord({

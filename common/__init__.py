@@ -30,7 +30,7 @@ _WHERE = {
     "App": "app", "Record": "app", "RunInfo": "app", "check_fields": "app", "NUMBER": "app",
     "NUMBER_OR_NONE": "app", "Item": "items", "item_seed": "items", "torch_seed": "items", "seed32": "items",
     "UsageError": "errors", "main": "run.runner", "Device": "devices", "defer_stop_signals": "signals",
-    "at_least": "run.cli", "REFERENCE_SEED": "run.cli",
+    "at_least": "argtypes", "REFERENCE_SEED": "run.cli",
     # writing outputs (outputs.py): atomic, so a crash never leaves half a file
     "atomic_write_bytes": "results.outputs", "atomic_write_json": "results.outputs", "atomic_write_text": "results.outputs",
     "new_figure": "results.outputs", "save_figure": "results.outputs",

@@ -189,8 +189,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     elapsed = (float(status.get("updated") or now) if state in FINAL_STATES else now) - float(status.get("started") or now)
     rate = status.get("rate_per_second")
     if state in FINAL_STATES:
-        if summary and isinstance(summary.get("wall_seconds"), (int, float)):  # as summary.md says it
-            elapsed = float(summary["wall_seconds"])
+        if summary and isinstance(summary.get("wall_seconds"), (int, float)) and _same_start(summary, status):
+            elapsed = float(summary["wall_seconds"])  # as summary.md says it
         lines.append(f"time     started {_when(status.get('started'))}, ran {format_seconds(elapsed)}")
     elif lost:
         ran = float(status.get("updated") or now) - float(status.get("started") or now)
@@ -212,6 +212,16 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     if state in FINAL_STATES and ResultsLayout(results).report.exists():
         lines.append(f"report   {ResultsLayout(results).report}")
     return "\n".join(lines) + "\n"
+
+
+def _same_start(summary: dict, status: dict) -> bool:
+    """Whether summary.json is the run's that status.json describes (one whose summary could not be
+    written leaves an earlier run's): the same start, to the second."""
+    try:
+        started = datetime.datetime.fromtimestamp(float(status.get("started"))).isoformat(timespec="seconds")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return False
+    return summary.get("started") == started
 
 
 def _ranks(status: dict, journal: JournalCounts, every: float, now: float) -> List[str]:

@@ -366,6 +366,12 @@ def test_an_error_in_the_apps_finish_ends_every_rank_in_one_line_and_resume_writ
     again = run(args + ["--resume"], timeout=120)
     assert again.returncode == 0, again.stderr
     assert summary(tmp_path / "r")["items_this_run"] == 0 and (tmp_path / "r" / "values.json").is_file()
+    # finish() failing part-way beside an earlier run's outputs: it may have written some of them, so
+    # the summary does not call them the earlier run's (as a stopped run's does)
+    broken = run(args + ["--resume", "--broken-finish"], timeout=120)
+    assert broken.returncode == 1, broken.stderr
+    text = (tmp_path / "r" / "summary.md").read_text()
+    assert "could not be written" in text and "earlier run's" not in text, text
 
 
 def test_sigterm_to_the_whole_process_group_stops_cleanly_without_failures(tmp_path):

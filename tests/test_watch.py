@@ -3,6 +3,7 @@ mpiexec, real signals), progress lines where stderr is not a terminal, GPU use f
 from __future__ import annotations
 
 import csv
+import datetime
 import fcntl
 import json
 import os
@@ -268,8 +269,12 @@ def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
     """status.json is last written after the outputs (a minute of figures, for a big run); the time
     the job ran is summary.md's wall time all the same, so that the two never disagree."""
     now = 1_000_000.0
-    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4}))
+    started = datetime.datetime.fromtimestamp(now - 101.0).isoformat(timespec="seconds")
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4, "started": started}))
     state = {"app": "toy", "state": "complete", "every": 1.0, "updated": now - 1.0, "started": now - 101.0,
              "items_total": 10, "items_done": 10}
     text = describe(tmp_path, state, JournalCounts(tmp_path / "journal.jsonl"), now)
     assert ", ran 1m10s\n" in text, text
+    # an earlier run's summary (this one's could not be written): its time is not this run's
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4, "started": "2001-01-01T00:00:00"}))
+    assert ", ran 1m40s\n" in describe(tmp_path, state, JournalCounts(tmp_path / "journal.jsonl"), now)

@@ -299,8 +299,8 @@ class PipelineApp(App):
                 running = progress.get("resume_at") if progress.get("state") == "running" else None
                 if isinstance(running, str) and running not in steps:  # killed with its worker (--item-timeout)
                     steps[running] = {"status": "failed", "reason": error, "attempts": 1, "ended_with_worker": True}
-                for never in pipeline.steps:  # the steps after it were not reached: a column each, as a run's are
-                    steps.setdefault(never.id, {"status": "missing"})
+                # every step in the pipeline's order: those it never reached are "missing", a column each
+                steps = {step.id: steps.get(step.id, {"status": "missing"}) for step in pipeline.steps}
                 summary = {"run_id": run_id, "status": "failed", "reason": error, "steps": steps}
             else:  # not run now, and never finished: what an earlier run left on disk
                 steps = statuses_on_disk(layout, pipeline)

@@ -239,7 +239,8 @@ class Leader:
             self._pool_reply(who, PoolAnswer("granted", who.request))
         host = self.liveness.note_lost(rank, why, len(keys))
         self.journal.add_event("rank_lost", rank=rank, host=host, why=why, items=keys, time=self.clock.time())
-        said = f"lost rank {rank} on {host} ({why}); {counted(len(keys), 'item')} of its go to the other ranks"
+        said = (f"lost rank {rank} on {host} ({why}); the {counted(len(keys), 'item')} it held "
+                f"{'goes' if len(keys) == 1 else 'go'} to the other ranks")
         self.progress.write(f"{self.tag} {said}")  # stderr: once, as the bar's line
         log_to_files(said)  # and the rank's log
 

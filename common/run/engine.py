@@ -655,7 +655,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
         summary["resume_command"] = _resume_command(argv)
-    earlier = _earlier_outputs(files.summary_json) if run is None or outputs_error is not None else None
+    # a run that wrote none of its outputs (stopped); one whose finish() failed part-way has said so itself
+    earlier = _earlier_outputs(files.summary_json) if run is None else None
     if earlier is not None:  # the app's files of an earlier run were left as they were
         summary["earlier_outputs"] = earlier
     # a run that ran no item (stopped or failed before any) has no timeline to show

@@ -274,7 +274,7 @@ class SweepApp(App):
         """What ``python -m common.slurm`` checks on the login node, beyond :meth:`check_arguments`
         (from the shell, not a script's ``sweep.main``): the function's module can be found from
         this folder, where the job starts (found, not imported: its top level may load a GPU library
-        or data), and the space's file reads and makes its points."""
+        or data; only the packages above it are), and the space's file reads and makes its points."""
         args = self.args
         if self.preset is not None:
             return
@@ -283,9 +283,9 @@ class SweepApp(App):
             raise UsageError(f"MODULE:FUNCTION must look like module:function (my_sweep:fit), got {args.function!r}")
         if "" not in sys.path and os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
-        try:
+        try:  # a package's __init__ runs to find a module in it; whatever it raises is a module not found here
             found = importlib.util.find_spec(module_name) is not None
-        except (ImportError, ValueError):
+        except Exception:
             found = False
         if not found:
             raise UsageError(f"cannot find module {module_name!r} from {quoted(os.getcwd())}, where the job starts")

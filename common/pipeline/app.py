@@ -12,7 +12,7 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -285,16 +285,14 @@ class PipelineApp(App):
             if record is not None:
                 summary = dict(record.result)
                 if key in self.journaled:  # finished in an earlier run, not run now: every step is that run's
-                    summary["steps"] = {step: dict(status, previous_run=True)
-                                        for step, status in summary.get("steps", {}).items()}
+                    summary["steps"] = _as_earlier(summary.get("steps", {}), [s.id for s in pipeline.steps])
             elif item is not None:  # failed: its result never reached the journal; read its steps from disk
                 error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
                 error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]
                 steps = statuses_on_disk(layout, pipeline)
-                start = item.params.get("start")
-                for kept in pipeline.steps[:pipeline.index(start)] if start is not None else []:  # a resume from start
-                    if kept.id in steps:
-                        steps[kept.id] = dict(steps[kept.id], previous_run=True)
+                start = item.params.get("start")  # a resume from it kept the steps before it
+                kept = pipeline.step_ids[:pipeline.index(start)] if start is not None else []
+                steps = _as_earlier(steps, kept)
                 progress = read_progress(layout) or {}
                 running = progress.get("resume_at") if progress.get("state") == "running" else None
                 if isinstance(running, str) and running not in steps:  # killed with its worker (--item-timeout)
@@ -342,3 +340,8 @@ class PipelineApp(App):
         if result["status"] != "ok":
             raise PipelineFailed(f"pipeline {run_id}: {result['reason']}")
         return result
+
+
+def _as_earlier(steps: Dict[str, Dict[str, Any]], ids: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """``steps`` with those of ``ids`` marked as an earlier run's (summary.md: "(earlier run)")."""
+    return {step: dict(status, previous_run=True) if step in ids else status for step, status in steps.items()}

@@ -95,13 +95,20 @@ def _points(kind: str, value: Any, args: Any) -> Tuple[List[Dict[str, Any]], Opt
     return points, keys
 
 
-def resolve(target: str, what: str = "MODULE:FUNCTION") -> Callable[..., Any]:
-    """Import ``module:function`` (the module found from the current folder, as ``python -m`` would)."""
+def split_target(target: str, what: str = "MODULE:FUNCTION") -> Tuple[str, str]:
+    """(module, function) of ``module:function``, the module to be found from the current folder
+    (as ``python -m`` finds one: the folder goes on ``sys.path``)."""
     module_name, colon, name = target.partition(":")
     if not colon or not module_name or not name:
         raise UsageError(f"{what} must look like module:function (my_sweep:fit), got {target!r}")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    return module_name, name
+
+
+def resolve(target: str, what: str = "MODULE:FUNCTION") -> Callable[..., Any]:
+    """Import ``module:function`` (the module found from the current folder, as ``python -m`` would)."""
+    module_name, name = split_target(target, what)
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # ImportError, SyntaxError, or whatever its top level raised
@@ -278,11 +285,7 @@ class SweepApp(App):
         args = self.args
         if self.preset is not None:
             return
-        module_name, colon, name = args.function.partition(":")
-        if not colon or not module_name or not name:
-            raise UsageError(f"MODULE:FUNCTION must look like module:function (my_sweep:fit), got {args.function!r}")
-        if "" not in sys.path and os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
+        module_name, _ = split_target(args.function)
         try:  # a package's __init__ runs to find a module in it; whatever it raises is a module not found here
             found = importlib.util.find_spec(module_name) is not None
         except Exception:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, 
 
 import numpy as np
 
+from common.errors import counted
 from common.results.layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, figure_names, png_name
 from common.results.outputs import atomic_write_text, new_figure, save_figure
 
@@ -354,7 +355,7 @@ def markdown(sweep: Mapping[str, Any]) -> str:
         lines.append("")
     if sweep.get("unranked"):
         count = sweep["unranked"]
-        lines += [f"{count} point{'s' if count != 1 else ''} returned no finite `{sweep['metric']}` (NaN, infinite "
+        lines += [f"{counted(count, 'point')} returned no finite `{sweep['metric']}` (NaN, infinite "
                   f"or missing) and {'are' if count != 1 else 'is'} not ranked; {RESULTS_CSV} has "
                   f"{'them' if count != 1 else 'it'}.", ""]
     if sweep.get("figure"):

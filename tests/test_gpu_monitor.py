@@ -118,10 +118,29 @@ def test_gpus_named_by_uuid_or_its_prefix_are_sampled_through_nvml_as_the_bindin
         fake_nvml.nvmlDeviceGetCount()
 
 
-def test_the_temperature_is_read_through_its_successor_once_a_release_drops_the_old_call(fake_nvml, monkeypatch):
+def _symbol_not_found(nvml):
+    """A binding whose C symbol the driver lacks, as nvidia-ml-py's answers it."""
+    def call(*args, **kwargs):
+        raise nvml.NVMLError(nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    return call
+
+
+@pytest.mark.parametrize("where", ["driver dropped the old call", "bindings dropped the old call",
+                                   "bindings older than V (12.535)", "driver older than V"])
+def test_the_temperature_is_read_whichever_of_the_two_nvml_calls_this_driver_and_bindings_have(
+        fake_nvml, monkeypatch, where):
     """nvidia-ml-py 13 deprecates nvmlDeviceGetTemperature for nvmlDeviceGetTemperatureV ("will be
-    removed in CUDA 14.0"): without it the monitor still reports the temperature."""
-    monkeypatch.delattr(fake_nvml, "nvmlDeviceGetTemperature")
+    removed in CUDA 14.0"); its bindings stay while a newer driver drops the symbol (the call then
+    raises NVMLError_FunctionNotFound), and nvidia-ml-py 12.535 or an older driver has no V: the
+    monitor reports the temperature in each case."""
+    if where == "driver dropped the old call":
+        monkeypatch.setattr(fake_nvml, "nvmlDeviceGetTemperature", _symbol_not_found(fake_nvml))
+    elif where == "bindings dropped the old call":
+        monkeypatch.delattr(fake_nvml, "nvmlDeviceGetTemperature")
+    elif where == "bindings older than V (12.535)":
+        monkeypatch.delattr(fake_nvml, "nvmlDeviceGetTemperatureV")
+    else:
+        monkeypatch.setattr(fake_nvml, "nvmlDeviceGetTemperatureV", _symbol_not_found(fake_nvml))
     monitor = GpuMonitor([Device("cuda", 0, "0")], interval=0.02)
     monitor.start()
     time.sleep(0.2)

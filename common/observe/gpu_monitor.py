@@ -144,7 +144,7 @@ class GpuMonitor:
                       read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
                       None if memory is None else memory.used / 2**20,
                       None if memory is None else memory.total / 2**20,
-                      read(lambda: _temperature(nvml)(handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))),
+                      read(lambda: _temperature(nvml, handle)),
                       read(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0))  # milliwatts
 
     def recent(self) -> List[Dict[str, Any]]:
@@ -196,11 +196,19 @@ def usage_report(samples: List[Sample]) -> Dict[str, Optional[float]]:
     return _report(totals)
 
 
-def _temperature(nvml: Any) -> Any:
-    """NVML's temperature call: ``nvmlDeviceGetTemperature`` (every nvidia-ml-py from 12.0, and every
-    driver), or where a later release has removed it, as 13.x says it will, its successor
-    ``nvmlDeviceGetTemperatureV`` (same arguments and answer, drivers that have it)."""
-    return getattr(nvml, "nvmlDeviceGetTemperature", None) or nvml.nvmlDeviceGetTemperatureV
+def _temperature(nvml: Any, handle: Any) -> Any:
+    """The GPU's temperature through ``nvmlDeviceGetTemperatureV``, the call nvidia-ml-py 13 says
+    will be the only one from CUDA 14 (the old one's bindings may stay while a driver drops the
+    symbol, and then only raise). Through the old ``nvmlDeviceGetTemperature`` where the bindings
+    are older than V (nvidia-ml-py 12.535 has none) or the driver is (V's symbol not found)."""
+    sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
+    successor = getattr(nvml, "nvmlDeviceGetTemperatureV", None)
+    if successor is not None:
+        try:
+            return successor(handle, sensor)
+        except nvml.NVMLError_FunctionNotFound:
+            pass
+    return nvml.nvmlDeviceGetTemperature(handle, sensor)
 
 
 def nvml_handle(nvml: Any, ident: str) -> Any:

@@ -22,6 +22,7 @@ NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 _COUNT = int(os.environ.get("FAKE_NVML_GPUS", "8"))
@@ -33,7 +34,8 @@ class NVMLError(Exception):
 
     _valClassMapping = {}
     _errcode_to_string = {NVML_ERROR_UNINITIALIZED: "Uninitialized", NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
-                          NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_NOT_FOUND: "Not Found"}
+                          NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_NOT_FOUND: "Not Found",
+                          NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found"}
 
     def __new__(typ, value):
         if typ == NVMLError:
@@ -62,6 +64,7 @@ NVMLError_Uninitialized = _error_class("NVMLError_Uninitialized", NVML_ERROR_UNI
 NVMLError_InvalidArgument = _error_class("NVMLError_InvalidArgument", NVML_ERROR_INVALID_ARGUMENT)
 NVMLError_NotSupported = _error_class("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
 NVMLError_NotFound = _error_class("NVMLError_NotFound", NVML_ERROR_NOT_FOUND)
+NVMLError_FunctionNotFound = _error_class("NVMLError_FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND)
 NVMLError_ArgumentVersionMismatch = _error_class("NVMLError_ArgumentVersionMismatch",
                                                  NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
 
@@ -141,17 +144,21 @@ def nvmlDeviceGetMemoryInfo(handle, version=None):  # noqa: ARG001 (nvidia-ml-py
     return _Memory(int((8000 + 2000 * _phase(index)) * 2**20), 40960 * 2**20)
 
 
-def nvmlDeviceGetTemperatureV(handle, sensor, version=nvmlTemperature_v1):
-    if version != nvmlTemperature_v1:
-        raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+def _temperature(handle):
     index = _index(handle)
     if index == 1:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return int(55 + 10 * _phase(index))
 
 
+def nvmlDeviceGetTemperatureV(handle, sensor, version=nvmlTemperature_v1):
+    if version != nvmlTemperature_v1:
+        raise NVMLError(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    return _temperature(handle)
+
+
 def nvmlDeviceGetTemperature(handle, sensor):  # deprecated in 13.x for nvmlDeviceGetTemperatureV
-    return nvmlDeviceGetTemperatureV(handle, sensor)
+    return _temperature(handle)
 
 
 def nvmlDeviceGetPowerUsage(handle):

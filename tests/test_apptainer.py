@@ -148,3 +148,29 @@ def test_runscript_is_python_with_the_arguments_passed_through(path, tmp_path):
     module = subprocess.run(["sh", str(runscript), "-m", "common.slurm", "--nodes", "0", "--", "mnist_nn", "1", "1"],
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert module.returncode == 2 and "--nodes 0" in module.stderr
+
+
+def test_both_cuda_definitions_run_one_test_section():
+    cuda11, cuda12 = (sections(REPO / "apptainer" / name)["test"] for name in ("cuda11.def", "cuda12.def"))
+    assert cuda11 == cuda12
+
+
+def test_the_cuda_test_section_passes_in_a_build_inside_a_gpu_job(tmp_path):
+    """``apptainer build`` runs %test without --nv and with the host's environment: inside a GPU
+    Slurm job CUDA_VISIBLE_DEVICES=0 reaches it, but there is no driver and no nvidia-smi in the
+    image. The section, run by a real shell with this environment's python as the image's, must
+    pass (the smoke run on the CPU), not fail the build."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"  # what the image has on PATH: python and the core utilities, no nvidia-smi
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')  # a venv's, as itself
+    (bin_dir / "python").chmod(0o755)
+    (bin_dir / "mktemp").symlink_to(shutil.which("mktemp"))
+    script = tmp_path / "test.sh"
+    script.write_text(sections(REPO / "apptainer" / "cuda12.def")["test"] + "\n")
+    env = {"PATH": str(bin_dir), "CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_ID": "4242", "HOME": str(tmp_path),
+           "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}  # PYTHONPATH: the image's installed project
+    proc = subprocess.run([shutil.which("sh"), str(script)], env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "mnist_nn: complete" in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -205,6 +206,34 @@ def test_a_bind_source_missing_on_the_node_ends_the_job_in_one_line_before_srun(
                                                  f"{socket.gethostname()}: the run was not started"), done.stdout
     missing.mkdir()  # there now (a folder the compute nodes have): the job starts
     assert job().returncode == 0 and (tmp_path / "argv").exists()
+
+
+def test_a_walltime_warning_while_the_step_is_down_starts_no_new_step_and_requeues(tmp_path):
+    """The step ends abnormally (a rank lost), and Slurm's USR1 comes during the pause before it is
+    started again: no new step (it would run into the walltime kill), exit 75 and a requeue, so the
+    job's next start resumes. ``srun`` and ``scontrol`` are recorders (no Slurm needed)."""
+    made = generate("--nodes", "2", "--cpu", "--time", "01:00:00", "--", "mnist_nn", "1", "1")
+    assert made.returncode == 0, made.stderr
+    script = tmp_path / "job.sbatch"
+    script.write_text(made.stdout)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("srun", 'echo started >> "$CALLS"; exit 137'), ("scontrol", 'echo "scontrol $*" >> "$CALLS"')):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), SLURM_SUBMIT_DIR=str(tmp_path),
+               SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2", SLURM_CPUS_PER_TASK="2")
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while not (calls.exists() and calls.read_text() == "started\n") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the script has seen the step end and sleeps before starting it again
+    job.send_signal(signal.SIGUSR1)
+    out, _ = job.communicate(timeout=30)
+    assert job.returncode == 75, out
+    assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], out
+    assert "SIGUSR1 came while the step was down: not starting it again" in out, out
 
 
 # ----- the project's CPU scripts on a real Slurm -----

@@ -73,6 +73,11 @@ while :; do
     attempt=$((attempt + 1))
     log "the run's step ended abnormally (exit $rc): starting it again with --resume ($attempt of {{step_restarts}})"
     sleep 5
+    if [ -n "$stop_signal" ]; then  # it came while no step ran: there is nothing to start again
+        log "SIG$stop_signal came while the step was down: not starting it again"
+        rc={{exit_stopped}}
+        break
+    fi
     LAUNCH=({{relaunch}})
 done
 

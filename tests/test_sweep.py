@@ -282,6 +282,11 @@ BAD_INPUTS = [
      ["--grid", "g.json"], ["positional-only"]),
     ("sweep_functions:noisy", {"g.yaml": "x: [1]\n123: [2]\n"}, ["--grid", "g.yaml"],  # YAML's unquoted 123 is a number
      ["parameter name 123 is not a string but int", "quote a name such as 123"]),
+    ("partial:fit", {"g.json": {"x": [1]}, "partial.py": "import functools\ndef base(params, scale=1):\n    return {}\n"
+                     "fit = functools.partial(base, scale=2)\n"}, ["--grid", "g.json"],
+     ["must be a function defined with def, got a partial", "wrap it in a def"]),
+    ("instance:fit", {"g.json": {"x": [1]}, "instance.py": "class Fit:\n    def __call__(self, params):\n        return {}\n"
+                      "fit = Fit()\n"}, ["--grid", "g.json"], ["must be a function defined with def, got a Fit"]),
 ]
 
 
@@ -437,6 +442,38 @@ def test_a_script_calling_sweep_main_unguarded_is_one_line_naming_the_line(tmp_p
                     '    raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n')
     assert run([str(guarded), "--help"], cwd=tmp_path).stdout.startswith(f"usage: python {guarded}")
     assert run([str(guarded), *ENGINE, "--results", str(tmp_path / "g")], cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("arguments, fragment", [
+    ('repeats=0', "repeats must be a whole number of at least 1, got 0"),
+    ('repeats=2.5', "repeats must be a whole number of at least 1, got 2.5"),
+    ('space={"x": {"uniform": [0, 1]}}, samples=-1', "samples must be a whole number of at least 1, got -1"),
+    ('minimise="y", maximise="y"', "takes minimise= or maximise=, not both"),
+    ('minimise=3', "minimise must be the name of a value the function returns, got an integer"),
+])
+def test_sweep_mains_own_arguments_are_checked_as_the_flags_are(tmp_path, arguments, fragment):
+    """What the command line's flags refuse (--repeats 0, both goals) is refused from Python too: one
+    line, exit 2, nothing written (it completed 0 items, maximised for both goals, or left a logs
+    folder behind a traceback)."""
+    space = "" if "space=" in arguments else 'grid={"x": [1, 2]}, '
+    script = write(tmp_path / "script.py", UNGUARDED + 'if __name__ == "__main__":\n'
+                   f'    raise SystemExit(sweep.main(fit, {space}{arguments}))\n')
+    result = run([str(script), *ENGINE, "--results", str(tmp_path / "r")], cwd=tmp_path)
+    assert_usage_error(result, "sweep: error: sweep.main", fragment)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_path):
+    """--minimise with a misspelt name: the run completes (results.csv has every value), and its last
+    line says nothing was ranked and what the function returned, instead of passing for a run with
+    no metric."""
+    result = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(write(tmp_path / "g.json", {"x": [1, 2]})),
+                   "--minimise", "los", workers=1)
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("nothing to rank: no result holds a finite number named 'los' (the function returned "), last
+    returned = summary(tmp_path / "r")["sweep"]["returned"]
+    assert last.endswith(f"({'the function returned ' + ', '.join(map(repr, returned))})") and returned, last
 
 
 def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range(tmp_path):

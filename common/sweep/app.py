@@ -162,6 +162,25 @@ def _picklable(function: Callable[..., Any], what: str) -> None:
                          f"it with def at the top level of a module (not a lambda or a nested function)") from None
 
 
+def _check_preset(preset: Preset) -> None:
+    """sweep.main's own arguments, held to what the command line's flags accept (argparse checks
+    those; a value given in Python reaches the engine as it is)."""
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not whole(preset.repeats) or preset.repeats < 1:
+        raise UsageError(f"sweep.main: repeats must be a whole number of at least 1, got {preset.repeats!r}")
+    if preset.samples is not None and (not whole(preset.samples) or preset.samples < 1):
+        raise UsageError(f"sweep.main: samples must be a whole number of at least 1, got {preset.samples!r}")
+    for name in ("minimise", "maximise"):
+        value = getattr(preset, name)
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"sweep.main: {name} must be the name of a value the function returns, got "
+                             f"{kind_of(value)}")
+    if preset.minimise is not None and preset.maximise is not None:
+        raise UsageError("sweep.main takes minimise= or maximise=, not both")
+
+
 class SweepApp(App):
     """A function over a space of parameters, one item per point and repeat."""
 
@@ -214,6 +233,8 @@ class SweepApp(App):
 
     def check_arguments(self) -> None:
         args = self.args
+        if self.preset is not None:
+            _check_preset(self.preset)
         if self.preset is not None and args.minimise is not None and args.maximise is not None:
             # one of them is sweep.main's own: the command line's other one replaces it
             if args.minimise == self.preset.minimise:
@@ -266,6 +287,10 @@ class SweepApp(App):
             value = {"grid": preset.grid, "points": preset.points, "samples": preset.space}[kind]
         if not callable(function):
             raise UsageError(f"the sweep function must be a function, got {kind_of(function)}")
+        if not isinstance(getattr(function, "__qualname__", None), str):  # a functools.partial, an object with __call__
+            raise UsageError(f"the sweep function must be a function defined with def, got {kind_of(function)}: a "
+                             f"run is found again on --resume by its function's name, which this has not; wrap "
+                             f"it in a def at the top level of a module")
         if setup is not None and not callable(setup):
             raise UsageError(f"setup must be a function, got {kind_of(setup)}")
         wants = _wanted(function)

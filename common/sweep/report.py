@@ -244,7 +244,9 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
                              "metric": plan.metric, "goal": plan.goal if plan.metric else None,
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
     if plan.metric and not ranked:
-        sweep["note"] = f"no result holds a finite number named {plan.metric!r}"
+        returned = f"the function returned {', '.join(map(repr, values))}" if values else \
+            "the function returned no named numbers"
+        sweep["note"] = f"no result holds a finite number named {plan.metric!r} ({returned})"
     elif plan.metric:  # points none of whose repeats returned a finite metric: in results.csv, not ranked
         unranked = {point_key(item.params["point"]) for item, _ in finished} - {entry["key"] for entry in ranked}
         if unranked:
@@ -364,10 +366,11 @@ def markdown(sweep: Mapping[str, Any]) -> str:
 
 
 def headline(sweep: Mapping[str, Any]) -> List[str]:
-    """The line printed on stdout after a complete run: the best point, where a metric was named."""
+    """The line printed on stdout after a complete run: the best point, where a metric was named
+    (or why nothing was ranked: a misspelt name should not pass for a run without one)."""
     best = sweep.get("best") or []
     if not best:
-        return []
+        return [f"nothing to rank: {sweep['note']}"] if sweep.get("note") else []
     top = best[0]
     repeats = f" (mean of {top['n']} repeats)" if top["n"] > 1 else ""
     return [f"best {sweep['metric']}: {top['mean']!r}{repeats} at {_params_text(top['params'])}"]

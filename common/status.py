@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
 from common.observe.progress import format_seconds
+from common.results.hold import read_hold, stale_because
 from common.results.journal import parse_line, whole_lines
 from common.results.layout import JOURNAL_NAME, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
@@ -54,6 +55,7 @@ class JournalCounts:
         self.start: Optional[dict] = None  # the last start event (this run's, on a resumed job)
         self.stops: List[dict] = []
         self.lost: Dict[int, dict] = {}
+        self.last: Optional[float] = None  # the latest time a line gives (an item's end, a start, a stop)
 
     def update(self) -> None:
         """Read what was appended since the last call (:class:`NotRegularFile` where the journal
@@ -73,6 +75,9 @@ class JournalCounts:
             kind = entry.get("type")
             if "key" in entry and not isinstance(entry["key"], str):  # not a record the engine writes
                 continue
+            when = entry.get("end", entry.get("time"))
+            if isinstance(when, (int, float)) and not isinstance(when, bool) and when == when:
+                self.last = when if self.last is None else max(self.last, when)
             if kind == "header":
                 self.header = entry
             elif kind == "result" and "key" in entry:
@@ -128,13 +133,24 @@ def _number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{unit}"
 
 
-def gone(status: Optional[Dict[str, Any]], now: float) -> bool:
-    """Whether a run the status file says is running (or stopping) has stopped refreshing it for
-    several of its periods: the job was probably killed, and will not say more."""
+def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optional[str]:
+    """Why a run the status file says is running (or stopping) is not, or None while it may be:
+    the hold it keeps on its results folder says its rank 0's process is gone (a SIGKILL, an
+    out-of-memory kill: seen at once from rank 0's own host), or it has stopped refreshing the
+    status file for several of its periods (killed, seen from anywhere)."""
     if not status or status.get("state") not in ("running", "stopping"):
-        return False
+        return None
+    holder = read_hold(results)
+    if holder is not None and not holder.get("damaged") and holder.get("pid") == status.get("pid") \
+            and holder.get("host") == status.get("host"):
+        why = stale_because(holder, now)
+        if why is not None and not why.startswith("not refreshed"):  # its own file's age is the rule below
+            return f"{why} (rank 0, pid {holder.get('pid')} on {holder.get('host')})"
     every = float(status.get("every") or STATUS_SECONDS)
-    return now - float(status.get("updated") or 0) > STALE_INTERVALS * every + STALE_MARGIN_SECONDS
+    age = now - float(status.get("updated") or 0)
+    if age > STALE_INTERVALS * every + STALE_MARGIN_SECONDS:
+        return f"the status file has not been refreshed for {format_seconds(age)} (every {every:g} s while the job runs)"
+    return None
 
 
 def describe(results: Path, status: Optional[dict], journal: JournalCounts, now: float) -> str:
@@ -161,10 +177,12 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     every = float(status.get("every") or STATUS_SECONDS)
     state = status.get("state", "?")
     age = now - float(status.get("updated") or 0)
-    lost = gone(status, now)  # what the file says of running items, the rate and the workers is stale
-    if lost:
-        shown = (f"GONE? the status file has not been refreshed for {format_seconds(age)} (every {every:g} s while "
-                 f"the job runs): the job was probably killed; rerun it with --resume to finish")
+    why_gone = gone(results, status, now)
+    lost = why_gone is not None  # what the file says of running items, the rate and the workers is stale
+    if why_gone is not None and why_gone.startswith("the status file"):
+        shown = f"GONE? {why_gone}: the job was probably killed; rerun it with --resume to finish"
+    elif why_gone is not None:
+        shown = f"GONE: {why_gone}: the job was killed; rerun it with --resume to finish"
     elif state == "finishing":
         shown = (f"finishing: writing the outputs (since {_ago(status.get('updated'), now)}; if this lasts for long, "
                  f"see logs/rank0.log: the job may have ended there)")
@@ -192,16 +210,17 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
         if summary and isinstance(summary.get("wall_seconds"), (int, float)) and _same_start(summary, status):
             elapsed = float(summary["wall_seconds"])  # as summary.md says it
         lines.append(f"time     started {_when(status.get('started'))}, ran {format_seconds(elapsed)}")
-    elif lost:
-        ran = float(status.get("updated") or now) - float(status.get("started") or now)
+    elif lost:  # until its last sign of life: the status file's refresh or the journal's last line
+        ran = max(float(status.get("updated") or now), journal.last or 0.0) - float(status.get("started") or now)
+        mean = (done - resumed) / ran if ran > 0 else None  # the status file's rate may be from its first write
         lines.append(f"time     started {_when(status.get('started'))}, ran at least {format_seconds(ran)}; "
-                     f"last rate {_number(rate, ' items/s', 3)}, no ETA (the job is not running)")
+                     f"mean rate {_number(mean, ' items/s', 3)}, no ETA (the job is not running)")
     else:
         eta = status.get("eta_seconds")
         lines.append(f"rate     {_number(rate, ' items/s', 3)}, ETA {format_seconds(eta)}; "
                      f"started {_when(status.get('started'))}, {format_seconds(elapsed)} ago")
     if state == "stopped" and summary and summary.get("resume_command"):
-        lines.append(f"resume   {summary['resume_command']}")
+        lines.append(f"resume   with the same launcher and: {summary['resume_command']}")
 
     lines += _ranks(status, journal, every, now)
     if state not in FINAL_STATES and not lost:
@@ -366,7 +385,8 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             out.write(text)
             out.flush()
             # ends with the job: done, stopped, failed, or gone without a word (killed)
-            if args.watch is None or (status or {}).get("state") in FINAL_STATES or gone(status, time.time()):
+            if args.watch is None or (status or {}).get("state") in FINAL_STATES \
+                    or gone(results, status, time.time()) is not None:
                 return 0
             time.sleep(args.watch)
     except KeyboardInterrupt:

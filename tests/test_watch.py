@@ -149,10 +149,19 @@ def test_a_stopped_job_says_how_to_finish_it(tmp_path, quick_status):
     assert "ETA" not in last and " elapsed " in last, err  # a stopped run's last progress line gives no ETA
     text = status(results).stdout
     assert text.startswith("toy: stopped"), text
-    assert re.search(r"items +\d+ of 40 done", text) and "resume   python" in text and "--resume" in text, text
+    assert re.search(r"items +\d+ of 40 done", text) and "resume   with the same launcher and: python" in text and "--resume" in text, text
+
+
+def as_if_on(results: Path, host: str) -> None:
+    """Make a killed job's status and hold files say it ran on ``host`` (another node: its process
+    cannot be looked at from here)."""
+    for name in ("status.json", "hold.json"):
+        path = Path(results) / name
+        path.write_text(json.dumps(dict(json.loads(path.read_text()), host=host)))
 
 
 def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, quick_status):
+    """Killed on another node (seen from a login node): only the status file's age tells."""
     results = tmp_path / "r"
     job = start([TOY, "40", "--sleep", "0.5", "--gpu", "cpu", "--results", str(results)])
     try:
@@ -160,6 +169,7 @@ def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, q
         assert wait_until(lambda: status_file(results).get("state") == "running", timeout=30)
         os.killpg(job.pid, signal.SIGKILL)  # the node is gone: nothing gets to write anything
         job.wait()
+        as_if_on(results, "node7")
         fresh = status(results).stdout
         assert fresh.startswith("toy: running"), fresh
         # status every 1 s: stale after 4 intervals and a 5 s margin; asked (a process each time) from
@@ -181,6 +191,36 @@ def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, q
     assert "running" not in text.replace("0 running", "").replace("not running", ""), text
     watched = status(results, "--watch", "1")  # ends with the job, a killed one too: after one look
     assert watched.returncode == 0 and watched.stdout.count("toy: GONE?") == 1, watched.stdout
+
+
+def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_status):
+    """Its hold names rank 0's process, which is gone: said at once (not "running" for the ~10 s the
+    status file takes to go stale), with the time it ran from the journal's last line, the rate it
+    made, and --watch ending after one look."""
+    results = tmp_path / "r"
+    job = start([TOY, "40", "--sleep", "0.5", "--workers", "2", "--gpu", "cpu", "--results", str(results)])
+    try:
+        wait_for_results(results, 5)
+        pid = status_file(results)["pid"]
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    text = status(results).stdout
+    assert text.startswith(f"toy: GONE: its process is gone (rank 0, pid {pid} on "), text
+    assert "--resume" in text and "rank0-cpu0" not in text, text  # no worker shown as starting or running
+    entries = [json.loads(line) for line in (results / "journal.jsonl").read_text().splitlines()]
+    done = [e for e in entries if e["type"] == "result"]
+    ran = max(e["end"] for e in done) - status_file(results)["started"]
+    shown = re.search(r"ran at least (\S+); mean rate ([\d.]+) items/s", text)
+    assert shown and shown.group(1) == format_seconds(ran), (ran, text)
+    assert float(shown.group(2)) == pytest.approx(len(done) / ran, rel=0.01), text
+    watched = status(results, "--watch", "1")
+    assert watched.returncode == 0 and watched.stdout.count("toy: GONE:") == 1, watched.stdout
+    as_if_on(results, "node7")  # the same files seen from another host: its process cannot be looked at
+    assert status(results).stdout.startswith("toy: running"), status(results).stdout
 
 
 def test_a_folder_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):

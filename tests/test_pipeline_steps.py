@@ -135,6 +135,14 @@ def test_a_memory_limit_kills_the_step(tmp_path):
     assert result["status"] == "failed"
 
 
+def test_a_step_that_ends_before_its_memory_is_sampled_has_no_peak_figure(tmp_path):
+    """``true`` ends before the first look at its memory (all but always): null in its status.json,
+    never 0 bytes (a sample on a loaded machine may catch it: then its real size)."""
+    result, _ = run_pipeline(tmp_path, [{"id": "quick", "command": "true", "memory": "1g"}])
+    peak = result["steps"]["quick"]["max_rss_bytes"]
+    assert result["steps"]["quick"]["status"] == "ok" and (peak is None or peak > 0), result
+
+
 def test_a_passed_deadline_ends_the_running_step_and_skips_the_rest(tmp_path):
     result, layout = run_pipeline(tmp_path, [{"id": "quick", "command": "true"},
                                              {"id": "long", "command": "sleep 60", "timeout": 100},

@@ -135,6 +135,13 @@ def read_cost_and_output(stdout_log: Path, offset: int, output: Optional[Path]) 
     return cost
 
 
+def _peak(values: Any) -> Optional[int]:
+    """The highest resident memory sampled over a step's attempts; None where no sample saw it (a
+    step that ended before the first, or none with a memory limit). An earlier run's 0 meant that."""
+    sampled = [value for value in values if isinstance(value, int) and value > 0]
+    return max(sampled) if sampled else None
+
+
 def read_status(layout: RunLayout, step_id: str) -> Optional[Dict[str, Any]]:
     try:
         return json.loads(layout.status_path(step_id).read_text())
@@ -371,7 +378,7 @@ class PipelineRunner:
                               last["ended"], round(sum(h["ended"] - h["started"] for h in history), 3),
                               exit_code=last["exit_code"],
                               queued_seconds=round(sum(h["queued_seconds"] for h in history), 3))
-        status.update(memory_limit=step.memory_text, max_rss_bytes=max(h["max_rss_bytes"] for h in history),
+        status.update(memory_limit=step.memory_text, max_rss_bytes=_peak(h.get("max_rss_bytes") for h in history),
                       cost=round(sum(h["cost"] for h in history), 6), history=(earlier + history)[-MAX_HISTORY:])
         output = self.layout.step_dir(step.id) / STEP_OUTPUT
         status["output"] = str(output.relative_to(self.layout.results)) if output.is_file() else None

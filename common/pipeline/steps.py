@@ -60,7 +60,7 @@ class Attempt:
     started: float
     ended: float
     reason: str = ""
-    max_rss_bytes: int = 0
+    max_rss_bytes: Optional[int] = None  # the peak sampled (memory limit set); None: no sample saw the step
     stdout_offset: int = 0  # where this attempt's output starts in stdout.log
     cost: float = 0.0  # what the step reported on its standard output (COST_KEY lines)
 
@@ -160,7 +160,8 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
             err.write(f"cannot start {argv[0]}: {error}\n".encode())
             return Attempt("failed", None, started, time.time(), f"cannot start: {error}", stdout_offset=offset)
         since = proctree.start_time(process.pid) or started
-        status, reason, peak, next_memory_check = None, "", 0, clock
+        status, reason, next_memory_check = None, "", clock
+        peak: Optional[int] = None
         ending_since: Optional[float] = None  # when SIGTERM went out
         try:
             while process.poll() is None:
@@ -172,7 +173,8 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
                 elif memory is not None and now >= next_memory_check:
                     next_memory_check = now + MEMORY_POLL_SECONDS
                     resident = proctree.resident_bytes(process.pid, since, count_root=False)  # not the guard
-                    peak = max(peak, resident)
+                    if resident:  # 0: the step's own processes not started yet, or already gone
+                        peak = max(peak or 0, resident)
                     if resident > memory:
                         status = "failed"
                         reason = f"memory limit {format_bytes(memory)} exceeded ({format_bytes(resident)} resident)"

@@ -51,6 +51,24 @@ def slurm_gave_no_gpu() -> bool:
     return "SLURM_JOB_ID" in os.environ and "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
+#: what Slurm sets where it gives a job or step GPUs, whether or not it sets CUDA_VISIBLE_DEVICES
+SLURM_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
+
+
+def slurm_gpus_without_cuda_variable() -> Optional[str]:
+    """``NAME=value`` of the Slurm variable saying this job was given GPUs, where Slurm set no
+    CUDA_VISIBLE_DEVICES for them (gres.conf ``Flags=no_gpu_env``, or GPUs configured without
+    ``File=``); None otherwise. Which of the node's GPUs they are cannot be told safely then
+    (Slurm's ids are the node's, CUDA's may be renumbered by a device cgroup)."""
+    if "SLURM_JOB_ID" not in os.environ or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return None
+    for name in SLURM_GPU_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value and value not in ("0", "(null)", "N/A"):
+            return f"{name}={value}"
+    return None
+
+
 def visible_gpus() -> List[str]:
     """Physical ids of the GPUs this process may use, found without initialising CUDA."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -117,6 +135,11 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
     indexes = parse_gpu_spec(spec)
     gpus = visible_gpus() if gpus is None else gpus
     notice = None
+    given = slurm_gpus_without_cuda_variable() if not gpus else None
+    if given is not None and indexes is not None:
+        raise UsageError(f"--gpu {spec or '0 (the default)'}: Slurm gave this job GPUs on {os.uname().nodename} "
+                         f"({given}) but set no CUDA_VISIBLE_DEVICES (gres.conf Flags=no_gpu_env?): set it in "
+                         f"the job script to those GPUs as CUDA numbers them here, or use --gpu cpu")
     if indexes == [0] and spec is None and not gpus:
         indexes, notice = None, "no GPU found: running on CPU (use --gpu cpu to silence this)"
     if indexes is None:

@@ -37,6 +37,29 @@ def test_in_a_slurm_job_given_no_gpu_the_nodes_gpus_are_not_taken(monkeypatch):
     assert visible_gpus() == ["0", "1"]
 
 
+@pytest.mark.parametrize("variable", ["SLURM_STEP_GPUS=0,1", "SLURM_JOB_GPUS=2", "SLURM_GPUS_ON_NODE=4"])
+def test_a_slurm_job_given_gpus_without_cuda_visible_devices_is_told_so(monkeypatch, variable):
+    """gres.conf Flags=no_gpu_env: Slurm gives GPUs and sets no CUDA_VISIBLE_DEVICES. Neither "no
+    GPU" nor a silent run on the CPU: one line naming what Slurm did set, and what to do."""
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    name, value = variable.split("=")
+    monkeypatch.setenv(name, value)
+    for spec in (None, "all", "1"):
+        with pytest.raises(UsageError, match=f"Slurm gave this job GPUs on .* \\({variable}\\) but set no "
+                                             f"CUDA_VISIBLE_DEVICES"):
+            resolve_devices(spec, 1)
+    assert resolve_devices("cpu", 2)[0] == [Device("cpu", 0), Device("cpu", 1)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # set in the job script, as the line says
+    assert resolve_devices(None, 1)[0] == [Device("cuda", 0, "0")]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.delenv(name)
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "0")  # Slurm's way of saying none
+    assert resolve_devices(None, 1)[0] == [Device("cpu", 0)]
+
+
 def test_ranks_of_one_node_that_see_the_same_gpus_share_them_out():
     """mpirun -n 8 over two 4-GPU nodes, no GPU bound to each task: each rank takes its own share."""
     gpus = ["0", "1", "2", "3"]

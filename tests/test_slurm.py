@@ -75,6 +75,9 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--results", "a\nb"], "control characters"),
     (["--nodes", "99999999999", "--gpus-per-node", "1", "--", "mnist_svm", "4"], "--nodes 99999999999: at most"),
     (["--gpus-per-node", "1000", "--", "mnist_svm", "4"], "--gpus-per-node 1000: at most"),
+    (["--gpus-per-node", "a100:x", "--", "mnist_svm", "4"], "--gpus-per-node 'a100:x': expected a number of GPUs, or TYPE:N"),
+    (["--gpus-per-node", "a100:0", "--", "mnist_svm", "4"], "--gpus-per-node a100:0: a GPU job needs at least one GPU"),
+    (["--gpus-per-node", "a$(x):2", "--", "mnist_svm", "4"], "a GPU type is letters, digits and . _ -"),
     # the program's own checks and the files it names, before a script waits in the queue
     (["--gpus-per-node", "1", "--", "mnist_sv", "4"], "unknown app 'mnist_sv': expected one of mnist_svm, mnist_nn"),
     (["--gpus-per-node", "1", "--", "mnist_svm", "142"], "mnist_svm: n_tuning 142 with 5 folds is 100,820 fits"),
@@ -103,6 +106,16 @@ def test_bad_combination_is_a_one_line_error(args, word):
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert word in done.stderr
+
+
+def test_a_typed_gpu_request_goes_to_sbatch_and_srun_as_slurm_takes_it():
+    """--gpus-per-node a100:4 (clusters with several GPU types): the #SBATCH line and the step ask
+    for that type, each rank gets 4 CPUs per GPU, and the script's own command line says it."""
+    made = generate("--nodes", "2", "--gpus-per-node", "a100:4", "--", "mnist_nn", "1", "1")
+    assert made.returncode == 0, made.stderr
+    assert "#SBATCH --gpus-per-node=a100:4\n" in made.stdout and "#SBATCH --cpus-per-task=16\n" in made.stdout
+    assert made.stdout.count('--gpus-per-node="${SLURM_GPUS_PER_NODE:-a100:4}"') == 2  # the step and its restart
+    assert "python -m common.slurm --nodes 2 --gpus-per-node a100:4 " in made.stdout
 
 
 def test_programs_that_pass_their_own_checks_get_a_script():

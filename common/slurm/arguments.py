@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import List
 
 from ..errors import UsageError
-from .spec import MPI_PLUGINS, JobSpec
+from .spec import MPI_PLUGINS, JobSpec, parse_gpus
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,8 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
                      description="Print a walltime-safe Slurm batch script for a multinode-gpu program "
                                  "(everything after '--' is the program and its arguments).")
     parser.add_argument("--nodes", type=int, default=1, help="nodes, one MPI rank each (default 1)")
-    parser.add_argument("--gpus-per-node", type=int, default=None,
-                        help="GPUs per node; the rank uses them all (a GPU job needs it; or --cpu)")
+    parser.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N",
+                        help="GPUs per node, or TYPE:N for a GPU type the cluster names (a100:4); the rank uses "
+                             "them all (a GPU job needs it; or --cpu)")
     parser.add_argument("--time", default="01:00:00", help="walltime HH:MM:SS or D-HH:MM:SS (default 01:00:00)")
     parser.add_argument("--partition", help="Slurm partition")
     parser.add_argument("--account", help="Slurm account to charge")
@@ -48,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(args: argparse.Namespace, command: List[str]) -> JobSpec:
-    return JobSpec(command=command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, time=args.time,
+    gpu_type, gpus_per_node = parse_gpus(args.gpus_per_node)
+    return JobSpec(command=command, nodes=args.nodes, gpus_per_node=gpus_per_node, gpu_type=gpu_type, time=args.time,
                    cpu=args.cpu, ntasks_per_node=args.ntasks_per_node, cpus_per_task=args.cpus_per_task,
                    partition=args.partition, account=args.account, container=args.container,
                    binds=list(args.bind), mpi=args.mpi, warning=args.warning, grace=args.grace,

@@ -24,6 +24,7 @@ _TIME = re.compile(r"^(?:([0-9]+)-)?([0-9]+):([0-9][0-9]):([0-9][0-9])$")
 MAX_REQUEUES = 1000
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SAFE_WORD = re.compile(r"^[\w.,:@%+=/-]+$")
+_GPU_TYPE = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 
 
 def parse_walltime(text: str) -> int:
@@ -54,6 +55,19 @@ def program_of(command: List[str]) -> Tuple[List[str], str]:
     return ["python", "-m", target], target.rsplit(".", 1)[-1]
 
 
+def parse_gpus(text: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
+    """``--gpus-per-node``'s ``N`` or ``TYPE:N`` (Slurm's typed request): (type or None, N)."""
+    if text is None:
+        return None, None
+    kind, colon, count = text.strip().rpartition(":")
+    try:
+        number = int(count)
+    except ValueError:
+        raise UsageError(f"--gpus-per-node {text!r}: expected a number of GPUs, or TYPE:N as Slurm takes it "
+                         f"(a100:4)") from None
+    return (kind if colon else None), number
+
+
 @dataclass
 class JobSpec:
     """One batch job: resources, how to launch, and the program with its arguments."""
@@ -61,6 +75,7 @@ class JobSpec:
     command: List[str]
     nodes: int = 1
     gpus_per_node: Optional[int] = None  # None: not given (a CPU job's, or a GPU job's mistake)
+    gpu_type: Optional[str] = None  # --gpus-per-node a100:4: the GPU type Slurm's gres names ("a100")
     time: str = "01:00:00"
     cpu: bool = False
     ntasks_per_node: int = 1
@@ -103,8 +118,11 @@ class JobSpec:
         if not self.cpu and self.gpus_per_node is None:
             raise UsageError("a GPU job needs --gpus-per-node N (the GPUs each node gives the run), or --cpu for a "
                              "CPU job")
+        if self.gpu_type is not None and not _GPU_TYPE.match(self.gpu_type):
+            raise UsageError(f"--gpus-per-node {self.gpu_type}:{self.gpus_per_node}: a GPU type is letters, digits "
+                             f"and . _ - (as gres.conf names it: a100, h100_80gb)")
         if not self.cpu and self.gpus_per_node < 1:
-            raise UsageError(f"--gpus-per-node {self.gpus_per_node}: a GPU job needs at least one GPU per node (or use --cpu)")
+            raise UsageError(f"--gpus-per-node {self.gpus}: a GPU job needs at least one GPU per node (or use --cpu)")
         if not self.cpu and self.ntasks_per_node > 1:
             raise UsageError(f"--ntasks-per-node {self.ntasks_per_node} with GPUs: each rank uses every GPU of its node, "
                              f"so ranks on one node would share them; use 1 (the default) or --cpu")
@@ -165,10 +183,15 @@ class JobSpec:
             return self.cpus_per_task
         return 1 if self.cpu else 4 * self.gpus_per_node
 
+    @property
+    def gpus(self) -> str:
+        """The GPUs per node as Slurm's --gpus-per-node takes them: ``4`` or ``a100:4``."""
+        return f"{self.gpu_type}:{self.gpus_per_node}" if self.gpu_type else str(self.gpus_per_node)
+
     def argv(self) -> List[str]:
         """The generator's command line that makes this spec (written into the script)."""
         words = ["--nodes", str(self.nodes)]
-        words += ["--cpu"] if self.cpu else ["--gpus-per-node", str(self.gpus_per_node)]
+        words += ["--cpu"] if self.cpu else ["--gpus-per-node", self.gpus]
         if self.ntasks_per_node != 1:
             words += ["--ntasks-per-node", str(self.ntasks_per_node)]
         if self.cpus_per_task is not None:

@@ -108,7 +108,7 @@ def header(spec: JobSpec) -> List[str]:
     options = [f"--job-name={spec.name}", f"--nodes={spec.nodes}",
                f"--ntasks-per-node={spec.ntasks_per_node}"]
     if not spec.cpu:
-        options.append(f"--gpus-per-node={spec.gpus_per_node}")
+        options.append(f"--gpus-per-node={spec.gpus}")
     options.append(f"--cpus-per-task={spec.default_cpus_per_task}")
     options.append(f"--time={spec.time}")
     if spec.partition:
@@ -151,7 +151,7 @@ def _srun_options(spec: JobSpec, relaunch: bool = False) -> str:
     options = [f"--mpi={spec.mpi}", nodes,
                f"--ntasks-per-node={spec.ntasks_per_node}", '--cpus-per-task="$SLURM_CPUS_PER_TASK"']
     if not spec.cpu:  # as many as the job got: an sbatch --gpus-per-node on the command line wins
-        options.append(f'--gpus-per-node="${{SLURM_GPUS_PER_NODE:-{spec.gpus_per_node}}}"')
+        options.append(f'--gpus-per-node="${{SLURM_GPUS_PER_NODE:-{spec.gpus}}}"')
     # Ranks stop at slightly different times after a signal; never let Slurm kill rank 0 mid-flush.
     # A rank that dies, or a node that fails, leaves the step running: the run carries on without it.
     options += ["--kill-on-bad-exit=0", "--no-kill"]

@@ -202,6 +202,18 @@ def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path
     assert srun_argv("2", "2", "--gpu", "0", "--resume") == launch + ["2", "2", "--gpu", "0", "--resume", "--grace", "240"]
 
 
+def test_pmix_with_a_container_is_written_with_a_note_about_the_images_mpi(tmp_path):
+    image = tmp_path / "img.sif"
+    image.write_bytes(b"")
+    made = generate("--gpus-per-node", "1", "--container", str(image), "--mpi", "pmix", "--", "mnist_nn", "1", "1")
+    assert made.returncode == 0 and "srun --mpi=pmix " in made.stdout, made.stderr
+    assert made.stderr.splitlines() == ["python -m common.slurm: note: --mpi pmix with --container: the project's "
+                                        "images carry MPICH, whose ranks would each start as a world of size 1 under "
+                                        "pmix; keep it only for an image built with Open MPI (docs/apptainer.md), "
+                                        "else use --mpi pmi2"]
+    assert generate("--gpus-per-node", "1", "--container", str(image), "--", "mnist_nn", "1", "1").stderr == ""
+
+
 def test_a_bind_source_missing_on_the_node_ends_the_job_in_one_line_before_srun(tmp_path):
     """apptainer would refuse the mount on every rank and the step be started again three times: the
     script checks each source first (several joined by commas too); the generator notes one it cannot

@@ -54,6 +54,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             if not os.path.exists(source):  # a typo, or a folder only the compute nodes have: the job checks again
                 print(f"python -m common.slurm: note: --bind {source}: not found on this host; the job checks it again "
                       f"on its first node and ends with one line if it is missing there", file=sys.stderr)
+        if spec.container and spec.mpi == "pmix":  # right for an image built with Open MPI, not for ours
+            print("python -m common.slurm: note: --mpi pmix with --container: the project's images carry MPICH, "
+                  "whose ranks would each start as a world of size 1 under pmix; keep it only for an image "
+                  "built with Open MPI (docs/apptainer.md), else use --mpi pmi2", file=sys.stderr)
         if not args.submit:
             sys.stdout.write(script)
             return 0

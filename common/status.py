@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
 from common.observe.progress import format_seconds
-from common.results.hold import read_hold, stale_because
+from common.results.hold import last_refreshed, process_gone, read_hold, silent_for
 from common.results.journal import parse_line, whole_lines
 from common.results.layout import JOURNAL_NAME, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
@@ -134,27 +134,37 @@ def _number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
 
 
 def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optional[str]:
-    """Why a run the status file says is running (or stopping) is not, or None while it may be:
-    the hold it keeps on its results folder says its rank 0's process is gone (a SIGKILL, an
-    out-of-memory kill: seen at once from rank 0's own host), or it has stopped refreshing the
-    status file for several of its periods (killed, seen from anywhere)."""
+    """Why a run the status file says is running (or stopping) is not, or None while it may be.
+    The status file not refreshed for several of its periods: the job was probably killed (seen
+    from anywhere). The hold it keeps on its results folder (the same rank 0 pid) says more: its
+    process is gone (a SIGKILL, an out-of-memory kill: seen at once from rank 0's own host), or it
+    still refreshes the hold, as it did after the status file went quiet (alive: its status lags)."""
     if not status or status.get("state") not in ("running", "stopping"):
         return None
-    holder = read_hold(results)
-    if holder is not None and not holder.get("damaged") and holder.get("pid") == status.get("pid") \
-            and holder.get("host") == status.get("host"):
-        why = stale_because(holder, now)
-        if why is not None and not why.startswith("not refreshed"):  # its own file's age is the rule below
+    try:
+        holder = read_hold(results)
+    except NotRegularFile:  # not a hold the engine wrote: the status file alone tells
+        holder = None
+    mine = holder is not None and not holder.get("damaged") and holder.get("pid") == status.get("pid")
+    if mine:
+        why = process_gone(holder)
+        if why is not None:
             return f"{why} (rank 0, pid {holder.get('pid')} on {holder.get('host')})"
     every = float(status.get("every") or STATUS_SECONDS)
-    age = now - float(status.get("updated") or 0)
-    if age > STALE_INTERVALS * every + STALE_MARGIN_SECONDS:
-        return f"the status file has not been refreshed for {format_seconds(age)} (every {every:g} s while the job runs)"
-    return None
+    quiet_since = float(status.get("updated") or 0) + STALE_INTERVALS * every + STALE_MARGIN_SECONDS
+    if now <= quiet_since or (mine and last_refreshed(holder) > quiet_since and silent_for(holder, now) is None):
+        return None
+    return (f"the status file has not been refreshed for {format_seconds(now - float(status.get('updated') or 0))} "
+            f"(every {every:g} s while the job runs)")
 
 
-def describe(results: Path, status: Optional[dict], journal: JournalCounts, now: float) -> str:
-    """The report as text: what ``python -m common.status`` prints."""
+_UNKNOWN = object()
+
+
+def describe(results: Path, status: Optional[dict], journal: JournalCounts, now: float,
+             why_gone: Any = _UNKNOWN) -> str:
+    """The report as text: what ``python -m common.status`` prints. ``why_gone``: :func:`gone`'s
+    answer where the caller has it (``--watch`` ends on the same answer it shows)."""
     if status is None and journal.header is None:
         if ResultsLayout(results).status.exists() or ResultsLayout(results).journal.exists():
             raise NotAResultsFolder(f"{quoted(results)}: not the results folder of a run: its {STATUS_NAME} and "
@@ -177,7 +187,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     every = float(status.get("every") or STATUS_SECONDS)
     state = status.get("state", "?")
     age = now - float(status.get("updated") or 0)
-    why_gone = gone(results, status, now)
+    if why_gone is _UNKNOWN:
+        why_gone = gone(results, status, now)
     lost = why_gone is not None  # what the file says of running items, the rate and the workers is stale
     if why_gone is not None and why_gone.startswith("the status file"):
         shown = f"GONE? {why_gone}: the job was probably killed; rerun it with --resume to finish"
@@ -366,13 +377,16 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             except NotRegularFile as problem:  # a FIFO would make every read wait for ever
                 print(f"python -m common.status: error: {problem}", file=sys.stderr)
                 return 2
+            why_gone = None
             try:
                 if not results.is_dir():  # --watch started before the job: wait for it
                     raise NotAResultsFolder(f"{results}: no such folder yet")
+                now = time.time()
                 try:
-                    text = describe(results, status, journal, time.time())
+                    why_gone = gone(results, status, now)
+                    text = describe(results, status, journal, now, why_gone)
                 except DAMAGED:  # a field of the wrong type: the file counts as damaged, the journal alone speaks
-                    text = describe(results, None, journal, time.time())
+                    why_gone, text = None, describe(results, None, journal, now)
             except NotAResultsFolder as problem:
                 if args.watch is None:
                     print(f"python -m common.status: error: {problem}", file=sys.stderr)
@@ -385,8 +399,7 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             out.write(text)
             out.flush()
             # ends with the job: done, stopped, failed, or gone without a word (killed)
-            if args.watch is None or (status or {}).get("state") in FINAL_STATES \
-                    or gone(results, status, time.time()) is not None:
+            if args.watch is None or (status or {}).get("state") in FINAL_STATES or why_gone is not None:
                 return 0
             time.sleep(args.watch)
     except KeyboardInterrupt:

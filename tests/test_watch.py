@@ -195,8 +195,9 @@ def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, q
 
 def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_status):
     """Its hold names rank 0's process, which is gone: said at once (not "running" for the ~10 s the
-    status file takes to go stale), with the time it ran from the journal's last line, the rate it
-    made, and --watch ending after one look."""
+    status file takes to go stale), with the time it ran until its last sign of life, the rate it
+    made, and --watch ending after one look. A hold still refreshed says the job is alive, however
+    old its status file; a hold that is not a file leaves the status file's age to tell."""
     results = tmp_path / "r"
     job = start([TOY, "40", "--sleep", "0.5", "--workers", "2", "--gpu", "cpu", "--results", str(results)])
     try:
@@ -213,7 +214,8 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     assert "--resume" in text and "rank0-cpu0" not in text, text  # no worker shown as starting or running
     entries = [json.loads(line) for line in (results / "journal.jsonl").read_text().splitlines()]
     done = [e for e in entries if e["type"] == "result"]
-    ran = max(e["end"] for e in done) - status_file(results)["started"]
+    # until its last sign of life: the journal's last line, or a status refresh after it
+    ran = max(max(e["end"] for e in done), status_file(results)["updated"]) - status_file(results)["started"]
     shown = re.search(r"ran at least (\S+); mean rate ([\d.]+) items/s", text)
     assert shown and shown.group(1) == format_seconds(ran), (ran, text)
     assert float(shown.group(2)) == pytest.approx(len(done) / ran, rel=0.01), text
@@ -221,6 +223,20 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     assert watched.returncode == 0 and watched.stdout.count("toy: GONE:") == 1, watched.stdout
     as_if_on(results, "node7")  # the same files seen from another host: its process cannot be looked at
     assert status(results).stdout.startswith("toy: running"), status(results).stdout
+    from common.status import gone  # in-process from here: the files' times set as each case needs
+
+    files = json.loads((results / "status.json").read_text())
+    quiet = files["updated"] + STALE_INTERVALS * files["every"] + STALE_MARGIN_SECONDS  # stale from then on
+    stale = quiet + 2
+    hold = json.loads((results / "hold.json").read_text())
+    (results / "hold.json").write_text(json.dumps(dict(hold, refreshed=quiet + 1)))
+    os.utime(results / "hold.json", (quiet + 1, quiet + 1))
+    assert gone(results, files, stale) is None  # its hold refreshed after the status file went quiet: alive
+    assert gone(results, files, stale + 3600).startswith("the status file has not been refreshed for")
+    (results / "hold.json").unlink()
+    os.mkfifo(results / "hold.json")  # not a hold the engine wrote: never read (it would block), no traceback
+    assert gone(results, files, stale).startswith("the status file has not been refreshed for")
+    assert status(results).returncode == 0
 
 
 def test_a_folder_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):

@@ -127,31 +127,56 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
+def process_gone(holder: Dict[str, Any]) -> Optional[str]:
+    """Why the process ``holder`` names is known to be gone, from the machine it ran on (same host,
+    same pid namespace): the host has rebooted since, or no process of that pid and start time
+    exists. None where it exists or cannot be looked at from here (another host)."""
+    me = _me(0.0)
+    same_machine = (holder.get("host") == me["host"] and holder.get("pid_namespace") == me["pid_namespace"])
+    if not same_machine:
+        return None
+    if holder.get("boot_id") and holder.get("boot_id") != me["boot_id"]:
+        return "its host has rebooted since"
+    pid = holder.get("pid")
+    if isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2 ** 31:  # a real pid
+        started = _process_started(pid)
+        recorded = holder.get("process_started")
+        if started is None or (started > 0 and isinstance(recorded, (int, float)) and abs(started - recorded) > 1.0):
+            return "its process is gone"
+    return None
+
+
+def last_refreshed(holder: Dict[str, Any]) -> float:
+    """When ``holder`` last refreshed its hold (epoch seconds; 0 where it cannot be told)."""
+    try:
+        return max(float(holder.get("refreshed") or 0.0), float(holder.get("mtime") or 0.0))
+    except (TypeError, ValueError):
+        return float(holder.get("mtime") or 0.0)
+
+
+def silent_for(holder: Dict[str, Any], now: float) -> Optional[float]:
+    """Seconds ``holder`` has not refreshed its hold for, where that is past its stale time; None
+    while the hold is fresh."""
+    try:
+        period = max(float(holder.get("refresh_seconds") or REFRESH_SECONDS), 0.1)
+    except (TypeError, ValueError):
+        period = REFRESH_SECONDS
+    silent = now - last_refreshed(holder)
+    return silent if silent > STALE_PERIODS * period else None
+
+
 def stale_because(holder: Dict[str, Any], now: Optional[float] = None) -> Optional[str]:
     """Why ``holder`` no longer holds its folder, or None while it may still be running."""
     now = time.time() if now is None else now
     me = _me(0.0)
-    same_machine = (holder.get("host") == me["host"] and holder.get("pid_namespace") == me["pid_namespace"])
-    if same_machine and holder.get("boot_id") and holder.get("boot_id") != me["boot_id"]:
-        return "its host has rebooted since"
-    pid = holder.get("pid")
-    if same_machine and isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2 ** 31:  # a real pid
-        started = _process_started(holder["pid"])
-        recorded = holder.get("process_started")
-        if started is None or (started > 0 and isinstance(recorded, (int, float)) and abs(started - recorded) > 1.0):
-            return "its process is gone"
+    gone = process_gone(holder)
+    if gone is not None:
+        return gone
     if (me["slurm_job_id"] and holder.get("slurm_job_id") == me["slurm_job_id"]
             and holder.get("slurm_restart_count") != me["slurm_restart_count"]):
         return "it was an earlier run of this Slurm job, which was requeued"
-    try:
-        period = max(float(holder.get("refresh_seconds") or REFRESH_SECONDS), 0.1)
-        refreshed = max(float(holder.get("refreshed") or 0.0), float(holder.get("mtime") or 0.0))
-    except (TypeError, ValueError):
-        period, refreshed = REFRESH_SECONDS, float(holder.get("mtime") or 0.0)
-    silent = now - refreshed
-    if silent > STALE_PERIODS * period:
-        return f"not refreshed for {silent:.0f} s"
-    return None
+    silent = silent_for(holder, now)
+    return None if silent is None else f"not refreshed for {silent:.0f} s"
 
 
 def refusal(folder: Path, holder: Dict[str, Any]) -> UsageError:

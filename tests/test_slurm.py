@@ -258,7 +258,28 @@ def test_a_walltime_warning_while_the_step_is_down_starts_no_new_step_and_requeu
     out, _ = job.communicate(timeout=30)
     assert job.returncode == 75, out
     assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], out
-    assert "SIGUSR1 came while the step was down: not starting it again" in out, out
+    assert "not starting it again" in out and "starting it again with --resume" not in out, out
+
+
+def test_a_walltime_warning_as_the_step_goes_down_ends_the_job_as_stopped(tmp_path):
+    """USR1 reaches the shell while the step is ending abnormally (srun ignores it here and exits
+    137): stopped (75) and requeued, as in the pause after it, with no step started again."""
+    made = generate("--nodes", "2", "--cpu", "--time", "01:00:00", "--", "mnist_nn", "1", "1")
+    script = tmp_path / "job.sbatch"
+    script.write_text(made.stdout)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = 'echo started >> "$CALLS"; trap "" USR1; kill -USR1 $PPID; sleep 0.3; exit 137'
+    for name, body in (("srun", srun), ("scontrol", 'echo "scontrol $*" >> "$CALLS"')):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), SLURM_SUBMIT_DIR=str(tmp_path),
+               SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2", SLURM_CPUS_PER_TASK="2")
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], done.stdout
+    assert "ended abnormally (exit 137) after SIGUSR1: not starting it again" in done.stdout, done.stdout
 
 
 # ----- the project's CPU scripts on a real Slurm -----

@@ -69,15 +69,22 @@ while :; do
     wait "$step"
     rc=$?
     case $rc in 0|1|2|{{exit_stopped}}) break ;; esac
-    if [ -n "$stop_signal" ] || [ "$attempt" -ge {{step_restarts}} ]; then break; fi
-    attempt=$((attempt + 1))
-    log "the run's step ended abnormally (exit $rc): starting it again with --resume ($attempt of {{step_restarts}})"
-    sleep 5
-    if [ -n "$stop_signal" ]; then  # it came while no step ran: there is nothing to start again
-        log "SIG$stop_signal came while the step was down: not starting it again"
+    # A stop that came as the step went down, or while it is down: what finished is journaled, and
+    # the job ends as stopped (requeued for the walltime warning), with no step started again.
+    if [ -n "$stop_signal" ]; then
+        log "the run's step ended abnormally (exit $rc) after SIG$stop_signal: not starting it again"
         rc={{exit_stopped}}
         break
     fi
+    if [ "$attempt" -ge {{step_restarts}} ]; then break; fi
+    attempt=$((attempt + 1))
+    sleep 5
+    if [ -n "$stop_signal" ]; then
+        log "the run's step ended abnormally (exit $rc), then SIG$stop_signal came: not starting it again"
+        rc={{exit_stopped}}
+        break
+    fi
+    log "the run's step ended abnormally (exit $rc): starting it again with --resume ($attempt of {{step_restarts}})"
     LAUNCH=({{relaunch}})
 done
 

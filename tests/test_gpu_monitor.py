@@ -126,7 +126,8 @@ def _symbol_not_found(nvml):
 
 
 @pytest.mark.parametrize("where", ["driver dropped the old call", "bindings dropped the old call",
-                                   "bindings older than V (12.535)", "driver older than V"])
+                                   "bindings older than V (12.535)", "driver older than V",
+                                   "driver takes another V structure"])
 def test_the_temperature_is_read_whichever_of_the_two_nvml_calls_this_driver_and_bindings_have(
         fake_nvml, monkeypatch, where):
     """nvidia-ml-py 13 deprecates nvmlDeviceGetTemperature for nvmlDeviceGetTemperatureV ("will be
@@ -139,8 +140,12 @@ def test_the_temperature_is_read_whichever_of_the_two_nvml_calls_this_driver_and
         monkeypatch.delattr(fake_nvml, "nvmlDeviceGetTemperature")
     elif where == "bindings older than V (12.535)":
         monkeypatch.delattr(fake_nvml, "nvmlDeviceGetTemperatureV")
-    else:
+    elif where == "driver older than V":
         monkeypatch.setattr(fake_nvml, "nvmlDeviceGetTemperatureV", _symbol_not_found(fake_nvml))
+    else:
+        def mismatch(*args, **kwargs):
+            raise fake_nvml.NVMLError(fake_nvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        monkeypatch.setattr(fake_nvml, "nvmlDeviceGetTemperatureV", mismatch)
     monitor = GpuMonitor([Device("cuda", 0, "0")], interval=0.02)
     monitor.start()
     time.sleep(0.2)

@@ -200,15 +200,22 @@ def _temperature(nvml: Any, handle: Any) -> Any:
     """The GPU's temperature through ``nvmlDeviceGetTemperatureV``, the call nvidia-ml-py 13 says
     will be the only one from CUDA 14 (the old one's bindings may stay while a driver drops the
     symbol, and then only raise). Through the old ``nvmlDeviceGetTemperature`` where the bindings
-    are older than V (nvidia-ml-py 12.535 has none) or the driver is (V's symbol not found)."""
+    are older than V (nvidia-ml-py 12.535 has none), or V answers with an error (a driver without
+    its symbol, or one that takes another version of its structure): V's error where both fail."""
     sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
     successor = getattr(nvml, "nvmlDeviceGetTemperatureV", None)
-    if successor is not None:
+    if successor is None:
+        return nvml.nvmlDeviceGetTemperature(handle, sensor)
+    try:
+        return successor(handle, sensor)
+    except nvml.NVMLError as error:
+        old = getattr(nvml, "nvmlDeviceGetTemperature", None)
+        if old is None:
+            raise
         try:
-            return successor(handle, sensor)
-        except nvml.NVMLError_FunctionNotFound:
-            pass
-    return nvml.nvmlDeviceGetTemperature(handle, sensor)
+            return old(handle, sensor)
+        except nvml.NVMLError:
+            raise error from None
 
 
 def nvml_handle(nvml: Any, ident: str) -> Any:

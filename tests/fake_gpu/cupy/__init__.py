@@ -15,8 +15,16 @@ def asnumpy(a, stream=None, order="C", out=None, *, blocking=True):  # noqa: ARG
     return _np.array(a, order=order, copy=True)
 
 
+# NumPy's own keywords passed on only where given: NumPy before 2.0 (setup.cfg allows 1.23) lacks
+# asarray's copy, and before 1.24 unique's equal_nan and stack's dtype and casting
+
+
+def _given(**keywords):
+    return {name: value for name, value in keywords.items() if value is not None}
+
+
 def asarray(a, dtype=None, order=None, *, copy=None, blocking=False):  # noqa: ARG001
-    return _np.asarray(a, dtype=dtype, order=order, copy=copy)
+    return _np.asarray(a, dtype=dtype, order=order, **_given(copy=copy))
 
 
 def asfortranarray(a, dtype=None):
@@ -24,15 +32,16 @@ def asfortranarray(a, dtype=None):
 
 
 def unique(ar, return_index=False, return_inverse=False, return_counts=False, axis=None, *, equal_nan=True):
-    return _np.unique(ar, return_index, return_inverse, return_counts, axis, equal_nan=equal_nan)
+    return _np.unique(ar, return_index, return_inverse, return_counts, axis,
+                      **_given(equal_nan=None if equal_nan else False))
 
 
 def concatenate(tup, axis=0, out=None, *, dtype=None, casting="same_kind"):
-    return _np.concatenate(tup, axis=axis, out=out, dtype=dtype, casting=casting)
+    return _np.concatenate(tup, axis=axis, out=out, **_given(dtype=dtype, casting=None if casting == "same_kind" else casting))
 
 
 def stack(tup, axis=0, out=None, *, dtype=None, casting="same_kind"):
-    return _np.stack(tup, axis=axis, out=out, dtype=dtype, casting=casting)
+    return _np.stack(tup, axis=axis, out=out, **_given(dtype=dtype, casting=None if casting == "same_kind" else casting))
 
 
 def argmax(a, axis=None, dtype=None, out=None, keepdims=False):

@@ -77,7 +77,11 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1000", "--", "mnist_svm", "4"], "--gpus-per-node 1000: at most"),
     (["--gpus-per-node", "a100:x", "--", "mnist_svm", "4"], "--gpus-per-node 'a100:x': expected a number of GPUs, or TYPE:N"),
     (["--gpus-per-node", "a100:0", "--", "mnist_svm", "4"], "--gpus-per-node a100:0: a GPU job needs at least one GPU"),
-    (["--gpus-per-node", "a$(x):2", "--", "mnist_svm", "4"], "a GPU type is letters, digits and . _ -"),
+    (["--gpus-per-node", "a$(x):2", "--", "mnist_svm", "4"], "a type is letters, digits and . _ -"),
+    (["--gpus-per-node", "gpu:a100:4", "--", "mnist_svm", "4"], "--gpus-per-node 'gpu:a100:4': expected a number"),
+    (["--gpus-per-node", "4_0", "--", "mnist_svm", "4"], "--gpus-per-node '4_0': expected a number"),
+    (["--gpus-per-node", "a100:1000", "--", "mnist_svm", "4"], "--gpus-per-node a100:1000: at most"),
+    (["--cpu", "--gpus-per-node", "0", "--", "mnist_svm", "4"], "--cpu with --gpus-per-node"),
     # the program's own checks and the files it names, before a script waits in the queue
     (["--gpus-per-node", "1", "--", "mnist_sv", "4"], "unknown app 'mnist_sv': expected one of mnist_svm, mnist_nn"),
     (["--gpus-per-node", "1", "--", "mnist_svm", "142"], "mnist_svm: n_tuning 142 with 5 folds is 100,820 fits"),
@@ -202,15 +206,27 @@ def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path
     assert srun_argv("2", "2", "--gpu", "0", "--resume") == launch + ["2", "2", "--gpu", "0", "--resume", "--grace", "240"]
 
 
-def test_pmix_with_a_container_is_written_with_a_note_about_the_images_mpi(tmp_path):
+def test_pmix_with_the_mpich_wheel_is_written_with_a_note(tmp_path):
+    """srun --mpi=pmix suits an Open MPI build; the project's images and this environment (make
+    install's mpich wheel) carry MPICH without PMIx: written (a site's own build may be Open MPI),
+    with one note."""
     image = tmp_path / "img.sif"
     image.write_bytes(b"")
-    made = generate("--gpus-per-node", "1", "--container", str(image), "--mpi", "pmix", "--", "mnist_nn", "1", "1")
-    assert made.returncode == 0 and "srun --mpi=pmix " in made.stdout, made.stderr
-    assert made.stderr.splitlines() == ["python -m common.slurm: note: --mpi pmix with --container: the project's "
-                                        "images carry MPICH, whose ranks would each start as a world of size 1 under "
-                                        "pmix; keep it only for an image built with Open MPI (docs/apptainer.md), "
-                                        "else use --mpi pmi2"]
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("mpich")
+        wheel_here = True
+    except importlib.metadata.PackageNotFoundError:  # an environment with its own MPI: no note without a container
+        wheel_here = False
+    for where, container in (("the project's images carry", ["--container", str(image)]),
+                             ("this environment's mpi4py runs on", [])):
+        made = generate("--gpus-per-node", "1", *container, "--mpi", "pmix", "--", "mnist_nn", "1", "1")
+        assert made.returncode == 0 and "srun --mpi=pmix " in made.stdout, made.stderr
+        noted = [f"python -m common.slurm: note: --mpi pmix: {where} the mpich wheel, built without PMIx, whose "
+                 f"ranks would each start as a world of size 1; keep pmix only for an Open MPI build (docs/slurm.md), "
+                 f"else use --mpi pmi2"]
+        assert made.stderr.splitlines() == (noted if container or wheel_here else []), made.stderr
     assert generate("--gpus-per-node", "1", "--container", str(image), "--", "mnist_nn", "1", "1").stderr == ""
 
 

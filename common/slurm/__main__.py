@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -33,6 +34,15 @@ def check_shipped_alone(args: argparse.Namespace, command: List[str]) -> None:
                          f"the shipped scripts' options are in common/slurm/shipped.py")
 
 
+def _mpich_wheel_here() -> bool:
+    """Whether this environment's MPI is the ``mpich`` wheel (make install's), which has no PMIx."""
+    try:
+        importlib.metadata.distribution("mpich")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command: List[str] = []
@@ -54,10 +64,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             if not os.path.exists(source):  # a typo, or a folder only the compute nodes have: the job checks again
                 print(f"python -m common.slurm: note: --bind {source}: not found on this host; the job checks it again "
                       f"on its first node and ends with one line if it is missing there", file=sys.stderr)
-        if spec.container and spec.mpi == "pmix":  # right for an image built with Open MPI, not for ours
-            print("python -m common.slurm: note: --mpi pmix with --container: the project's images carry MPICH, "
-                  "whose ranks would each start as a world of size 1 under pmix; keep it only for an image "
-                  "built with Open MPI (docs/apptainer.md), else use --mpi pmi2", file=sys.stderr)
+        if spec.mpi == "pmix" and (spec.container or _mpich_wheel_here()):  # right for an Open MPI build only
+            where = "the project's images carry" if spec.container else "this environment's mpi4py runs on"
+            print(f"python -m common.slurm: note: --mpi pmix: {where} the mpich wheel, built without PMIx, whose "
+                  f"ranks would each start as a world of size 1; keep pmix only for an Open MPI build "
+                  f"(docs/slurm.md), else use --mpi pmi2", file=sys.stderr)
         if not args.submit:
             sys.stdout.write(script)
             return 0

@@ -24,7 +24,6 @@ _TIME = re.compile(r"^(?:([0-9]+)-)?([0-9]+):([0-9][0-9]):([0-9][0-9])$")
 MAX_REQUEUES = 1000
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SAFE_WORD = re.compile(r"^[\w.,:@%+=/-]+$")
-_GPU_TYPE = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 
 
 def parse_walltime(text: str) -> int:
@@ -55,17 +54,19 @@ def program_of(command: List[str]) -> Tuple[List[str], str]:
     return ["python", "-m", target], target.rsplit(".", 1)[-1]
 
 
+_GPUS = re.compile(r"^(?:([A-Za-z0-9][\w.-]*):)?([0-9]+)$", re.ASCII)
+
+
 def parse_gpus(text: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
-    """``--gpus-per-node``'s ``N`` or ``TYPE:N`` (Slurm's typed request): (type or None, N)."""
+    """``--gpus-per-node``'s ``N`` or ``TYPE:N`` (Slurm's typed request): (type or None, N). ASCII
+    digits only, as ``--time``: Python's int() would also take "4_0", "+4" and other scripts' digits."""
     if text is None:
         return None, None
-    kind, colon, count = text.strip().rpartition(":")
-    try:
-        number = int(count)
-    except ValueError:
+    match = _GPUS.match(text.strip())
+    if match is None:
         raise UsageError(f"--gpus-per-node {text!r}: expected a number of GPUs, or TYPE:N as Slurm takes it "
-                         f"(a100:4)") from None
-    return (kind if colon else None), number
+                         f"(a100:4; a type is letters, digits and . _ -)")
+    return match.group(1), int(match.group(2))
 
 
 @dataclass
@@ -107,20 +108,18 @@ class JobSpec:
             raise UsageError(f"--nodes {self.nodes}: a job needs at least one node")
         if self.nodes > MAX_NODES:
             raise UsageError(f"--nodes {self.nodes}: at most {MAX_NODES:,} (more than any cluster has)")
-        for flag, value in (("--gpus-per-node", self.gpus_per_node), ("--ntasks-per-node", self.ntasks_per_node),
-                            ("--cpus-per-task", self.cpus_per_task)):
+        for flag, value, shown in (("--gpus-per-node", self.gpus_per_node, self.gpus),
+                                   ("--ntasks-per-node", self.ntasks_per_node, self.ntasks_per_node),
+                                   ("--cpus-per-task", self.cpus_per_task, self.cpus_per_task)):
             if value is not None and value > MAX_PER_NODE[flag]:
-                raise UsageError(f"{flag} {value}: at most {MAX_PER_NODE[flag]:,} (more than any node has)")
+                raise UsageError(f"{flag} {shown}: at most {MAX_PER_NODE[flag]:,} (more than any node has)")
         if self.ntasks_per_node < 1:
             raise UsageError(f"--ntasks-per-node {self.ntasks_per_node}: needs at least one task per node")
-        if self.cpu and self.gpus_per_node:
+        if self.cpu and self.gpus_per_node is not None:
             raise UsageError("--cpu with --gpus-per-node: a CPU job asks for no GPUs (drop one of them)")
         if not self.cpu and self.gpus_per_node is None:
             raise UsageError("a GPU job needs --gpus-per-node N (the GPUs each node gives the run), or --cpu for a "
                              "CPU job")
-        if self.gpu_type is not None and not _GPU_TYPE.match(self.gpu_type):
-            raise UsageError(f"--gpus-per-node {self.gpu_type}:{self.gpus_per_node}: a GPU type is letters, digits "
-                             f"and . _ - (as gres.conf names it: a100, h100_80gb)")
         if not self.cpu and self.gpus_per_node < 1:
             raise UsageError(f"--gpus-per-node {self.gpus}: a GPU job needs at least one GPU per node (or use --cpu)")
         if not self.cpu and self.ntasks_per_node > 1:

@@ -463,6 +463,18 @@ def test_sweep_mains_own_arguments_are_checked_as_the_flags_are(tmp_path, argume
     assert not (tmp_path / "r").exists()
 
 
+def test_sweep_mains_values_that_the_command_line_replaces_or_numpy_gives_are_taken(tmp_path):
+    """--repeats on the command line replaces sweep.main's (even a bad one); numpy's whole numbers
+    are whole numbers."""
+    script = write(tmp_path / "script.py", "import numpy as np\n" + UNGUARDED + 'if __name__ == "__main__":\n'
+                   '    raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}, repeats=np.int64(0)))\n')
+    assert run([str(script), *ENGINE, "--results", str(tmp_path / "r"), "--repeats", "2"], cwd=tmp_path).returncode == 0
+    assert summary(tmp_path / "r")["items_total"] == 4
+    write(tmp_path / "script.py", script.read_text().replace("np.int64(0)", "np.int64(3)"))
+    assert run([str(script), *ENGINE, "--results", str(tmp_path / "s")], cwd=tmp_path).returncode == 0
+    assert summary(tmp_path / "s")["items_total"] == 6
+
+
 def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_path):
     """--minimise with a misspelt name: the run completes (results.csv has every value), and its last
     line says nothing was ranked and what the function returned, instead of passing for a run with

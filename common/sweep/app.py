@@ -14,6 +14,7 @@ import inspect
 import json
 import logging
 import multiprocessing
+import numbers
 import operator
 import os
 import pickle
@@ -162,16 +163,17 @@ def _picklable(function: Callable[..., Any], what: str) -> None:
                          f"it with def at the top level of a module (not a lambda or a nested function)") from None
 
 
-def _check_preset(preset: Preset) -> None:
-    """sweep.main's own arguments, held to what the command line's flags accept (argparse checks
-    those; a value given in Python reaches the engine as it is)."""
-    def whole(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    if not whole(preset.repeats) or preset.repeats < 1:
-        raise UsageError(f"sweep.main: repeats must be a whole number of at least 1, got {preset.repeats!r}")
-    if preset.samples is not None and (not whole(preset.samples) or preset.samples < 1):
-        raise UsageError(f"sweep.main: samples must be a whole number of at least 1, got {preset.samples!r}")
+def _check_preset(preset: Preset, args: argparse.Namespace) -> None:
+    """sweep.main's own arguments, held to what the command line's flags accept: argparse checks
+    a flag's value, but a default given in Python (sweep.main's) reaches ``args`` unchecked. A
+    whole number of another type (numpy's) becomes an int."""
+    for name in ("repeats", "samples"):
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+            raise UsageError(f"sweep.main: {name} must be a whole number of at least 1, got {value!r}")
+        setattr(args, name, int(value))
     for name in ("minimise", "maximise"):
         value = getattr(preset, name)
         if value is not None and not isinstance(value, str):
@@ -234,7 +236,7 @@ class SweepApp(App):
     def check_arguments(self) -> None:
         args = self.args
         if self.preset is not None:
-            _check_preset(self.preset)
+            _check_preset(self.preset, args)
         if self.preset is not None and args.minimise is not None and args.maximise is not None:
             # one of them is sweep.main's own: the command line's other one replaces it
             if args.minimise == self.preset.minimise:

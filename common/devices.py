@@ -45,9 +45,10 @@ class Device:
 
 
 def slurm_gave_no_gpu() -> bool:
-    """Inside a Slurm job that was given no GPU: Slurm sets CUDA_VISIBLE_DEVICES for every job it
-    gives GPUs, so unset there means the node's GPUs (which NVML still lists where devices are not
-    constrained) belong to other jobs."""
+    """Inside a Slurm job that was given no GPU, or whose GPUs Slurm did not name in
+    CUDA_VISIBLE_DEVICES (:func:`slurm_gpus_without_cuda_variable` tells the two apart): Slurm sets
+    it for every job it gives GPUs unless gres.conf says not to, so unset there means the node's
+    GPUs (which NVML still lists where devices are not constrained) are not this job's to take."""
     return "SLURM_JOB_ID" in os.environ and "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
@@ -139,7 +140,8 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
     if given is not None and indexes is not None:
         raise UsageError(f"--gpu {spec or '0 (the default)'}: Slurm gave this job GPUs on {os.uname().nodename} "
                          f"({given}) but set no CUDA_VISIBLE_DEVICES (gres.conf Flags=no_gpu_env?): set it in "
-                         f"the job script to those GPUs as CUDA numbers them here, or use --gpu cpu")
+                         f"the job script to those GPUs as CUDA numbers them here (and run through srun on the "
+                         f"job's nodes), or use --gpu cpu")
     if indexes == [0] and spec is None and not gpus:
         indexes, notice = None, "no GPU found: running on CPU (use --gpu cpu to silence this)"
     if indexes is None:

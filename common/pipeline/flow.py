@@ -136,8 +136,8 @@ def read_cost_and_output(stdout_log: Path, offset: int, output: Optional[Path]) 
 
 
 def _peak(values: Any) -> Optional[int]:
-    """The highest resident memory sampled over a step's attempts; None where no sample saw it (a
-    step that ended before the first, or none with a memory limit). An earlier run's 0 meant that."""
+    """The highest resident memory sampled over this run's attempts of a step; None where no sample
+    saw it (every attempt ended before the first, or the step has no memory limit)."""
     sampled = [value for value in values if isinstance(value, int) and value > 0]
     return max(sampled) if sampled else None
 

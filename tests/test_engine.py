@@ -166,6 +166,23 @@ def test_stopped_run_resumes_to_the_same_results_without_recomputing(tmp_path, s
     assert len(keys) == len(set(keys)) == 38  # 30 items + 8 sums
 
 
+def test_a_resume_without_threads_keeps_the_thread_count_of_the_run_it_resumes(tmp_path):
+    """The default thread count is the cores over the workers: resumed with other --workers (or
+    requeued onto a node with other cores) it would change, and with it the bits of a torch or BLAS
+    reduction, so the resumed run would not end with an uninterrupted one's results (a walk-through
+    saw mnist_nn's ensemble error move). A resume without --threads keeps the journal's, and says so."""
+    results = tmp_path / "r"
+    args = [TOY, "12", "--sleep", "0.3", "--gpu", "cpu", "--results", str(results), "--no-progress"]
+    stopped = stop_run(start(args + ["--workers", "1"]), results, after=2)
+    assert stopped.returncode == 75, stopped.stderr
+    resumed = run(args + ["--workers", "2", "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    starts = [entry for entry in journal_entries(results) if entry.get("type") == "start"]
+    first = starts[0]["layout"][0]["threads"]
+    assert len(starts) == 2 and starts[1]["layout"][0]["threads"] == first, starts
+    assert f"resuming with {first} torch/BLAS thread(s) per worker, as the run being resumed" in resumed.stderr
+
+
 def test_a_torn_last_journal_line_is_tolerated_on_resume(tmp_path):
     args = [TOY, "10", "--results", str(tmp_path / "r"), "--no-progress"]
     assert run(args).returncode == 0

@@ -87,8 +87,9 @@ def whole_lines(data: bytes) -> Tuple[List[bytes], int, bool]:
     return lines, end, False
 
 
-def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record]]:
-    """(header, finished records by key) from a journal, by the rule of :func:`whole_lines`."""
+def read_journal(path: Path, starts: Optional[List[dict]] = None) -> Tuple[Optional[dict], Dict[str, Record]]:
+    """(header, finished records by key) from a journal, by the rule of :func:`whole_lines`;
+    ``starts``, where given, gets each run's start event (its ranks' layout), oldest first."""
     header, records = None, {}
     try:
         data = read_regular(path, what="the journal")
@@ -109,6 +110,8 @@ def read_journal(path: Path) -> Tuple[Optional[dict], Dict[str, Record]]:
                 header = entry
             elif kind == "result":
                 records[entry["key"]] = Record(**entry)
+            elif kind == "start" and starts is not None:
+                starts.append(entry)
         except (AttributeError, KeyError, TypeError):
             raise UsageError(f"{quoted(path)}: line {number + 1} is not a journal record; the journal is damaged") from None
     return header, records

@@ -60,7 +60,7 @@ from common.results.layout import (
 from common.results.outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
 from common.results.regular_file import refuse_unless_regular
 from common.results.status_file import RankReporter, StatusWriter
-from common.run.cli import build_parser, module_command
+from common.run.cli import MAX_THREADS, build_parser, module_command
 from common.signals import StopFlag, ignore_stop_signals
 from common.workers.pool import PoolSettings, WorkerPool
 from common.workers.watchdog import Watchdog
@@ -198,7 +198,8 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         if not args.resume:
             raise UsageError(f"{quoted(folder)} already holds the journal of an earlier run; pass --resume to continue it "
                              f"or choose another --results")
-        header, app.journaled = read_journal(journal_path)
+        starts: List[dict] = []
+        header, app.journaled = read_journal(journal_path, starts)
         old = header.get("fingerprint") if isinstance(header, dict) else None
         if not isinstance(old, dict):
             raise UsageError(f"cannot resume {quoted(folder)}: its journal's first line is not a run's header "
@@ -207,6 +208,11 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         if old != fingerprint:
             raise UsageError(f"cannot resume {quoted(folder)}: it was made with other arguments "
                              f"({describe_difference(old, fingerprint)}); use the same arguments or another --results")
+        if getattr(args, "threads", None) is None:
+            args.threads = _threads_resumed(starts)
+            if args.threads is not None:
+                log.info("%s: resuming with %d torch/BLAS thread(s) per worker, as the run being resumed (results "
+                         "depend on the count)", app.name, args.threads)
         for key, record in app.journaled.items():
             try:
                 app.check_result(key, record.result)
@@ -235,6 +241,20 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
                              f"{', ...' if len(clashes) > 3 else ''}), which this run would overwrite; move them away "
                              f"or choose another --results")
     return fingerprint
+
+
+def _threads_resumed(starts: List[dict]) -> Optional[int]:
+    """The thread count every worker of the journal's earlier runs used, where they all used one:
+    a resume without --threads keeps it (a reduction's bits depend on it, and the default, the
+    cores over the workers, changes with --workers or the node), so that it ends with the results
+    of an uninterrupted run. None where the runs used several (nodes of different sizes)."""
+    used = {entry.get("threads") for start in starts for entry in (start.get("layout") or [])
+            if isinstance(entry, dict)}
+    if len(used) != 1:
+        return None
+    threads = used.pop()
+    return threads if isinstance(threads, int) and not isinstance(threads, bool) and 1 <= threads <= MAX_THREADS \
+        else None
 
 
 def _check_writable(folder: Path) -> None:
@@ -310,6 +330,7 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     checked, failed = _on_rank_0(comm, app, lambda: _check_results_folder(app))
     if failed:
         return EXIT_USAGE
+    app.args.threads = comm.bcast(app.args.threads)  # a resume keeps its earlier run's (rank 0 read it)
     fingerprint, hold = checked or (None, None)
     try:
         code = _run(comm, app, notice, fingerprint, argv, stop, failures)

@@ -52,6 +52,15 @@ def test_two_ranks_on_digits_write_every_output(two_rank_run):
     first = rows[0]
     assert table[int(first["fold"]), int(first["i_gamma"]), int(first["i_C"])] == pytest.approx(float(first["error"]), abs=1e-6)
     assert "| best C |" in (results / "summary.md").read_text()
+    # fits of one (gamma, fold) run together and share their group's time: counted once, not per fit
+    results_ = [e for e in journal_entries(results) if e.get("type") == "result"]
+    fits = [e for e in results_ if e["key"] != REFIT_KEY]
+    groups = {(e["start"], e["end"], e["worker"]) for e in fits}
+    busy = sum(end - start for start, end, _ in groups) + sum(e["seconds"] for e in results_ if e["key"] == REFIT_KEY)
+    assert max(e["group_size"] for e in fits) > 1
+    assert summary(results)["item_seconds_total"] == pytest.approx(busy, rel=0.01, abs=0.01)
+    assert sum(float(row["seconds"]) for row in rows) == pytest.approx(sum(end - start for start, end, _ in groups),
+                                                                       rel=0.01, abs=0.01 * len(rows))
 
 
 def test_plots_are_valid_png_files(two_rank_run):

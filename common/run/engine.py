@@ -614,6 +614,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     ended_at = time.time()
     gpu = {f"rank{r['rank']}-{name}": stats for r in reports for name, stats in r["gpu"].items()}
     this_run = list(leader.records.values())
+    # a group's items share its time (each record carries the whole group's start and end)
+    busy = sum(record.seconds / max(1, record.group_size) for record in this_run)
     summary: Dict[str, Any] = {
         "app": app.name,
         "status": {"complete": "complete" if not failed else "failed", "stopped": "stopped"}[outcome],
@@ -628,8 +630,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         "workers": layout,
         "started": datetime.datetime.fromtimestamp(started_at).isoformat(timespec="seconds"),
         "wall_seconds": round(ended_at - started_at, 3),
-        "item_seconds_total": round(sum(r.seconds for r in this_run), 3),
-        "item_seconds_mean": round(sum(r.seconds for r in this_run) / len(this_run), 4) if this_run else None,
+        "item_seconds_total": round(busy, 3),
+        "item_seconds_mean": round(busy / len(this_run), 4) if this_run else None,
         "gpu_usage": gpu,
         "lost_ranks": [{k: v for k, v in lost.items() if k != "told_to_end"} for lost in leader.lost.values()],
     }

@@ -305,7 +305,7 @@ class MnistNN(App):
         train_scores = evaluate(net, data.x_train, data.y_train)
         logits = predict_logits(net, data.x_test)
         probabilities = torch.softmax(logits.float(), 1).cpu().numpy().astype("<f4")
-        test_error = float((logits.argmax(1) != data.y_test).float().mean())
+        test_error = float((logits.argmax(1) != data.y_test).double().mean())  # float64, as numpy's mean
         return {"candidate": params["candidate"], "hyper": candidate.as_dict(), "cv_loss": params["cv_loss"],
                 "epochs": len(log), "log": log, "training_error": train_scores["error"],
                 "training_loss": finite_or_none(train_scores["loss"]), "test_error": test_error,

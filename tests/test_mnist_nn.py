@@ -157,7 +157,8 @@ def test_a_saved_model_reloads_and_reproduces_its_test_error(clean_run):
         assert (params["n_conv_layer"], params["kernel_size"]) == (int(row["n_conv_layer"]), int(row["kernel_size"]))
         images = to_model_input(dataset.x_test, **params["normalisation"])
         predictions = predict_logits(net, images).argmax(1).numpy()
-        assert float(np.mean(predictions != dataset.y_test)) == pytest.approx(float(row["test_error"]), abs=1e-6)
+        # exactly numpy's float64 mean, as the reference writes it (not a float32 mean's 0.07555555552244186)
+        assert float(np.mean(predictions != dataset.y_test)) == float(row["test_error"])
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -308,6 +308,10 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_data_flags(args: argparse.Namespace) -> None:
     """The data flags' values alone make sense (no file looked at)."""
+    if getattr(args, "dataset", None) == "digits" and getattr(args, "data_dir", None) is not None:
+        raise UsageError(f"--data-dir {quoted(args.data_dir)} with --dataset digits: the digits come with "
+                         f"scikit-learn and are read from no folder; drop --data-dir or name the data set its "
+                         f"files are (--dataset mnist or fashion-mnist)")
     if args.folds < 2:
         raise UsageError(f"--folds must be at least 2, got {args.folds}")
     if args.subsample is not None and args.subsample < 2 * args.folds:

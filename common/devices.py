@@ -145,6 +145,9 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
     if indexes == [0] and spec is None and not gpus:
         indexes, notice = None, "no GPU found: running on CPU (use --gpu cpu to silence this)"
     if indexes is None:
+        if per_gpu > 1 and spec is not None:  # asked for the CPU: the flag would be silently ignored
+            raise UsageError(f"--workers-per-gpu {per_gpu} with --gpu {spec}: workers share GPUs, and there are "
+                             f"none; on the CPU, --workers N sets the workers")
         return [Device("cpu", i) for i in range(workers)], notice
     if not gpus and slurm_gave_no_gpu():
         raise UsageError(f"--gpu {spec}: Slurm gave this job no GPU on {os.uname().nodename} "

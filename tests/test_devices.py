@@ -82,6 +82,9 @@ def test_workers_per_gpu_gives_each_gpu_several_workers_and_the_monitor_counts_i
     assert [(str(d), d.physical) for d in devices] == [("gpu0.0", "5"), ("gpu0.1", "5"), ("gpu1.0", "7"), ("gpu1.1", "7")]
     assert [d.gpu_name for d in GpuMonitor(devices).devices] == ["gpu0", "gpu1"]
     assert resolve_devices("all", 1, gpus=["5", "7"], per_gpu=1)[0] == [Device("cuda", 0, "5"), Device("cuda", 1, "7")]
-    assert resolve_devices("cpu", 2, gpus=["5"], per_gpu=3)[0] == [Device("cpu", 0), Device("cpu", 1)]
+    with pytest.raises(UsageError, match="--workers-per-gpu 3 with --gpu cpu: workers share GPUs, and there are none"):
+        resolve_devices("cpu", 2, gpus=["5"], per_gpu=3)  # asked for the CPU: the flag would be ignored
+    # the default falls back to the CPU where there is no GPU: the flag then is a GPU job's, not an error
+    assert resolve_devices(None, 2, gpus=[], per_gpu=3)[0] == [Device("cpu", 0), Device("cpu", 1)]
     shares = [resolve_devices("all", 1, ["0", "1"], position, 2, per_gpu=2)[0] for position in (0, 1)]
     assert [[str(d) for d in share] for share in shares] == [["gpu0.0", "gpu0.1"], ["gpu1.0", "gpu1.1"]]

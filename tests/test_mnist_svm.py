@@ -156,7 +156,8 @@ TORCHVISION_LOADS = importlib.util.find_spec("torchvision") is not None
 
 
 @pytest.mark.parametrize("case", ["n_tuning 0", "n_tuning -1", "unknown dataset", "missing mnist offline",
-                                  "corrupt idx", "folds 1", "n_tuning huge", "empty data dir"])
+                                  "corrupt idx", "folds 1", "n_tuning huge", "empty data dir", "data dir for digits",
+                                  "workers per gpu on cpu"])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
     results = tmp_path / "results"
     extra = {
@@ -171,6 +172,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
         "n_tuning huge": (["201", "--dataset", "digits"], "n_tuning 201 with 5 folds is 202,005 fits; at most 100,000"),
         "empty data dir": (["2", "--dataset", "mnist", "--data-dir", ""],  # not the current folder
                            "argument --data-dir: expected a folder, got an empty path"),
+        # flags that would be silently ignored
+        "data dir for digits": (["2", "--dataset", "digits", "--data-dir", str(tmp_path)],
+                                "with --dataset digits: the digits come with scikit-learn and are read from no folder"),
+        "workers per gpu on cpu": (["2", "--dataset", "digits", "--gpu", "cpu", "--workers-per-gpu", "3"],
+                                   "--workers-per-gpu 3 with --gpu cpu: workers share GPUs, and there are none"),
     }
     argv, fragment = extra[case]
     if case == "missing mnist offline" and TORCHVISION_LOADS:

@@ -337,7 +337,7 @@ def _failures(failures: List[dict], count: int) -> List[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m common.status",
+    parser = argparse.ArgumentParser(prog="python -m common.status", allow_abbrev=False,
                                      description="What a job is doing, from its results folder (status.json and "
                                                  "the journal that the job keeps current there).")
     parser.add_argument("results", type=Path, help="the job's results folder (--results)")

@@ -540,4 +540,13 @@ def test_a_dry_run_refuses_what_the_run_would_and_lists_what_a_resume_would_run(
     after = run(["-m", "common.sweep", "--results", str(results), "--grid", str(grown), "--dry-run", "--resume",
                  "sweep_functions:noisy", *ENGINE], cwd=TESTS)
     assert after.returncode == 0 and after.stdout == left.stdout, after.stderr
+    # nothing left: said in one line, not an empty answer
+    done = sweep("sweep_functions:noisy", results, "--grid", str(tmp_path / "g3.json"), "--dry-run", "--resume")
+    assert done.returncode == 0 and done.stdout == "", done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "sweep: nothing to run: the journal holds every item (3)", done.stderr
     assert snapshot(results) == before
+
+    # abbreviated flags are not taken for the flag they start (--resum for --resume, --result for --results)
+    wrong = run(["-m", "common.sweep", "sweep_functions:noisy", "--grid", str(grown), "--result", str(results),
+                 "--dry-run", "--resum", *ENGINE], cwd=TESTS)
+    assert_usage_error(wrong, "unrecognized arguments: --result", "--resum")

@@ -41,7 +41,8 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, quiet: bool = False, **kwargs: Any):
         self.quiet = quiet
-        super().__init__(*args, **kwargs)
+        # no prefixes: --fold would be --folds, --resum --resume; a misspelt flag is told instead
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see --help)")

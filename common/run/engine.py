@@ -379,9 +379,12 @@ def _dry_run(comm: Any, app: App) -> int:
         if text is not None:
             print(text, end="")
         else:
-            for item in app.items():
-                if item.key not in app.journaled:
-                    print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
+            items = app.items()
+            left = [item for item in items if item.key not in app.journaled]
+            for item in left:
+                print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
+            if items and not left:  # a finished run: say so, rather than print nothing at all
+                print(f"{app.name}: nothing to run: the journal holds every item ({len(items)})", file=sys.stderr)
         sys.stdout.flush()
 
     return EXIT_USAGE if _on_rank_0(comm, app, plan)[1] else EXIT_OK

@@ -18,7 +18,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m common.slurm",
+    parser = _Parser(prog="python -m common.slurm", allow_abbrev=False,
                      description="Print a walltime-safe Slurm batch script for a multinode-gpu program "
                                  "(everything after '--' is the program and its arguments).")
     parser.add_argument("--nodes", type=int, default=1, help="nodes, one MPI rank each (default 1)")

@@ -182,6 +182,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
     journal_path = ResultsLayout(folder).journal
     fingerprint = {"app": app.name, **engine_fingerprint(args), **app.fingerprint()}
     old_data = None  # the data the journal's items were computed on, where it says
+    kept_threads = None  # a resume without --threads: the count the journal's runs used
     try:
         os.stat(folder)
     except FileNotFoundError:
@@ -209,10 +210,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
             raise UsageError(f"cannot resume {quoted(folder)}: it was made with other arguments "
                              f"({describe_difference(old, fingerprint)}); use the same arguments or another --results")
         if getattr(args, "threads", None) is None:
-            args.threads = _threads_resumed(starts)
-            if args.threads is not None:
-                log.info("%s: resuming with %d torch/BLAS thread(s) per worker, as the run being resumed (results "
-                         "depend on the count)", app.name, args.threads)
+            kept_threads = _threads_resumed(starts)  # taken once nothing below refuses the resume
         for key, record in app.journaled.items():
             try:
                 app.check_result(key, record.result)
@@ -240,6 +238,11 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
             raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({', '.join(clashes[:3])}"
                              f"{', ...' if len(clashes) > 3 else ''}), which this run would overwrite; move them away "
                              f"or choose another --results")
+    if kept_threads is not None:
+        args.threads = kept_threads
+        if not getattr(args, "dry_run", False):
+            log.info("%s: resuming with %d torch/BLAS thread(s) per worker, as the run being resumed (results "
+                     "depend on the count)", app.name, kept_threads)
     return fingerprint
 
 

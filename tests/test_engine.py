@@ -475,6 +475,42 @@ def test_an_app_with_an_unknown_seed_form_is_refused_in_one_line_before_any_work
     assert not results.exists()
 
 
+@pytest.mark.parametrize("layout", [5, [{"threads": [1]}]], ids=["not-a-list", "threads-a-list"])
+def test_a_damaged_start_event_is_one_line_on_two_ranks(tmp_path, layout):
+    """A start event's layout is what a resume keeps the thread count from: damaged, the journal
+    is refused as any damaged line is (it was a TypeError on rank 0, and rank 1 then waited for
+    ever in a broadcast)."""
+    results = tmp_path / "r"
+    args = [TOY, "4", "--results", str(results), "--no-progress"]
+    assert run(args).returncode == 0
+    lines = (results / "journal.jsonl").read_text().splitlines()
+    number = next(i for i, line in enumerate(lines) if json.loads(line).get("type") == "start")
+    lines[number] = json.dumps(dict(json.loads(lines[number]), layout=layout))
+    (results / "journal.jsonl").write_text("\n".join(lines) + "\n")
+    before = snapshot(results)
+    proc = run(args + ["--resume"], ranks=2, timeout=120)
+    if layout == 5:
+        assert_usage_error(proc, f"line {number + 1} is not a journal record; the journal is damaged")
+        assert snapshot(results) == before
+    else:  # a thread count that is not one: no count kept, the resume goes on
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_an_unexpected_error_on_rank_0_before_the_run_ends_every_rank(tmp_path):
+    """Rank 0 alone checks the results folder while the others wait for its answer: an error there
+    that is not a usage error (an app's prepare() raising) ends the whole job at once, not rank 0
+    alone with the others waiting for ever."""
+    script = tmp_path / "broken_prepare.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(Path(TOY).parent)!r})\nfrom toy_app import ToyApp\n"
+                      "from common.run.runner import main\n\n\nclass BrokenPrepare(ToyApp):\n"
+                      "    def prepare(self):\n        raise RuntimeError('boom in prepare')\n\n\n"
+                      "if __name__ == '__main__':\n    raise SystemExit(main(BrokenPrepare))\n")
+    began = time.monotonic()
+    proc = run([str(script), "4", "--results", str(tmp_path / "r"), "--no-progress"], ranks=2, timeout=120)
+    assert proc.returncode != 0 and "boom in prepare" in proc.stderr, proc.stderr
+    assert time.monotonic() - began < 60
+
+
 def test_the_start_line_counts_one_item_one_rank_and_one_worker_in_the_singular(tmp_path):
     proc = run([TOY, "1", "--workers", "1", "--results", str(tmp_path / "r"), "--no-progress"])
     assert proc.returncode == 0, proc.stderr

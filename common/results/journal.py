@@ -111,6 +111,8 @@ def read_journal(path: Path, starts: Optional[List[dict]] = None) -> Tuple[Optio
             elif kind == "result":
                 records[entry["key"]] = Record(**entry)
             elif kind == "start" and starts is not None:
+                if not isinstance(entry.get("layout", []), list):
+                    raise TypeError("a start event's layout is a list of ranks")
                 starts.append(entry)
         except (AttributeError, KeyError, TypeError):
             raise UsageError(f"{quoted(path)}: line {number + 1} is not a journal record; the journal is damaged") from None

@@ -252,12 +252,12 @@ def _threads_resumed(starts: List[dict]) -> Optional[int]:
     cores over the workers, changes with --workers or the node), so that it ends with the results
     of an uninterrupted run. None where the runs used several (nodes of different sizes)."""
     used = {entry.get("threads") for start in starts for entry in (start.get("layout") or [])
-            if isinstance(entry, dict)}
+            if isinstance(entry, dict) and isinstance(entry.get("threads"), int)
+            and not isinstance(entry.get("threads"), bool)}  # a journal from before the field: none said
     if len(used) != 1:
         return None
     threads = used.pop()
-    return threads if isinstance(threads, int) and not isinstance(threads, bool) and 1 <= threads <= MAX_THREADS \
-        else None
+    return threads if 1 <= threads <= MAX_THREADS else None
 
 
 def _check_writable(folder: Path) -> None:
@@ -402,6 +402,12 @@ def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]
             result = work()
         except UsageError as problem:
             error = str(problem)
+        except Exception:
+            if comm.size > 1:  # the other ranks wait in the broadcast below for ever: end the whole job
+                log.exception("unexpected error on rank 0; aborting all %d ranks", comm.size)
+                logging.shutdown()
+                comm.abort(1)
+            raise
     error = comm.bcast(error)
     if error and comm.rank == 0:
         print(f"{app.name}: error: {error}", file=sys.stderr)

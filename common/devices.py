@@ -122,6 +122,15 @@ def parse_gpu_spec(spec: Optional[str]) -> Optional[List[int]]:
     return indexes
 
 
+def check_workers_per_gpu(spec: Optional[str], per_gpu: int) -> None:
+    """``--workers-per-gpu`` N > 1 with ``--gpu cpu``: refused, as it would be silently ignored
+    (checked where the devices are decided, and by the job-script generator before the queue). The
+    default ``--gpu``'s fallback to the CPU where there is no GPU keeps it: a GPU job's flag there."""
+    if per_gpu > 1 and spec is not None and spec.strip().lower() == "cpu":
+        raise UsageError(f"--workers-per-gpu {per_gpu} with --gpu {spec}: workers share GPUs, and there are "
+                         f"none; on the CPU, --workers N sets the workers")
+
+
 def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]] = None, position: int = 0,
                     sharing: int = 1, per_gpu: int = 1) -> tuple:
     """The devices of this rank's workers, and a notice for the user (or ``None``).
@@ -145,9 +154,7 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
     if indexes == [0] and spec is None and not gpus:
         indexes, notice = None, "no GPU found: running on CPU (use --gpu cpu to silence this)"
     if indexes is None:
-        if per_gpu > 1 and spec is not None:  # asked for the CPU: the flag would be silently ignored
-            raise UsageError(f"--workers-per-gpu {per_gpu} with --gpu {spec}: workers share GPUs, and there are "
-                             f"none; on the CPU, --workers N sets the workers")
+        check_workers_per_gpu(spec, per_gpu)
         return [Device("cpu", i) for i in range(workers)], notice
     if not gpus and slurm_gave_no_gpu():
         raise UsageError(f"--gpu {spec}: Slurm gave this job no GPU on {os.uname().nodename} "

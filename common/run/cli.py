@@ -66,7 +66,8 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
     engine.add_argument("--workers-per-gpu", type=at_least(1, maximum=MAX_WORKERS_PER_GPU), default=1,
                         help="worker processes sharing each GPU, each pinned to it (small items leave a big GPU idle)")
     engine.add_argument("--threads", type=at_least(1, maximum=MAX_THREADS), default=None,
-                        help="torch/BLAS threads per worker (default: the rank's cores / its workers / ranks sharing them)")
+                        help="torch/BLAS threads per worker (default: the rank's cores / its workers / ranks sharing "
+                             "them; a --resume keeps its run's)")
     engine.add_argument("--batch", type=at_least(1), default=None,
                         help="replace a worker by a fresh process after this many items (frees leaked GPU memory)")
     engine.add_argument("--seed", type=at_least(0, maximum=MAX_SEED), default=app_class.default_seed,

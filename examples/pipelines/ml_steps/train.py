@@ -50,7 +50,7 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     with torch.no_grad():
         predicted = torch.cat([model(x[i:i + EVAL_BATCH]).argmax(1) for i in range(0, len(x), EVAL_BATCH)])
     model.train()
-    return float((predicted == y).float().mean())
+    return float((predicted == y).double().mean())  # float64, as numpy's mean
 
 
 def main() -> Dict[str, Any]:

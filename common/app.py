@@ -47,6 +47,11 @@ class Record:
     group_size: int = 1  # items run together with it (its start/end are the whole group's)
     params: Any = None  # for an item of a later wave: the params App.complete gave it
 
+    @property
+    def own_seconds(self) -> float:
+        """Its share of the time it ran: a group's items (``App.run_group``) share the group's."""
+        return self.seconds / max(1, self.group_size)
+
     def __reduce__(self) -> tuple:
         """Pickled as its fields in a row, unpickled through ``__init__``: rank 0 unpickles a record
         per result, and a dataclass's default (a dict of its fields, then set into the new

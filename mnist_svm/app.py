@@ -202,8 +202,7 @@ class MnistSvm(App):
             params, result = item.params, record.result or {}
             writer.writerow([f"{params['C']:.6g}", f"{params['gamma']:.6g}", params["fold"], params["i_C"],
                              params["i_gamma"], f"{result.get('error', float('nan')):.6f}", result.get("n_support", ""),
-                             f"{record.seconds / max(1, record.group_size):.3f}",  # its share of its group's
-                             record.rank, record.host, record.device, record.worker])
+                             f"{record.own_seconds:.3f}", record.rank, record.host, record.device, record.worker])
         return out.getvalue()
 
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:

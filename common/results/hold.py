@@ -168,12 +168,12 @@ def silent_for(holder: Dict[str, Any], now: float) -> Optional[float]:
 def stale_because(holder: Dict[str, Any], now: Optional[float] = None) -> Optional[str]:
     """Why ``holder`` no longer holds its folder, or None while it may still be running."""
     now = time.time() if now is None else now
-    me = _me(0.0)
     gone = process_gone(holder)
     if gone is not None:
         return gone
-    if (me["slurm_job_id"] and holder.get("slurm_job_id") == me["slurm_job_id"]
-            and holder.get("slurm_restart_count") != me["slurm_restart_count"]):
+    job = os.environ.get("SLURM_JOB_ID")  # as _me records it, without looking at this process again
+    if job and holder.get("slurm_job_id") == job and holder.get("slurm_restart_count") != os.environ.get(
+            "SLURM_RESTART_COUNT"):
         return "it was an earlier run of this Slurm job, which was requeued"
     silent = silent_for(holder, now)
     return None if silent is None else f"not refreshed for {silent:.0f} s"

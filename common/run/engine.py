@@ -626,8 +626,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     ended_at = time.time()
     gpu = {f"rank{r['rank']}-{name}": stats for r in reports for name, stats in r["gpu"].items()}
     this_run = list(leader.records.values())
-    # a group's items share its time (each record carries the whole group's start and end)
-    busy = sum(record.seconds / max(1, record.group_size) for record in this_run)
+    busy = sum(record.own_seconds for record in this_run)
     summary: Dict[str, Any] = {
         "app": app.name,
         "status": {"complete": "complete" if not failed else "failed", "stopped": "stopped"}[outcome],

@@ -64,6 +64,10 @@ FAKE_GPU = REPO / "tests" / "fake_gpu"
 #: how to get a CUDA torch, for the one-line refusal
 CUDA_TORCH_HINT = ("install a CUDA build (pip install -r requirements-cu12.txt --extra-index-url "
                    "https://download.pytorch.org/whl/cu128) or point GPU_PYTHON at a python that has one")
+#: the warning torch's sync debug mode gives for each synchronisation (c10/cuda/CUDAFunctions.cpp); not
+#: its one-time notice on being switched on, which says it "does not yet detect all synchronizing
+#: operations" (counted as a synchronisation, that notice failed this check on an H200)
+SYNC_WARNING = "called a synchronizing CUDA operation"
 #: what torch sees, printed as JSON by a child process (this one never imports torch)
 TORCH_PROBE = """
 import json, warnings
@@ -135,7 +139,7 @@ def count_synchronisations(data: Any, index: Any, candidate: Any, epochs: int, i
     inner = train.train_epoch
 
     def synchronisations(caught: list) -> int:
-        return sum("synchroniz" in str(w.message) for w in caught)
+        return sum(SYNC_WARNING in str(w.message) for w in caught)
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -401,7 +405,9 @@ class Check:
                  *[f"- {key}: {value}" for key, value in environment.items()], "",
                  "| step | status | seconds | criterion | figure |", "|---|---|---|---|---|"]
         for step in self.steps:
-            note = step.get("note") or step.get("error") or step.get("command", "")
+            # a failure's last line says why (a child's stderr ends with its exception, not starts)
+            error = (step.get("error") or "").strip().splitlines()
+            note = step.get("note") or (error[-1] if error else "") or step.get("command", "")
             lines.append(f"| {step['title']} | {step['status']} | {step.get('seconds', '')} | "
                          f"{str(step.get('criterion', '')).replace('|', '/')} | {str(note).replace('|', '/')[:300]} |")
         for step in self.steps:

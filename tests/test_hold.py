@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from common.results.hold import _me, read_hold, stale_because
 from common.results.layout import HOLD_NAME, STATUS_NAME
 from helpers import (
@@ -23,6 +25,7 @@ from helpers import (
     wait_for_results,
     wait_until,
 )
+from mount_sandbox import unavailable as mount_namespaces_unavailable
 
 
 def hold_of(results: Path) -> dict:
@@ -189,3 +192,34 @@ def test_a_hold_from_before_this_hosts_reboot_is_stale():
     me = _me(20.0)
     assert stale_because({**me, "boot_id": "another-boot"}) == "its host has rebooted since"
     assert stale_because(me) is None  # this very process: alive, just refreshed
+
+
+def test_another_users_live_run_is_not_gone_where_proc_hides_other_users(tmp_path):
+    """/proc mounted with hidepid=2 (common on shared clusters) hides every other user's process:
+    a run of one user must not look gone to another (status would say GONE; a resume would take a
+    live run's folder). Real: a private mount namespace with such a /proc, the check made there as
+    the user nobody, about a live process of root's and one that has ended."""
+    why = mount_namespaces_unavailable()
+    if why:
+        pytest.skip(why)
+    import psutil
+
+    live = subprocess.Popen(["sleep", "120"])
+    try:
+        ended = subprocess.Popen(["true"])
+        ended.wait()
+        holder = dict(_me(0.0), pid=live.pid, process_started=psutil.Process(live.pid).create_time())
+        holders = [holder, dict(holder, pid=ended.pid)]
+        check = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); from common.results.hold import process_gone; "
+                 "holders = json.loads(sys.argv[2]); print(json.dumps({'seen': os.path.exists(f'/proc/{holders[0][\"pid\"]}'), "
+                 "'gone': [process_gone(h) for h in holders]}))")
+        seen = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid=65534 --regid=65534 --clear-groups "$@"',
+             "sh", sys.executable, "-c", check, str(REPO), json.dumps(holders)],
+            capture_output=True, text=True, timeout=60)
+        assert seen.returncode == 0, seen.stderr
+        assert json.loads(seen.stdout) == {"seen": False, "gone": [None, "its process is gone"]}
+    finally:
+        live.kill()
+        live.wait()

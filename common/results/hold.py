@@ -70,8 +70,19 @@ def _process_started(pid: int) -> Optional[float]:
         if process.status() == psutil.STATUS_ZOMBIE:  # killed, not yet reaped (an orphan waits for init)
             return None
         return process.create_time()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+    except psutil.ZombieProcess:
         return None
+    except psutil.NoSuchProcess:
+        # Not in /proc. Where /proc hides other users' processes (mounted hidepid=2, as on many
+        # shared clusters), another user's live run is not there either: the kernel still says
+        # that a pid exists but is not ours to signal, and such a run must never be called gone.
+        try:
+            os.kill(pid, 0)
+        except PermissionError:
+            return -1.0
+        except OSError:
+            return None
+        return None  # ours and signalable, yet not in /proc a moment ago: a new process took the pid
     except psutil.Error:  # exists, but cannot be looked at (another user's): take it as alive
         return -1.0
 

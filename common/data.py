@@ -389,6 +389,28 @@ def read_idx(path: Path) -> np.ndarray:
     return array.astype(dtype.newbyteorder("="))  # native order, and a writable copy
 
 
+#: the first labels of each split of the published files. MNIST and Fashion-MNIST use the same file
+#: names, shapes and classes, so a folder of one given as the other would load and train without a
+#: sound: these tell them apart (a data set of one's own starting so by chance: about 1 in 10^16)
+PUBLISHED_FIRST_LABELS = {
+    "mnist": {"y_train": (5, 0, 4, 1, 9, 2, 1, 3, 1, 4, 3, 5, 3, 6, 1, 7),
+              "y_test": (7, 2, 1, 0, 4, 1, 4, 9, 5, 9, 0, 6, 9, 0, 1, 5)},
+    "fashion-mnist": {"y_train": (9, 0, 0, 3, 0, 2, 7, 2, 5, 5, 0, 9, 5, 5, 7, 9),
+                      "y_test": (9, 2, 1, 1, 6, 1, 4, 6, 5, 7, 4, 5, 7, 3, 4, 1)},
+}
+
+
+def _check_not_the_other(name: str, files: Dict[str, Path], labels: Dict[str, np.ndarray]) -> None:
+    """Refuse, in one line, the files of MNIST given as Fashion-MNIST or the other way round."""
+    for other, starts in PUBLISHED_FIRST_LABELS.items():
+        if other == name or name not in PUBLISHED_FIRST_LABELS:
+            continue
+        for part, start in starts.items():
+            if tuple(labels[part][:len(start)].tolist()) == start:
+                raise UsageError(f"--dataset {name}, but {quoted(files[part])} is {other}'s: its labels begin as the "
+                                 f"published {other} files' do (the two use the same file names); use --dataset {other}")
+
+
 def _read_idx_dataset(name: str, files: Dict[str, Path]) -> Dataset:
     """The four IDX files as a Dataset, checked against each other; each problem one line naming the file."""
     parts = {part: read_idx(path) for part, path in files.items()}
@@ -405,6 +427,7 @@ def _read_idx_dataset(name: str, files: Dict[str, Path]) -> Dataset:
         if labels.dtype.kind not in "iu" or not 0 <= labels.min() <= labels.max() <= 9:
             raise UsageError(f"{quoted(labels_file)}: expected integer labels 0-9, got {labels.dtype} "
                              f"from {labels.min()} to {labels.max()}")
+    _check_not_the_other(name, files, {part: parts[part] for part in ("y_train", "y_test")})
     classes = np.unique(parts["y_train"])
     if len(classes) < 2:  # nothing to classify: no app should train (or cross-validate) on it
         raise UsageError(f"{quoted(files['y_train'])}: every training label is {classes[0]}: a classifier needs "

@@ -13,6 +13,7 @@ from common.data import (
     DATASETS,
     DEBIAN_FASHION_MNIST,
     IDX_FILES,
+    PUBLISHED_FIRST_LABELS,
     Dataset,
     check_available,
     find_idx_files,
@@ -176,6 +177,30 @@ def test_explicit_data_dir_and_its_usual_subfolders_are_searched(tmp_path, layou
     files = find_idx_files("fashion-mnist", tmp_path)
     assert files is not None and all(path.parent == tmp_path / layout for path in files.values())
     assert load_dataset("fashion-mnist", tmp_path).x_train.shape == (20, 28, 28)
+
+
+@pytest.mark.parametrize("given, other", [("mnist", "fashion-mnist"), ("fashion-mnist", "mnist")])
+@pytest.mark.parametrize("part", ["y_train", "y_test"])
+def test_the_files_of_one_mnist_given_as_the_other_are_refused(tmp_path, given, other, part):
+    """MNIST and Fashion-MNIST share file names and shapes: a folder of one named as the other is one
+    line (its labels begin as the other's published files do), never a run under the wrong name.
+    Named as what it is, it loads; labels that begin otherwise load as before."""
+    labels = np.concatenate([PUBLISHED_FIRST_LABELS[other][part], np.arange(4)])  # 20 labels
+    images = {"x_test": np.zeros((20, 28, 28))} if part == "y_test" else {}
+    folder = idx_folder(tmp_path / "data", **images, **{part: labels})
+    with pytest.raises(UsageError) as error:
+        load_dataset(given, folder)
+    assert str(error.value) == (f"--dataset {given}, but '{folder / IDX_FILES[part]}' is {other}'s: its labels begin "
+                                f"as the published {other} files' do (the two use the same file names); use --dataset {other}")
+    assert len(load_dataset(other, folder).y_train) == 20
+    own = idx_folder(tmp_path / "own", **images, **{part: np.roll(labels, 1)})
+    assert len(load_dataset(given, own).y_train) == 20
+
+
+@pytest.mark.skipif(not HAVE_DEBIAN_FASHION, reason="Debian package dataset-fashion-mnist is not installed")
+def test_debians_fashion_mnist_given_as_mnist_is_refused():
+    with pytest.raises(UsageError, match=r"^--dataset mnist, but .*train-labels-idx1-ubyte.gz' is fashion-mnist's"):
+        load_dataset("mnist", DEBIAN_FASHION_MNIST)
 
 
 @pytest.mark.parametrize("case", ["a file", "missing folder", "3 of 4 files", "empty folder"])

@@ -171,7 +171,8 @@ def test_synchronisations_are_watched_only_from_each_batch_loop_to_its_epochs_lo
     def set_sync_debug_mode(mode):
         if mode != "default" and mode not in events:
             warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
-                          "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)")
+                          "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)",
+                          stacklevel=2)
         events.append(mode)
 
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_sync_debug_mode)

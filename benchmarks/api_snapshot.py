@@ -22,7 +22,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 SNAPSHOT = Path(__file__).resolve().parent / "api_snapshot.json"
 
@@ -36,6 +36,11 @@ USED: Dict[str, Dict[str, List[str]]] = {
     "nvidia-ml-py": {"pynvml": ["nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
                                 "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetUUID", "nvmlDeviceGetUtilizationRates",
                                 "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage"]},
+}
+#: what the project calls only where the installed release has it (looked up with getattr, the
+#: other call its fallback): recorded for the versions that define it
+WHERE_PRESENT: Dict[str, Dict[str, List[str]]] = {
+    "nvidia-ml-py": {"pynvml": ["nvmlDeviceGetTemperatureV"]},  # from 13.x; nvmlDeviceGetTemperature before
 }
 #: distributions under other names: cuml-cu12, cupy-cuda12x, ...
 DISTRIBUTIONS = {"cuml": ("cuml-cu12", "cuml-cu11", "cuml"), "cupy": ("cupy-cuda12x", "cupy-cuda11x", "cupy"),
@@ -63,12 +68,13 @@ def class_name(path: str) -> Optional[str]:
     return last if last[0].isupper() else None
 
 
-def from_installed(path: str, names: List[str]) -> Dict[str, str]:
+def from_installed(path: str, names: List[str], where_present: Sequence[str] = ()) -> Dict[str, str]:
     in_class = class_name(path)
     owner: Any = importlib.import_module(path.rpartition(".")[0] if in_class else path)
     if in_class:
         owner = getattr(owner, in_class)
-    return {f"{path}.{name}": plain(inspect.signature(getattr(owner, name))) for name in names}
+    present = [name for name in where_present if hasattr(owner, name)]
+    return {f"{path}.{name}": plain(inspect.signature(getattr(owner, name))) for name in [*names, *present]}
 
 
 def _def_header(text: str, name: str, in_class: Optional[str]) -> Optional[str]:
@@ -92,12 +98,14 @@ def _def_header(text: str, name: str, in_class: Optional[str]) -> Optional[str]:
     return None
 
 
-def from_source(path: str, names: List[str], folder: Path) -> Dict[str, str]:
+def from_source(path: str, names: List[str], folder: Path, where_present: Sequence[str] = ()) -> Dict[str, str]:
     in_class = class_name(path)
     texts = [(folder / f).read_text() for f in SOURCE_FILES[path] if (folder / f).is_file()]
     found: Dict[str, str] = {}
-    for name in names:
+    for name in [*names, *where_present]:
         header = next((h for h in (_def_header(t, name, in_class) for t in texts) if h), None)
+        if header is None and name in where_present:
+            continue
         if header is None:
             raise SystemExit(f"api_snapshot: no `def {name}` of {path} in {folder}")
         function = ast.parse(header + "\n    pass\n").body[0]
@@ -127,9 +135,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     snapshot: Dict[str, Dict[str, Dict[str, str]]] = json.loads(args.out.read_text()) if args.out.is_file() else {}
     sources = {package: (version, Path(folder)) for package, version, folder in args.source}
     for package, objects in USED.items():
+        optional = WHERE_PRESENT.get(package, {})
         if package in sources:
             version, folder = sources[package]
-            found = {k: v for path, names in objects.items() for k, v in from_source(path, names, folder).items()}
+            found = {k: v for path, names in objects.items()
+                     for k, v in from_source(path, names, folder, optional.get(path, [])).items()}
             origin = f"source {folder.name}"
         else:
             version = installed_version(package)
@@ -137,7 +147,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"api_snapshot: {package}: not installed, its entries kept", file=sys.stderr)
                 continue
             try:
-                found = {k: v for path, names in objects.items() for k, v in from_installed(path, names).items()}
+                found = {k: v for path, names in objects.items()
+                         for k, v in from_installed(path, names, optional.get(path, [])).items()}
             except Exception as error:  # cuML without a GPU, say
                 print(f"api_snapshot: {package} {version}: cannot be read ({type(error).__name__}: {error})",
                       file=sys.stderr)

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks.api_snapshot import SNAPSHOT, USED, plain
+from benchmarks.api_snapshot import SNAPSHOT, USED, WHERE_PRESENT, plain
 from helpers import REPO
 
 FAKE_GPU = REPO / "tests" / "fake_gpu"
@@ -49,8 +49,11 @@ def test_the_snapshot_holds_both_pinned_cumls_and_every_name_the_project_uses():
     assert {"25.06.00", "26.02.00"} <= set(RECORDED["cuml"]) and {"13.6.0", "14.2.0"} <= set(RECORDED["cupy"])
     for package, objects in USED.items():
         wanted = {f"{path}.{name}" for path, names in objects.items() for name in names}
+        optional = {f"{path}.{name}" for path, names in WHERE_PRESENT.get(package, {}).items() for name in names}
         for version, signatures in recorded(package):
-            assert set(signatures) == wanted, (package, version)
+            assert wanted <= set(signatures) <= wanted | optional, (package, version)
+    # nvidia-ml-py 13 (the H200's of make gpu-check) has the temperature call the project tries first
+    assert "pynvml.nvmlDeviceGetTemperatureV" in RECORDED["nvidia-ml-py"]["13.610.43"]
 
 
 def test_the_fake_cuml_svc_constructor_is_the_pinned_ones_exactly(fake_gpu_modules):
@@ -171,6 +174,22 @@ def test_the_fake_nvml_is_the_installed_nvidia_ml_py_in_what_it_defines():
         assert isinstance(made, fake.NVMLError) and isinstance(made, getattr(fake, type(expected).__name__))
     for name in ("NVML_TEMPERATURE_GPU", "nvmlTemperature_v1"):
         assert getattr(fake, name) == getattr(real, name), name
+
+
+#: the project's NVML calls (common/observe/gpu_monitor.py, common/devices.py), as (args, kwargs)
+NVML_CALLS = {"nvmlInit": ((), {}), "nvmlShutdown": ((), {}), "nvmlDeviceGetCount": ((), {}),
+              "nvmlDeviceGetHandleByIndex": ((0,), {}), "nvmlDeviceGetHandleByUUID": (("GPU-0",), {}),
+              "nvmlDeviceGetUUID": (("h",), {}), "nvmlDeviceGetUtilizationRates": (("h",), {}),
+              "nvmlDeviceGetMemoryInfo": (("h",), {}), "nvmlDeviceGetTemperature": (("h", 0), {}),
+              "nvmlDeviceGetTemperatureV": (("h", 0), {}), "nvmlDeviceGetPowerUsage": (("h",), {})}
+
+
+def test_the_projects_nvml_calls_bind_on_every_recorded_nvidia_ml_py():
+    """Each call as the project makes it; the temperature's V only where the release has it."""
+    for _, signatures in recorded("nvidia-ml-py"):
+        for name, (args, kwargs) in NVML_CALLS.items():
+            if f"pynvml.{name}" in signatures or name != "nvmlDeviceGetTemperatureV":
+                signature(signatures[f"pynvml.{name}"]).bind(*args, **kwargs)
 
 
 def test_the_projects_torch_cuda_calls_bind_on_the_recorded_torch():

@@ -43,8 +43,10 @@ WHERE_PRESENT: Dict[str, Dict[str, List[str]]] = {
     "nvidia-ml-py": {"pynvml": ["nvmlDeviceGetTemperatureV"]},  # from 13.x; nvmlDeviceGetTemperature before
 }
 #: distributions under other names: cuml-cu12, cupy-cuda12x, ...
-DISTRIBUTIONS = {"cuml": ("cuml-cu12", "cuml-cu11", "cuml"), "cupy": ("cupy-cuda12x", "cupy-cuda11x", "cupy"),
-                 "torch": ("torch",), "nvidia-ml-py": ("nvidia-ml-py",)}
+DISTRIBUTIONS = {"cuml": ("cuml-cu12", "cuml-cu11", "cuml"),
+                 "cupy": ("cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy"),  # 13x: the H200's image
+                 "torch": ("torch",), "torchvision": ("torchvision",), "mpi4py": ("mpi4py",),
+                 "nvidia-ml-py": ("nvidia-ml-py",)}
 #: --source: the files of a checkout that define each object (where the package's layout puts them)
 SOURCE_FILES = {
     "cuml.svm.SVC": ["python/cuml/cuml/svm/svc.py", "python/cuml/cuml/svm/svc.pyx"],

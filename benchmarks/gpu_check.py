@@ -444,8 +444,16 @@ def environment(torch_seen: Dict[str, Any], gpus: List[Dict[str, str]]) -> Dict[
     if gpus:
         found["GPUs"] = [f"{g['index']}: {g['name']}, {g['memory.total']}, {g['compute_mode']}" for g in gpus]
         found["driver"] = gpus[0].get("driver_version")
-    for module in ("pynvml", "mpi4py", "torchvision", "cuml"):
-        found[module] = "present" if importlib.util.find_spec(module) is not None else "absent"
+    from benchmarks.api_snapshot import installed_version
+
+    # the releases, not only their presence: what a report of a failure needs first
+    for label, module, package in (("nvidia-ml-py", "pynvml", "nvidia-ml-py"), ("mpi4py", "mpi4py", "mpi4py"),
+                                   ("torchvision", "torchvision", "torchvision"), ("cuML", "cuml", "cuml"),
+                                   ("CuPy", "cupy", "cupy")):
+        if importlib.util.find_spec(module) is None:
+            found[label] = "absent"
+        else:
+            found[label] = installed_version(package) or "present (no package metadata)"
     return found
 
 

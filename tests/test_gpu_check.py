@@ -2,6 +2,7 @@
 torch cannot use it; and the whole script on the CPU (--smoke), each step with its criterion."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -90,6 +91,10 @@ def test_every_step_of_the_check_runs_and_reports_on_the_cpu_with_smoke(tmp_path
     assert svm["max_flips"] <= 3 and svm["test_error"] is not None
     markdown = (tmp_path / "check" / "gpu-check.md").read_text()
     assert "| mnist_svm on cuML against scikit-learn | ok |" in markdown and "reference samples/s" in markdown
+    # the releases of the GPU stack, as installed (cuML is the fake's only in the step's own child)
+    assert report["environment"]["nvidia-ml-py"] == importlib.metadata.version("nvidia-ml-py")
+    assert report["environment"]["cuML"] == "absent"
+    assert f"- nvidia-ml-py: {importlib.metadata.version('nvidia-ml-py')}" in markdown
 
 
 def test_pinning_by_uuid_fails_when_a_worker_sees_another_gpu(tmp_path):

@@ -195,23 +195,29 @@ def test_a_hold_from_before_this_hosts_reboot_is_stale():
 
 
 def test_another_users_live_run_is_not_gone_where_proc_hides_other_users(tmp_path):
-    """/proc mounted with hidepid=2 (common on shared clusters) hides every other user's process:
-    a run of one user must not look gone to another (status would say GONE; a resume would take a
-    live run's folder). Real: a private mount namespace with such a /proc, the check made there as
-    the user nobody, about a live process of root's and one that has ended."""
+    """/proc mounted with hidepid=2 (common on shared clusters) hides every other user's process,
+    and one's own started under another group: such a run must not look gone (status would say
+    GONE; a resume would take a live run's folder). Real: a private mount namespace with such a
+    /proc, the check made there as the user nobody, about a live process of root's, one of
+    nobody's under another group, and one that has ended."""
     why = mount_namespaces_unavailable()
     if why:
         pytest.skip(why)
     import psutil
 
     live = subprocess.Popen(["sleep", "120"])
+    # the same user (nobody) under another group, as `sg` starts it: hidden too, yet signalable
+    other_group = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65533", "--clear-groups", "sleep", "120"])
     try:
         ended = subprocess.Popen(["true"])
         ended.wait()
+        wait_until(lambda: psutil.Process(other_group.pid).uids().real == 65534, timeout=30)
         holder = dict(_me(0.0), pid=live.pid, process_started=psutil.Process(live.pid).create_time())
-        holders = [holder, dict(holder, pid=ended.pid)]
+        holders = [holder, dict(holder, pid=other_group.pid, process_started=psutil.Process(other_group.pid).create_time()),
+                   dict(holder, pid=ended.pid)]
         check = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); from common.results.hold import process_gone; "
-                 "holders = json.loads(sys.argv[2]); print(json.dumps({'seen': os.path.exists(f'/proc/{holders[0][\"pid\"]}'), "
+                 "holders = json.loads(sys.argv[2]); "
+                 "print(json.dumps({'seen': [os.path.exists(f'/proc/{h[\"pid\"]}') for h in holders[:2]], "
                  "'gone': [process_gone(h) for h in holders]}))")
         seen = subprocess.run(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c",
@@ -219,7 +225,8 @@ def test_another_users_live_run_is_not_gone_where_proc_hides_other_users(tmp_pat
              "sh", sys.executable, "-c", check, str(REPO), json.dumps(holders)],
             capture_output=True, text=True, timeout=60)
         assert seen.returncode == 0, seen.stderr
-        assert json.loads(seen.stdout) == {"seen": False, "gone": [None, "its process is gone"]}
+        assert json.loads(seen.stdout) == {"seen": [False, False], "gone": [None, None, "its process is gone"]}
     finally:
-        live.kill()
-        live.wait()
+        for process in (live, other_group):
+            process.kill()
+            process.wait()

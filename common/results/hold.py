@@ -73,16 +73,18 @@ def _process_started(pid: int) -> Optional[float]:
     except psutil.ZombieProcess:
         return None
     except psutil.NoSuchProcess:
-        # Not in /proc. Where /proc hides other users' processes (mounted hidepid=2, as on many
-        # shared clusters), another user's live run is not there either: the kernel still says
-        # that a pid exists but is not ours to signal, and such a run must never be called gone.
+        # Not in /proc. Where /proc hides processes (mounted hidepid=2, as on many shared clusters)
+        # a live run is not there either when it is another user's, or ours started under another
+        # group (sg, newgrp) or not dumpable: the kernel still answers for the pid, and only "no
+        # such process" is gone. A pid taken meanwhile by a new process is then taken as alive too:
+        # its hold goes stale after STALE_PERIODS refreshes instead of at once.
         try:
             os.kill(pid, 0)
-        except PermissionError:
-            return -1.0
-        except OSError:
+        except ProcessLookupError:
             return None
-        return None  # ours and signalable, yet not in /proc a moment ago: a new process took the pid
+        except OSError:  # not ours to signal (EPERM): it exists
+            return -1.0
+        return -1.0
     except psutil.Error:  # exists, but cannot be looked at (another user's): take it as alive
         return -1.0
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from benchmarks.api_snapshot import installed_version
 from helpers import REPO
 
 #: a stand-in for the driver's nvidia-smi: one H100 in -L and in --query-gpu's CSV
@@ -91,9 +92,9 @@ def test_every_step_of_the_check_runs_and_reports_on_the_cpu_with_smoke(tmp_path
     assert svm["max_flips"] <= 3 and svm["test_error"] is not None
     markdown = (tmp_path / "check" / "gpu-check.md").read_text()
     assert "| mnist_svm on cuML against scikit-learn | ok |" in markdown and "reference samples/s" in markdown
-    # the releases of the GPU stack, as installed (cuML is the fake's only in the step's own child)
+    # the releases of the GPU stack, as installed here (the fake cuML is only on the step's child's path)
     assert report["environment"]["nvidia-ml-py"] == importlib.metadata.version("nvidia-ml-py")
-    assert report["environment"]["cuML"] == "absent"
+    assert report["environment"]["cuML"] == (installed_version("cuml") or "absent")
     assert f"- nvidia-ml-py: {importlib.metadata.version('nvidia-ml-py')}" in markdown
 
 

@@ -400,13 +400,15 @@ PUBLISHED_FIRST_LABELS = {
 }
 
 
-def _check_not_the_other(name: str, files: Dict[str, Path], labels: Dict[str, np.ndarray]) -> None:
+def _check_not_the_other(name: str, files: Dict[str, Path], parts: Dict[str, np.ndarray]) -> None:
     """Refuse, in one line, the files of MNIST given as Fashion-MNIST or the other way round."""
+    if name not in PUBLISHED_FIRST_LABELS:
+        return
     for other, starts in PUBLISHED_FIRST_LABELS.items():
-        if other == name or name not in PUBLISHED_FIRST_LABELS:
+        if other == name:
             continue
         for part, start in starts.items():
-            if tuple(labels[part][:len(start)].tolist()) == start:
+            if tuple(parts[part][:len(start)].tolist()) == start:
                 raise UsageError(f"--dataset {name}, but {quoted(files[part])} is {other}'s: its labels begin as the "
                                  f"published {other} files' do (the two use the same file names); use --dataset {other}")
 
@@ -427,7 +429,7 @@ def _read_idx_dataset(name: str, files: Dict[str, Path]) -> Dataset:
         if labels.dtype.kind not in "iu" or not 0 <= labels.min() <= labels.max() <= 9:
             raise UsageError(f"{quoted(labels_file)}: expected integer labels 0-9, got {labels.dtype} "
                              f"from {labels.min()} to {labels.max()}")
-    _check_not_the_other(name, files, {part: parts[part] for part in ("y_train", "y_test")})
+    _check_not_the_other(name, files, parts)
     classes = np.unique(parts["y_train"])
     if len(classes) < 2:  # nothing to classify: no app should train (or cross-validate) on it
         raise UsageError(f"{quoted(files['y_train'])}: every training label is {classes[0]}: a classifier needs "

@@ -82,8 +82,8 @@ def _process_started(pid: int) -> Optional[float]:
             os.kill(pid, 0)
         except ProcessLookupError:
             return None
-        except OSError:  # not ours to signal (EPERM): it exists
-            return -1.0
+        except OSError:  # not ours to signal (EPERM): it exists all the same
+            pass
         return -1.0
     except psutil.Error:  # exists, but cannot be looked at (another user's): take it as alive
         return -1.0

@@ -416,6 +416,18 @@ def test_a_chunks_answers_during_a_timeout_kill_keep_the_item_before_and_fail_th
     assert events[1].error.startswith("timed out after 0.3 s") and events[1].failure == "timeout"
 
 
+def test_an_item_killed_for_its_timeout_fails_when_it_finished_but_its_answer_died_with_it(tmp_path):
+    """B ran past --item-timeout and finished during the stack dump (the shared counter says A and B
+    finished), but the SIGKILL came before their answers left: B fails, as the run said when it
+    killed it; A (finished, unanswered) and C go back uncounted. (Seen in CI under load: B went back
+    uncounted, ran again, and was kept.)"""
+    pool, worker = _killed_chunk_worker(tmp_path, "timeout", finished=2)
+    events: list = []
+    pool._on_exit(worker, events)
+    assert [(e.kind, e.key or e.keys) for e in events] == [("failed", "B"), ("returned", ("A", "C"))]
+    assert events[0].failure == "timeout"
+
+
 def test_a_worker_killed_silent_in_a_chunk_fails_the_item_it_ran_and_gives_back_the_rest(tmp_path):
     """Killed for silence while running B, A finished (its answer died with the worker): B fails,
     A and C go back uncounted, as before the answers of a timeout kill were judged."""

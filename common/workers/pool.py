@@ -456,8 +456,13 @@ class WorkerPool(WorkerCounts):
             running = worker.assigned.popleft()
             overtaken = bool(worker.killed_keys) and not any(e.item.key in worker.killed_keys for e in running.entries)
             # Items it finished whose answers died with it (a chunk's answers travel together): they
-            # go back uncounted, and the next one is the item it was running.
+            # go back uncounted, and the next one is the item it was running. Killed by the watch,
+            # the item the run said it killed is that one, also if it finished during the stack dump
+            # and its answer died with it (counted then among the finished).
             ahead = min(unanswered(worker), len(running.entries))
+            killed_at = [i for i, e in enumerate(running.entries) if e.item.key in worker.killed_keys]
+            if killed_at:
+                ahead = killed_at[0]
             # A group failed as one; in a chunk only the item after those finished was running; a
             # worker that could not even be sent its items ran none of them.
             failed = ([] if worker.unreachable or overtaken or (running.together and ahead)

@@ -174,3 +174,5 @@ def test_the_cuda_test_section_passes_in_a_build_inside_a_gpu_job(tmp_path):
     proc = subprocess.run([shutil.which("sh"), str(script)], env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "mnist_nn: complete" in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # its one certainty figure (of the default hundred: the build's time), drawn in the mktemp folder
+    assert [path.name for path in tmp_path.glob("*/results/mnist_nn/certainty/test_image_*.png")] == ["test_image_0.png"]

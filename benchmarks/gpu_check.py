@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -121,8 +122,35 @@ def nvidia_smi_gpus() -> List[Dict[str, str]]:
                              capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [dict(zip(fields, (part.strip() for part in line.split(",")))) for line in out.splitlines()
+    gpus = [dict(zip(fields, (part.strip() for part in line.split(",")))) for line in out.splitlines()
             if line.count(",") == len(fields) - 1]
+    slices = mig_uuids()
+    for gpu in gpus:
+        gpu["mig_uuids"] = " ".join(slices.get(gpu["uuid"], []))
+    return gpus
+
+
+def mig_uuids(listing: Optional[str] = None) -> Dict[str, List[str]]:
+    """Each GPU's MIG slices (``MIG-...`` UUIDs) by the GPU's UUID, from ``nvidia-smi -L`` (or its
+    ``listing``): on a MIG-partitioned GPU, CUDA_VISIBLE_DEVICES and torch name a slice, and
+    ``--query-gpu`` lists only the GPU it belongs to."""
+    if listing is None:
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return {}
+    slices: Dict[str, List[str]] = {}
+    gpu = None
+    for line in listing.splitlines():
+        found = re.search(r"\(UUID: ((?:GPU|MIG)-[^)\s]+)\)", line)
+        if found is None:
+            continue
+        if found.group(1).startswith("GPU-") and not line.startswith(" "):
+            gpu = found.group(1)
+            slices[gpu] = []
+        elif gpu is not None and found.group(1).startswith("MIG-"):
+            slices[gpu].append(found.group(1))
+    return slices
 
 
 def count_synchronisations(data: Any, index: Any, candidate: Any, epochs: int, init_seed: int = 0) -> Dict[str, int]:
@@ -320,7 +348,7 @@ class Check:
         """By UUID (whatever order CUDA and nvidia-smi number GPUs in): the workers of one GPU see the
         same GPU, those of different GPUs different ones, each a GPU that nvidia-smi lists."""
         problems, by_gpu = [], {}
-        listed = [gpu["uuid"] for gpu in self.gpus]
+        listed = [uuid for gpu in self.gpus for uuid in [gpu["uuid"], *gpu.get("mig_uuids", "").split()]]
         for worker, saw in sorted(seen.items()):
             by_gpu.setdefault(worker.rsplit(".", 1)[0], set()).add(saw.get("uuid"))
             if listed and not any(same_uuid(uuid, saw.get("uuid")) for uuid in listed):

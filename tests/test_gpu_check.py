@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,31 @@ def test_pinning_by_uuid_fails_when_a_worker_sees_another_gpu(tmp_path):
     assert any("see the same GPU" in p for p in check._own_gpus(shared))
     unknown = {**right, "rank0-gpu1.0": {"uuid": "99999999-0000-0000-0000-000000000000"}}
     assert any("which nvidia-smi does not list" in p for p in check._own_gpus(unknown))
+
+
+#: ``nvidia-smi -L`` on a node with one GPU in two MIG slices and one whole GPU (R470+ UUID format)
+MIG_LISTING = """GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77)
+  MIG 3g.20gb     Device  0: (UUID: MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f)
+  MIG 3g.20gb     Device  1: (UUID: MIG-cba663e8-9bed-5b25-b243-5985ef7c9beb)
+GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-11111111-2222-3333-4444-555555555555)
+"""
+
+
+def test_pinning_by_uuid_accepts_the_mig_slices_a_job_was_given():
+    """A Slurm job given MIG slices: CUDA_VISIBLE_DEVICES and torch name a slice, which
+    ``--query-gpu`` does not list; ``nvidia-smi -L`` does, under its GPU. Workers on two slices of
+    one GPU pass; a slice nvidia-smi does not list still fails."""
+    from benchmarks.gpu_check import Check, mig_uuids
+
+    slices = mig_uuids(MIG_LISTING)
+    assert slices == {"GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77": ["MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f",
+                                                                   "MIG-cba663e8-9bed-5b25-b243-5985ef7c9beb"],
+                      "GPU-11111111-2222-3333-4444-555555555555": []}
+    gpus = [{"index": str(i), "uuid": uuid, "mig_uuids": " ".join(mig)} for i, (uuid, mig) in enumerate(slices.items())]
+    slice_a, slice_b = (uuid.removeprefix("MIG-") for uuid in slices[gpus[0]["uuid"]])  # torch's str of them
+    check = Check(Path("unused"), smoke=False, physical=[f"MIG-{slice_a}", f"MIG-{slice_b}"], gpus=gpus)
+    seen = {"rank0-gpu0.0": {"uuid": slice_a}, "rank0-gpu0.1": {"uuid": slice_a},
+            "rank0-gpu1.0": {"uuid": slice_b}, "rank0-gpu1.1": {"uuid": slice_b}}
+    assert check._own_gpus(seen) == []
+    other = {**seen, "rank0-gpu1.0": {"uuid": "0c0c0c0c-42e4-5de3-91c7-45d71c87eb3f"}}
+    assert any("which nvidia-smi does not list" in p for p in check._own_gpus(other))

@@ -181,6 +181,11 @@ def test_a_resume_without_threads_keeps_the_thread_count_of_the_run_it_resumes(t
     first = starts[0]["layout"][0]["threads"]
     assert len(starts) == 2 and starts[1]["layout"][0]["threads"] == first, starts
     assert f"resuming with {first} torch/BLAS thread(s) per worker, as the run being resumed" in resumed.stderr
+    # kept on fewer cores per worker than it had: more threads than cores, said once, with the count that fits
+    cores = len(os.sched_getaffinity(0))
+    crowded = f"2 worker(s) x {first} thread(s) on {cores} core(s): more threads than cores"
+    assert (crowded in resumed.stderr) == (2 * first > cores), resumed.stderr
+    assert "more threads than cores" not in stopped.stderr
 
 
 def test_a_torn_last_journal_line_is_tolerated_on_resume(tmp_path):

@@ -445,7 +445,16 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                  f"rank {comm.rank} of {comm.size} on {host} (pid {os.getpid()}): {', '.join(map(str, devices))}",
                  failures)
     _check_results_shared(comm, results, host)
-    threads = args.threads or _default_threads(comm, host, len(devices))
+    cores = _cores()
+    peers = _same_node_peers(comm, host, cores)  # a collective call: every rank makes it
+    sharing = len(peers)
+    fair = max(1, len(cores) // (len(devices) * sharing))  # the cores over the workers of the node
+    threads = args.threads or fair
+    if threads > fair and threads * len(devices) * sharing > len(cores) and comm.rank == peers[0]:  # once a node
+        log.warning("%s: rank %d: %d worker(s) x %d thread(s)%s on %d core(s): more threads than cores slow "
+                    "every worker down; --threads %d fits (a reduction's last bits can then differ from a run "
+                    "with %d)", app.name, comm.rank, len(devices), threads,
+                    f" x {sharing} ranks on this node" if sharing > 1 else "", len(cores), fair, threads)
     pool_specs = app.pools()
     node_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope == "node"}
     global_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope != "node"}
@@ -592,11 +601,11 @@ def _follower_end(comm: Any, follower: Follower, outcome: str, report: dict, lea
     return release.code
 
 
-def _default_threads(comm: Any, host: str, workers: int) -> int:
-    """The rank's cores divided by its workers, and by the other ranks on the same node when
-    they share those cores (mpiexec -n 2 on one machine; not srun with --cpus-per-task)."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    return max(1, len(cores) // (workers * len(_same_node_peers(comm, host, cores))))
+def _cores() -> List[int]:
+    """The cores this rank may run on. The default thread count is these divided by the rank's
+    workers, and by the other ranks on the same node when they share them (mpiexec -n 2 on one
+    machine; not srun with --cpus-per-task)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
 def _same_node_peers(comm: Any, host: str, what: Any) -> List[int]:

@@ -177,6 +177,13 @@ class App:
         """Rank 0, after all items: write the app's outputs; return extra fields for summary.json."""
         return {}
 
+    def where_stopped(self, run: RunInfo) -> Dict[str, Any]:
+        """Rank 0, for a run that stopped before the end (walltime, a signal): extra fields for
+        summary.json saying where the app's work stands, for ``summary_markdown`` to show. Writes
+        nothing: the outputs wait for the run that completes. The default says nothing more than
+        the engine's counts; an app with a few long items (the pipeline app) lists them."""
+        return {}
+
     def draws_figures(self) -> bool:
         """Whether ``finish`` draws matplotlib figures. Rank 0 then imports matplotlib and warms it
         up while the items run (about a second of CPU), so that the end of the run does not wait

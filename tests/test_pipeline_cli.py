@@ -254,6 +254,31 @@ def test_slurms_walltime_warning_to_every_process_lets_the_running_step_finish(t
     assert (results / "warned" / "shared" / "done").read_text() == "ok\n"
 
 
+def test_a_stopped_run_says_in_its_summary_where_each_pipeline_stands(tmp_path):
+    """Stopped (walltime, a signal), the summary lists every pipeline: the one whose next step the
+    stop kept from starting is "stopped" with its done step, the others "not started"; none of
+    them "failed". The resume then finishes all of them."""
+    definition = write(tmp_path / "three.json", {"name": "p", "matrix": {"n": ["0", "1", "2"]}, "steps": [
+        {"id": "first", "command": "touch $PIPELINE_SHARED/started; sleep 1"}, {"id": "second", "command": "true"}]})
+    results = tmp_path / "results"
+    process = start_pipeline(definition, results, "--workers", "1", "--threads", "1")
+    assert wait_until(lambda: any(results.glob("p-n*/shared/started"))), "no step started"
+    os.kill(rank_pids(results)[0], signal.SIGUSR1)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 75, err
+    runs = summary(results)["pipelines"]
+    running = next(path.parent.parent.name for path in results.glob("p-n*/shared/started"))
+    assert {name: run["status"] for name, run in runs.items()} == {
+        name: "stopped" if name == running else "not started" for name in ("p-n0", "p-n1", "p-n2")}, runs
+    assert {step: status["status"] for step, status in runs[running]["steps"].items()} == {
+        "first": "ok", "second": "missing"}
+    markdown = (results / "summary.md").read_text()
+    assert f"| {running} | stopped | ok " in markdown and "| not started | - | - |" in markdown, markdown
+    resumed = pipeline_cli(definition, results, "--workers", "1", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert {run["status"] for run in summary(results)["pipelines"].values()} == {"ok"}
+
+
 def test_the_summary_shows_every_pipeline_with_its_newest_run(tmp_path):
     definition = write(tmp_path / "two.json", {"pipelines": [
         {"name": name, "steps": [{"id": "prepare", "command": "true"}, {"id": "work", "command": "true"}]}

@@ -273,6 +273,14 @@ class PipelineApp(App):
 
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         """Every pipeline of the file: this run's outcome where it ran, else its newest journaled run."""
+        return {"pipelines": self._pipelines(run, stopped=False)}
+
+    def where_stopped(self, run: RunInfo) -> Dict[str, Any]:
+        """The same table for a run stopped before the end: the pipelines it did not finish are
+        "stopped" (some steps done, as their status files say) or "not started", not failed."""
+        return {"pipelines": self._pipelines(run, stopped=True)}
+
+    def _pipelines(self, run: RunInfo, stopped: bool) -> Dict[str, Dict[str, Any]]:
         errors = {f["key"]: f.get("error") or "" for f in run.failed_items}
         this_run = {item.params["run_id"]: item for item in run.items}
         journaled = {**self.journaled, **run.records}
@@ -286,6 +294,13 @@ class PipelineApp(App):
                 summary = dict(record.result)
                 if key in self.journaled:  # finished in an earlier run, not run now: every step is that run's
                     summary["steps"] = _as_earlier(summary.get("steps", {}), [s.id for s in pipeline.steps])
+            elif item is not None and stopped and item.key not in errors:  # not handed out, or not finished
+                steps = _as_earlier(statuses_on_disk(layout, pipeline), pipeline.step_ids[:pipeline.index(
+                    item.params["start"])] if item.params.get("start") is not None else [])
+                steps = {step.id: steps.get(step.id, {"status": "missing"}) for step in pipeline.steps}
+                done = any(status["status"] != "missing" for status in steps.values())
+                summary = {"run_id": run_id, "status": "stopped" if done else "not started", "reason": "",
+                           "steps": steps}
             elif item is not None:  # failed: its result never reached the journal; read its steps from disk
                 error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
                 error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]
@@ -299,7 +314,10 @@ class PipelineApp(App):
                     steps[running] = {"status": "failed", "reason": error, "attempts": 1, "ended_with_worker": True}
                 # every step in the pipeline's order: those it never reached are "missing", a column each
                 steps = {step.id: steps.get(step.id, {"status": "missing"}) for step in pipeline.steps}
-                summary = {"run_id": run_id, "status": "failed", "reason": error, "steps": steps}
+                # in a stopped run, a pipeline none of whose steps failed was ended by the stop
+                broken = any(status["status"] in ("failed", "timeout") for status in steps.values())
+                ended = "stopped" if stopped and not broken else "failed"
+                summary = {"run_id": run_id, "status": ended, "reason": error, "steps": steps}
             else:  # not run now, and never finished: what an earlier run left on disk
                 steps = statuses_on_disk(layout, pipeline)
                 summary = {"run_id": run_id, "status": "unfinished" if steps else "not run",
@@ -307,7 +325,7 @@ class PipelineApp(App):
             summary["steps"] = {step: {k: v for k, v in status.items() if k != "history"}
                                 for step, status in summary.get("steps", {}).items()}
             pipelines[run_id] = summary
-        return {"pipelines": pipelines}
+        return pipelines
 
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         return summary_markdown(summary.get("pipelines", {}))

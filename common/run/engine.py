@@ -690,6 +690,15 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                 and failures.first is None:  # no answer from the child: drawn here after all
             _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
                      lambda: plot_timeline(bars, files.timeline))
+    where: Dict[str, Any] = {}  # a stopped run's summary.md shows the app's part only where it said more
+    if outcome == "stopped" and failures.first is None:
+        stopped = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
+        try:
+            where = app.where_stopped(stopped) or {}
+        except Exception:  # the app's own code: the summary of a stopped run is written without it
+            log_to_files(f"{app.name}: saying where the stopped run stands failed:\n{traceback.format_exc().rstrip()}")
+            where = {}
+        summary.update(where)
     failure = failures.first
     if failure is not None:  # what finished is journaled; --resume writes the rest
         outcome = summary["status"] = "stopped"
@@ -706,7 +715,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     summary["timeline_plot"] = png_name(TIMELINE_STEM) if (files.root / png_name(TIMELINE_STEM)).is_file() else None
     _written(failures, results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
     _written(failures, results, SUMMARY_MD, files.summary_md,
-             lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary)))
+             lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary, summary["status"] != "stopped" or bool(where))))
     late = failures.first if failure is None else None
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
         print(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
@@ -806,7 +815,8 @@ def _placement(layout: List[Dict[str, Any]]) -> str:
     return ", ".join(f"rank {entry['rank']} on {entry['host']} [{', '.join(entry['devices'])}]" for entry in layout)
 
 
-def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
+def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = True) -> str:
+    """summary.md: the run's facts, then (``with_app_part``) the app's own part."""
     lines = [f"# {app.name}: {summary['status']}", "",
              f"- command: `{summary['command']}`",
              f"- items: {summary['items_done']} of {summary['items_total']} done "
@@ -845,7 +855,7 @@ def _summary_markdown(app: App, summary: Dict[str, Any]) -> str:
         lines += ["", f"Tracebacks are in `{LOGS_DIR}/` and `{JOURNAL_NAME}`.", ""]
     if summary.get("timeline_plot"):
         lines += [f"![timeline]({summary['timeline_plot']})", ""]
-    app_part = app.summary_markdown(summary) if summary["status"] != "stopped" else ""
+    app_part = app.summary_markdown(summary) if with_app_part else ""
     if app_part:
         lines += [app_part.rstrip(), ""]
     return "\n".join(lines)

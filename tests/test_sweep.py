@@ -287,6 +287,21 @@ BAD_INPUTS = [
      ["must be a function defined with def, got a partial", "wrap it in a def"]),
     ("instance:fit", {"g.json": {"x": [1]}, "instance.py": "class Fit:\n    def __call__(self, params):\n        return {}\n"
                       "fit = Fit()\n"}, ["--grid", "g.json"], ["must be a function defined with def, got a Fit"]),
+    # what Python cannot recurse through, and what would fill the memory or overflow numpy's draws
+    ("sweep_functions:noisy", {"g.json": '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"}, ["--grid", "g.json"],
+     ["nested too deeply to read"]),
+    ("sweep_functions:noisy", {"g.yaml": "x: &a [*a]\n"}, ["--grid", "g.yaml"], ["contains itself"]),
+    ("sweep_functions:noisy", {"s.json": {"x": {"uniform": [-1e308, 1e308]}}}, ["--space", "s.json", "--samples", "2"],
+     ["too far apart for a float"]),
+    ("sweep_functions:noisy", {"s.json": {"x": {"int": [0, 10 ** 20]}}}, ["--space", "s.json", "--samples", "2"],
+     ["within 64-bit integers"]),
+    ("sweep_functions:noisy", {"s.json": {"x": {"uniform": [0, 1]}}}, ["--space", "s.json", "--samples", "100000000"],
+     ["100,000,000 items", "split the sweep"]),
+    ("sweep_functions:noisy", {"g.json": {"x": [1, 2]}}, ["--grid", "g.json", "--repeats", "100000000"],
+     ["2 points x --repeats 100000000 is 200,000,000 items"]),
+    ("sweep_functions:noisy", {"g.json": {name: list(range(10)) for name in "abcdefg"}}, ["--grid", "g.json"],
+     ["the grid: 10,000,000 points"]),
+    ("sweep_functions:noisy", {}, ["--grid", "/dev/zero"], ["more than 256 MiB"]),
 ]
 
 

@@ -30,7 +30,7 @@ from ..app import App, RunInfo
 from ..errors import UsageError, kind_of, quoted
 from ..items import Item
 from . import report
-from .space import check_unique, grid_space, list_points, load_file, point_key, sample_points
+from .space import check_count, check_unique, grid_space, list_points, load_file, point_key, sample_points
 
 log = logging.getLogger("multinode_gpu")
 
@@ -82,14 +82,20 @@ def function_name(function: Callable[..., Any]) -> str:
 def _points(kind: str, value: Any, args: Any) -> Tuple[List[Dict[str, Any]], Optional[List[str]]]:
     """The points of a space as read (``kind``: grid, points or samples) and their keys; bad input
     is a UsageError."""
-    if kind == "grid":
-        points, keys = grid_space(value)
-    elif kind == "points":
-        points = list_points(value)
-        keys = check_unique(points)
-    else:
-        drawn = {point_key(p): p for p in sample_points(value, args.samples, args.seed)}
-        points, keys = list(drawn.values()), list(drawn)  # a small space may draw a point twice
+    try:
+        if kind == "grid":
+            points, keys = grid_space(value, args.repeats)
+        elif kind == "points":
+            check_count(len(value) if isinstance(value, (list, tuple)) else 0, args.repeats, "the list of points")
+            points = list_points(value)
+            keys = check_unique(points)
+        else:
+            check_count(args.samples, args.repeats, f"--samples {args.samples}")
+            drawn = {point_key(p): p for p in sample_points(value, args.samples, args.seed)}
+            points, keys = list(drawn.values()), list(drawn)  # a small space may draw a point twice
+    except RecursionError:  # a YAML anchor inside itself (x: &a [*a]), or nesting deeper than Python recurses
+        raise UsageError(f"the {kind if kind != 'samples' else 'space'}: a value nested too deeply, or one that "
+                         f"contains itself (a YAML anchor used inside itself)") from None
     if args.repeats > 1 and any("repeat" in point for point in points):
         raise UsageError("a parameter named 'repeat' and --repeats would give two items one key "
                          "(x=1,repeat=1): rename the parameter")

@@ -23,6 +23,13 @@ from ..errors import UsageError, kind_of, quoted
 
 #: the distributions a --space may name, each with what its two bounds must be
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
+#: the bounds an "int" distribution may have: numpy draws int64s
+INT64 = (-2 ** 63, 2 ** 63 - 1)
+#: the most points (times --repeats) one sweep may have: rank 0 keeps every item and result in memory
+#: (about 900 bytes each, bench_scale); a typo's 10^8 samples would fill the node's memory first
+MAX_ITEMS = 1_000_000
+#: the largest --grid, --points or --space file read: far more than MAX_ITEMS points take
+MAX_FILE_BYTES = 256 * 2**20
 #: spawn-key tag of the sample draws, so they never share a stream with an item's own seed
 _SAMPLE_TAG = 0x5A3F1E
 
@@ -30,7 +37,12 @@ _SAMPLE_TAG = 0x5A3F1E
 def load_file(path: Path, what: str) -> Any:
     """A JSON file, or YAML (``.yaml``/``.yml``, with PyYAML) as one value."""
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as file:  # at most a limit's worth: /dev/zero or a wrong, huge file would fill memory
+            data = file.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise UsageError(f"{what} {quoted(path)}: more than {MAX_FILE_BYTES // 2**20} MiB, not a sweep's "
+                             f"parameters (is it the right file?)")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"{what} {quoted(path)}: cannot read it ({getattr(error, 'strerror', None) or error})") from None
     if Path(path).suffix.lower() in (".yaml", ".yml"):
@@ -47,6 +59,16 @@ def load_file(path: Path, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise UsageError(f"{what} {quoted(path)}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise UsageError(f"{what} {quoted(path)}: nested too deeply to read") from None
+
+
+def check_count(count: int, repeats: int, what: str) -> None:
+    """Refuse a sweep of more than MAX_ITEMS items (``count`` points x ``repeats``) before it is built."""
+    if count * repeats > MAX_ITEMS:
+        times = f" x --repeats {repeats}" if repeats > 1 else ""
+        raise UsageError(f"{what}: {count:,} points{times} is {count * repeats:,} items, more than one run takes "
+                         f"({MAX_ITEMS:,}); split the sweep into several runs")
 
 
 def _check_name(name: Any, where: str) -> str:
@@ -78,9 +100,10 @@ def grid_points(grid: Any) -> List[Dict[str, Any]]:
     return grid_space(grid)[0]
 
 
-def grid_space(grid: Any) -> Tuple[List[Dict[str, Any]], List[str]]:
+def grid_space(grid: Any, repeats: int = 1) -> Tuple[List[Dict[str, Any]], List[str]]:
     """:func:`grid_points` and each point's :func:`point_key`, made from each value's text once
-    (the texts the check for a value listed twice makes) rather than once per point."""
+    (the texts the check for a value listed twice makes) rather than once per point; refused
+    before it is built where, with ``repeats``, it would be more than MAX_ITEMS items."""
     if not isinstance(grid, Mapping):
         raise UsageError(f"the grid must be an object of parameter -> list of values, got {kind_of(grid)}")
     if not grid:
@@ -101,6 +124,7 @@ def grid_space(grid: Any) -> Tuple[List[Dict[str, Any]], List[str]]:
                 raise UsageError(f"the grid's {name!r} lists {text} twice")
             seen[text] = None
         axes.append((name, plain, [f"{name}={text}" for text in seen]))
+    check_count(math.prod(len(plain) for _, plain, _ in axes), repeats, "the grid")
     names = [name for name, _, _ in axes]
     points = [dict(zip(names, combo)) for combo in itertools.product(*[plain for _, plain, _ in axes])]
     parts = [texts for _, _, texts in axes]
@@ -138,6 +162,10 @@ def _bounds(name: str, spec: Any, kind: str) -> tuple:
         raise UsageError(f"{where}: bounds in the wrong order ({low!r} is not below {high!r})")
     if kind == "loguniform" and low <= 0:
         raise UsageError(f"{where}: bounds must be positive, got {low!r}")
+    if kind == "int" and not INT64[0] <= low <= high <= INT64[1]:  # what numpy draws integers in
+        raise UsageError(f"{where}: bounds must lie within 64-bit integers ({INT64[0]} to {INT64[1]}), got {spec!r}")
+    if kind == "uniform" and not math.isfinite(float(high) - float(low)):
+        raise UsageError(f"{where}: bounds too far apart for a float ({low!r} to {high!r})")
     return low, high
 
 

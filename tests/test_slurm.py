@@ -102,6 +102,7 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--container", "no-such.sif", "--", "mnist_svm", "4"],
      "--container 'no-such.sif': no such image file"),
     (["--gpus-per-node", "1", "--container", "x" * 300, "--", "mnist_svm", "4"], "File name too long"),
+    (["--shipped", ""], "--shipped: expected a folder, got an empty path"),  # not the current folder
     (["--shipped", "README.md"], "--shipped 'README.md': cannot write"),
     (["--shipped", "README.md/slurm"], "--shipped 'README.md/slurm': cannot write"),
     (["--shipped", "slurm", "--nodes", "2", "--cpu"], "--shipped takes no other options (got --nodes, --cpu)"),

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import List
 
+from ..argtypes import folder
 from ..errors import UsageError
 from .spec import MPI_PLUGINS, JobSpec, parse_gpus
 
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="environment module to load first (repeatable), e.g. --module openmpi/4.1")
     parser.add_argument("--venv", default=".venv", help="virtual environment to activate, relative to the submit folder ('none': none)")
     parser.add_argument("--submit", action="store_true", help="hand the script to sbatch instead of printing it")
-    parser.add_argument("--shipped", metavar="FOLDER", type=Path, help="write the project's shipped scripts into FOLDER and exit")
+    parser.add_argument("--shipped", metavar="FOLDER", type=folder, help="write the project's shipped scripts into FOLDER and exit")
     return parser
 
 

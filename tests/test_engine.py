@@ -501,6 +501,23 @@ def test_a_damaged_start_event_is_one_line_on_two_ranks(tmp_path, layout):
         assert proc.returncode == 0, proc.stderr
 
 
+def test_a_result_line_with_an_engine_field_of_the_wrong_type_is_refused_before_the_outputs(tmp_path):
+    """A result's seconds, attempt or host edited by hand: the resume went on and its report failed
+    (exit 1), writing a "failed" summary over the complete run's; now one line, nothing touched."""
+    results = tmp_path / "r"
+    args = [TOY, "4", "--results", str(results), "--no-progress"]
+    assert run(args).returncode == 0
+    good = (results / "journal.jsonl").read_text()
+    for field, value in (("seconds", "slow"), ("attempt", 1.5), ("host", 7), ("start", True)):
+        lines = good.splitlines()
+        number = next(i for i, line in enumerate(lines) if json.loads(line).get("type") == "result")
+        lines[number] = json.dumps(dict(json.loads(lines[number]), **{field: value}))
+        (results / "journal.jsonl").write_text("\n".join(lines) + "\n")
+        before = snapshot(results)
+        assert_usage_error(run(args + ["--resume"]), f"line {number + 1} is not a journal record; the journal is damaged")
+        assert snapshot(results) == before, field
+
+
 def test_an_unexpected_error_on_rank_0_before_the_run_ends_every_rank(tmp_path):
     """Rank 0 alone checks the results folder while the others wait for its answer: an error there
     that is not a usage error (an app's prepare() raising) ends the whole job at once, not rank 0

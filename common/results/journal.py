@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import queue
 import threading
@@ -109,7 +110,7 @@ def read_journal(path: Path, starts: Optional[List[dict]] = None) -> Tuple[Optio
             if kind == "header":
                 header = entry
             elif kind == "result":
-                records[entry["key"]] = Record(**entry)
+                records[entry["key"]] = _record(entry)
             elif kind == "start" and starts is not None:
                 if not isinstance(entry.get("layout", []), list):
                     raise TypeError("a start event's layout is a list of ranks")
@@ -117,6 +118,24 @@ def read_journal(path: Path, starts: Optional[List[dict]] = None) -> Tuple[Optio
         except (AttributeError, KeyError, TypeError):
             raise UsageError(f"{quoted(path)}: line {number + 1} is not a journal record; the journal is damaged") from None
     return header, records
+
+
+#: a result line's engine fields and the types they hold (what the summary and the timeline compute with)
+_RECORD_TYPES = {"key": str, "seconds": float, "rank": int, "host": str, "device": str, "worker": str,
+                 "start": float, "end": float, "attempt": int, "group_size": int}
+
+
+def _record(entry: dict) -> Record:
+    """A result line as a Record; TypeError where an engine field is not of its type (a journal
+    edited or damaged by hand), which would otherwise fail the report after the resumed run."""
+    for name, kind in _RECORD_TYPES.items():
+        if name not in entry:
+            continue
+        value = entry[name]
+        number = kind is not str and not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+        if not (isinstance(value, str) if kind is str else number and math.isfinite(value)):
+            raise TypeError(f"{name} {value!r} is not a {kind.__name__}")
+    return Record(**entry)
 
 
 def describe_difference(old: dict, new: dict) -> str:

@@ -38,7 +38,7 @@ from common.results.layout import (
 )
 from common.run.cli import REFERENCE_SEED
 
-from .records import cv_scores, encode_array, fit_key, model_stem, refit_key
+from .records import check_probabilities, cv_scores, encode_array, fit_key, model_stem, refit_key
 from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate, reference_candidates
 from .tensorboard_log import write_fit_events
 
@@ -46,6 +46,9 @@ from .tensorboard_log import write_fit_events
 LOG_FIELDS = {"epoch": int, "loss": NUMBER_OR_NONE, "error": NUMBER, "samples_per_s": NUMBER, "seconds": NUMBER,
               "lr": NUMBER}
 FIT_FIELDS = {"val_loss": NUMBER_OR_NONE, "val_error": NUMBER, "epochs": int, "log": list}
+#: a refit's candidate as the summary and the saved model read it (search.Candidate's fields)
+HYPER_FIELDS = {"n_conv_layer": int, "kernel_size": int, "n_hidden_layer": int, "learning_rate": NUMBER,
+                "momentum": NUMBER}
 REFIT_FIELDS = {"candidate": int, "hyper": dict, "cv_loss": NUMBER_OR_NONE, "epochs": int, "log": list,
                 "training_error": NUMBER, "training_loss": NUMBER_OR_NONE, "test_error": NUMBER,
                 "test_probabilities": dict, "weights": dict, "normalisation": dict}
@@ -200,7 +203,9 @@ class MnistNN(App):
             check_fields(entry, LOG_FIELDS)
             check_range(entry, ("error",), 0.0, 1.0)
         if refit:
+            check_fields(result["hyper"], HYPER_FIELDS)
             check_fields(result["test_probabilities"], {"shape": list, "float32_base64": str})
+            check_probabilities(result["test_probabilities"])
             check_fields(result["weights"], {"sha256": str, "bytes": int, "embedded": (str, type(None))})
             check_fields(result["normalisation"], {"mean": NUMBER, "std": NUMBER})
 

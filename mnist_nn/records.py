@@ -41,3 +41,20 @@ def encode_array(array: np.ndarray) -> Dict[str, Any]:
 def decode_array(encoded: Mapping[str, Any]) -> np.ndarray:
     raw = base64.b64decode(encoded["float32_base64"])
     return np.frombuffer(raw, dtype="<f4").reshape(encoded["shape"]).astype(np.float32)
+
+
+def check_probabilities(encoded: Mapping[str, Any]) -> None:
+    """Raise ValueError unless ``encoded`` (:func:`encode_array`) holds a images x classes array of
+    probabilities: what a journal edited or damaged by hand would otherwise fail the report with."""
+    shape = encoded["shape"]
+    if len(shape) != 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+        raise ValueError(f"test_probabilities' shape {shape!r} is not images x classes")
+    try:
+        raw = base64.b64decode(encoded["float32_base64"], validate=True)
+    except ValueError:
+        raise ValueError("test_probabilities' float32_base64 is not base64") from None
+    if len(raw) != 4 * shape[0] * shape[1]:
+        raise ValueError(f"test_probabilities holds {len(raw)} bytes, not the {4 * shape[0] * shape[1]} of {shape}")
+    values = np.frombuffer(raw, dtype="<f4")
+    if not np.all((values >= 0) & (values <= 1)):  # NaN fails too
+        raise ValueError("test_probabilities holds values outside [0, 1]")

@@ -9,6 +9,7 @@ seconds on a CPU.
 from __future__ import annotations
 
 import argparse
+import base64
 import csv
 import json
 import re
@@ -118,13 +119,26 @@ def test_resume_accepts_every_result_a_run_writes_and_refuses_a_damaged_one(clea
     for key, result in results.items():
         app.check_result(key, result)
     refit = results[refit_key(0)]
+    probabilities = refit["test_probabilities"]
+    shape = probabilities["shape"]
+    nan = base64.b64encode(np.full(shape, np.nan, dtype="<f4").tobytes()).decode("ascii")
     for damaged, problem in [({**refit, "log": [{**refit["log"][0], "loss": "x"}]}, "'loss' is a str"),
                              ({**refit, "test_probabilities": {"shape": [3]}}, "no 'float32_base64'"),
                              ({**refit, "weights": {**refit["weights"], "bytes": None}}, "'bytes' is a NoneType"),
                              ({k: v for k, v in refit.items() if k != "test_error"}, "no 'test_error'"),
                              ({**refit, "test_error": 1.5}, "'test_error' is 1.5, outside [0, 1]"),
                              ({**refit, "log": [{**refit["log"][0], "error": -0.1}]}, "'error' is -0.1, outside [0, 1]"),
-                             ({**refit, "epochs": -1}, "'epochs' is -1, outside [0, inf]")]:
+                             ({**refit, "epochs": -1}, "'epochs' is -1, outside [0, inf]"),
+                             # what the report read and failed on (a traceback, outputs half rewritten)
+                             ({**refit, "hyper": {**refit["hyper"], "n_conv_layer": "x"}}, "'n_conv_layer' is a str"),
+                             ({**refit, "hyper": {"n_conv_layer": 8}}, "no 'kernel_size'"),
+                             ({**refit, "test_probabilities": {**probabilities, "shape": [45, 10]}},
+                              "not the 1800 of [45, 10]"),
+                             ({**refit, "test_probabilities": {**probabilities, "shape": [10]}}, "not images x classes"),
+                             ({**refit, "test_probabilities": {**probabilities, "float32_base64": "%%%"}},
+                              "is not base64"),
+                             ({**refit, "test_probabilities": {**probabilities, "float32_base64": nan}},
+                              "values outside [0, 1]")]:
         with pytest.raises(ValueError, match=re.escape(problem)):
             app.check_result(refit_key(0), damaged)
     with pytest.raises(ValueError, match="no 'val_error'"):

@@ -14,7 +14,18 @@ import pytest
 import torch
 
 from common.pipeline import proctree
-from helpers import REPO, alive, journal_entries, rank_pids, run, start, summary, wait_until
+from helpers import (
+    REPO,
+    alive,
+    assert_usage_error,
+    journal_entries,
+    rank_pids,
+    run,
+    snapshot,
+    start,
+    summary,
+    wait_until,
+)
 
 EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
 TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
@@ -277,6 +288,36 @@ def test_a_stopped_run_says_in_its_summary_where_each_pipeline_stands(tmp_path):
     resumed = pipeline_cli(definition, results, "--workers", "1", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert {run["status"] for run in summary(results)["pipelines"].values()} == {"ok"}
+
+
+@pytest.mark.parametrize("damage", [b"\x00\xff garbage", b"[]", b'{"state": "failed", "resume_at": "zz"}'],
+                         ids=["bytes", "a-list", "no-such-step"])
+def test_a_damaged_progress_file_is_refused_instead_of_starting_the_pipeline_again(tmp_path, damage):
+    """progress.json says where a plain --resume goes on; damaged, the pipeline silently ran again
+    from its first step and set its shared/ aside. Now one line naming the file and the ways on."""
+    definition = write(tmp_path / "f.json", {"name": "f", "steps": [
+        {"id": "a", "command": "echo a > $PIPELINE_SHARED/a"}, {"id": "b", "command": "exit 3"}]})
+    results = tmp_path / "results"
+    assert pipeline_cli(definition, results).returncode == 1
+    (results / "f" / "progress.json").write_bytes(damage)
+    before = snapshot(results)
+    assert_usage_error(pipeline_cli(definition, results, "--resume"), "progress.json", "damaged",
+                       "--resume f/STEP", "remove the file")
+    assert snapshot(results) == before
+
+
+def test_a_damaged_step_status_counts_as_not_run_and_the_summary_is_still_written(tmp_path):
+    """A status.json that is no step status (edited by hand) made the report fail with a KeyError
+    and a "failed" summary; the step now counts as not run."""
+    definition = write(tmp_path / "f.json", {"name": "f", "steps": [
+        {"id": "a", "command": "true"}, {"id": "b", "command": "exit 3"}]})
+    results = tmp_path / "results"
+    assert pipeline_cli(definition, results).returncode == 1
+    (results / "f" / "a" / "status.json").write_text('{"history": "x"}')
+    again = pipeline_cli(definition, results, "--resume")  # goes on at b, which fails again
+    assert again.returncode == 1 and "writing the outputs failed" not in again.stderr, again.stderr
+    steps = summary(results)["pipelines"]["f"]["steps"]
+    assert steps["a"]["status"] == "missing" and steps["b"]["status"] == "failed", steps
 
 
 def test_the_summary_shows_every_pipeline_with_its_newest_run(tmp_path):

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..app import App, RunInfo
 from ..devices import Device
-from ..errors import UsageError
+from ..errors import UsageError, quoted
 from ..items import Item, torch_seed
 from . import nodelock
 from .container import CONTAINER_ENV, default_image, find_apptainer
@@ -209,10 +209,20 @@ class PipelineApp(App):
         or None to run it from its first step."""
         layout = RunLayout(self.results, pipeline.name)
         progress = read_progress(layout)
+        if progress is None and layout.progress_path.exists() and layout.shared.is_dir():
+            self._damaged_progress(pipeline, layout, "not a JSON object")
         if not progress or progress.get("state") == "ok" or not layout.shared.is_dir():
             return None
         point = progress.get("resume_at")
-        return point if isinstance(point, str) and point in pipeline.step_ids else None
+        if point is not None and not (isinstance(point, str) and point in pipeline.step_ids):
+            self._damaged_progress(pipeline, layout, f"it resumes at {point!r}, which is no step of {pipeline.name!r}")
+        return point
+
+    def _damaged_progress(self, pipeline: Pipeline, layout: RunLayout, why: str) -> None:
+        """A progress.json that cannot say where to go on: refused rather than silently starting the
+        pipeline again from its first step (which would set its shared/ aside)."""
+        raise UsageError(f"{quoted(layout.progress_path)}: damaged ({why}); say where {pipeline.name!r} goes on with "
+                         f"--resume {pipeline.name}/STEP, or remove the file to run it from its first step")
 
     def fingerprint(self) -> Dict[str, Any]:
         # Definitions are meant to be edited between a failure and a resume (fix a step, resume
@@ -235,6 +245,10 @@ class PipelineApp(App):
             if not shared.is_dir():
                 raise UsageError(f"--resume {run_id}/{step_id}: {shared} does not exist; nothing to resume "
                                  "(run the pipeline first, with the same --results)")
+        elif self.args.resume:  # where each unfinished pipeline goes on: a damaged progress.json is refused now
+            for pipeline in self.pipelines:
+                if (self._newest_key(pipeline.name, self.journaled) or pipeline.name) not in self.journaled:
+                    self.resume_point(pipeline)
 
     @staticmethod
     def _newest_key(pipeline: str, records: Mapping[str, Any]) -> Optional[str]:

@@ -143,10 +143,13 @@ def _peak(values: Any) -> Optional[int]:
 
 
 def read_status(layout: RunLayout, step_id: str) -> Optional[Dict[str, Any]]:
+    """A step's status.json, or None where there is none or it is not one (damaged, edited by
+    hand): a JSON object whose status is a string. Such a step counts as not run."""
     try:
-        return json.loads(layout.status_path(step_id).read_text())
-    except (OSError, ValueError):
+        status = json.loads(layout.status_path(step_id).read_text())
+    except (OSError, ValueError, RecursionError):
         return None
+    return status if isinstance(status, dict) and isinstance(status.get("status"), str) else None
 
 
 @dataclass

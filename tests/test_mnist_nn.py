@@ -121,7 +121,9 @@ def test_resume_accepts_every_result_a_run_writes_and_refuses_a_damaged_one(clea
     refit = results[refit_key(0)]
     probabilities = refit["test_probabilities"]
     shape = probabilities["shape"]
-    nan = base64.b64encode(np.full(shape, np.nan, dtype="<f4").tobytes()).decode("ascii")
+    two = base64.b64encode(np.full(shape, 2.0, dtype="<f4").tobytes()).decode("ascii")
+    diverged = base64.b64encode(np.full(shape, np.nan, dtype="<f4").tobytes()).decode("ascii")
+    app.check_result(refit_key(0), {**refit, "test_probabilities": {**probabilities, "float32_base64": diverged}})
     for damaged, problem in [({**refit, "log": [{**refit["log"][0], "loss": "x"}]}, "'loss' is a str"),
                              ({**refit, "test_probabilities": {"shape": [3]}}, "no 'float32_base64'"),
                              ({**refit, "weights": {**refit["weights"], "bytes": None}}, "'bytes' is a NoneType"),
@@ -137,7 +139,7 @@ def test_resume_accepts_every_result_a_run_writes_and_refuses_a_damaged_one(clea
                              ({**refit, "test_probabilities": {**probabilities, "shape": [10]}}, "not images x classes"),
                              ({**refit, "test_probabilities": {**probabilities, "float32_base64": "%%%"}},
                               "is not base64"),
-                             ({**refit, "test_probabilities": {**probabilities, "float32_base64": nan}},
+                             ({**refit, "test_probabilities": {**probabilities, "float32_base64": two}},
                               "values outside [0, 1]")]:
         with pytest.raises(ValueError, match=re.escape(problem)):
             app.check_result(refit_key(0), damaged)

@@ -508,7 +508,7 @@ def test_a_result_line_with_an_engine_field_of_the_wrong_type_is_refused_before_
     args = [TOY, "4", "--results", str(results), "--no-progress"]
     assert run(args).returncode == 0
     good = (results / "journal.jsonl").read_text()
-    for field, value in (("seconds", "slow"), ("attempt", 1.5), ("host", 7), ("start", True)):
+    for field, value in (("seconds", "slow"), ("attempt", 1.5), ("host", 7), ("start", True), ("attempt", 10 ** 400)):
         lines = good.splitlines()
         number = next(i for i, line in enumerate(lines) if json.loads(line).get("type") == "result")
         lines[number] = json.dumps(dict(json.loads(lines[number]), **{field: value}))

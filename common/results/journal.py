@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import queue
 import threading
@@ -120,21 +119,29 @@ def read_journal(path: Path, starts: Optional[List[dict]] = None) -> Tuple[Optio
     return header, records
 
 
-#: a result line's engine fields and the types they hold (what the summary and the timeline compute with)
-_RECORD_TYPES = {"key": str, "seconds": float, "rank": int, "host": str, "device": str, "worker": str,
-                 "start": float, "end": float, "attempt": int, "group_size": int}
+#: a result line's engine fields by the type they hold (what the summary and the timeline compute with)
+_STRING_FIELDS = ("key", "host", "device", "worker")
+_NUMBER_FIELDS = ("seconds", "start", "end")
+_INT_FIELDS = ("rank", "attempt", "group_size")
+_INT_BOUND = 2 ** 63  # past it, a float of it overflows the summary's arithmetic
 
 
 def _record(entry: dict) -> Record:
     """A result line as a Record; TypeError where an engine field is not of its type (a journal
     edited or damaged by hand), which would otherwise fail the report after the resumed run."""
-    for name, kind in _RECORD_TYPES.items():
-        if name not in entry:
-            continue
-        value = entry[name]
-        number = kind is not str and not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
-        if not (isinstance(value, str) if kind is str else number and math.isfinite(value)):
-            raise TypeError(f"{name} {value!r} is not a {kind.__name__}")
+    get = entry.get
+    for name in _STRING_FIELDS:
+        if type(get(name, "")) is not str:
+            raise TypeError(f"{name} is not a string")
+    for name in _NUMBER_FIELDS:
+        value = get(name, 0.0)
+        kind = type(value)  # bool is neither; value - value is NaN for an infinity or a NaN
+        if not ((kind is int and -_INT_BOUND < value < _INT_BOUND) or (kind is float and value - value == 0)):
+            raise TypeError(f"{name} is not a finite number")
+    for name in _INT_FIELDS:
+        value = get(name, 0)
+        if type(value) is not int or not -_INT_BOUND < value < _INT_BOUND:
+            raise TypeError(f"{name} is not an integer")
     return Record(**entry)
 
 

@@ -283,8 +283,10 @@ def test_a_stopped_run_says_in_its_summary_where_each_pipeline_stands(tmp_path):
         name: "stopped" if name == running else "not started" for name in ("p-n0", "p-n1", "p-n2")}, runs
     assert {step: status["status"] for step, status in runs[running]["steps"].items()} == {
         "first": "ok", "second": "missing"}
+    assert runs[running]["reason"] == "" and summary(results)["failed_items"] == []
     markdown = (results / "summary.md").read_text()
     assert f"| {running} | stopped | ok " in markdown and "| not started | - | - |" in markdown, markdown
+    assert "why it failed" not in markdown, markdown
     resumed = pipeline_cli(definition, results, "--workers", "1", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert {run["status"] for run in summary(results)["pipelines"].values()} == {"ok"}
@@ -301,7 +303,7 @@ def test_a_damaged_progress_file_is_refused_instead_of_starting_the_pipeline_aga
     assert pipeline_cli(definition, results).returncode == 1
     (results / "f" / "progress.json").write_bytes(damage)
     before = snapshot(results)
-    assert_usage_error(pipeline_cli(definition, results, "--resume"), "progress.json", "damaged",
+    assert_usage_error(pipeline_cli(definition, results, "--resume"), "progress.json", "cannot say where to go on",
                        "--resume f/STEP", "remove the file")
     assert snapshot(results) == before
 

@@ -23,7 +23,7 @@ from ..items import Item, torch_seed
 from . import nodelock
 from .container import CONTAINER_ENV, default_image, find_apptainer
 from .definition import POOL_PATTERN, Pipeline, check_pools, load_definition, shown_path
-from .flow import PipelineRunner, RunLayout, RunStopping, read_progress
+from .flow import STOPPING, PipelineRunner, RunLayout, RunStopping, read_progress
 from .report import plan_text, statuses_on_disk, summary_markdown
 from .text import short
 
@@ -215,13 +215,15 @@ class PipelineApp(App):
             return None
         point = progress.get("resume_at")
         if point is not None and not (isinstance(point, str) and point in pipeline.step_ids):
-            self._damaged_progress(pipeline, layout, f"it resumes at {point!r}, which is no step of {pipeline.name!r}")
+            self._damaged_progress(pipeline, layout, f"it resumes at {point!r}, which is no step of {pipeline.name!r} "
+                                   f"(renamed or removed from the definition?)")
         return point
 
     def _damaged_progress(self, pipeline: Pipeline, layout: RunLayout, why: str) -> None:
         """A progress.json that cannot say where to go on: refused rather than silently starting the
         pipeline again from its first step (which would set its shared/ aside)."""
-        raise UsageError(f"{quoted(layout.progress_path)}: damaged ({why}); say where {pipeline.name!r} goes on with "
+        raise UsageError(f"{quoted(layout.progress_path)}: cannot say where to go on ({why}); say where "
+                         f"{pipeline.name!r} goes on with "
                          f"--resume {pipeline.name}/STEP, or remove the file to run it from its first step")
 
     def fingerprint(self) -> Dict[str, Any]:
@@ -311,7 +313,7 @@ class PipelineApp(App):
             elif item is not None and stopped and item.key not in errors:  # not handed out, or not finished
                 steps = _as_earlier(statuses_on_disk(layout, pipeline), pipeline.step_ids[:pipeline.index(
                     item.params["start"])] if item.params.get("start") is not None else [])
-                steps = {step.id: steps.get(step.id, {"status": "missing"}) for step in pipeline.steps}
+                steps = {step.id: _not_started(steps.get(step.id, {"status": "missing"})) for step in pipeline.steps}
                 done = any(status["status"] != "missing" for status in steps.values())
                 summary = {"run_id": run_id, "status": "stopped" if done else "not started", "reason": "",
                            "steps": steps}
@@ -328,10 +330,11 @@ class PipelineApp(App):
                     steps[running] = {"status": "failed", "reason": error, "attempts": 1, "ended_with_worker": True}
                 # every step in the pipeline's order: those it never reached are "missing", a column each
                 steps = {step.id: steps.get(step.id, {"status": "missing"}) for step in pipeline.steps}
-                # in a stopped run, a pipeline none of whose steps failed was ended by the stop
-                broken = any(status["status"] in ("failed", "timeout") for status in steps.values())
-                ended = "stopped" if stopped and not broken else "failed"
-                summary = {"run_id": run_id, "status": ended, "reason": error, "steps": steps}
+                if stopped and progress.get("state") == "stopped":  # ended by the stop (the runner's record)
+                    steps = {step: _not_started(status) for step, status in steps.items()}
+                    summary = {"run_id": run_id, "status": "stopped", "reason": "", "steps": steps}
+                else:
+                    summary = {"run_id": run_id, "status": "failed", "reason": error, "steps": steps}
             else:  # not run now, and never finished: what an earlier run left on disk
                 steps = statuses_on_disk(layout, pipeline)
                 summary = {"run_id": run_id, "status": "unfinished" if steps else "not run",
@@ -372,6 +375,12 @@ class PipelineApp(App):
         if result["status"] != "ok":
             raise PipelineFailed(f"pipeline {run_id}: {result['reason']}")
         return result
+
+
+def _not_started(status: Dict[str, Any]) -> Dict[str, Any]:
+    """A step the stop kept from starting (recorded as failed, "not started: the run is stopping")
+    shown as not reached: in a stopped run's table it did not fail."""
+    return {"status": "missing"} if status.get("reason") == STOPPING else status
 
 
 def _as_earlier(steps: Dict[str, Dict[str, Any]], ids: Sequence[str]) -> Dict[str, Dict[str, Any]]:

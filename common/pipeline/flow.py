@@ -105,7 +105,7 @@ def read_progress(layout: RunLayout) -> Optional[Dict[str, Any]]:
     """The run's progress.json (where it stopped), or None."""
     try:
         progress = json.loads(layout.progress_path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return progress if isinstance(progress, dict) else None
 

@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 import operator
+import sys
 import zlib
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple
@@ -23,6 +24,8 @@ from ..errors import UsageError, kind_of, quoted
 
 #: the distributions a --space may name, each with what its two bounds must be
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
+#: the largest float: a "uniform" or "loguniform" bound past it (an int such as 10**400) is none
+FLOAT_MAX = sys.float_info.max
 #: the bounds an "int" distribution may have: numpy draws int64s
 INT64 = (-2 ** 63, 2 ** 63 - 1)
 #: the most points (times --repeats) one sweep may have: rank 0 keeps every item and result in memory
@@ -156,7 +159,9 @@ def _bounds(name: str, spec: Any, kind: str) -> tuple:
         raise UsageError(f"{where} needs [low, high], got {spec!r}")
     low, high = spec
     number = int if kind == "int" else (int, float)
-    if any(isinstance(b, bool) or not isinstance(b, number) or not math.isfinite(b) for b in (low, high)):
+    # an int is finite however large (math.isfinite would overflow on it): the checks below bound it
+    if any(isinstance(b, bool) or not isinstance(b, number) or not (isinstance(b, int) or math.isfinite(b))
+           for b in (low, high)):
         raise UsageError(f"{where}: bounds must be finite {'integers' if kind == 'int' else 'numbers'}, got {spec!r}")
     if low > high or (kind != "int" and low == high):
         raise UsageError(f"{where}: bounds in the wrong order ({low!r} is not below {high!r})")
@@ -164,6 +169,8 @@ def _bounds(name: str, spec: Any, kind: str) -> tuple:
         raise UsageError(f"{where}: bounds must be positive, got {low!r}")
     if kind == "int" and not INT64[0] <= low <= high <= INT64[1]:  # what numpy draws integers in
         raise UsageError(f"{where}: bounds must lie within 64-bit integers ({INT64[0]} to {INT64[1]}), got {spec!r}")
+    if kind != "int" and not all(abs(b) <= FLOAT_MAX for b in (low, high)):
+        raise UsageError(f"{where}: bounds must lie within a float's range (+-{FLOAT_MAX:.3g}), got {spec!r}")
     if kind == "uniform" and not math.isfinite(float(high) - float(low)):
         raise UsageError(f"{where}: bounds too far apart for a float ({low!r} to {high!r})")
     return low, high

@@ -450,7 +450,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
     sharing = len(peers)
     fair = max(1, len(cores) // (len(devices) * sharing))  # the cores over the workers of the node
     threads = args.threads or fair
-    if threads > fair and threads * len(devices) * sharing > len(cores) and comm.rank == peers[0]:  # once a node
+    if threads > fair and threads * len(devices) * sharing > len(cores) and comm.rank == peers[0]:  # once per set sharing cores
         log.warning("%s: rank %d: %d worker(s) x %d thread(s)%s on %d core(s): more threads than cores slow "
                     "every worker down; --threads %d fits (a reduction's last bits can then differ from a run "
                     "with %d)", app.name, comm.rank, len(devices), threads,

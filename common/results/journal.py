@@ -127,17 +127,19 @@ _INT_BOUND = 2 ** 63  # past it, a float of it overflows the summary's arithmeti
 
 
 def _record(entry: dict) -> Record:
-    """A result line as a Record; TypeError where an engine field is not of its type (a journal
-    edited or damaged by hand), which would otherwise fail the report after the resumed run."""
+    """A result line as a Record; TypeError where an engine field is not of a type the engine
+    writes (a journal edited or damaged by hand), which would otherwise fail the report after the
+    resumed run. The general encoder's way also writes a NaN time (as null) or a None host: those pass."""
     get = entry.get
     for name in _STRING_FIELDS:
-        if type(get(name, "")) is not str:
+        value = get(name, "")
+        if type(value) is not str and (value is not None or name == "key"):
             raise TypeError(f"{name} is not a string")
     for name in _NUMBER_FIELDS:
         value = get(name, 0.0)
-        kind = type(value)  # bool is neither; value - value is NaN for an infinity or a NaN
-        if not ((kind is int and -_INT_BOUND < value < _INT_BOUND) or (kind is float and value - value == 0)):
-            raise TypeError(f"{name} is not a finite number")
+        kind = type(value)  # bool is neither
+        if not (kind is float or value is None or (kind is int and -_INT_BOUND < value < _INT_BOUND)):
+            raise TypeError(f"{name} is not a number")
     for name in _INT_FIELDS:
         value = get(name, 0)
         if type(value) is not int or not -_INT_BOUND < value < _INT_BOUND:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import logging
 import math
 import os
@@ -46,9 +47,8 @@ from .tensorboard_log import write_fit_events
 LOG_FIELDS = {"epoch": int, "loss": NUMBER_OR_NONE, "error": NUMBER, "samples_per_s": NUMBER, "seconds": NUMBER,
               "lr": NUMBER}
 FIT_FIELDS = {"val_loss": NUMBER_OR_NONE, "val_error": NUMBER, "epochs": int, "log": list}
-#: a refit's candidate as the summary and the saved model read it (search.Candidate's fields)
-HYPER_FIELDS = {"n_conv_layer": int, "kernel_size": int, "n_hidden_layer": int, "learning_rate": NUMBER,
-                "momentum": NUMBER}
+#: a refit's candidate as the summary and the saved model read it: search.Candidate's fields
+HYPER_FIELDS = {field.name: NUMBER if field.type == "float" else int for field in dataclasses.fields(Candidate)}
 REFIT_FIELDS = {"candidate": int, "hyper": dict, "cv_loss": NUMBER_OR_NONE, "epochs": int, "log": list,
                 "training_error": NUMBER, "training_loss": NUMBER_OR_NONE, "test_error": NUMBER,
                 "test_probabilities": dict, "weights": dict, "normalisation": dict}

@@ -311,8 +311,7 @@ class PipelineApp(App):
                 if key in self.journaled:  # finished in an earlier run, not run now: every step is that run's
                     summary["steps"] = _as_earlier(summary.get("steps", {}), [s.id for s in pipeline.steps])
             elif item is not None and stopped and item.key not in errors:  # not handed out, or not finished
-                steps = _as_earlier(statuses_on_disk(layout, pipeline), pipeline.step_ids[:pipeline.index(
-                    item.params["start"])] if item.params.get("start") is not None else [])
+                steps = _steps_on_disk(layout, pipeline, item)
                 steps = {step.id: _not_started(steps.get(step.id, {"status": "missing"})) for step in pipeline.steps}
                 done = any(status["status"] != "missing" for status in steps.values())
                 summary = {"run_id": run_id, "status": "stopped" if done else "not started", "reason": "",
@@ -320,10 +319,7 @@ class PipelineApp(App):
             elif item is not None:  # failed: its result never reached the journal; read its steps from disk
                 error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
                 error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]
-                steps = statuses_on_disk(layout, pipeline)
-                start = item.params.get("start")  # a resume from it kept the steps before it
-                kept = pipeline.step_ids[:pipeline.index(start)] if start is not None else []
-                steps = _as_earlier(steps, kept)
+                steps = _steps_on_disk(layout, pipeline, item)
                 progress = read_progress(layout) or {}
                 running = progress.get("resume_at") if progress.get("state") == "running" else None
                 if isinstance(running, str) and running not in steps:  # killed with its worker (--item-timeout)
@@ -375,6 +371,14 @@ class PipelineApp(App):
         if result["status"] != "ok":
             raise PipelineFailed(f"pipeline {run_id}: {result['reason']}")
         return result
+
+
+def _steps_on_disk(layout: RunLayout, pipeline: Pipeline, item: Item) -> Dict[str, Dict[str, Any]]:
+    """The status files of the item's pipeline, those before the step a resume started from
+    (kept, not run again) marked as an earlier run's."""
+    start = item.params.get("start")
+    kept = pipeline.step_ids[:pipeline.index(start)] if start is not None else []
+    return _as_earlier(statuses_on_disk(layout, pipeline), kept)
 
 
 def _not_started(status: Dict[str, Any]) -> Dict[str, Any]:

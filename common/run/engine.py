@@ -445,16 +445,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                  f"rank {comm.rank} of {comm.size} on {host} (pid {os.getpid()}): {', '.join(map(str, devices))}",
                  failures)
     _check_results_shared(comm, results, host)
-    cores = _cores()
-    peers = _same_node_peers(comm, host, cores)  # a collective call: every rank makes it
-    sharing = len(peers)
-    fair = max(1, len(cores) // (len(devices) * sharing))  # the cores over the workers of the node
-    threads = args.threads or fair
-    if threads > fair and threads * len(devices) * sharing > len(cores) and comm.rank == peers[0]:  # once per set sharing cores
-        log.warning("%s: rank %d: %d worker(s) x %d thread(s)%s on %d core(s): more threads than cores slow "
-                    "every worker down; --threads %d fits (a reduction's last bits can then differ from a run "
-                    "with %d)", app.name, comm.rank, len(devices), threads,
-                    f" x {sharing} ranks on this node" if sharing > 1 else "", len(cores), fair, threads)
+    threads = _thread_count(comm, host, app.name, len(devices), args.threads)
     pool_specs = app.pools()
     node_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope == "node"}
     global_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope != "node"}
@@ -601,11 +592,22 @@ def _follower_end(comm: Any, follower: Follower, outcome: str, report: dict, lea
     return release.code
 
 
-def _cores() -> List[int]:
-    """The cores this rank may run on. The default thread count is these divided by the rank's
-    workers, and by the other ranks on the same node when they share them (mpiexec -n 2 on one
-    machine; not srun with --cpus-per-task)."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+def _thread_count(comm: Any, host: str, name: str, workers: int, given: Optional[int]) -> int:
+    """Torch/BLAS threads per worker: ``given`` (--threads, or kept by a resume), else the rank's
+    cores divided by its workers, and by the other ranks on the same node when they share those
+    cores (mpiexec -n 2 on one machine; not srun with --cpus-per-task). Where the count puts more
+    threads than cores on them, the first of those ranks says so once. A collective call."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    peers = _same_node_peers(comm, host, cores)
+    sharing = len(peers)
+    fair = max(1, len(cores) // (workers * sharing))
+    threads = given or fair
+    if threads > fair and threads * workers * sharing > len(cores) and comm.rank == peers[0]:
+        log.warning("%s: rank %d: %d worker(s) x %d thread(s)%s on %d core(s): more threads than cores slow "
+                    "every worker down; --threads %d fits (a reduction's last bits can then differ from a run "
+                    "with %d)", name, comm.rank, workers, threads,
+                    f" x {sharing} ranks on this node" if sharing > 1 else "", len(cores), fair, threads)
+    return threads
 
 
 def _same_node_peers(comm: Any, host: str, what: Any) -> List[int]:

@@ -531,6 +531,32 @@ def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range
             in (tmp_path / "n" / "summary.md").read_text())
 
 
+def test_an_integer_past_the_float_range_fails_its_item_and_is_not_taken_from_a_journal(tmp_path, monkeypatch):
+    """results.csv, the statistics and the figures take floats: an int of 10**400 fails its item in
+    one line (it used to pass, and then the outputs failed after every item had run), and a
+    journal an earlier version wrote with one is refused in one line, not resumed into the same failure."""
+    write(tmp_path / "big.py", "import os\n\n\ndef fit(params):\n"
+                               "    return {'error': 10 ** 400 if params['x'] == 2 and not os.environ.get('SMALL') else 0.5}\n")
+    grid = write(tmp_path / "g.json", {"x": [1, 2]})
+    result = sweep("big:fit", tmp_path / "r", "--grid", str(grid), "--minimise", "error", "--retries", "0", cwd=tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "item x=2 returned an integer of 401 digits at [\"error\"], past a float's range" in result.stderr
+    assert [item["key"] for item in summary(tmp_path / "r")["failed_items"]] == ["x=2"] and len(rows(tmp_path / "r")) == 1
+    # a journal holding the value, as an earlier version let it through
+    monkeypatch.setenv("SMALL", "1")
+    smaller = sweep("big:fit", tmp_path / "s", "--grid", str(grid), "--minimise", "error", cwd=tmp_path)
+    assert smaller.returncode == 0, smaller.stderr
+    journal = tmp_path / "s" / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    edited = [line.replace('"error":0.5', '"error":' + "1" + "0" * 400) if '"key":"x=2"' in line else line for line in lines]
+    assert edited != lines
+    journal.write_text("\n".join(edited) + "\n")
+    before = snapshot(tmp_path / "s")
+    assert_usage_error(sweep("big:fit", tmp_path / "s", "--grid", str(grid), "--minimise", "error", "--resume", cwd=tmp_path),
+                       "its journal's result of x=2", "an integer of 401 digits", "an earlier version let it through")
+    assert snapshot(tmp_path / "s") == before
+
+
 def test_a_run_where_no_item_ran_shows_no_timeline(tmp_path):
     grid = write(tmp_path / "g.json", {"x": [1, 2]})
     write(tmp_path / "setup_fails.py", "def setup(device):\n    raise RuntimeError('no data')\n\n\n"

@@ -349,6 +349,10 @@ class SweepApp(App):
             raise ValueError("not a JSON object holding the function's return")
         if isinstance(result.get("seed"), bool) or not isinstance(result.get("seed"), int):
             raise ValueError("no integer seed")
+        try:  # what the item's own check refuses: an earlier version let an int past a float's range through
+            checked_result(key, result["return"])
+        except TypeError as error:
+            raise ValueError(f"{error}; an earlier version let it through") from None
 
     # ----- worker -----
     def setup_worker(self, device: Any) -> Any:
@@ -402,6 +406,10 @@ def checked_result(key: str, result: Any) -> Dict[str, Any]:
     where = _not_json(plain)
     if where is not None:
         path, value = where
+        if isinstance(value, int):
+            raise TypeError(f"item {key} returned an integer of {len(str(abs(value)))} digits at {path}, past "
+                            f"a float's range (results.csv, the statistics and the figures take floats): "
+                            f"return it as a string")
         raise TypeError(f"item {key} returned a value that is not JSON at {path}: a {type(value).__name__}")
     return plain
 
@@ -409,19 +417,25 @@ def checked_result(key: str, result: Any) -> Dict[str, Any]:
 #: the types of the values a return is checked for at C speed (str keys, no NaN: see _flat_json)
 _FLAT = frozenset((str, int, float, bool, type(None)))
 _NAMES = frozenset((str,))
+#: integers from here on (in size) have no float: the report's statistics, figures and sorting fail on them
+_FLOAT_LIMIT = 2 ** 1024
 
 
 def _flat_json(result: Dict[Any, Any]) -> bool:
     """Whether ``result`` is a flat dict that to_jsonable would copy as it is: str keys, and
-    values of exactly str, int, float (not NaN, which it makes None), bool or None."""
+    values of exactly str, int (within a float's range), float (not NaN, which it makes None), bool
+    or None."""
     values = result.values()
     types = set(map(type, values))
     # a NaN is the one value of these types not equal to itself: every value compared with itself at C speed
     return (types <= _FLAT and _NAMES.issuperset(map(type, result))
-            and (float not in types or all(map(operator.eq, values, values))))
+            and (float not in types or all(map(operator.eq, values, values)))
+            and (int not in types or all(-_FLOAT_LIMIT < value < _FLOAT_LIMIT for value in values if type(value) is int)))
 
 
 def _not_json(value: Any, path: str = "") -> Optional[Tuple[str, Any]]:
+    if isinstance(value, int) and not isinstance(value, bool) and not -_FLOAT_LIMIT < value < _FLOAT_LIMIT:
+        return (path or "the top", value)
     if value is None or isinstance(value, (str, bool, int, float)):
         if isinstance(value, float) and value in (float("inf"), float("-inf")):
             return None  # json writes Infinity, which Python reads back

@@ -143,6 +143,7 @@ class MnistSvm(App):
         check_range(result, ("n_support",), 0)
         if key == REFIT_KEY:
             check_range(result, ("C", "gamma"), math.ulp(0.0))
+            _check_confusion_matrix(result["confusion_matrix"], result["n_test"])
 
     def output_names(self) -> tuple:
         """What finish writes: validation_error.npy, the validation figures, fits.csv."""
@@ -290,3 +291,14 @@ class MnistSvm(App):
         truth = backend.truth["train"][validation]
         return {"error": float(np.mean(predicted != truth)), "n_support": backend.n_support(model),
                 "backend": backend.name}
+
+
+def _check_confusion_matrix(matrix: List[Any], n_test: int) -> None:
+    """Raise ValueError unless ``matrix`` is what the refit writes: a square table of counts
+    (ints, none negative) of the ``n_test`` test images; the summary and its table are made from it."""
+    size = len(matrix)
+    square = size > 0 and all(type(row) is list and len(row) == size for row in matrix)
+    if not square or not all(type(count) is int and count >= 0 for row in matrix for count in row):
+        raise ValueError("'confusion_matrix' is not a square table of counts")
+    if sum(map(sum, matrix)) != n_test:
+        raise ValueError(f"'confusion_matrix' counts {sum(map(sum, matrix))} test images, not n_test {n_test}")

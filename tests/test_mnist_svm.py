@@ -113,26 +113,29 @@ def test_stopped_run_resumes_to_the_same_results_as_other_layouts(two_rank_run, 
 
 
 # ----- bad input: one line, exit code 2, nothing written -----
-@pytest.mark.parametrize("damage, problem", [
-    (lambda result: "garbage", "a str, not a JSON object"),
-    (lambda result: {k: v for k, v in result.items() if k != "error"}, "no 'error'"),
-    (lambda result: {**result, "n_support": "many"}, "'n_support' is a str"),
-    (lambda result: {**result, "error": -5.0}, "'error' is -5.0, outside [0, 1]"),
-], ids=["not-an-object", "missing-field", "wrong-type", "impossible-error"])
-def test_a_journal_with_a_damaged_result_is_refused_and_left_as_it_was(two_rank_run, tmp_path, damage, problem):
+@pytest.mark.parametrize("key, damage, problem", [
+    (fit_key(1, 2, 3), lambda result: "garbage", "a str, not a JSON object"),
+    (fit_key(1, 2, 3), lambda result: {k: v for k, v in result.items() if k != "error"}, "no 'error'"),
+    (fit_key(1, 2, 3), lambda result: {**result, "n_support": "many"}, "'n_support' is a str"),
+    (fit_key(1, 2, 3), lambda result: {**result, "error": -5.0}, "'error' is -5.0, outside [0, 1]"),
+    (REFIT_KEY, lambda result: {**result, "confusion_matrix": ["x"]}, "'confusion_matrix' is not a square table of counts"),
+    (REFIT_KEY, lambda result: {**result, "n_test": result["n_test"] + 1},
+     "'confusion_matrix' counts 450 test images, not n_test 451"),
+], ids=["not-an-object", "missing-field", "wrong-type", "impossible-error", "matrix-not-counts", "matrix-short"])
+def test_a_journal_with_a_damaged_result_is_refused_and_left_as_it_was(two_rank_run, tmp_path, key, damage, problem):
     """A result edited or damaged in the journal: --resume says which, in one line, exit 2, instead of
     failing in the report with a traceback."""
     results = tmp_path / "r"
     shutil.copytree(two_rank_run, results)
     journal = results / "journal.jsonl"
     lines = journal.read_text().splitlines()
-    index = next(i for i, line in enumerate(lines) if json.loads(line).get("key") == fit_key(1, 2, 3))
+    index = next(i for i, line in enumerate(lines) if json.loads(line).get("key") == key)
     entry = json.loads(lines[index])
     lines[index] = json.dumps({**entry, "result": damage(entry["result"])})
     journal.write_text("\n".join(lines) + "\n")
     before = snapshot(results)
     proc = run(svm(str(N_TUNING), "--dataset", "digits", "--results", str(results), "--resume"))
-    assert_usage_error(proc, f"result of {fit_key(1, 2, 3)} is not one mnist_svm writes ({problem})")
+    assert_usage_error(proc, f"result of {key} is not one mnist_svm writes ({problem})")
     assert snapshot(results) == before
 
 

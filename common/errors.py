@@ -36,3 +36,25 @@ def kind_of(value: object) -> str:
         return name
     python = type(value).__name__
     return f"{'an' if python[:1].lower() in 'aeiou' else 'a'} {python}"
+
+
+def described(error: BaseException) -> str:
+    """What an item's exception says, for its failure: "Type: message" (the message whole, lines
+    and all: the summary's JSON keeps it), or the type alone. An exception whose ``str`` itself
+    raises still gets a line, instead of taking its worker down."""
+    name = type(error).__name__
+    try:
+        message = str(error)
+    except Exception as inner:  # noqa: BLE001 -- a user's class: anything
+        return f"{name} (its message could not be made: {type(inner).__name__})"
+    return f"{name}: {message}" if message else name
+
+
+def error_line(error: str) -> str:
+    """A failure's first line, for the progress lines and summary.md's table: the exception's type
+    and the start of its message (torch's and scikit-learn's run over several lines), with "…"
+    where lines were left out (summary.json and the logs keep them)."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0] + (" …" if len(lines) > 1 else "")

@@ -3,6 +3,7 @@ the workers as a user's module would be), each doing what a user's might."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -54,6 +55,28 @@ def not_json(params):
 
 def not_a_dict(params):
     return 0.5
+
+
+class _BadMessage(Exception):
+    def __str__(self):
+        raise ValueError("no message")
+
+
+def hostile(params):
+    """What a user's code may do to its worker: each case must fail its item in one line, the
+    worker going on (an unpicklable return killed it on every attempt, for ever)."""
+    case = params["case"]
+    if case == "unpicklable":
+        class Score(float):  # a float (the return check takes it), but pickle cannot find its class
+            pass
+        return {"loss": Score(0.25)}
+    if case == "multiline":
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nSee the documentation")
+    if case == "bad message":
+        raise _BadMessage()
+    if case == "exit":
+        sys.exit("bye")
+    return {"loss": 0.5}
 
 
 def wrong_signature(x, y):

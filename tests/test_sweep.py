@@ -240,6 +240,28 @@ def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_th
     assert "returned a float, not a dict" in summary(tmp_path / "scalar")["failed_items"][0]["error"]
 
 
+def test_what_a_users_code_does_to_its_worker_fails_only_its_item_in_one_line(tmp_path):
+    """A return pickle cannot send (it killed the worker, and the item was handed out again for
+    ever), sys.exit, an exception whose message cannot be made: each fails its item and the worker
+    goes on. A message of several lines (torch's, scikit-learn's) is shown by its first, type and all."""
+    grid = write(tmp_path / "grid.json", {"case": ["fine", "unpicklable", "multiline", "bad message", "exit"]})
+    ran = sweep("sweep_functions:hostile", tmp_path / "r", "--grid", str(grid), "--retries", "0", workers=1, timeout=60)
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
+    failed = {f["key"]: f["error"] for f in summary(tmp_path / "r")["failed_items"]}
+    assert failed == {
+        "case=unpicklable": "its return cannot be sent to the rank (AttributeError: Can't pickle local object "
+                            "'hostile.<locals>.Score')",
+        "case=multiline": "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\nSee the documentation",
+        "case=bad message": "_BadMessage (its message could not be made: ValueError)",
+        "case=exit": "SystemExit: bye"}
+    assert "item case=multiline failed for good: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB …" \
+        in ran.stderr
+    assert "| case=multiline | RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB … |" \
+        in (tmp_path / "r" / "summary.md").read_text()
+    assert [row["key"] for row in rows(tmp_path / "r")] == ["case=fine"]
+    assert (tmp_path / "r" / "logs" / "rank0-cpu0.log").read_text().count("started: pid") == 1  # one worker throughout
+
+
 BAD_INPUTS = [
     # (target, files {name: content}, flags, fragments of the one-line error)
     ("no_such_module:fit", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["cannot import 'no_such_module'"]),

@@ -17,7 +17,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from common.app import Record
 from common.clock import SYSTEM_CLOCK, Clock
-from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, counted
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, counted, error_line
 from common.messages import (
     Broken,
     Dropped,
@@ -325,8 +325,8 @@ class Leader:
                                attempt=record.attempt, start=record.start, end=record.end)
         retried = self.scheduler.attempt_failed(key, error, worker)
         if retried:
-            last_line = error.splitlines()[-1] if error else "failed"
-            self.progress.write(f"{self.tag} item {key} failed on {worker} (attempt {record.attempt}): {last_line}; retrying")
+            self.progress.write(f"{self.tag} item {key} failed on {worker} (attempt {record.attempt}): "
+                                f"{error_line(error) or 'failed'}; retrying")
         self.report_failures()
 
     def report_failures(self) -> None:
@@ -334,7 +334,7 @@ class Leader:
         for key in self.scheduler.pop_new_failures():
             error = self.scheduler.failed[key]
             self.journal.add_event("failed", key=key, error=error)
-            self.progress.write(f"{self.tag} item {key} failed for good: {error.splitlines()[-1] if error else ''}")
+            self.progress.write(f"{self.tag} item {key} failed for good: {error_line(error)}")
             self.progress.advance(failed=True)
 
     def _local_events(self, events: List[Event]) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from common import settings, startup
 from common.app import App, RunInfo
 from common.devices import resolve_devices, visible_gpus
-from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, counted, quoted
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, counted, error_line, quoted
 from common.items import check_seed_form
 from common.messages import Bye
 from common.observe.gpu_monitor import GpuMonitor
@@ -853,7 +853,7 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         lines += [f"![GPU use over time]({summary['gpu_usage_plot']})", ""]
     if summary["failed_items"]:
         lines += ["## Failed items", "", "| item | error |", "|---|---|"]
-        lines += [f"| {f['key']} | {f['error'].splitlines()[-1] if f['error'] else ''} |" for f in summary["failed_items"]]
+        lines += [f"| {f['key']} | {error_line(f['error'] or '')} |" for f in summary["failed_items"]]
         lines += ["", f"Tracebacks are in `{LOGS_DIR}/` and `{JOURNAL_NAME}`.", ""]
     if summary.get("timeline_plot"):
         lines += [f"![timeline]({summary['timeline_plot']})", ""]

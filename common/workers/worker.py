@@ -18,6 +18,7 @@ import contextvars
 import faulthandler
 import logging
 import os
+import pickle
 import select
 import signal
 import sys
@@ -28,6 +29,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
+from common.errors import described
 from common.items import ItemSeeds
 from common.linux import die_with_parent
 from common.messages import (
@@ -257,13 +259,14 @@ def _run_group(app: Any, state: Any, bundle: list, seed_of: Callable[[str], Any]
             results = list(app.run_group(state, items, [seed_of(item.key) for item in items]))
             if len(results) != len(items):
                 raise RuntimeError(f"run_group returned {len(results)} results for {len(items)} items")
-    except Exception as error:
+    except (Exception, SystemExit, KeyboardInterrupt, GeneratorExit) as error:  # the item's code raised it
+        # (SystemExit and the others too: the rank stops a worker with _Terminated, and SIGINT reaches
+        # no worker, so these come from the item's code: it fails, and the worker goes on)
         text = traceback.format_exc()
         ended = time.time()
         log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(handout.attempt) for handout in bundle), text)
         errno, path = _os_error(error)
-        return [ItemError(item.key, f"{type(error).__name__}: {error}", text, started, ended, errno, path)
-                for item in items]
+        return [ItemError(item.key, described(error), text, started, ended, errno, path) for item in items]
     ended = time.time()
     if lines is None:
         log.info("%s done in %.3f s", names, ended - started)
@@ -300,7 +303,26 @@ def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed_of: Ca
 
 
 def _answer(conn: Any, answers: List[Any]) -> None:
-    conn.send(answers[0] if len(answers) == 1 else Answers(answers))
+    try:
+        conn.send(answers[0] if len(answers) == 1 else Answers(answers))
+    except (OSError, EOFError):
+        raise  # the rank is gone
+    except Exception:  # a return that cannot be pickled (a lambda inside it, say): nothing was sent yet
+        conn.send(Answers([_sendable(answer) for answer in answers]))
+
+
+def _sendable(answer: Any) -> Any:
+    """``answer``, or where its result cannot be pickled, the item's failure saying so: the worker
+    goes on, instead of dying on every attempt (its item handed out again and again)."""
+    if not isinstance(answer, ItemDone):
+        return answer
+    try:
+        pickle.dumps(answer.result, protocol=pickle.HIGHEST_PROTOCOL)
+        return answer
+    except Exception as error:
+        why = f"its return cannot be sent to the rank ({described(error)})"
+        log.error("%s failed: %s", answer.key, why)
+        return ItemError(answer.key, why, "", answer.started, answer.ended)
 
 
 def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int,
@@ -344,7 +366,7 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
             _set_threads(threads)
         except Exception as error:
             log.error("setup failed:\n%s", traceback.format_exc())
-            conn.send(SetupFailed(f"{type(error).__name__}: {error}", traceback.format_exc()))
+            conn.send(SetupFailed(described(error), traceback.format_exc()))
             return
         conn.send(Ready())
         while True:

@@ -387,6 +387,9 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
         got = checked_result("k", value)
         assert got == to_jsonable(dict(value)) and got is not value
         assert [type(v) for v in got.values()] == [type(v) for v in to_jsonable(dict(value)).values()]
+    # numpy's NaN as Python's: None, as a resume reads it back from the journal (it was NaN, then None)
+    assert checked_result("k", {"loss": np.float64(math.nan), "v": np.array([1.0, math.nan])}) == \
+        {"loss": None, "v": [1.0, None]} == json.loads(json.dumps(checked_result("k", {"loss": math.nan, "v": [1.0, math.nan]})))
     items, rows = [], []
     for number, (seconds, host) in enumerate([(0.25, "h"), (3, "h"), (math.inf, "h"), (0.5, None)]):
         items.append(Item(f"x={number}", {"point": {"x": number}, "repeat": 0}))

@@ -125,7 +125,7 @@ def to_jsonable(value: Any) -> Any:
     if np is not None and isinstance(value, np.ndarray):
         return to_jsonable(value.tolist())
     if np is not None and isinstance(value, np.generic):
-        return value.item()
+        return to_jsonable(value.item())  # a NaN of numpy's as None too, as a resume reads it back
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, float) and value != value:  # NaN is not JSON

@@ -509,11 +509,12 @@ def test_sweep_mains_own_arguments_are_checked_as_the_flags_are(tmp_path, argume
 
 def test_sweep_mains_values_that_the_command_line_replaces_or_numpy_gives_are_taken(tmp_path):
     """--repeats on the command line replaces sweep.main's (even a bad one); numpy's whole numbers
-    are whole numbers."""
+    are whole numbers, and its floats are values (np.float64 was refused as "not a value JSON can hold")."""
     script = write(tmp_path / "script.py", "import numpy as np\n" + UNGUARDED + 'if __name__ == "__main__":\n'
-                   '    raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}, repeats=np.int64(0)))\n')
+                   '    raise SystemExit(sweep.main(fit, grid={"x": [np.float64(0.5), 2]}, repeats=np.int64(0)))\n')
     assert run([str(script), *ENGINE, "--results", str(tmp_path / "r"), "--repeats", "2"], cwd=tmp_path).returncode == 0
     assert summary(tmp_path / "r")["items_total"] == 4
+    assert sorted({row["x"] for row in rows(tmp_path / "r")}) == ["0.5", "2"]
     write(tmp_path / "script.py", script.read_text().replace("np.int64(0)", "np.int64(3)"))
     assert run([str(script), *ENGINE, "--results", str(tmp_path / "s")], cwd=tmp_path).returncode == 0
     assert summary(tmp_path / "s")["items_total"] == 6

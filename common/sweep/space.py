@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import numbers
 import operator
 import sys
 import zlib
@@ -88,8 +89,8 @@ def _plain(value: Any, where: str) -> Any:
     kind = type(value)
     if kind is int or kind is str or kind is bool or value is None or (kind is float and math.isfinite(value)):
         return value  # most values: a 20,000-point grid is checked on every rank
-    if isinstance(value, float):
-        raise UsageError(f"{where}: {value!r} is not a value JSON can hold")
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
+        raise UsageError(f"{where}: {value!r} is not a value JSON can hold")  # numpy's too (a numpy float is fine)
     plain = to_jsonable(value)
     try:
         json.dumps(plain, allow_nan=False)

@@ -296,6 +296,8 @@ BAD_INPUTS = [
      ["has no 'nothing_here'"]),
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "NOT_A_FUNCTION"],
      ["--setup 'sweep_functions:NOT_A_FUNCTION' is not a function"]),
+    ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "wrong_signature"],
+     ["setup wrong_signature() cannot be called as each worker calls it", "missing a required argument: 'y'"]),
     ("sweep_functions:noisy", {"p.json": [{"x": 1}, {"x": 1, "repeat": 1}]}, ["--points", "p.json", "--repeats", "2"],
      ["parameter named 'repeat'"]),
     ("exits:fit", {"g.json": {"x": [1]}, "exits.py": "import sys\nsys.exit(3)\ndef fit(params):\n    return {}\n"},

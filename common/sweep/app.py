@@ -160,6 +160,21 @@ def _wanted(function: Callable[..., Any]) -> Tuple[str, ...]:
     return tuple(wants)
 
 
+def _check_setup(setup: Callable[..., Any]) -> None:
+    """``setup(device)`` (or ``setup()``) is how each worker calls it: one that needs more is refused
+    here, not by every worker three times and then every item."""
+    name = getattr(setup, "__qualname__", repr(setup))
+    try:
+        signature = inspect.signature(setup)
+    except (TypeError, ValueError):
+        return  # a builtin: the worker's call says
+    try:
+        signature.bind("cpu") if signature.parameters else signature.bind()
+    except TypeError as error:
+        raise UsageError(f"setup {name}() cannot be called as each worker calls it, with the device or with "
+                         f"nothing ({error})") from None
+
+
 def _picklable(function: Callable[..., Any], what: str) -> None:
     """Workers are spawned processes: they find the function by its module and name."""
     try:
@@ -305,6 +320,7 @@ class SweepApp(App):
         _picklable(function, "the function")
         if setup is not None:
             _picklable(setup, "setup")
+            _check_setup(setup)
         points, keys = _points(kind, value, args)
         metric = args.minimise or args.maximise
         self.plan = Plan(function, setup, points, kind, args.repeats, metric,

@@ -57,6 +57,11 @@ def not_a_dict(params):
     return 0.5
 
 
+def many_numbers(params):
+    """30 named numbers, none of them a loss."""
+    return {f"m{i}": float(i) for i in range(30)}
+
+
 class _BadMessage(Exception):
     def __str__(self):
         raise ValueError("no message")

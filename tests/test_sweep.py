@@ -533,16 +533,23 @@ def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_
     assert last.startswith("nothing to rank: no result holds a finite number named 'los' (the function returned "), last
     returned = summary(tmp_path / "r")["sweep"]["returned"]
     assert last.endswith(f"({'the function returned ' + ', '.join(map(repr, returned))})") and returned, last
+    # a return of many numbers: the first 20 of them (10,000 made a line of 89 KB)
+    result = sweep("sweep_functions:many_numbers", tmp_path / "m", "--grid", str(tmp_path / "g.json"),
+                   "--minimise", "los", workers=1)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1].endswith(
+        "(the function returned " + ", ".join(repr(f"m{i}") for i in range(20)) + " and 10 more)"), result.stdout
 
 
 def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range(tmp_path):
     """A parameter named like one of results.csv's own columns is written as param.NAME; values near
     the float limit still give the ranking and every file but a figure that cannot be laid out."""
-    grid = write(tmp_path / "g.json", {"seed": [1, 2], "host": ["h"], "x": [1]})
+    grid = write(tmp_path / "g.json", {"seed": [1, 2], "host": ["h"], "x": [1], "param.seed": [0]})
     result = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid))
     assert result.returncode == 0, result.stderr
     header = (tmp_path / "r" / "results.csv").read_text().splitlines()[0].split(",")
     assert len(header) == len(set(header)) and {"param.seed", "param.host", "x", "seed", "host"} <= set(header)
+    assert "param.param.seed" in header  # the parameter named "param.seed" (two columns had one name)
     write(tmp_path / "huge.py", "def fit(params, seed):\n    return {'loss': 1.7e308 if seed % 2 else -1.7e308}\n")
     grid = write(tmp_path / "g4.json", {"x": [1, 2, 3, 4]})
     result = sweep("huge:fit", tmp_path / "h", "--grid", str(grid), "--repeats", "4", "--minimise", "loss", cwd=tmp_path)

@@ -74,15 +74,29 @@ def _values(dicts: List[Mapping[str, Any]]) -> Iterator[Any]:
     return itertools.chain.from_iterable(map(operator.methodcaller("values"), dicts))
 
 
+#: the names of numbers a misnamed --minimise/--maximise lists (a return of 10,000 keys made an 89 KB line)
+NAMES_SHOWN = 20
+
 #: results.csv's own columns: a parameter of one of these names is written as ``param.NAME``, a
 #: returned value as ``result.NAME``
 RESERVED_COLUMNS = ("key", "repeat", "seed", "seconds", "host", "device")
 
 
 def _columns(parameters: List[str], values: List[str]) -> List[str]:
-    return ["key", *[name if name not in RESERVED_COLUMNS else f"param.{name}" for name in parameters], "repeat", "seed",
-            *[name if name not in parameters and name not in RESERVED_COLUMNS else f"result.{name}" for name in values],
-            "seconds", "host", "device"]
+    """results.csv's header: no two columns of one name (a parameter named "param.key" beside one
+    named "key", or a return holding both "seed" and "result.seed", gave two), so that every
+    CSV reader keeps each."""
+    taken = {"key", *RESERVED_COLUMNS}
+
+    def unique(name: str, prefix: str) -> str:
+        while name in taken:
+            name = f"{prefix}.{name}"
+        taken.add(name)
+        return name
+
+    named = [unique(name, "param") for name in parameters]
+    returned = [unique(name, "result") for name in values]
+    return ["key", *named, "repeat", "seed", *returned, "seconds", "host", "device"]
 
 
 #: the types whose values go into results.csv as they are (others through :func:`_cell`)
@@ -244,8 +258,9 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
                              "metric": plan.metric, "goal": plan.goal if plan.metric else None,
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
     if plan.metric and not ranked:
-        returned = f"the function returned {', '.join(map(repr, values))}" if values else \
-            "the function returned no named numbers"
+        shown = ", ".join(map(repr, values[:NAMES_SHOWN])) + (f" and {len(values) - NAMES_SHOWN} more"
+                                                              if len(values) > NAMES_SHOWN else "")
+        returned = f"the function returned {shown}" if values else "the function returned no named numbers"
         sweep["note"] = f"no result holds a finite number named {plan.metric!r} ({returned})"
     elif plan.metric:  # points none of whose repeats returned a finite metric: in results.csv, not ranked
         unranked = {point_key(item.params["point"]) for item, _ in finished} - {entry["key"] for entry in ranked}

@@ -138,8 +138,10 @@ def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optiona
     The status file not refreshed for several of its periods: the job was probably killed (seen
     from anywhere). The hold it keeps on its results folder (the same rank 0 pid) says more: its
     process is gone (a SIGKILL, an out-of-memory kill: seen at once from rank 0's own host), or it
-    still refreshes the hold, as it did after the status file went quiet (alive: its status lags)."""
-    if not status or status.get("state") not in ("running", "stopping"):
+    still refreshes the hold, as it did after the status file went quiet (alive: its status lags).
+    A run writing its outputs ("finishing", a while for many figures) refreshes no status file:
+    only its process tells (it said "finishing" for ever after a SIGKILL there)."""
+    if not status or status.get("state") not in ("running", "stopping", "finishing"):
         return None
     try:
         holder = read_hold(results)
@@ -150,6 +152,8 @@ def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optiona
         why = process_gone(holder)
         if why is not None:
             return f"{why} (rank 0, pid {holder.get('pid')} on {holder.get('host')})"
+    if status.get("state") == "finishing":
+        return None
     every = float(status.get("every") or STATUS_SECONDS)
     quiet_since = float(status.get("updated") or 0) + STALE_INTERVALS * every + STALE_MARGIN_SECONDS
     if now <= quiet_since or (mine and last_refreshed(holder) > quiet_since and silent_for(holder, now) is None):

@@ -221,6 +221,11 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     assert float(shown.group(2)) == pytest.approx(len(done) / ran, rel=0.01), text
     watched = status(results, "--watch", "1")
     assert watched.returncode == 0 and watched.stdout.count("toy: GONE:") == 1, watched.stdout
+    # killed while writing its outputs: gone too (it said "finishing" for ever)
+    running = (results / "status.json").read_text()
+    (results / "status.json").write_text(json.dumps(dict(json.loads(running), state="finishing")))
+    assert status(results).stdout.startswith(f"toy: GONE: its process is gone (rank 0, pid {pid} on "), status(results).stdout
+    (results / "status.json").write_text(running)
     as_if_on(results, "node7")  # the same files seen from another host: its process cannot be looked at
     assert status(results).stdout.startswith("toy: running"), status(results).stdout
     from common.status import gone  # in-process from here: the files' times set as each case needs
@@ -233,6 +238,8 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     os.utime(results / "hold.json", (quiet + 1, quiet + 1))
     assert gone(results, files, stale) is None  # its hold refreshed after the status file went quiet: alive
     assert gone(results, files, stale + 3600).startswith("the status file has not been refreshed for")
+    # writing its outputs refreshes no status file: from another host, nothing tells it is gone
+    assert gone(results, dict(files, state="finishing"), stale + 3600) is None
     (results / "hold.json").unlink()
     os.mkfifo(results / "hold.json")  # not a hold the engine wrote: never read (it would block), no traceback
     assert gone(results, files, stale).startswith("the status file has not been refreshed for")

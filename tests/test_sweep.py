@@ -522,6 +522,21 @@ def test_sweep_mains_values_that_the_command_line_replaces_or_numpy_gives_are_ta
     assert summary(tmp_path / "s")["items_total"] == 6
 
 
+def test_a_numpy_array_in_a_grid_is_its_list_of_values():
+    """sweep.main(fit, grid={"lr": np.logspace(-2, -1, 2)}): what a researcher writes first (it was
+    refused, with a hint to wrap the array in a list); a NaN in it is still refused."""
+    import numpy as np
+
+    from common.errors import UsageError
+    from common.sweep.space import grid_space
+
+    points, keys = grid_space({"lr": np.logspace(-2, -1, 2), "depth": np.arange(2, 4)})
+    assert (points, keys) == grid_space({"lr": [0.01, 0.1], "depth": [2, 3]}) and "depth=2,lr=0.01" in keys
+    assert all(type(point["depth"]) is int for point in points)
+    with pytest.raises(UsageError, match="not a value JSON can hold"):
+        grid_space({"lr": np.array([0.1, np.nan])})
+
+
 def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_path):
     """--minimise with a misspelt name: the run completes (results.csv has every value), and its last
     line says nothing was ranked and what the function returned, instead of passing for a run with

@@ -115,6 +115,8 @@ def grid_space(grid: Any, repeats: int = 1) -> Tuple[List[Dict[str, Any]], List[
     axes = []
     for name, values in grid.items():
         _check_name(name, "the grid")
+        if isinstance(values, np.ndarray) and values.ndim:  # grid={"lr": np.logspace(-4, -1, 4)}: its values
+            values = values.tolist()
         if not isinstance(values, (list, tuple)):
             raise UsageError(f"the grid's {name!r} must be a list of values, got {kind_of(values)} "
                              f"({values!r}); write [{json.dumps(to_jsonable(values), default=str)}] for one value")

@@ -537,6 +537,16 @@ def test_a_numpy_array_in_a_grid_is_its_list_of_values():
         grid_space({"lr": np.array([0.1, np.nan])})
 
 
+def test_yaml_reads_an_exponent_without_a_dot_as_a_number(tmp_path):
+    """lr: [1e-3, 1.5e3] is two numbers, as in JSON and YAML 1.2: PyYAML (YAML 1.1) made them the
+    strings "1e-3" and "1.5e3", and the function got text. A quoted one stays a string."""
+    from common.sweep.space import load_file
+
+    grid = write(tmp_path / "g.yaml", 'lr: [1e-3, 1.5e3, 2E+2, .5e1, 0.01, 5, "1e-3", 3e, 1_000]\n')
+    assert load_file(grid, "--grid") == {"lr": [0.001, 1500.0, 200.0, 5.0, 0.01, 5, "1e-3", "3e", 1000]}
+    assert [type(v) for v in load_file(grid, "--grid")["lr"][:4]] == [float] * 4
+
+
 def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_path):
     """--minimise with a misspelt name: the run completes (results.csv has every value), and its last
     line says nothing was ranked and what the function returned, instead of passing for a run with

@@ -12,6 +12,7 @@ import json
 import math
 import numbers
 import operator
+import re
 import sys
 import zlib
 from pathlib import Path
@@ -56,7 +57,7 @@ def load_file(path: Path, what: str) -> Any:
             raise UsageError(f"{what} {quoted(path)}: reading YAML needs PyYAML (pip install pyyaml), "
                              f"or write the file as JSON") from None
         try:
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 -- a SafeLoader
         except yaml.YAMLError as error:
             raise UsageError(f"{what} {quoted(path)}: not valid YAML ({' '.join(str(error).split())})") from None
     try:
@@ -65,6 +66,21 @@ def load_file(path: Path, what: str) -> Any:
         raise UsageError(f"{what} {quoted(path)}: not valid JSON ({error})") from None
     except RecursionError:
         raise UsageError(f"{what} {quoted(path)}: nested too deeply to read") from None
+
+
+#: YAML 1.2's floats that PyYAML (YAML 1.1) reads as strings: an exponent without a dot or a sign
+#: (1e-3, 5E+2, 1.5e3)
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+
+
+def _yaml_loader(yaml: Any) -> type:
+    """PyYAML's SafeLoader, reading 1e-3 as the number 0.001 (as JSON and YAML 1.2 do): PyYAML made it
+    the string "1e-3", and a learning rate written so reached the function as text."""
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+    return Loader
 
 
 def check_count(count: int, repeats: int, what: str) -> None:

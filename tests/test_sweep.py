@@ -416,6 +416,23 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
     assert table == expected.getvalue()
 
 
+def test_torch_tensors_in_a_return_are_their_numbers():
+    """{"loss": loss} with loss a tensor (on the GPU where there is one) is what a torch user returns:
+    it was refused as "not JSON ... a Tensor", asking for .item() on every value."""
+    import torch
+
+    from common.sweep.app import checked_result
+
+    returned = {"loss": torch.tensor(0.25), "grad": torch.tensor([1.5, -2.0], requires_grad=True) * 1,
+                "steps": torch.tensor(7), "half": torch.tensor(0.5, dtype=torch.bfloat16)}
+    got = checked_result("k", returned)
+    assert got == {"loss": 0.25, "grad": [1.5, -2.0], "steps": 7, "half": 0.5}
+    assert [type(v) for v in got.values()] == [float, list, int, float]
+    assert checked_result("k", {"loss": torch.tensor(float("nan"))}) == {"loss": None}  # as a Python NaN
+    with pytest.raises(TypeError, match="not JSON"):
+        checked_result("k", {"z": torch.tensor(1 + 2j)})
+
+
 def test_the_seed_a_function_receives_is_numpys_first_word_of_the_items_stream():
     """item_seed32 works the word out without numpy's generate_state: the same for many items."""
     import random

@@ -111,7 +111,7 @@ def _json_key(key: Any) -> str:
 
 
 def to_jsonable(value: Any) -> Any:
-    """numpy scalars and arrays, Paths and tuples as plain JSON values."""
+    """numpy scalars and arrays, torch tensors, Paths and tuples as plain JSON values."""
     kind = type(value)
     if kind is str or kind is int or value is None or kind is bool:  # most values: rank 0 journals every result
         return value
@@ -126,6 +126,9 @@ def to_jsonable(value: Any) -> Any:
         return to_jsonable(value.tolist())
     if np is not None and isinstance(value, np.generic):
         return to_jsonable(value.item())  # a NaN of numpy's as None too, as a resume reads it back
+    torch = sys.modules.get("torch")  # {"loss": loss} with loss a tensor, maybe on the GPU: its number(s)
+    if torch is not None and isinstance(value, torch.Tensor):
+        return to_jsonable(value.detach().cpu().tolist())
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, float) and value != value:  # NaN is not JSON

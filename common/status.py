@@ -22,7 +22,7 @@ from common.results.layout import JOURNAL_NAME, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
 
-from .errors import quoted
+from .errors import error_line, quoted
 
 #: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals, plus a
 #: margin for a shared filesystem's attribute caching and the nodes' clocks
@@ -85,7 +85,7 @@ class JournalCounts:
                 self.failed.pop(entry["key"], None)
             elif kind == "failed" and "key" in entry:
                 error = entry.get("error")
-                self.failed[entry["key"]] = (error.splitlines() or [""])[-1] if isinstance(error, str) else ""
+                self.failed[entry["key"]] = error_line(error) if isinstance(error, str) else ""
             elif kind == "start":  # a resumed run retries what failed before
                 self.start, self.stops, self.failed = entry, [], {}
             elif kind == "stop":
@@ -139,8 +139,9 @@ def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optiona
     from anywhere). The hold it keeps on its results folder (the same rank 0 pid) says more: its
     process is gone (a SIGKILL, an out-of-memory kill: seen at once from rank 0's own host), or it
     still refreshes the hold, as it did after the status file went quiet (alive: its status lags).
-    A run writing its outputs ("finishing", a while for many figures) refreshes no status file:
-    only its process tells (it said "finishing" for ever after a SIGKILL there)."""
+    A run writing its outputs ("finishing", a while for many figures) refreshes no status file, but
+    still its hold: its process, or a hold gone silent, tells (it said "finishing" for ever after a
+    SIGKILL there)."""
     if not status or status.get("state") not in ("running", "stopping", "finishing"):
         return None
     try:
@@ -153,7 +154,10 @@ def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optiona
         if why is not None:
             return f"{why} (rank 0, pid {holder.get('pid')} on {holder.get('host')})"
     if status.get("state") == "finishing":
-        return None
+        silent = silent_for(holder, now) if mine else None
+        return None if silent is None else (f"its hold on the results folder has not been refreshed for "
+                                            f"{format_seconds(silent)} (rank 0, pid {holder.get('pid')} on "
+                                            f"{holder.get('host')})")
     every = float(status.get("every") or STATUS_SECONDS)
     quiet_since = float(status.get("updated") or 0) + STALE_INTERVALS * every + STALE_MARGIN_SECONDS
     if now <= quiet_since or (mine and last_refreshed(holder) > quiet_since and silent_for(holder, now) is None):

@@ -81,6 +81,11 @@ def hostile(params):
         raise _BadMessage()
     if case == "exit":
         sys.exit("bye")
+    if case == "unpicklable by OSError":
+        class Refuses(float):
+            def __reduce__(self):
+                raise OSError("no pickling")  # not the pipe's error: the item fails all the same
+        return {"loss": Refuses(0.25)}
     return {"loss": 0.5}
 
 

@@ -3,6 +3,7 @@ imported from tests/sweep_functions.py as ``python -m common.sweep`` imports a u
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import signal
@@ -244,7 +245,8 @@ def test_what_a_users_code_does_to_its_worker_fails_only_its_item_in_one_line(tm
     """A return pickle cannot send (it killed the worker, and the item was handed out again for
     ever), sys.exit, an exception whose message cannot be made: each fails its item and the worker
     goes on. A message of several lines (torch's, scikit-learn's) is shown by its first, type and all."""
-    grid = write(tmp_path / "grid.json", {"case": ["fine", "unpicklable", "multiline", "bad message", "exit"]})
+    grid = write(tmp_path / "grid.json", {"case": ["fine", "unpicklable", "multiline", "bad message", "exit",
+                                                   "unpicklable by OSError"]})
     ran = sweep("sweep_functions:hostile", tmp_path / "r", "--grid", str(grid), "--retries", "0", workers=1, timeout=60)
     assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
     failed = {f["key"]: f["error"] for f in summary(tmp_path / "r")["failed_items"]}
@@ -253,11 +255,16 @@ def test_what_a_users_code_does_to_its_worker_fails_only_its_item_in_one_line(tm
                             "'hostile.<locals>.Score')",
         "case=multiline": "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\nSee the documentation",
         "case=bad message": "_BadMessage (its message could not be made: ValueError)",
-        "case=exit": "SystemExit: bye"}
+        "case=exit": "SystemExit: bye",
+        "case=unpicklable by OSError": "its return cannot be sent to the rank (OSError: no pickling)"}
     assert "item case=multiline failed for good: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB …" \
         in ran.stderr
     assert "| case=multiline | RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB … |" \
         in (tmp_path / "r" / "summary.md").read_text()
+    assert "case=multiline, attempt 1 on rank0-cpu0: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB …" \
+        in html.unescape((tmp_path / "r" / "report.html").read_text())
+    shown = run(["-m", "common.status", str(tmp_path / "r")])
+    assert "case=multiline: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB …" in shown.stdout, shown.stdout
     assert [row["key"] for row in rows(tmp_path / "r")] == ["case=fine"]
     assert (tmp_path / "r" / "logs" / "rank0-cpu0.log").read_text().count("started: pid") == 1  # one worker throughout
 
@@ -389,6 +396,14 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
         got = checked_result("k", value)
         assert got == to_jsonable(dict(value)) and got is not value
         assert [type(v) for v in got.values()] == [type(v) for v in to_jsonable(dict(value)).values()]
+    # an int just short of 2**1024 has no float either (float() rounds it up); one of 5,000 digits has no str()
+    with pytest.raises(TypeError, match="past a float's range"):
+        checked_result("k", {"n": 2 ** 1024 - 2 ** 970})
+    assert checked_result("k", {"n": 2 ** 1024 - 2 ** 970 - 1}) == {"n": 2 ** 1024 - 2 ** 970 - 1}
+    with pytest.raises(TypeError, match="an integer of about 5001 digits"):
+        checked_result("k", {"n": [10 ** 5000]})
+    with pytest.raises(TypeError, match="not JSON at .*a longdouble"):  # its item() is numpy's again: no recursion
+        checked_result("k", {"loss": np.longdouble(0.5)})
     # numpy's NaN as Python's: None, as a resume reads it back from the journal (it was NaN, then None)
     assert checked_result("k", {"loss": np.float64(math.nan), "v": np.array([1.0, math.nan])}) == \
         {"loss": None, "v": [1.0, None]} == json.loads(json.dumps(checked_result("k", {"loss": math.nan, "v": [1.0, math.nan]})))
@@ -559,8 +574,8 @@ def test_yaml_reads_an_exponent_without_a_dot_as_a_number(tmp_path):
     strings "1e-3" and "1.5e3", and the function got text. A quoted one stays a string."""
     from common.sweep.space import load_file
 
-    grid = write(tmp_path / "g.yaml", 'lr: [1e-3, 1.5e3, 2E+2, .5e1, 0.01, 5, "1e-3", 3e, 1_000]\n')
-    assert load_file(grid, "--grid") == {"lr": [0.001, 1500.0, 200.0, 5.0, 0.01, 5, "1e-3", "3e", 1000]}
+    grid = write(tmp_path / "g.yaml", 'lr: [1e-3, 1.5e3, 2E+2, .5e1, 0.01, 5, "1e-3", 3e, 1_000, ._e3]\n')
+    assert load_file(grid, "--grid") == {"lr": [0.001, 1500.0, 200.0, 5.0, 0.01, 5, "1e-3", "3e", 1000, "._e3"]}
     assert [type(v) for v in load_file(grid, "--grid")["lr"][:4]] == [float] * 4
 
 
@@ -586,12 +601,14 @@ def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_
 def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range(tmp_path):
     """A parameter named like one of results.csv's own columns is written as param.NAME; values near
     the float limit still give the ranking and every file but a figure that cannot be laid out."""
-    grid = write(tmp_path / "g.json", {"seed": [1, 2], "host": ["h"], "x": [1], "param.seed": [0]})
+    grid = write(tmp_path / "g.json", {"param.seed": [0], "seed": [1, 2], "host": ["h"], "x": [1]})
     result = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid))
     assert result.returncode == 0, result.stderr
     header = (tmp_path / "r" / "results.csv").read_text().splitlines()[0].split(",")
     assert len(header) == len(set(header)) and {"param.seed", "param.host", "x", "seed", "host"} <= set(header)
-    assert "param.param.seed" in header  # the parameter named "param.seed" (two columns had one name)
+    # the parameter named "param.seed" (two columns had one name), whichever comes first; "seed" is param.seed
+    assert {row["param.param.seed"] for row in rows(tmp_path / "r")} == {"0"}
+    assert {row["param.seed"] for row in rows(tmp_path / "r")} == {"1", "2"}
     write(tmp_path / "huge.py", "def fit(params, seed):\n    return {'loss': 1.7e308 if seed % 2 else -1.7e308}\n")
     grid = write(tmp_path / "g4.json", {"x": [1, 2, 3, 4]})
     result = sweep("huge:fit", tmp_path / "h", "--grid", str(grid), "--repeats", "4", "--minimise", "loss", cwd=tmp_path)

@@ -238,8 +238,10 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     os.utime(results / "hold.json", (quiet + 1, quiet + 1))
     assert gone(results, files, stale) is None  # its hold refreshed after the status file went quiet: alive
     assert gone(results, files, stale + 3600).startswith("the status file has not been refreshed for")
-    # writing its outputs refreshes no status file: from another host, nothing tells it is gone
-    assert gone(results, dict(files, state="finishing"), stale + 3600) is None
+    # writing its outputs refreshes no status file, but its hold: from another host, a silent hold tells
+    assert gone(results, dict(files, state="finishing"), stale) is None
+    assert gone(results, dict(files, state="finishing"), stale + 3600).startswith(
+        "its hold on the results folder has not been refreshed for 1h00m")
     (results / "hold.json").unlink()
     os.mkfifo(results / "hold.json")  # not a hold the engine wrote: never read (it would block), no traceback
     assert gone(results, files, stale).startswith("the status file has not been refreshed for")

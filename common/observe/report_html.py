@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from common.errors import error_line
 from common.results.journal import parse_line, whole_lines
 from common.results.layout import GPU_USAGE_CSV, GPU_USAGE_STEM, TIMELINE_STEM, ResultsLayout, png_name
 from common.results.outputs import atomic_write_text
@@ -152,9 +153,9 @@ def _write_report(results: Path) -> Optional[Path]:
     if attempts:
         extra.append(f"<h2>Failed attempts ({len(attempts)} most recent)</h2>")
         for entry in attempts:
-            error = (entry.get("error") or "").splitlines() or [""]
+            error = entry.get("error")
             head = (f"{entry.get('key')}, attempt {entry.get('attempt', '?')} on {entry.get('worker', '?')}: "
-                    f"{error[-1]}")
+                    f"{error_line(error) if isinstance(error, str) else ''}")
             detail = entry.get("traceback") or entry.get("error") or ""
             extra.append(f"<details><summary>{html.escape(head)}</summary><pre>{html.escape(detail)}</pre></details>")
     title = title_line.lstrip("# ").strip() or "run report"

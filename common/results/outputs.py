@@ -125,7 +125,8 @@ def to_jsonable(value: Any) -> Any:
     if np is not None and isinstance(value, np.ndarray):
         return to_jsonable(value.tolist())
     if np is not None and isinstance(value, np.generic):
-        return to_jsonable(value.item())  # a NaN of numpy's as None too, as a resume reads it back
+        plain = value.item()  # a NaN of numpy's as None too, as a resume reads it back
+        return plain if isinstance(plain, np.generic) else to_jsonable(plain)  # a long double stays one: not JSON
     torch = sys.modules.get("torch")  # {"loss": loss} with loss a tensor, maybe on the GPU: its number(s)
     if torch is not None and isinstance(value, torch.Tensor):
         return to_jsonable(value.detach().cpu().tolist())

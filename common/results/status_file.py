@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from common import settings
-from common.errors import EXIT_OK, EXIT_STOPPED
+from common.errors import EXIT_OK, EXIT_STOPPED, error_line
 from common.results.failures import WriteFailures
 from common.results.layout import ResultsLayout
 from common.results.outputs import atomic_write_json
@@ -122,7 +122,7 @@ class StatusWriter:
             "items_done": len(scheduler.results), "items_this_run": this_run, "items_failed": len(failed),
             "items_running": len(scheduler.in_flight), "items_remaining": remaining,
             "rate_per_second": rate, "eta_seconds": remaining / rate if rate > 0 and remaining else None,
-            "failures": [{"key": key, "error": (error.splitlines() or [""])[-1]}
+            "failures": [{"key": key, "error": error_line(error)}
                          for key, error in failed[-MAX_FAILURES_LISTED:]],
             "ranks": [{"rank": entry["rank"], "host": entry["host"], "heard": self.heard.get(entry["rank"]),
                        "broken": leader.broken.get(entry["rank"]),

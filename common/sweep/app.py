@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import math
 import multiprocessing
 import numbers
 import operator
@@ -365,10 +366,11 @@ class SweepApp(App):
             raise ValueError("not a JSON object holding the function's return")
         if isinstance(result.get("seed"), bool) or not isinstance(result.get("seed"), int):
             raise ValueError("no integer seed")
-        try:  # what the item's own check refuses: an earlier version let an int past a float's range through
-            checked_result(key, result["return"])
-        except TypeError as error:
-            raise ValueError(f"{error}; an earlier version let it through") from None
+        if _holds_huge_int(result["return"]):  # what the item's own check refuses, which an earlier version let through
+            try:
+                checked_result(key, result["return"])
+            except TypeError as error:
+                raise ValueError(f"{error}; an earlier version let it through") from None
 
     # ----- worker -----
     def setup_worker(self, device: Any) -> Any:
@@ -423,7 +425,7 @@ def checked_result(key: str, result: Any) -> Dict[str, Any]:
     if where is not None:
         path, value = where
         if isinstance(value, int):
-            raise TypeError(f"item {key} returned an integer of {len(str(abs(value)))} digits at {path}, past "
+            raise TypeError(f"item {key} returned an integer of about {_digits(value)} digits at {path}, past "
                             f"a float's range (results.csv, the statistics and the figures take floats): "
                             f"return it as a string")
         raise TypeError(f"item {key} returned a value that is not JSON at {path}: a {type(value).__name__}")
@@ -434,7 +436,13 @@ def checked_result(key: str, result: Any) -> Dict[str, Any]:
 _FLAT = frozenset((str, int, float, bool, type(None)))
 _NAMES = frozenset((str,))
 #: integers from here on (in size) have no float: the report's statistics, figures and sorting fail on them
-_FLOAT_LIMIT = 2 ** 1024
+#: (float() rounds up to 2**1024, past the largest double, from here)
+_FLOAT_LIMIT = 2 ** 1024 - 2 ** 970
+
+
+def _digits(value: int) -> int:
+    """How many decimal digits ``value`` has, to within one (str() refuses past 4,300 digits)."""
+    return int(abs(value).bit_length() * math.log10(2)) + 1
 
 
 def _flat_json(result: Dict[Any, Any]) -> bool:
@@ -447,6 +455,19 @@ def _flat_json(result: Dict[Any, Any]) -> bool:
     return (types <= _FLAT and _NAMES.issuperset(map(type, result))
             and (float not in types or all(map(operator.eq, values, values)))
             and (int not in types or all(-_FLOAT_LIMIT < value < _FLOAT_LIMIT for value in values if type(value) is int)))
+
+
+def _holds_huge_int(value: Any) -> bool:
+    """Whether a journaled return holds an int past a float's range: the resume's check of every
+    record, so floats (most values, lists of thousands) are passed over without a call."""
+    kind = type(value)
+    if kind is int:
+        return not -_FLOAT_LIMIT < value < _FLOAT_LIMIT
+    if kind is dict:
+        value = value.values()
+    elif kind is not list:
+        return False
+    return any(_holds_huge_int(inner) for inner in value if type(inner) is not float)
 
 
 def _not_json(value: Any, path: str = "") -> Optional[Tuple[str, Any]]:

@@ -83,20 +83,24 @@ RESERVED_COLUMNS = ("key", "repeat", "seed", "seconds", "host", "device")
 
 
 def _columns(parameters: List[str], values: List[str]) -> List[str]:
-    """results.csv's header: no two columns of one name (a parameter named "param.key" beside one
-    named "key", or a return holding both "seed" and "result.seed", gave two), so that every
-    CSV reader keeps each."""
+    """results.csv's header, one name per column: a parameter named like one of its own columns is
+    ``param.NAME``, a returned value named like those or a parameter ``result.NAME`` (as documented,
+    whatever the order of the names); a name that is taken still (a parameter literally named
+    "param.seed" beside "seed") gets its prefix again, so that every CSV reader keeps each column."""
+    wanted = [(f"param.{name}", "param", True) if name in RESERVED_COLUMNS else (name, "param", False)
+              for name in parameters]
+    wanted += [(f"result.{name}", "result", True) if name in RESERVED_COLUMNS or name in parameters
+               else (name, "result", False) for name in values]
     taken = {"key", *RESERVED_COLUMNS}
-
-    def unique(name: str, prefix: str) -> str:
+    names: List[str] = [""] * len(wanted)
+    # the documented renames first, then the names as they are
+    for index in sorted(range(len(wanted)), key=lambda i: not wanted[i][2]):
+        name, prefix, _ = wanted[index]
         while name in taken:
             name = f"{prefix}.{name}"
         taken.add(name)
-        return name
-
-    named = [unique(name, "param") for name in parameters]
-    returned = [unique(name, "result") for name in values]
-    return ["key", *named, "repeat", "seed", *returned, "seconds", "host", "device"]
+        names[index] = name
+    return ["key", *names[:len(parameters)], "repeat", "seed", *names[len(parameters):], "seconds", "host", "device"]
 
 
 #: the types whose values go into results.csv as they are (others through :func:`_cell`)

@@ -58,7 +58,7 @@ def load_file(path: Path, what: str) -> Any:
                              f"or write the file as JSON") from None
         try:
             return yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 -- a SafeLoader
-        except yaml.YAMLError as error:
+        except (yaml.YAMLError, ValueError) as error:  # ValueError: a value PyYAML's constructors cannot make
             raise UsageError(f"{what} {quoted(path)}: not valid YAML ({' '.join(str(error).split())})") from None
     try:
         return json.loads(text)
@@ -70,7 +70,7 @@ def load_file(path: Path, what: str) -> Any:
 
 #: YAML 1.2's floats that PyYAML (YAML 1.1) reads as strings: an exponent without a dot or a sign
 #: (1e-3, 5E+2, 1.5e3)
-_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
 
 
 def _yaml_loader(yaml: Any) -> type:

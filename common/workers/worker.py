@@ -18,7 +18,6 @@ import contextvars
 import faulthandler
 import logging
 import os
-import pickle
 import select
 import signal
 import sys
@@ -27,6 +26,7 @@ import time
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from common.errors import described
@@ -79,6 +79,12 @@ class _Pipe:
     def send(self, message: Any) -> None:
         with self.lock:
             self.conn.send(message)
+            self.last_sent = time.monotonic()
+
+    def send_bytes(self, data: bytes) -> None:
+        """A message pickled by the caller (``ForkingPickler.dumps``, as ``send`` does)."""
+        with self.lock:
+            self.conn.send_bytes(data)
             self.last_sent = time.monotonic()
 
     def poll(self, timeout: Optional[float] = 0.0) -> bool:
@@ -303,12 +309,12 @@ def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed_of: Ca
 
 
 def _answer(conn: Any, answers: List[Any]) -> None:
+    """Pickled first, then sent: only the write's errors mean the rank is gone."""
     try:
-        conn.send(answers[0] if len(answers) == 1 else Answers(answers))
-    except (OSError, EOFError):
-        raise  # the rank is gone
-    except Exception:  # a return that cannot be pickled (a lambda inside it, say): nothing was sent yet
-        conn.send(Answers([_sendable(answer) for answer in answers]))
+        data = ForkingPickler.dumps(answers[0] if len(answers) == 1 else Answers(answers))
+    except Exception:  # a return that cannot be pickled (a lambda inside it, say; any error its __reduce__ raises)
+        data = ForkingPickler.dumps(Answers([_sendable(answer) for answer in answers]))
+    conn.send_bytes(data)
 
 
 def _sendable(answer: Any) -> Any:
@@ -317,7 +323,7 @@ def _sendable(answer: Any) -> Any:
     if not isinstance(answer, ItemDone):
         return answer
     try:
-        pickle.dumps(answer.result, protocol=pickle.HIGHEST_PROTOCOL)
+        ForkingPickler.dumps(answer.result)
         return answer
     except Exception as error:
         why = f"its return cannot be sent to the rank ({described(error)})"

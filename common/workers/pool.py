@@ -270,8 +270,10 @@ class WorkerPool(WorkerCounts):
             worker.unreachable = True
 
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
-        """The worker to hand the next item to (:func:`common.workers.placement.pick_worker`)."""
-        return pick_worker(self.workers.values(), avoid, depth, self.batch)
+        """The worker to hand the next item to (:func:`common.workers.placement.pick_worker`); none the
+        watch has killed, whose exit is yet to be read (an item sent to it would be lost with it)."""
+        return pick_worker((worker for worker in self.workers.values() if not worker.killed_because), avoid, depth,
+                           self.batch)
 
     def room(self, worker: WorkerHandle) -> Optional[int]:
         """Items ``worker`` may still be handed (:func:`common.workers.placement.room`)."""
@@ -464,8 +466,10 @@ class WorkerPool(WorkerCounts):
             if killed_at:
                 ahead = killed_at[0]
             # A group failed as one; in a chunk only the item after those finished was running; a
-            # worker that could not even be sent its items ran none of them.
-            failed = ([] if worker.unreachable or overtaken or (running.together and ahead)
+            # worker that could not even be sent its items ran none of them (but the one the watch
+            # killed it for, which it was running: a send to it after the kill failed, and that item
+            # went back uncounted and ran again)
+            failed = ([] if (worker.unreachable and not killed_at) or overtaken or (running.together and ahead)
                       else running.entries if running.together else running.entries[ahead:ahead + 1])
             if failed and not running.together:
                 running.entries = running.entries[:ahead] + running.entries[ahead + 1:]

@@ -150,14 +150,15 @@ def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optiona
         holder = None
     mine = holder is not None and not holder.get("damaged") and holder.get("pid") == status.get("pid")
     if mine:
+        rank_0 = f"(rank 0, pid {holder.get('pid')} on {holder.get('host')})"
         why = process_gone(holder)
         if why is not None:
-            return f"{why} (rank 0, pid {holder.get('pid')} on {holder.get('host')})"
+            return f"{why} {rank_0}"
+        silent = silent_for(holder, now)
+        if silent is not None and status.get("state") == "finishing":
+            return f"its hold on the results folder has not been refreshed for {format_seconds(silent)} {rank_0}"
     if status.get("state") == "finishing":
-        silent = silent_for(holder, now) if mine else None
-        return None if silent is None else (f"its hold on the results folder has not been refreshed for "
-                                            f"{format_seconds(silent)} (rank 0, pid {holder.get('pid')} on "
-                                            f"{holder.get('host')})")
+        return None
     every = float(status.get("every") or STATUS_SECONDS)
     quiet_since = float(status.get("updated") or 0) + STALE_INTERVALS * every + STALE_MARGIN_SECONDS
     if now <= quiet_since or (mine and last_refreshed(holder) > quiet_since and silent_for(holder, now) is None):

@@ -440,6 +440,10 @@ _NAMES = frozenset((str,))
 _FLOAT_LIMIT = 2 ** 1024 - 2 ** 970
 
 
+def _fits_float(value: int) -> bool:
+    return -_FLOAT_LIMIT < value < _FLOAT_LIMIT
+
+
 def _digits(value: int) -> int:
     """How many decimal digits ``value`` has, to within one (str() refuses past 4,300 digits)."""
     return int(abs(value).bit_length() * math.log10(2)) + 1
@@ -454,7 +458,7 @@ def _flat_json(result: Dict[Any, Any]) -> bool:
     # a NaN is the one value of these types not equal to itself: every value compared with itself at C speed
     return (types <= _FLAT and _NAMES.issuperset(map(type, result))
             and (float not in types or all(map(operator.eq, values, values)))
-            and (int not in types or all(-_FLOAT_LIMIT < value < _FLOAT_LIMIT for value in values if type(value) is int)))
+            and (int not in types or all(_fits_float(value) for value in values if type(value) is int)))
 
 
 def _holds_huge_int(value: Any) -> bool:
@@ -462,7 +466,7 @@ def _holds_huge_int(value: Any) -> bool:
     record, so floats (most values, lists of thousands) are passed over without a call."""
     kind = type(value)
     if kind is int:
-        return not -_FLOAT_LIMIT < value < _FLOAT_LIMIT
+        return not _fits_float(value)
     if kind is dict:
         value = value.values()
     elif kind is not list:
@@ -471,12 +475,10 @@ def _holds_huge_int(value: Any) -> bool:
 
 
 def _not_json(value: Any, path: str = "") -> Optional[Tuple[str, Any]]:
-    if isinstance(value, int) and not isinstance(value, bool) and not -_FLOAT_LIMIT < value < _FLOAT_LIMIT:
+    if isinstance(value, int) and not isinstance(value, bool) and not _fits_float(value):
         return (path or "the top", value)
     if value is None or isinstance(value, (str, bool, int, float)):
-        if isinstance(value, float) and value in (float("inf"), float("-inf")):
-            return None  # json writes Infinity, which Python reads back
-        return None
+        return None  # an infinity too: json writes Infinity, which Python reads back
     if isinstance(value, dict):
         for name, inner in value.items():
             found = _not_json(inner, f"{path}[{json.dumps(name)}]")

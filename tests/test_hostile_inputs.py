@@ -340,3 +340,19 @@ def test_slurm_container_takes_an_apptainer_sandbox_folder(tmp_path):
     assert str(sandbox) in made.stdout
     assert_usage_error(generate("--gpus-per-node", "1", "--container", str(tmp_path), "--", "mnist_svm", "2"),
                        "--container", "not an Apptainer sandbox")
+
+
+# ----- a working folder deleted under the shell ----------------------------------------------------
+
+@pytest.mark.parametrize("program", [[TOY, "4", "--gpu", "cpu"], ["-m", "common.pipeline", "run.json", "--gpu", "cpu"]])
+def test_a_deleted_working_folder_is_one_line_and_writes_nothing(tmp_path, program):
+    """A job script's ``cd`` into a folder another job then removed: one line and exit 2 before
+    anything is written (not a traceback from the first relative path or worker start, with a
+    journal and logs left behind that make a rerun refuse the folder)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f'cd "{gone}" && rmdir "{gone}" && exec "$0" "$@"'
+    proc = subprocess.run(["sh", "-c", script, sys.executable, *program, "--results", str(tmp_path / "results")],
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
+    assert_usage_error(proc, "the current folder cannot be read", "cd into a folder that exists")
+    assert not (tmp_path / "results").exists()

@@ -330,3 +330,40 @@ def test_prompt_steps_and_their_fields():
     assert "tools lists an entry twice" in problem(pipeline({"id": "a", "prompt": "x", "tools": ["web", "web"]}))
     assert "budget must be a positive number" in problem(pipeline(step("a"), budget=0))
     assert "retry_delay must be a number of seconds from 0 to 86400" in problem(pipeline(step("a", retry_delay=-1)))
+
+
+def test_a_definition_that_is_a_pipe_a_device_or_holds_lone_surrogates_is_one_line(tmp_path, monkeypatch):
+    """A named pipe is read once its writer comes (and waits for it a bounded time, not for ever
+    through stop signals), /dev/zero is refused at 64 MiB instead of filling the memory, and text
+    that cannot be written as UTF-8 (JSON's ``\\ud800``) is refused before anything runs, instead of
+    failing the step that hands it to its program."""
+    import os
+    import threading
+
+    import common.pipeline.definition as definition
+
+    document = json.dumps(pipeline(step("a", command="echo hi")))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Timer(0.3, lambda: fifo.write_text(document))
+    writer.start()
+    assert [p.name for p in load_definition(fifo)] == ["p"]
+    writer.join()
+    monkeypatch.setattr(definition, "PIPE_WAIT_SECONDS", 0.5)
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="nothing came for 0 s"):
+        load_definition(fifo)  # nobody writes
+    assert time.monotonic() - started < 5
+    with pytest.raises(UsageError, match="larger than 64 MiB: not a pipeline definition"):
+        load_definition(Path("/dev/zero"))
+    for text in (r'{"name": "x", "steps": [{"id": "a", "command": "echo \ud800"}]}',
+                 r'{"name": "x", "steps": [{"id": "a", "prompt": "hi \udc80"}]}',
+                 r'{"name": "x", "steps": [{"id": "a", "command": "echo", "env": {"A": "\udfff"}}]}'):
+        path = tmp_path / "surrogate.json"
+        path.write_text(text)
+        with pytest.raises(UsageError, match="holds a lone surrogate"):
+            load_definition(path)
+    yaml_path = tmp_path / "surrogate.yaml"
+    yaml_path.write_text('name: x\nsteps:\n  - id: a\n    command: "echo \\ud800"\n')
+    with pytest.raises(UsageError, match="holds a lone surrogate"):
+        load_definition(yaml_path)

@@ -408,9 +408,71 @@ def shown_path(path: object) -> str:
     return text if text.isprintable() else quoted(text)
 
 
-def _read(path: Path) -> Any:
+#: the most a definition file may hold (a 200,000-step file is about 10 MB): past it, the file is
+#: something else (``/dev/zero`` would fill the memory)
+MAX_DEFINITION_BYTES = 64 << 20
+#: how long a definition that is a pipe waits for its writer's next bytes (a named pipe nobody
+#: writes to would otherwise wait for ever, through stop signals too)
+PIPE_WAIT_SECONDS = 60.0
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, bounded in size, and in time where it is a pipe (``<(generate)``, a FIFO)."""
+    import select
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without a writer: no wait in open
     try:
-        text = path.read_text(encoding="utf-8")
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(21, "Is a directory")
+        if stat.S_ISREG(mode):
+            os.set_blocking(fd, True)
+        chunks, size = [], 0
+        while size <= MAX_DEFINITION_BYTES:
+            if not stat.S_ISREG(mode) and not select.select([fd], [], [], PIPE_WAIT_SECONDS)[0]:
+                raise UsageError(f"{shown_path(path)}: nothing came for {PIPE_WAIT_SECONDS:.0f} s (a named pipe "
+                                 f"that nobody writes to?)")
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        raise UsageError(f"{shown_path(path)}: larger than {MAX_DEFINITION_BYTES >> 20} MiB: not a pipeline "
+                         f"definition")
+    finally:
+        os.close(fd)
+
+
+def _check_text(data: Any, path: Path) -> None:
+    """Every string can be written as UTF-8: JSON's ``"\\ud800"`` escapes make lone surrogates, which
+    pass every other check and then fail the step that passes them to its program or agent. Each
+    list and mapping is looked at once: YAML aliases name one object many times."""
+    pending, seen = [data], set()
+    while pending:
+        value = pending.pop()
+        if isinstance(value, (dict, list)):
+            if id(value) in seen:  # YAML's aliases share one object, however often it is named
+                continue
+            seen.add(id(value))
+            pending.extend([*value.keys(), *value.values()] if isinstance(value, dict) else value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UsageError(f"{shown_path(path)}: the text {quoted(value[:60])} holds a lone surrogate (an "
+                                 f"escape such as \\ud800 that is no character): write the character itself") from None
+
+
+def _read(path: Path) -> Any:
+    data = _parse(path)
+    _check_text(data, path)
+    return data
+
+
+def _parse(path: Path) -> Any:
+    try:
+        text = _read_bytes(path).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{shown_path(path)}: no such pipeline definition") from None
     except (OSError, UnicodeDecodeError) as error:

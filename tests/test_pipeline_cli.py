@@ -308,14 +308,18 @@ def test_a_damaged_progress_file_is_refused_instead_of_starting_the_pipeline_aga
     assert snapshot(results) == before
 
 
-def test_a_damaged_step_status_counts_as_not_run_and_the_summary_is_still_written(tmp_path):
+@pytest.mark.parametrize("edit", [{"history": "x"}, {"attempts": "many"}, {"seconds": "slow"},
+                                  {"cost": "lots", "output": "x"}], ids=["not-a-status", "attempts", "seconds", "cost"])
+def test_a_damaged_step_status_counts_as_not_run_and_the_summary_is_still_written(tmp_path, edit):
     """A status.json that is no step status (edited by hand) made the report fail with a KeyError
-    and a "failed" summary; the step now counts as not run."""
+    and a "failed" summary; one with a field of the wrong type made it, and every later --resume,
+    end in a traceback. The step now counts as not run."""
     definition = write(tmp_path / "f.json", {"name": "f", "steps": [
         {"id": "a", "command": "true"}, {"id": "b", "command": "exit 3"}]})
     results = tmp_path / "results"
     assert pipeline_cli(definition, results).returncode == 1
-    (results / "f" / "a" / "status.json").write_text('{"history": "x"}')
+    status = results / "f" / "a" / "status.json"
+    status.write_text(json.dumps(edit if "history" in edit else {**json.loads(status.read_text()), **edit}))
     again = pipeline_cli(definition, results, "--resume")  # goes on at b, which fails again
     assert again.returncode == 1 and "writing the outputs failed" not in again.stderr, again.stderr
     steps = summary(results)["pipelines"]["f"]["steps"]

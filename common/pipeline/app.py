@@ -241,6 +241,10 @@ class PipelineApp(App):
 
     # ----- rank 0 -----
     def prepare(self) -> None:
+        for pipeline in self.pipelines:  # an earlier run's folders: nothing of another kind in their places
+            problem = RunLayout(self.results, pipeline.name).in_the_way(pipeline.step_ids)
+            if problem:
+                raise UsageError(f"--results {quoted(self.results)}: {problem}; move it away")
         if self.resume_from:
             run_id, step_id = self.resume_from
             shared = RunLayout(self.results, run_id).shared

@@ -27,15 +27,26 @@ import contextlib
 import json
 import math
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
-from common.results.layout import PROGRESS_FILE, SHARED_DIR, STEP_OUTPUT, STEP_PROMPT, STEP_STATUS_NAME, STEP_STDOUT
-from common.results.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
+from common.results.layout import (
+    PROGRESS_FILE,
+    SHARED_DIR,
+    STEP_FILES,
+    STEP_OUTPUT,
+    STEP_PROMPT,
+    STEP_STATUS_NAME,
+    STEP_STDOUT,
+)
+from common.results.outputs import atomic_write_json, atomic_write_text, atomic_write_with
+from common.results.regular_file import NotRegularFile, kind_of, read_regular
 from common.workers.worker import PoolTimeout
 
+from ..errors import quoted
 from ..signals import STEP_HELD_SIGNALS, held_signals
 from . import nodelock
 from .container import find_apptainer
@@ -84,7 +95,7 @@ class RunLayout:
         if not self.shared.is_dir() or not any(self.shared.iterdir()):
             return None
         number = 1
-        while (self.run_dir / f"{SHARED_DIR}.previous-{number}").exists():
+        while os.path.lexists(self.run_dir / f"{SHARED_DIR}.previous-{number}"):  # a dangling link too
             number += 1
         target = self.run_dir / f"{SHARED_DIR}.previous-{number}"
         self.shared.rename(target)
@@ -100,39 +111,101 @@ class RunLayout:
     def progress_path(self) -> Path:
         return self.run_dir / PROGRESS_FILE
 
+    def in_the_way(self, step_ids: Sequence[str]) -> Optional[str]:
+        """What stands where the run keeps a folder (the run's, shared/, a step's) or a file (its
+        progress, a step's status, logs, prompt and output), said in a few words; None where
+        nothing does. Found before the run: a file where a step's folder goes, or a FIFO where its
+        log goes, would otherwise fail the step as an error of the runner, or block for ever."""
+        if not os.path.lexists(self.run_dir):
+            return None
+        places = [(self.run_dir, True)]
+        places += [(self.shared, True), (self.progress_path, False)]
+        for step_id in step_ids:
+            places.append((self.step_dir(step_id), True))
+            places += [(self.step_dir(step_id) / name, False) for name in STEP_FILES]
+        for path, folder in places:
+            if not os.path.lexists(path):
+                continue
+            try:
+                mode = os.stat(path).st_mode
+            except OSError as error:
+                if os.path.islink(path):
+                    return f"{quoted(path)} is a link to {quoted(os.readlink(path))}, which does not exist"
+                return f"{quoted(path)} cannot be read ({error.strerror or error})"
+            if folder and not stat.S_ISDIR(mode):
+                return f"{quoted(path)} is {'a file' if stat.S_ISREG(mode) else kind_of(mode)}, where the run keeps a folder"
+            if not folder and not stat.S_ISREG(mode):
+                return f"{quoted(path)} is {kind_of(mode)}, where the run keeps a file"
+        return None
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """The JSON in one of a run's own files, or None where it is missing, damaged or not a regular
+    file (read without waiting: a FIFO in its place would block for ever)."""
+    try:
+        return json.loads(read_regular(path, what))
+    except (OSError, ValueError, RecursionError, NotRegularFile):
+        return None
+
 
 def read_progress(layout: RunLayout) -> Optional[Dict[str, Any]]:
     """The run's progress.json (where it stopped), or None."""
-    try:
-        progress = json.loads(layout.progress_path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return None
+    progress = _read_json(layout.progress_path, "a pipeline's progress")
     return progress if isinstance(progress, dict) else None
+
+
+#: the longest line that can report a cost; longer lines are read in pieces of this size
+COST_LINE_LIMIT = 4096
 
 
 def read_cost_and_output(stdout_log: Path, offset: int, output: Optional[Path]) -> float:
     """The costs an attempt reported (COST_KEY lines of its stdout from ``offset``); with
-    ``output``, the rest of that stdout is written there (a prompt step's output.md)."""
-    cost, kept = 0.0, []
-    try:
-        with open(stdout_log, "rb") as handle:
+    ``output``, the rest of that stdout is copied there (a prompt step's output.md). Read in
+    pieces and copied as it is read: a step's gigabytes of output, or one line of them without a
+    newline, need no more memory than a piece."""
+    cost = 0.0
+
+    def copy(sink: Optional[Any]) -> None:
+        nonlocal cost
+        try:
+            handle = open(stdout_log, "rb")
+        except OSError:
+            return
+        with handle:
             handle.seek(offset)
-            for line in handle:
-                if COST_KEY.encode() in line and len(line) < 4096 and line.lstrip().startswith(b"{"):
-                    try:
-                        value = json.loads(line).get(COST_KEY)
-                    except (ValueError, AttributeError):
-                        value = None
-                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                        cost += max(0.0, float(value))
-                        continue
-                if output is not None:
-                    kept.append(line)
-    except OSError:
-        pass
+            starts_line = True
+            while True:
+                try:
+                    piece = handle.readline(COST_LINE_LIMIT)
+                except OSError:
+                    return
+                if not piece:
+                    return
+                whole_line, starts_line = starts_line and len(piece) < COST_LINE_LIMIT, piece.endswith(b"\n")
+                value = _reported_cost(piece) if whole_line else None
+                if value is not None:
+                    cost += value
+                elif sink is not None:
+                    sink.write(piece)
+
     if output is not None:
-        atomic_write_bytes(output, b"".join(kept))
+        atomic_write_with(output, copy)
+    else:
+        copy(None)
     return cost
+
+
+def _reported_cost(line: bytes) -> Optional[float]:
+    """The cost a line of a step's stdout reports (``{"COST_KEY": 0.12}``), or None."""
+    if COST_KEY.encode() not in line or not line.lstrip().startswith(b"{"):
+        return None
+    try:
+        value = json.loads(line).get(COST_KEY)
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return max(0.0, float(value))
+    return None
 
 
 def _peak(values: Any) -> Optional[int]:
@@ -142,14 +215,34 @@ def _peak(values: Any) -> Optional[int]:
     return max(sampled) if sampled else None
 
 
+#: the fields of a step's status.json and their types (each may be null): a field of another type
+#: (a file edited by hand) makes the file no status, instead of a traceback in the summary of this
+#: run and of every later one
+STATUS_FIELDS: Dict[str, Any] = {
+    "step": str, "run": str, "status": str, "reason": str, "exit_code": int, "attempts": int, "started": float,
+    "ended": float, "seconds": float, "queued_seconds": float, "gpu": (str, int), "memory_limit": str,
+    "max_rss_bytes": int, "cost": float, "history": list, "output": str, "previous_run": bool,
+    "ended_with_worker": bool}
+
+
+def _of_type(value: Any, kind: Any) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is float:
+        kind = (int, float)
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
 def read_status(layout: RunLayout, step_id: str) -> Optional[Dict[str, Any]]:
     """A step's status.json, or None where there is none or it is not one (damaged, edited by
-    hand): a JSON object whose status is a string. Such a step counts as not run."""
-    try:
-        status = json.loads(layout.status_path(step_id).read_text())
-    except (OSError, ValueError, RecursionError):
+    hand): a JSON object whose status is a string and whose other fields have their types
+    (``STATUS_FIELDS``). Such a step counts as not run."""
+    status = _read_json(layout.status_path(step_id), "a step's status")
+    if not isinstance(status, dict) or not isinstance(status.get("status"), str):
         return None
-    return status if isinstance(status, dict) and isinstance(status.get("status"), str) else None
+    if any(status.get(name) is not None and not _of_type(status[name], kind) for name, kind in STATUS_FIELDS.items()):
+        return None
+    return status
 
 
 @dataclass

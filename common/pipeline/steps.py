@@ -27,6 +27,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from common.linux import die_with_parent
 from common.results.layout import STEP_STDERR, STEP_STDOUT
+from common.results.regular_file import refuse_unless_regular
 
 from .. import settings
 from ..settings import without_launcher
@@ -128,8 +129,18 @@ def _die_with_worker() -> None:
 
 
 def _open_log(path: Path, attempt: int):
-    """The log, appended to: a retry, a resume or a later run never overwrites an earlier attempt's."""
-    handle = open(path, "ab")
+    """The log, appended to: a retry, a resume or a later run never overwrites an earlier attempt's.
+    Opened without waiting, and refused unless a regular file: a FIFO another step left in its
+    place would block the open for ever (a step's timeout starts only once it runs)."""
+    refuse_unless_regular(path, "a step's log")  # a FIFO without a reader: said, not ENXIO
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
+    try:
+        refuse_unless_regular(path, "a step's log", os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    handle = open(fd, "ab")
     if handle.tell() > 0:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
         handle.write(f"\n----- attempt {attempt} ({stamp}) -----\n".encode())

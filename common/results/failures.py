@@ -103,7 +103,7 @@ def reserve_space(folder: Path) -> None:
     """Set ``RESERVE_BYTES`` aside in ``folder`` (best effort: a disk already full gets none)."""
     path = ResultsLayout(Path(folder)).reserve
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, 0o644)  # a FIFO there: ENXIO, not a wait
         try:
             os.posix_fallocate(fd, 0, RESERVE_BYTES)
         finally:

@@ -54,6 +54,8 @@ STEP_STDERR = "stderr.log"
 STEP_RESULT = "result.json"
 STEP_PROMPT = "prompt.md"
 STEP_OUTPUT = "output.md"
+#: the files a step's folder holds (each a regular file, where there)
+STEP_FILES = (STEP_STATUS_NAME, STEP_STDOUT, STEP_STDERR, STEP_RESULT, STEP_PROMPT, STEP_OUTPUT)
 
 # --- a sweep's files and those the shipped apps write (results.csv is both a sweep's and mnist_nn's) ---
 RESULTS_CSV = "results.csv"

@@ -49,6 +49,7 @@ from common.results.layout import (
     HOLD_NAME,
     JOURNAL_NAME,
     LOGS_DIR,
+    RESERVE_NAME,
     STATUS_NAME,
     SUMMARY_JSON,
     SUMMARY_MD,
@@ -194,6 +195,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         for name, what in ((JOURNAL_NAME, "the journal"), (HOLD_NAME, "the results folder's hold"),
                            (STATUS_NAME, "the status file")):
             refuse_unless_regular(folder / name, what)  # a FIFO would make its reader wait for ever
+        _check_logs_and_reserve(folder)
         check_free(folder)  # read-only: a live run's hold is refused before anything else
     if journal_path.exists():
         if not args.resume:
@@ -258,6 +260,22 @@ def _threads_resumed(starts: List[dict]) -> Optional[int]:
         return None
     threads = used.pop()
     return threads if 1 <= threads <= MAX_THREADS else None
+
+
+def _check_logs_and_reserve(folder: Path) -> None:
+    """The logs folder and the disk-space reserve an earlier run left: a FIFO where a rank's or a
+    worker's log goes would block its open for ever (a worker's: the run waits for a worker that
+    never starts), and so would one where the reserve goes; a link to nothing is said as such."""
+    logs = folder / LOGS_DIR
+    if os.path.islink(logs) and not logs.exists():
+        raise UsageError(f"--results {quoted(folder)}: {quoted(logs)} is a link to {quoted(os.readlink(logs))}, which "
+                         f"does not exist; move it away")
+    if logs.is_dir():
+        with os.scandir(logs) as entries:
+            for entry in entries:
+                if not entry.is_dir():
+                    refuse_unless_regular(entry.path, "a log")
+    refuse_unless_regular(folder / RESERVE_NAME, "the disk-space reserve")
 
 
 def _check_writable(folder: Path) -> None:

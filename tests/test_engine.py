@@ -285,6 +285,22 @@ def test_a_damaged_journal_header_is_refused_in_one_line(tmp_path):
     assert_usage_error(run([TOY, "4", "--results", str(results), "--resume"]), "not a run's header")
 
 
+def test_a_journal_of_another_format_is_refused_and_one_from_before_the_field_resumed(tmp_path):
+    """A newer version's journal (its records may mean other things) was resumed without a word."""
+    results = tmp_path / "r"
+    assert run([TOY, "4", "--results", str(results), "--no-progress"]).returncode == 0
+    journal = results / "journal.jsonl"
+    header, *records = journal.read_text().splitlines(keepends=True)
+    fields = json.loads(header)
+    assert fields["format"] == 1
+    journal.write_text(json.dumps({**fields, "format": 99}) + "\n" + "".join(records))
+    assert_usage_error(run([TOY, "4", "--results", str(results), "--resume"]),
+                       "its journal is of format 99, and this multinode-gpu reads format 1")
+    journal.write_text(json.dumps({k: v for k, v in fields.items() if k != "format"}) + "\n" + "".join(records))
+    resumed = run([TOY, "4", "--results", str(results), "--resume", "--no-progress"])
+    assert resumed.returncode == 0, resumed.stderr
+
+
 @pytest.mark.parametrize("content", ["random bytes", "invalid JSON", "random bytes, one line"])
 def test_a_journal_of_random_bytes_is_the_same_damaged_one_liner_as_invalid_json(tmp_path, content):
     results = tmp_path / "r"

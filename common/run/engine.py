@@ -42,6 +42,7 @@ from common.ranks.mpi import world
 from common.ranks.scheduler import Scheduler
 from common.results.failures import WriteFailures, about_results, free_reserve, reserve_space
 from common.results.hold import Hold, check_free
+from common.results.journal import FORMAT_VERSION as JOURNAL_FORMAT
 from common.results.journal import Journal, describe_difference, read_journal
 from common.results.layout import (
     ENGINE_OUTPUTS,
@@ -207,6 +208,11 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         if not isinstance(old, dict):
             raise UsageError(f"cannot resume {quoted(folder)}: its journal's first line is not a run's header "
                              f"(damaged?); use another --results")
+        made = header.get("format", JOURNAL_FORMAT)  # a journal from before the field: the first format
+        if made != JOURNAL_FORMAT:  # a newer multinode-gpu's records may mean other things
+            raise UsageError(f"cannot resume {quoted(folder)}: its journal is of format {repr(made)[:40]}, and this "
+                             f"multinode-gpu reads format {JOURNAL_FORMAT} (made by another version?); resume it "
+                             f"with that version, or use another --results")
         old_data = old.pop(DATA_FINGERPRINT, None)  # judged after prepare(), which reads the data
         if old != fingerprint:
             raise UsageError(f"cannot resume {quoted(folder)}: it was made with other arguments "

@@ -8,6 +8,8 @@ class UsageError(Exception):
 # Exit codes (documented in the README).
 EXIT_OK = 0
 EXIT_FAILED_ITEMS = 1
+#: the same code where nothing ran but the printout that was the result was lost (a full disk)
+EXIT_NOT_WRITTEN = EXIT_FAILED_ITEMS
 EXIT_USAGE = 2
 EXIT_STOPPED = 75  # stopped by a signal (walltime): rerun with --resume to finish
 

@@ -20,9 +20,10 @@ class ForgivingStream:
     def __init__(self, stream: TextIO):
         self.stream = stream
         self.broken = False
+        self.error: Optional[BaseException] = None  # the write error it gave up at
 
-    def _give_up(self) -> None:
-        self.broken = True
+    def _give_up(self, error: BaseException) -> None:
+        self.broken, self.error = True, error
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             try:
@@ -36,16 +37,16 @@ class ForgivingStream:
         if not self.broken:
             try:
                 return self.stream.write(text)
-            except (OSError, ValueError):
-                self._give_up()
+            except (OSError, ValueError) as error:
+                self._give_up(error)
         return len(text)
 
     def flush(self) -> None:
         if not self.broken:
             try:
                 self.stream.flush()
-            except (OSError, ValueError):
-                self._give_up()
+            except (OSError, ValueError) as error:
+                self._give_up(error)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
@@ -61,6 +62,20 @@ def _reopen_closed(descriptor: int) -> None:
         if opened != descriptor:
             os.dup2(opened, descriptor)
             os.close(opened)
+
+
+def stdout_lost() -> Optional[str]:
+    """Why what was printed did not all reach stdout, where its reader did not simply leave (a
+    full disk, ``/dev/full``): for a mode whose printout is its whole result (``--dry-run``,
+    ``--schema``), which must not then exit 0. None where all was written, or the reader left
+    (``| head -1``)."""
+    flush = getattr(sys.stdout, "flush", None)
+    if flush is not None:
+        flush()
+    error = getattr(sys.stdout, "error", None)
+    if error is None or isinstance(error, BrokenPipeError):
+        return None
+    return getattr(error, "strerror", None) or str(error)
 
 
 def guard_standard_streams() -> None:

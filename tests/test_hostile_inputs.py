@@ -153,6 +153,21 @@ def test_dry_run_into_head_exits_0_quietly():
     assert err == "", err
 
 
+def test_a_dry_run_or_schema_whose_printout_is_lost_to_a_full_disk_fails_in_one_line():
+    """Their printout is their whole result: ``> /dev/full`` exited 0 with nothing written. A
+    reader leaving (``| head``, above) and a stdout closed on purpose (``>&-``) still exit 0."""
+    for argv, said in (([sys.executable, "-m", "mnist_svm", "24", "--dataset", "digits", "--dry-run"],
+                        "mnist_svm: error: --dry-run: the plan could not be written to stdout (No space left on device)"),
+                       ([sys.executable, "-m", "common.pipeline", "--schema"],
+                        "pipeline: error: --schema: the schema could not be written to stdout (No space left on device)")):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run(argv, cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+        assert proc.returncode == 1 and proc.stderr.strip() == said, proc.stderr
+        closed = subprocess.run(argv, cwd=REPO, stderr=subprocess.PIPE, text=True, timeout=120,
+                                preexec_fn=lambda: os.close(1))
+        assert closed.returncode == 0 and closed.stderr == "", closed.stderr
+
+
 @pytest.mark.parametrize("where", ["closed", "full"])
 def test_a_complete_run_with_stdout_closed_or_full_exits_0(tmp_path, where):
     """mnist_svm prints its headline on stdout at the end: stdout closed (``>&-``) or /dev/full

@@ -1,7 +1,7 @@
 """``python -m common.pipeline DEFINITION [--results DIR] [--gpu ...] [--agent CMD] [--dry-run] ...``;
 ``python -m common.pipeline --schema`` prints the definition format as JSON Schema."""
 from common.signals import defer_stop_signals
-from common.startup import guard_standard_streams
+from common.startup import guard_standard_streams, stdout_lost
 
 defer_stop_signals()  # before the slow imports: Ctrl-C meanwhile ends the run quietly, not in a traceback
 guard_standard_streams()  # --schema | head -1 too
@@ -9,6 +9,7 @@ guard_standard_streams()  # --schema | head -1 too
 import json  # noqa: E402
 import sys  # noqa: E402
 
+from common.errors import EXIT_NOT_WRITTEN, EXIT_OK  # noqa: E402
 from common.pipeline.app import PipelineApp  # noqa: E402
 from common.pipeline.schema import SCHEMA  # noqa: E402
 from common.run.runner import main  # noqa: E402
@@ -16,5 +17,8 @@ from common.run.runner import main  # noqa: E402
 if __name__ == "__main__":
     if "--schema" in sys.argv[1:]:
         print(json.dumps(SCHEMA, indent=2))
-        raise SystemExit(0)
+        lost = stdout_lost()
+        if lost:
+            print(f"pipeline: error: --schema: the schema could not be written to stdout ({lost})", file=sys.stderr)
+        raise SystemExit(EXIT_NOT_WRITTEN if lost else EXIT_OK)
     raise SystemExit(main(PipelineApp))

@@ -26,7 +26,17 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from common import settings, startup
 from common.app import App, RunInfo
 from common.devices import resolve_devices, visible_gpus
-from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError, counted, error_line, quoted
+from common.errors import (
+    EXIT_FAILED_ITEMS,
+    EXIT_NOT_WRITTEN,
+    EXIT_OK,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    UsageError,
+    counted,
+    error_line,
+    quoted,
+)
 from common.items import check_seed_form
 from common.messages import Bye
 from common.observe.gpu_monitor import GpuMonitor
@@ -412,9 +422,13 @@ def _dry_run(comm: Any, app: App) -> int:
                 print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
             if items and not left:  # a finished run: say so, rather than print nothing at all
                 print(f"{app.name}: nothing to run: the journal holds every item ({len(items)})", file=sys.stderr)
-        sys.stdout.flush()
+        lost = startup.stdout_lost()
+        if lost:
+            print(f"{app.name}: error: --dry-run: the plan could not be written to stdout ({lost})", file=sys.stderr)
+        return lost
 
-    return EXIT_USAGE if _on_rank_0(comm, app, plan)[1] else EXIT_OK
+    lost, failed = _on_rank_0(comm, app, plan)
+    return EXIT_USAGE if failed else EXIT_NOT_WRITTEN if comm.bcast(lost) else EXIT_OK
 
 
 def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]:

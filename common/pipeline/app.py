@@ -18,7 +18,7 @@ import numpy as np
 
 from ..app import App, RunInfo
 from ..devices import Device
-from ..errors import UsageError, quoted
+from ..errors import UsageError, error_line, quoted
 from ..items import Item, torch_seed
 from . import nodelock
 from .container import CONTAINER_ENV, default_image, find_apptainer
@@ -321,8 +321,9 @@ class PipelineApp(App):
                 summary = {"run_id": run_id, "status": "stopped" if done else "not started", "reason": "",
                            "steps": steps}
             elif item is not None:  # failed: its result never reached the journal; read its steps from disk
-                error = (errors.get(item.key) or "not run").strip().splitlines()[-1]
-                error = error.split(f"PipelineFailed: pipeline {run_id}: ", 1)[-1]
+                error = (errors.get(item.key) or "not run").strip()
+                ours = f"{PipelineFailed.__name__}: pipeline {run_id}: "  # the walk's reason, whole
+                error = error[len(ours):] if error.startswith(ours) else error_line(error)
                 steps = _steps_on_disk(layout, pipeline, item)
                 progress = read_progress(layout) or {}
                 running = progress.get("resume_at") if progress.get("state") == "running" else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..errors import error_line
 from .definition import Pipeline, Step
 from .flow import RunLayout, read_status
 from .text import short
@@ -64,7 +65,7 @@ def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     problems = [(run_id, run["reason"]) for run_id, run in pipelines.items() if run.get("reason")]
     if problems:
         lines += ["| pipeline | why it failed |", "|---|---|"]
-        lines += [f"| {run_id} | {reason} |" for run_id, reason in problems] + [""]
+        lines += [f"| {run_id} | {error_line(reason)} |" for run_id, reason in problems] + [""]  # a row: one line
     outputs = [(run_id, step, status) for run_id, run in pipelines.items()
                for step, status in run.get("steps", {}).items() if status.get("output")]
     if outputs:

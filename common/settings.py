@@ -101,16 +101,9 @@ def seconds(setting: Setting) -> float:
 
 
 def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
-    """Every setting read once: the first bad one raises :class:`UsageError` (one line naming it).
-    The working folder too: one deleted under the shell (a job script's ``cd`` into a folder
-    another job removed) fails the first relative path, and every worker's start, in a traceback."""
+    """Every setting read once: the first bad one raises :class:`UsageError` (one line naming it)."""
     for setting in ALL:
         value(setting, environ)
-    try:
-        os.getcwd()
-    except OSError as error:
-        raise UsageError(f"the current folder cannot be read ({error.strerror or error}: deleted since the shell "
-                         f"entered it?); cd into a folder that exists and run again") from None
 
 
 def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:

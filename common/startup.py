@@ -10,6 +10,8 @@ import os
 import sys
 from typing import Any, Optional, TextIO
 
+from common.errors import UsageError
+
 
 class ForgivingStream:
     """A standard stream whose write errors are dropped: a reader that went away (``| head -1``),
@@ -76,6 +78,17 @@ def stdout_lost() -> Optional[str]:
     if error is None or isinstance(error, BrokenPipeError):
         return None
     return getattr(error, "strerror", None) or str(error)
+
+
+def check_working_folder() -> None:
+    """Refuse (UsageError) a working folder that is gone: one deleted under the shell (a job
+    script's ``cd`` into a folder another job removed) fails the first relative path, and every
+    worker's start, in a traceback, after the results folder was begun."""
+    try:
+        os.getcwd()
+    except OSError as error:
+        raise UsageError(f"the current folder cannot be read ({error.strerror or error}: deleted since the shell "
+                         f"entered it?); cd into a folder that exists and run again") from None
 
 
 def guard_standard_streams() -> None:

@@ -296,6 +296,8 @@ def test_a_journal_of_another_format_is_refused_and_one_from_before_the_field_re
     journal.write_text(json.dumps({**fields, "format": 99}) + "\n" + "".join(records))
     assert_usage_error(run([TOY, "4", "--results", str(results), "--resume"]),
                        "its journal is of format 99, and this multinode-gpu reads format 1")
+    journal.write_text(json.dumps({**fields, "format": True}) + "\n" + "".join(records))  # True == 1 in Python
+    assert_usage_error(run([TOY, "4", "--results", str(results), "--resume"]), "its journal is of format True")
     journal.write_text(json.dumps({k: v for k, v in fields.items() if k != "format"}) + "\n" + "".join(records))
     resumed = run([TOY, "4", "--results", str(results), "--resume", "--no-progress"])
     assert resumed.returncode == 0, resumed.stderr

@@ -308,8 +308,9 @@ def test_a_damaged_progress_file_is_refused_instead_of_starting_the_pipeline_aga
     assert snapshot(results) == before
 
 
-@pytest.mark.parametrize("edit", [{"history": "x"}, {"attempts": "many"}, {"seconds": "slow"},
-                                  {"cost": "lots", "output": "x"}], ids=["not-a-status", "attempts", "seconds", "cost"])
+@pytest.mark.parametrize("edit", [{"history": "x"}, {"attempts": "many"}, {"attempts": None}, {"seconds": "slow"},
+                                  {"cost": "lots", "output": "x"}],
+                         ids=["not-a-status", "attempts", "attempts-null", "seconds", "cost"])
 def test_a_damaged_step_status_counts_as_not_run_and_the_summary_is_still_written(tmp_path, edit):
     """A status.json that is no step status (edited by hand) made the report fail with a KeyError
     and a "failed" summary; one with a field of the wrong type made it, and every later --resume,

@@ -338,6 +338,7 @@ def test_a_definition_that_is_a_pipe_a_device_or_holds_lone_surrogates_is_one_li
     that cannot be written as UTF-8 (JSON's ``\\ud800``) is refused before anything runs, instead of
     failing the step that hands it to its program."""
     import os
+    import subprocess
     import threading
 
     import common.pipeline.definition as definition
@@ -351,18 +352,27 @@ def test_a_definition_that_is_a_pipe_a_device_or_holds_lone_surrogates_is_one_li
     writer.join()
     monkeypatch.setattr(definition, "PIPE_WAIT_SECONDS", 0.5)
     started = time.monotonic()
-    with pytest.raises(UsageError, match="nothing came for 0 s"):
+    with pytest.raises(UsageError, match="a named pipe that nothing came through for 0.5 s: nobody writes to it"):
         load_definition(fifo)  # nobody writes
     assert time.monotonic() - started < 5
+    slow = tmp_path / "slow.sh"  # a generator slower than the wait, given as an anonymous pipe: waited for
+    slow.write_text(f"sleep 1.5; cat <<'EOF'\n{document}\nEOF\n")
+    generator = subprocess.Popen(["sh", str(slow)], stdout=subprocess.PIPE)
+    try:
+        assert [p.name for p in load_definition(Path(f"/proc/self/fd/{generator.stdout.fileno()}"))] == ["p"]
+    finally:
+        generator.stdout.close()
+        generator.wait()
     with pytest.raises(UsageError, match="larger than 64 MiB: not a pipeline definition"):
         load_definition(Path("/dev/zero"))
-    for text in (r'{"name": "x", "steps": [{"id": "a", "command": "echo \ud800"}]}',
+    for text in (r'{"name": "x", "steps": [{"id": "a", "command": "echo ' + "x" * 100 + r'\ud800"}]}',
                  r'{"name": "x", "steps": [{"id": "a", "prompt": "hi \udc80"}]}',
                  r'{"name": "x", "steps": [{"id": "a", "command": "echo", "env": {"A": "\udfff"}}]}'):
         path = tmp_path / "surrogate.json"
         path.write_text(text)
-        with pytest.raises(UsageError, match="holds a lone surrogate"):
+        with pytest.raises(UsageError, match=r"holds a lone surrogate") as caught:
             load_definition(path)
+        assert "\\ud" in str(caught.value) or "\\udc80" in str(caught.value), caught.value  # the text around it
     yaml_path = tmp_path / "surrogate.yaml"
     yaml_path.write_text('name: x\nsteps:\n  - id: a\n    command: "echo \\ud800"\n')
     with pytest.raises(UsageError, match="holds a lone surrogate"):

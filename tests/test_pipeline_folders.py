@@ -15,7 +15,7 @@ import pytest
 from common.pipeline.flow import read_cost_and_output
 from helpers import assert_usage_error, run, snapshot
 
-DEFINITION = {"name": "p", "steps": [{"id": "a", "command": "echo A"}, {"id": "b", "command": "test -e ../../go"}]}
+DEFINITION = {"name": "p", "steps": [{"id": "a", "command": "echo A"}, {"id": "b", "command": "exit 3"}]}
 
 
 def pipeline_cli(definition: Path, results: Path, *extra: str):
@@ -64,6 +64,7 @@ CASES = {
     "worker-log-fifo": ("logs/rank0-cpu0.log", fifo, "(a log) is a FIFO"),
     "reserve-fifo": (".space-reserve", fifo, "(the disk-space reserve) is a FIFO"),
     "logs-dangling": ("logs", dangling, "is a link to '/nowhere/at/all', which does not exist"),
+    "logs-a-file": ("logs", a_file, "is a file, where the run keeps its logs folder"),
 }
 
 
@@ -75,13 +76,75 @@ def test_what_stands_in_a_runs_places_is_one_line_before_anything_runs(failed_ru
     place, damage, said = CASES[case]
     shutil.copytree(failed_run, tmp_path / "run", symlinks=True)
     results = tmp_path / "run" / "results"
-    (results.parent / "go").touch()
     damage(results / place)
     before = snapshot(results)
     for extra in (("--resume", "--dry-run"), ("--resume",)):
         proc = pipeline_cli(results.parent / "p.json", results, *extra)
         assert_usage_error(proc, said, "move it away")
         assert snapshot(results) == before
+
+
+def test_links_devices_and_names_the_run_does_not_write_are_let_be(failed_run, tmp_path):
+    """What a user may rightly put there: a step's folder and shared/ linked to scratch space, a log
+    linked to a file not made yet (in a folder that is there) or sent to /dev/null, a FIFO of their
+    own in logs/ under a name the run does not write, and a finished pipeline's folder archived
+    (a link to where it no longer is): the resume runs, and writes through the links."""
+    definition = tmp_path / "two.json"
+    definition.write_text(json.dumps({"pipelines": [{"name": "done", "steps": [{"id": "a", "command": "echo A"}]},
+                                                    DEFINITION]}))
+    results = tmp_path / "results"
+    assert pipeline_cli(definition, results).returncode == 1
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    shutil.move(results / "p" / "shared", scratch / "shared")
+    (results / "p" / "shared").symlink_to(scratch / "shared")
+    (results / "p" / "b" / "stdout.log").unlink()
+    (results / "p" / "b" / "stdout.log").symlink_to(scratch / "b.out")
+    (results / "p" / "b" / "stderr.log").unlink()
+    (results / "p" / "b" / "stderr.log").symlink_to("/dev/null")
+    os.mkfifo(results / "logs" / "my-monitor.fifo")
+    (results / "logs" / "rank0-cpu0.log").unlink()
+    (results / "logs" / "rank0-cpu0.log").symlink_to("/dev/null")
+    shutil.rmtree(results / "done" / "a")
+    (results / "done" / "a").symlink_to("/archive/done/a")
+    definition.write_text(json.dumps({"pipelines": [{"name": "done", "steps": [{"id": "a", "command": "echo A"}]},
+                                                    {**DEFINITION, "steps": [DEFINITION["steps"][0],
+                                                                             {"id": "b", "command": "echo B"}]}]}))
+    proc = pipeline_cli(definition, results, "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert (scratch / "b.out").read_text().strip() == "B"
+    assert summary_of(results)["pipelines"]["p"]["status"] == "ok"
+
+
+def summary_of(results: Path) -> dict:
+    return json.loads((results / "summary.json").read_text())
+
+
+def test_every_status_a_run_writes_is_read_back(tmp_path):
+    """STATUS_FIELDS (the types read_status holds a status.json to) against what the runner
+    writes: ok, failed, timed out, retried, skipped, killed by a signal, over its memory."""
+    from common.pipeline.flow import RunLayout, read_status
+
+    steps = [{"id": "ok", "command": "echo hi"},
+             {"id": "retried", "command": "exit 4", "max_retries": 1, "retry_delay": 0, "on_fail": "slow"},
+             {"id": "slow", "command": "sleep 30", "timeout": 0.5, "on_fail": "signal"},
+             {"id": "signal", "command": "kill -9 $$", "on_fail": "memory"},
+             {"id": "memory", "command": "python3 -c 'b = bytearray(300 << 20); import time; time.sleep(5)'",
+              "memory": "50M", "on_fail": "fails"},
+             {"id": "fails", "command": "exit 3"},
+             {"id": "never", "command": "true"}]
+    definition = tmp_path / "kinds.json"
+    definition.write_text(json.dumps({"name": "k", "steps": steps}))
+    assert pipeline_cli(definition, tmp_path / "results").returncode == 1
+    layout = RunLayout(tmp_path / "results", "k")
+    statuses = {step["id"]: json.loads(layout.status_path(step["id"]).read_text()) for step in steps}
+    assert {name: status["status"] for name, status in statuses.items()} == {
+        "ok": "ok", "retried": "failed", "slow": "timeout", "signal": "failed", "memory": "failed", "fails": "failed",
+        "never": "skipped"}, statuses
+    assert statuses["retried"]["attempts"] == 2 and statuses["signal"]["exit_code"] == -9
+    assert isinstance(statuses["memory"]["max_rss_bytes"], int), statuses["memory"]
+    for step in steps:
+        assert read_status(layout, step["id"]) == statuses[step["id"]], step["id"]
 
 
 def test_a_fifo_a_step_leaves_where_a_later_steps_log_goes_fails_the_pipeline_instead_of_blocking(tmp_path):

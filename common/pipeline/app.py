@@ -241,10 +241,10 @@ class PipelineApp(App):
 
     # ----- rank 0 -----
     def prepare(self) -> None:
-        for pipeline in self.pipelines:  # an earlier run's folders: nothing of another kind in their places
+        for pipeline in self._to_run():  # their earlier folders: nothing of another kind in their places
             problem = RunLayout(self.results, pipeline.name).in_the_way(pipeline.step_ids)
             if problem:
-                raise UsageError(f"--results {quoted(self.results)}: {problem}; move it away")
+                raise UsageError(f"{problem}; move it away")
         if self.resume_from:
             run_id, step_id = self.resume_from
             shared = RunLayout(self.results, run_id).shared
@@ -252,9 +252,16 @@ class PipelineApp(App):
                 raise UsageError(f"--resume {run_id}/{step_id}: {shared} does not exist; nothing to resume "
                                  "(run the pipeline first, with the same --results)")
         elif self.args.resume:  # where each unfinished pipeline goes on: a damaged progress.json is refused now
-            for pipeline in self.pipelines:
-                if (self._newest_key(pipeline.name, self.journaled) or pipeline.name) not in self.journaled:
-                    self.resume_point(pipeline)
+            for pipeline in self._to_run():
+                self.resume_point(pipeline)
+
+    def _to_run(self) -> List[Pipeline]:
+        """The pipelines this run runs: the one resumed from a step, or those the journal does not
+        hold as finished (the finished ones' folders are only read, for the summary)."""
+        if self.resume_from:
+            return [self.by_name[self.resume_from[0]]]
+        return [pipeline for pipeline in self.pipelines
+                if (self._newest_key(pipeline.name, self.journaled) or pipeline.name) not in self.journaled]
 
     @staticmethod
     def _newest_key(pipeline: str, records: Mapping[str, Any]) -> Optional[str]:

@@ -411,13 +411,14 @@ def shown_path(path: object) -> str:
 #: the most a definition file may hold (a 200,000-step file is about 10 MB): past it, the file is
 #: something else (``/dev/zero`` would fill the memory)
 MAX_DEFINITION_BYTES = 64 << 20
-#: how long a definition that is a pipe waits for its writer's next bytes (a named pipe nobody
-#: writes to would otherwise wait for ever, through stop signals too)
+#: how long a named pipe (a FIFO) waits for its first bytes: one nobody writes to would otherwise
+#: wait for ever, through stop signals too. A pipe that was given its writer (``<(generate)``,
+#: ``generate | ... /dev/stdin``), or a FIFO once its writer came, waits as long as that writer lives.
 PIPE_WAIT_SECONDS = 60.0
 
 
 def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, bounded in size, and in time where it is a pipe (``<(generate)``, a FIFO)."""
+    """The file's bytes, bounded in size, and for a FIFO in the time its writer takes to come."""
     import select
     import stat
 
@@ -426,14 +427,18 @@ def _read_bytes(path: Path) -> bytes:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(21, "Is a directory")
-        if stat.S_ISREG(mode):
+        waits = stat.S_ISFIFO(mode) and not os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")  # named
+        if not waits:
             os.set_blocking(fd, True)
         chunks, size = [], 0
         while size <= MAX_DEFINITION_BYTES:
-            if not stat.S_ISREG(mode) and not select.select([fd], [], [], PIPE_WAIT_SECONDS)[0]:
-                raise UsageError(f"{shown_path(path)}: nothing came for {PIPE_WAIT_SECONDS:.0f} s (a named pipe "
-                                 f"that nobody writes to?)")
+            if waits and not select.select([fd], [], [], PIPE_WAIT_SECONDS)[0]:
+                raise UsageError(f"{shown_path(path)}: a named pipe that nothing came through for "
+                                 f"{PIPE_WAIT_SECONDS:g} s: nobody writes to it?")
             chunk = os.read(fd, 1 << 20)
+            if chunk and waits:  # its writer came: read on, as long as it lives
+                waits = False
+                os.set_blocking(fd, True)
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
@@ -444,7 +449,7 @@ def _read_bytes(path: Path) -> bytes:
         os.close(fd)
 
 
-def _check_text(data: Any, path: Path) -> None:
+def _check_text(data: Any, source: str) -> None:
     """Every string can be written as UTF-8: JSON's ``"\\ud800"`` escapes make lone surrogates, which
     pass every other check and then fail the step that passes them to its program or agent. Each
     list and mapping is looked at once: YAML aliases name one object many times."""
@@ -459,18 +464,13 @@ def _check_text(data: Any, path: Path) -> None:
         elif isinstance(value, str):
             try:
                 value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise UsageError(f"{shown_path(path)}: the text {quoted(value[:60])} holds a lone surrogate (an "
-                                 f"escape such as \\ud800 that is no character): write the character itself") from None
+            except UnicodeEncodeError as error:
+                around = value[max(0, error.start - 30):error.start + 30]
+                raise UsageError(f"{source}: the text {quoted(around)} holds a lone surrogate (an escape such as "
+                                 f"\\ud800 that is no character): write the character itself") from None
 
 
 def _read(path: Path) -> Any:
-    data = _parse(path)
-    _check_text(data, path)
-    return data
-
-
-def _parse(path: Path) -> Any:
     try:
         text = _read_bytes(path).decode("utf-8")
     except FileNotFoundError:
@@ -550,6 +550,7 @@ def parse_definition(data: Any, source: str = "<definition>", base: Path = Path(
     of tasks (``[...]`` or ``{"tasks": [...]}``). ``default_image`` (resolved) is the image of the
     steps whose definition names none (``--container``, ``PIPELINE_CONTAINER``)."""
     where = _Where(source)
+    _check_text(data, source)
     if isinstance(data, list) or (isinstance(data, dict) and "tasks" in data and "steps" not in data):
         pipelines = _tasks(data, where, base, default_image)
         raw = []

@@ -40,6 +40,7 @@ from common.results.layout import (
     STEP_OUTPUT,
     STEP_PROMPT,
     STEP_STATUS_NAME,
+    STEP_STDERR,
     STEP_STDOUT,
 )
 from common.results.outputs import atomic_write_json, atomic_write_text, atomic_write_with
@@ -115,7 +116,10 @@ class RunLayout:
         """What stands where the run keeps a folder (the run's, shared/, a step's) or a file (its
         progress, a step's status, logs, prompt and output), said in a few words; None where
         nothing does. Found before the run: a file where a step's folder goes, or a FIFO where its
-        log goes, would otherwise fail the step as an error of the runner, or block for ever."""
+        log goes, would otherwise fail the step as an error of the runner, or block for ever. A
+        link is judged by what it points to; one to a file not made yet, in a folder that is
+        there, is let through (the run makes the file), and so is a log sent to a device
+        (``/dev/null``)."""
         if not os.path.lexists(self.run_dir):
             return None
         places = [(self.run_dir, True)]
@@ -129,12 +133,16 @@ class RunLayout:
             try:
                 mode = os.stat(path).st_mode
             except OSError as error:
+                target = os.path.realpath(path)
+                if not folder and os.path.isdir(os.path.dirname(target)):
+                    continue
                 if os.path.islink(path):
                     return f"{quoted(path)} is a link to {quoted(os.readlink(path))}, which does not exist"
                 return f"{quoted(path)} cannot be read ({error.strerror or error})"
             if folder and not stat.S_ISDIR(mode):
                 return f"{quoted(path)} is {'a file' if stat.S_ISREG(mode) else kind_of(mode)}, where the run keeps a folder"
-            if not folder and not stat.S_ISREG(mode):
+            device_log = stat.S_ISCHR(mode) and path.name in (STEP_STDOUT, STEP_STDERR)
+            if not folder and not stat.S_ISREG(mode) and not device_log:
                 return f"{quoted(path)} is {kind_of(mode)}, where the run keeps a file"
         return None
 
@@ -215,9 +223,11 @@ def _peak(values: Any) -> Optional[int]:
     return max(sampled) if sampled else None
 
 
-#: the fields of a step's status.json and their types (each may be null): a field of another type
-#: (a file edited by hand) makes the file no status, instead of a traceback in the summary of this
-#: run and of every later one
+#: the fields of a step's status.json and their types (each may be null but those of
+#: STATUS_REQUIRED): a field of another type (a file edited by hand) makes the file no status,
+#: instead of a traceback in the summary of this run and of every later one. ``_status`` writes
+#: them; tests/test_pipeline_folders.py reads back every kind of status a run writes.
+STATUS_REQUIRED = ("status", "attempts")
 STATUS_FIELDS: Dict[str, Any] = {
     "step": str, "run": str, "status": str, "reason": str, "exit_code": int, "attempts": int, "started": float,
     "ended": float, "seconds": float, "queued_seconds": float, "gpu": (str, int), "memory_limit": str,
@@ -226,6 +236,7 @@ STATUS_FIELDS: Dict[str, Any] = {
 
 
 def _of_type(value: Any, kind: Any) -> bool:
+    """JSON's types as Python reads them: a bool is no number, an int is a float."""
     if kind is bool:
         return isinstance(value, bool)
     if kind is float:
@@ -238,7 +249,7 @@ def read_status(layout: RunLayout, step_id: str) -> Optional[Dict[str, Any]]:
     hand): a JSON object whose status is a string and whose other fields have their types
     (``STATUS_FIELDS``). Such a step counts as not run."""
     status = _read_json(layout.status_path(step_id), "a step's status")
-    if not isinstance(status, dict) or not isinstance(status.get("status"), str):
+    if not isinstance(status, dict) or any(status.get(name) is None for name in STATUS_REQUIRED):
         return None
     if any(status.get(name) is not None and not _of_type(status[name], kind) for name, kind in STATUS_FIELDS.items()):
         return None

@@ -18,6 +18,7 @@ import errno
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -132,10 +133,13 @@ def _open_log(path: Path, attempt: int):
     """The log, appended to: a retry, a resume or a later run never overwrites an earlier attempt's.
     Opened without waiting, and refused unless a regular file: a FIFO another step left in its
     place would block the open for ever (a step's timeout starts only once it runs)."""
-    refuse_unless_regular(path, "a step's log")  # a FIFO without a reader: said, not ENXIO
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
+    if not os.path.exists(path) or not stat.S_ISCHR(os.stat(path).st_mode):
+        refuse_unless_regular(path, "a step's log")  # a FIFO without a reader: said, not ENXIO
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o666)
     try:
-        refuse_unless_regular(path, "a step's log", os.fstat(fd).st_mode)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISCHR(mode):  # a device (/dev/null) takes what is written without waiting
+            refuse_unless_regular(path, "a step's log", mode)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -24,6 +24,8 @@ GPU_USAGE_STEM = "gpu_usage"
 GPU_USAGE_CSV = f"{GPU_USAGE_STEM}.csv"
 #: the engine's folder of rank and worker logs
 LOGS_DIR = "logs"
+#: the names of the logs in it: a rank's (``rank0.log``) and its workers' (``rank0-gpu1.log``)
+LOG_PATTERN = "rank*.log"
 #: hidden files the engine makes and removes: the disk-space reserve, the writability and
 #: shared-folder probes
 RESERVE_NAME = ".space-reserve"

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import resource
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -59,6 +60,7 @@ from common.results.layout import (
     GPU_USAGE_STEM,
     HOLD_NAME,
     JOURNAL_NAME,
+    LOG_PATTERN,
     LOGS_DIR,
     RESERVE_NAME,
     STATUS_NAME,
@@ -70,7 +72,7 @@ from common.results.layout import (
     png_name,
 )
 from common.results.outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
-from common.results.regular_file import refuse_unless_regular
+from common.results.regular_file import kind_of, refuse_unless_regular
 from common.results.status_file import RankReporter, StatusWriter
 from common.run.cli import MAX_THREADS, build_parser, module_command
 from common.signals import StopFlag, ignore_stop_signals
@@ -219,7 +221,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
             raise UsageError(f"cannot resume {quoted(folder)}: its journal's first line is not a run's header "
                              f"(damaged?); use another --results")
         made = header.get("format", JOURNAL_FORMAT)  # a journal from before the field: the first format
-        if made != JOURNAL_FORMAT:  # a newer multinode-gpu's records may mean other things
+        if type(made) is not int or made != JOURNAL_FORMAT:  # a newer version's records may mean other things
             raise UsageError(f"cannot resume {quoted(folder)}: its journal is of format {repr(made)[:40]}, and this "
                              f"multinode-gpu reads format {JOURNAL_FORMAT} (made by another version?); resume it "
                              f"with that version, or use another --results")
@@ -281,15 +283,19 @@ def _threads_resumed(starts: List[dict]) -> Optional[int]:
 def _check_logs_and_reserve(folder: Path) -> None:
     """The logs folder and the disk-space reserve an earlier run left: a FIFO where a rank's or a
     worker's log goes would block its open for ever (a worker's: the run waits for a worker that
-    never starts), and so would one where the reserve goes; a link to nothing is said as such."""
+    never starts), and so would one where the reserve goes; a file where the folder goes, or a
+    link to nothing, is said as such. Names the run does not write are not looked at, and a log
+    sent to a device (``/dev/null``) is let be."""
     logs = folder / LOGS_DIR
     if os.path.islink(logs) and not logs.exists():
-        raise UsageError(f"--results {quoted(folder)}: {quoted(logs)} is a link to {quoted(os.readlink(logs))}, which "
-                         f"does not exist; move it away")
+        raise UsageError(f"{quoted(logs)} is a link to {quoted(os.readlink(logs))}, which does not exist; move it away")
+    if logs.exists() and not logs.is_dir():
+        raise UsageError(f"{quoted(logs)} is {kind_of(os.stat(logs).st_mode) if not logs.is_file() else 'a file'}, "
+                         f"where the run keeps its logs folder; move it away")
     if logs.is_dir():
         with os.scandir(logs) as entries:
             for entry in entries:
-                if not entry.is_dir():
+                if fnmatch.fnmatchcase(entry.name, LOG_PATTERN) and not stat.S_ISCHR(os.stat(entry.path).st_mode):
                     refuse_unless_regular(entry.path, "a log")
     refuse_unless_regular(folder / RESERVE_NAME, "the disk-space reserve")
 
@@ -341,6 +347,7 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     stop.take_over()
     try:  # every environment variable of ours, read now: garbage is one line, not a later traceback
         settings.check_environment()
+        startup.check_working_folder()
     except UsageError as error:  # before MPI is joined: the launcher's rank 0 says it
         if settings.launcher_rank() == 0:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)

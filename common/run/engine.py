@@ -295,8 +295,14 @@ def _check_logs_and_reserve(folder: Path) -> None:
     if logs.is_dir():
         with os.scandir(logs) as entries:
             for entry in entries:
-                if fnmatch.fnmatchcase(entry.name, LOG_PATTERN) and not stat.S_ISCHR(os.stat(entry.path).st_mode):
-                    refuse_unless_regular(entry.path, "a log")
+                if not fnmatch.fnmatchcase(entry.name, LOG_PATTERN):
+                    continue
+                try:
+                    mode = os.stat(entry.path).st_mode
+                except OSError:  # a link to a log not made yet: its open makes it
+                    continue
+                if not stat.S_ISCHR(mode):
+                    refuse_unless_regular(entry.path, "a log", mode)
     refuse_unless_regular(folder / RESERVE_NAME, "the disk-space reserve")
 
 

@@ -260,8 +260,7 @@ class PipelineApp(App):
         hold as finished (the finished ones' folders are only read, for the summary)."""
         if self.resume_from:
             return [self.by_name[self.resume_from[0]]]
-        return [pipeline for pipeline in self.pipelines
-                if (self._newest_key(pipeline.name, self.journaled) or pipeline.name) not in self.journaled]
+        return [pipeline for pipeline in self.pipelines if self._newest_key(pipeline.name, self.journaled) is None]
 
     @staticmethod
     def _newest_key(pipeline: str, records: Mapping[str, Any]) -> Optional[str]:

@@ -27,7 +27,6 @@ import contextlib
 import json
 import math
 import os
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +43,9 @@ from common.results.layout import (
     STEP_STDOUT,
 )
 from common.results.outputs import atomic_write_json, atomic_write_text, atomic_write_with
-from common.results.regular_file import NotRegularFile, kind_of, read_regular
+from common.results.regular_file import NotRegularFile, in_place, read_regular
 from common.workers.worker import PoolTimeout
 
-from ..errors import quoted
 from ..signals import STEP_HELD_SIGNALS, held_signals
 from . import nodelock
 from .container import find_apptainer
@@ -116,34 +114,17 @@ class RunLayout:
         """What stands where the run keeps a folder (the run's, shared/, a step's) or a file (its
         progress, a step's status, logs, prompt and output), said in a few words; None where
         nothing does. Found before the run: a file where a step's folder goes, or a FIFO where its
-        log goes, would otherwise fail the step as an error of the runner, or block for ever. A
-        link is judged by what it points to; one to a file not made yet, in a folder that is
-        there, is let through (the run makes the file), and so is a log sent to a device
-        (``/dev/null``)."""
-        if not os.path.lexists(self.run_dir):
-            return None
-        places = [(self.run_dir, True)]
-        places += [(self.shared, True), (self.progress_path, False)]
+        log goes, would otherwise fail the step as an error of the runner, or block for ever.
+        Links and devices as :func:`~common.results.regular_file.in_place` judges them; a log
+        may be sent to a device (``/dev/null``)."""
+        places = [(self.run_dir, True), (self.shared, True), (self.progress_path, False)]
         for step_id in step_ids:
             places.append((self.step_dir(step_id), True))
             places += [(self.step_dir(step_id) / name, False) for name in STEP_FILES]
         for path, folder in places:
-            if not os.path.lexists(path):
-                continue
-            try:
-                mode = os.stat(path).st_mode
-            except OSError as error:
-                target = os.path.realpath(path)
-                if not folder and os.path.isdir(os.path.dirname(target)):
-                    continue
-                if os.path.islink(path):
-                    return f"{quoted(path)} is a link to {quoted(os.readlink(path))}, which does not exist"
-                return f"{quoted(path)} cannot be read ({error.strerror or error})"
-            if folder and not stat.S_ISDIR(mode):
-                return f"{quoted(path)} is {'a file' if stat.S_ISREG(mode) else kind_of(mode)}, where the run keeps a folder"
-            device_log = stat.S_ISCHR(mode) and path.name in (STEP_STDOUT, STEP_STDERR)
-            if not folder and not stat.S_ISREG(mode) and not device_log:
-                return f"{quoted(path)} is {kind_of(mode)}, where the run keeps a file"
+            problem = in_place(path, folder, devices=path.name in (STEP_STDOUT, STEP_STDERR))
+            if problem or (path == self.run_dir and not os.path.isdir(path)):  # nothing of the run yet
+                return problem
         return None
 
 

@@ -133,8 +133,12 @@ def _open_log(path: Path, attempt: int):
     """The log, appended to: a retry, a resume or a later run never overwrites an earlier attempt's.
     Opened without waiting, and refused unless a regular file: a FIFO another step left in its
     place would block the open for ever (a step's timeout starts only once it runs)."""
-    if not os.path.exists(path) or not stat.S_ISCHR(os.stat(path).st_mode):
-        refuse_unless_regular(path, "a step's log")  # a FIFO without a reader: said, not ENXIO
+    try:
+        mode: Optional[int] = os.stat(path).st_mode
+    except OSError:  # not there yet
+        mode = None
+    if mode is not None and not stat.S_ISCHR(mode):
+        refuse_unless_regular(path, "a step's log", mode)  # a FIFO without a reader: said, not ENXIO
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o666)
     try:
         mode = os.fstat(fd).st_mode

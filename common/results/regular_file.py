@@ -38,6 +38,30 @@ def refuse_unless_regular(path: Union[str, Path], what: str, mode: Optional[int]
         raise NotRegularFile(f"{quoted(path)} ({what}) is {kind_of(mode)}, not a regular file; move it away")
 
 
+def in_place(path: Union[str, Path], folder: bool, keeps: str = "", devices: bool = False) -> Optional[str]:
+    """What stands at ``path`` where the run keeps a folder (``folder``) or a file, in a few words
+    ("'p' is a FIFO, where the run keeps a file"); None where nothing does, or what does is right.
+    ``keeps`` names the place ("its logs folder"); ``devices`` lets a character device be a file
+    (a log sent to /dev/null). A link is judged by what it points to; one to a file not made yet,
+    in a folder that is there, is let through (the run makes the file)."""
+    if not os.path.lexists(path):
+        return None
+    keeps = keeps or ("a folder" if folder else "a file")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        if not folder and os.path.isdir(os.path.dirname(os.path.realpath(path))):
+            return None
+        if os.path.islink(path):
+            return f"{quoted(path)} is a link to {quoted(os.readlink(path))}, which does not exist"
+        return f"{quoted(path)} cannot be read ({error.strerror or error})"
+    if folder and not stat.S_ISDIR(mode):
+        return f"{quoted(path)} is {'a file' if stat.S_ISREG(mode) else kind_of(mode)}, where the run keeps {keeps}"
+    if not folder and not stat.S_ISREG(mode) and not (devices and stat.S_ISCHR(mode)):
+        return f"{quoted(path)} is {kind_of(mode)}, where the run keeps {keeps}"
+    return None
+
+
 def read_regular(path: Union[str, Path], what: str, offset: int = 0) -> bytes:
     """The bytes of ``path`` from ``offset``; :class:`NotRegularFile` at once where it is not a
     regular file (opened without blocking, checked on the open file, so no race lets one by)."""

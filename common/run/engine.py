@@ -72,7 +72,7 @@ from common.results.layout import (
     png_name,
 )
 from common.results.outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
-from common.results.regular_file import kind_of, refuse_unless_regular
+from common.results.regular_file import in_place, refuse_unless_regular
 from common.results.status_file import RankReporter, StatusWriter
 from common.run.cli import MAX_THREADS, build_parser, module_command
 from common.signals import StopFlag, ignore_stop_signals
@@ -287,11 +287,9 @@ def _check_logs_and_reserve(folder: Path) -> None:
     link to nothing, is said as such. Names the run does not write are not looked at, and a log
     sent to a device (``/dev/null``) is let be."""
     logs = folder / LOGS_DIR
-    if os.path.islink(logs) and not logs.exists():
-        raise UsageError(f"{quoted(logs)} is a link to {quoted(os.readlink(logs))}, which does not exist; move it away")
-    if logs.exists() and not logs.is_dir():
-        raise UsageError(f"{quoted(logs)} is {kind_of(os.stat(logs).st_mode) if not logs.is_file() else 'a file'}, "
-                         f"where the run keeps its logs folder; move it away")
+    problem = in_place(logs, folder=True, keeps="its logs folder")
+    if problem:
+        raise UsageError(f"{problem}; move it away")
     if logs.is_dir():
         with os.scandir(logs) as entries:
             for entry in entries:

@@ -3,7 +3,9 @@ the workers as a user's module would be), each doing what a user's might."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,3 +96,18 @@ def wrong_signature(x, y):
 
 
 NOT_A_FUNCTION = 3
+
+
+def leaves_a_thread(params):
+    """Starts a thread that never ends (not a daemon), as some libraries' background workers do."""
+    threading.Thread(target=threading.Event().wait, name="never-ends").start()
+    return {"x": params["x"]}
+
+
+def leaves_a_process(params):
+    """Starts a program it never waits for, which would run for ten minutes; writes its pid to a
+    file in SWEEP_MARKS."""
+    child = subprocess.Popen(["sleep", "600"])
+    with open(Path(os.environ["SWEEP_MARKS"]) / f"child-{params['x']}", "w") as handle:
+        handle.write(str(child.pid))
+    return {"x": params["x"]}

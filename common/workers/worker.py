@@ -13,6 +13,7 @@ then) from a busy one, and kill it (``--worker-timeout``).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import faulthandler
@@ -55,6 +56,7 @@ from common.signals import (
     ignore_stop_signals,
     leave_stop_signals_to_rank,
 )
+from common.workers.leftovers import end_processes_left, exit_without_waiting, threads_left
 
 log = logging.getLogger("multinode_gpu.worker")
 
@@ -334,7 +336,16 @@ def _sendable(answer: Any) -> Any:
 def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int,
                 heartbeat: Optional[float] = None, finished: Any = None) -> None:
     """Entry point of the spawned process. ``heartbeat``: seconds between heartbeats (None: none);
-    ``finished``: a shared counter of the items it has finished (a ``multiprocessing.RawValue``)."""
+    ``finished``: a shared counter of the items it has finished (a ``multiprocessing.RawValue``).
+    Once its work is over it ends, whatever threads the app's code left running (see
+    :mod:`common.workers.leftovers`)."""
+    _serve(conn, app, device, name, log_path, seed, threads, heartbeat, finished)
+    if threads_left():
+        exit_without_waiting(0)
+
+
+def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int,
+           heartbeat: Optional[float], finished: Any) -> None:
     conn = _Pipe(conn)  # type: ignore[assignment]
     beating = _start_heartbeat(conn, heartbeat) if heartbeat else threading.Event()
     inbox = _Inbox(conn)
@@ -356,6 +367,8 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     logging._srcfile = None  # type: ignore[attr-defined]
     log.info("started: pid %d, device %s, CUDA_VISIBLE_DEVICES=%s, threads %d",
              os.getpid(), device, os.environ.get("CUDA_VISIBLE_DEVICES", ""), threads)
+    # registered before any of the app's code runs, so it runs after the app's own atexit functions
+    atexit.register(end_processes_left, log.warning)
     try:  # where a hung item is, in this log, before the rank kills it
         dump_file = open(log_path, "a")
         faulthandler.register(DUMP_SIGNAL, file=dump_file, all_threads=True)
@@ -385,5 +398,9 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
         log.info("stopping")
     finally:
         beating.set()
+        left = threads_left()
+        if left:
+            log.warning("%d thread(s) started by the app's code still run (%s): the worker ends without waiting for them",
+                        len(left), ", ".join(thread.name for thread in left[:5]))
         logging.shutdown()
         ignore_stop_signals()  # none kills this process while it shuts down (Python's defaults)

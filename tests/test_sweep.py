@@ -522,6 +522,19 @@ def test_a_script_calling_sweep_main_unguarded_is_one_line_naming_the_line(tmp_p
     assert run([str(guarded), *ENGINE, "--results", str(tmp_path / "g")], cwd=tmp_path).returncode == 0
 
 
+@pytest.mark.parametrize("source", ["python -c", "standard input"])
+def test_a_function_defined_in_code_with_no_file_is_one_line_and_writes_nothing(tmp_path, source):
+    """python -c, python - (and a notebook's or an interpreter's __main__, which has no file either):
+    the spawned workers cannot import the function. Before, every check passed, the workers died
+    with three tracebacks each and a results folder of failed items was written."""
+    code = UNGUARDED + 'if __name__ == "__main__":\n    raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n'
+    where = ["-c", code] if source == "python -c" else ["-"]
+    result = run([*where, *ENGINE, "--results", str(tmp_path / "r")], cwd=tmp_path,
+                 input=None if source == "python -c" else code)
+    assert_usage_error(result, "the function 'fit' is defined in code with no file", "put it in a .py file")
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("arguments, fragment", [
     ('repeats=0', "repeats must be a whole number of at least 1, got 0"),
     ('repeats=2.5', "repeats must be a whole number of at least 1, got 2.5"),

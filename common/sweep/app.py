@@ -177,12 +177,31 @@ def _check_setup(setup: Callable[..., Any]) -> None:
 
 
 def _picklable(function: Callable[..., Any], what: str) -> None:
-    """Workers are spawned processes: they find the function by its module and name."""
+    """Workers are spawned processes: they find the function by its module and name, and a function
+    of ``__main__`` by running the script's file again (multiprocessing's 'spawn')."""
+    name = getattr(function, "__qualname__", function)
     try:
         pickle.dumps(function)
     except Exception:
-        raise UsageError(f"{what} {getattr(function, '__qualname__', function)!r} cannot be sent to the workers: define "
-                         f"it with def at the top level of a module (not a lambda or a nested function)") from None
+        raise UsageError(f"{what} {name!r} cannot be sent to the workers: define it with def at the top level of a "
+                         f"module (not a lambda or a nested function)") from None
+    if getattr(function, "__module__", None) == "__main__" and not _main_is_importable():
+        raise UsageError(f"{what} {name!r} is defined in code with no file (python -c, standard input, a notebook or "
+                         f"an interactive session), which the workers cannot import: put it in a .py file and run "
+                         f"that, or import it from one")
+
+
+def _main_is_importable() -> bool:
+    """Whether a spawned process can make this ``__main__`` again: run as a module (python -m), or
+    from a file that is there."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return True
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str):
+        return False
+    started_in = multiprocessing.process.ORIGINAL_DIR  # where spawn looks for a relative one, as here
+    return os.path.isfile(os.path.join(started_in, path) if started_in else path)
 
 
 def _check_preset(preset: Preset, args: argparse.Namespace) -> None:

@@ -1,4 +1,6 @@
-"""Errors the engine turns into exit codes, and how a path, a count or a value's type goes into a one-line message."""
+"""Errors the engine turns into exit codes, and how a path, a count or a value's type goes into a one-line message
+(and user text into a cell of summary.md's tables)."""
+import re
 
 
 class UsageError(Exception):
@@ -60,3 +62,16 @@ def error_line(error: str) -> str:
     if not lines:
         return ""
     return lines[0] + (" …" if len(lines) > 1 else "")
+
+
+#: what Markdown would read as a cell's end (|), emphasis, code, a link, an escape or HTML; an
+#: underscore only where it could open or close emphasis (not inside a word: learning_rate)
+_MARKDOWN_SPECIAL = re.compile(r"[\\`*\[\]|]|(?<!\w)_|_(?!\w)")
+
+
+def markdown_cell(text: str) -> str:
+    """User text (an item's key, a parameter's value, an error) as one cell of a Markdown table in
+    summary.md, and so in report.html, shown as written: a ``|`` in a value would otherwise start a
+    new cell and shift the numbers under the wrong headers."""
+    text = " ".join(str(text).splitlines())
+    return _MARKDOWN_SPECIAL.sub(lambda match: "\\" + match.group(0), text).replace("<", "&lt;")

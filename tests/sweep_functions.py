@@ -111,3 +111,10 @@ def leaves_a_process(params):
     with open(Path(os.environ["SWEEP_MARKS"]) / f"child-{params['x']}", "w") as handle:
         handle.write(str(child.pid))
     return {"x": params["x"]}
+
+
+def raises_its_text(params):
+    """A value of Markdown's special characters; one starting "fail" is raised as the error's message."""
+    if params["kind"].startswith("fail"):
+        raise ValueError(params["kind"])
+    return {"loss": float(len(params["kind"]))}

@@ -9,6 +9,7 @@ import json
 import signal
 import socket
 from collections import Counter
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,54 @@ def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_th
     assert scalar.returncode == 1
     assert "returned a float, not a dict" in summary(tmp_path / "scalar")["failed_items"][0]["error"]
 
+
+
+class _Tables(HTMLParser):
+    """The cells' text of every table in an HTML page: [[[cell, ...], ...], ...]."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.tables: list = []
+        self._cell = None
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.tables[-1][-1].append(self._cell)
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+
+def test_values_and_errors_with_markdowns_characters_stay_in_their_cells(tmp_path):
+    """A | in a value started a new cell of summary.md's tables, so the numbers stood under the
+    wrong headers (in report.html too), and `, * and _ became code and emphasis: each shows as written."""
+    kinds = ["a|b", "`t`", "*b* _c_", "[l](u)", "fail | <b>x</b>"]
+    grid = write(tmp_path / "grid.json", {"kind": kinds})
+    ran = sweep("sweep_functions:raises_its_text", tmp_path / "r", "--grid", str(grid), "--retries", "0",
+                "--minimise", "loss")
+    assert ran.returncode == 1, ran.stderr
+    page = (tmp_path / "r" / "report.html").read_text()
+    tables = _Tables(page).tables
+    ranking = next(table for table in tables if table[0][:2] == ["", "kind"])
+    assert ranking[0] == ["", "kind", "loss", "sd", "repeats"]
+    assert [row[1:3] for row in ranking[1:]] == [["a|b", "3"], ["`t`", "3"], ['"[l](u)"', "6"], ["*b* _c_", "7"]]
+    assert all(len(row) == 5 for row in ranking)
+    failed = next(table for table in tables if table[0] == ["item", "error"])
+    assert failed[1:] == [["kind=fail | <b>x</b>", "ValueError: fail | <b>x</b>"]]
+    assert "<b>x</b>" not in page  # text, not markup
+    markdown = (tmp_path / "r" / "summary.md").read_text()
+    assert "| 1 | a\\|b | 3 |  | 1 |" in markdown, markdown
 
 def test_what_a_users_code_does_to_its_worker_fails_only_its_item_in_one_line(tmp_path):
     """A return pickle cannot send (it killed the worker, and the item was handed out again for

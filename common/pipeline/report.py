@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..errors import error_line
+from ..errors import error_line, markdown_cell
 from .definition import Pipeline, Step
 from .flow import RunLayout, read_status
 from .text import short
@@ -44,10 +44,10 @@ def pipelines_table(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     columns: List[str] = []
     for run in pipelines.values():
         columns += [step for step in run.get("steps", {}) if step not in columns]
-    lines = [_row(["pipeline", "status", *columns]), "|---" * (len(columns) + 2) + "|"]
+    lines = [_row(["pipeline", "status", *map(markdown_cell, columns)]), "|---" * (len(columns) + 2) + "|"]
     for run_id, run in pipelines.items():
         steps = run.get("steps", {})
-        lines.append(_row([run_id, str(run.get("status", "?")), *[_cell(steps[c]) if c in steps else "" for c in columns]]))
+        lines.append(_row([markdown_cell(run_id), str(run.get("status", "?")), *[_cell(steps[c]) if c in steps else "" for c in columns]]))
     return "\n".join(lines)
 
 
@@ -65,13 +65,15 @@ def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     problems = [(run_id, run["reason"]) for run_id, run in pipelines.items() if run.get("reason")]
     if problems:
         lines += ["| pipeline | why it failed |", "|---|---|"]
-        lines += [f"| {run_id} | {error_line(reason)} |" for run_id, reason in problems] + [""]  # a row: one line
+        lines += [f"| {markdown_cell(run_id)} | {markdown_cell(error_line(reason))} |"  # a row: one line
+                  for run_id, reason in problems] + [""]
     outputs = [(run_id, step, status) for run_id, run in pipelines.items()
                for step, status in run.get("steps", {}).items() if status.get("output")]
     if outputs:
         lines += ["### Step outputs", "", "Each step's result, its `output.md` (a prompt step's: the agent's answer).", "",
                   "| pipeline | step | output | cost |", "|---|---|---|---|"]
-        lines += [f"| {run_id} | {step} | [{status['output']}]({status['output']}) | {status.get('cost') or 0:g} |"
+        lines += [f"| {markdown_cell(run_id)} | {markdown_cell(step)} | [{markdown_cell(status['output'])}]({status['output']}) "
+                  f"| {status.get('cost') or 0:g} |"
                   for run_id, step, status in outputs] + [""]
     costs = {run_id: _cost(run) for run_id, run in pipelines.items() if run.get("cost")}
     if costs:

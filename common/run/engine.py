@@ -36,6 +36,7 @@ from common.errors import (
     UsageError,
     counted,
     error_line,
+    markdown_cell,
     quoted,
 )
 from common.items import check_seed_form
@@ -902,7 +903,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         lines += [f"![GPU use over time]({summary['gpu_usage_plot']})", ""]
     if summary["failed_items"]:
         lines += ["## Failed items", "", "| item | error |", "|---|---|"]
-        lines += [f"| {f['key']} | {error_line(f['error'] or '')} |" for f in summary["failed_items"]]
+        lines += [f"| {markdown_cell(f['key'])} | {markdown_cell(error_line(f['error'] or ''))} |"
+                  for f in summary["failed_items"]]
         lines += ["", f"Tracebacks are in `{LOGS_DIR}/` and `{JOURNAL_NAME}`.", ""]
     if summary.get("timeline_plot"):
         lines += [f"![timeline]({summary['timeline_plot']})", ""]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, 
 
 import numpy as np
 
-from common.errors import counted
+from common.errors import counted, markdown_cell
 from common.results.layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, figure_names, png_name
 from common.results.outputs import atomic_write_text, new_figure, save_figure
 
@@ -367,10 +367,10 @@ def markdown(sweep: Mapping[str, Any]) -> str:
         parameters = sweep["parameters"]
         lines += [f"### Best points by `{metric}` ({'lowest' if sweep['goal'] == 'min' else 'highest'} mean over "
                   f"repeats)", "",
-                  "| | " + " | ".join(parameters) + f" | {metric} | sd | repeats |",
+                  "| | " + " | ".join(map(markdown_cell, parameters)) + f" | {markdown_cell(metric)} | sd | repeats |",
                   "|---" * (len(parameters) + 4) + "|"]
         for place, entry in enumerate(best, 1):
-            lines.append(f"| {place} | " + " | ".join(value_text(entry["params"][p]) if p in entry["params"] else ""
+            lines.append(f"| {place} | " + " | ".join(markdown_cell(value_text(entry["params"][p])) if p in entry["params"] else ""
                                                      for p in parameters)
                          + f" | {_number_text(entry['mean'])} | {_number_text(entry['sd'])} | {entry['n']} |")
         lines.append("")

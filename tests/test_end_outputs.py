@@ -3,6 +3,7 @@ could not be replaced are refused before any work (--resume), and a summary that
 written at the end is one line, exit 75. Real runs of the toy app."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -85,3 +86,19 @@ def test_rank_0_warms_matplotlib_up_only_when_it_will_draw(figures):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", str(figures)]
+
+
+def test_a_results_path_of_bytes_that_are_not_utf8_gets_its_outputs(tmp_path):
+    """A folder named with bytes that are not UTF-8 (Python holds them as lone surrogates): the run's
+    command line in summary.md could not be encoded, so every run there ended in a traceback after
+    its last item, summary.md and report.html missing, and --resume ended the same way."""
+    results = tmp_path / os.fsdecode(b"r\xff")  # 'r\udcff'
+    first = run([TOY, "3", "--results", str(results), "--no-progress"])
+    assert first.returncode == 0 and "Traceback" not in first.stderr, first.stderr
+    written = (results / "summary.md").read_bytes()
+    assert b"r\\udcff" in written and written.decode("utf-8")  # the path as stderr shows it, and UTF-8
+    assert (results / "report.html").is_file()
+    status = run(["-m", "common.status", str(results)], errors="backslashreplace")  # it prints the path's bytes
+    assert status.returncode == 0 and status.stdout.startswith("toy: complete"), status.stdout
+    again = run([TOY, "3", "--results", str(results), "--no-progress", "--resume"])
+    assert again.returncode == 0, again.stderr

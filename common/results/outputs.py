@@ -98,7 +98,10 @@ def check_replaceable(folder: Path, files: Iterable[str] = (), skip: Iterable[st
 
 
 def atomic_write_text(path: Path, text: str, *, parents: bool = True) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"), parents=parents)
+    """UTF-8; text that cannot be (a path or argument of bytes that are not UTF-8, which Python
+    holds as lone surrogates) is written as its escape (``\\udcff``), as stderr shows it, instead of
+    failing the run's outputs at the end."""
+    atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"), parents=parents)
 
 
 def _json_key(key: Any) -> str:

@@ -118,3 +118,8 @@ def raises_its_text(params):
     if params["kind"].startswith("fail"):
         raise ValueError(params["kind"])
     return {"loss": float(len(params["kind"]))}
+
+
+async def awaited(params):
+    """async def: a worker calling it would get a coroutine, never run."""
+    return {"x": params["x"]}

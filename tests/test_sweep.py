@@ -327,6 +327,7 @@ BAD_INPUTS = [
     ("sweep_functions:NOT_A_FUNCTION", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["not a function"]),
     ("sweep_functions", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["module:function"]),
     ("sweep_functions:wrong_signature", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["takes 'x'"]),
+    ("sweep_functions:awaited", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["'awaited' is defined with async def"]),
     ("sweep_functions:noisy", {"g.json": {}}, ["--grid", "g.json"], ["grid is empty"]),
     ("sweep_functions:noisy", {"g.json": {"x": 3}}, ["--grid", "g.json"], ["'x' must be a list of values, got an integer (3)"]),
     ("sweep_functions:noisy", {"g.json": {"x": []}}, ["--grid", "g.json"], ["'x' is an empty list"]),

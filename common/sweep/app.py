@@ -336,6 +336,10 @@ class SweepApp(App):
                              f"it in a def at the top level of a module")
         if setup is not None and not callable(setup):
             raise UsageError(f"setup must be a function, got {kind_of(setup)}")
+        for what, given in (("the sweep function", function), ("setup", setup)):
+            if inspect.iscoroutinefunction(given) or inspect.isasyncgenfunction(given):  # nothing would await it
+                raise UsageError(f"{what} {given.__qualname__!r} is defined with async def, and a worker calls it "
+                                 f"as a plain function: define it with def (it may run asyncio.run(...) inside)")
         wants = _wanted(function)
         _picklable(function, "the function")
         if setup is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -91,3 +93,33 @@ def test_no_worker_is_started_again_once_a_stop_was_asked(tmp_path):
     time.sleep(0.5)
     assert worker_starts(results) == 2, err  # no third worker
     assert "starting it again" not in err and "Traceback" not in err, err
+
+
+#: a worker's entry point, run as its pool runs it, whose rank ends it while it opens its log: the
+#: rank's signal (WORKER_TERMINATE_SIGNAL) comes between its handler and the loop that expects it
+ENDED_WHILE_OPENING_ITS_LOG = """
+import multiprocessing, os, sys
+sys.path.insert(0, {repo!r})
+import common.workers.worker as worker
+from common.signals import WORKER_TERMINATE_SIGNAL
+
+def opened_log(*args):
+    os.kill(os.getpid(), WORKER_TERMINATE_SIGNAL)  # handled at once: raised inside this call
+    raise AssertionError("not reached")
+
+if __name__ == "__main__":
+    worker.worker_file_log = opened_log
+    rank_end, worker_end = multiprocessing.Pipe()
+    worker.worker_main(worker_end, None, "cpu0", "rank0-cpu0", os.devnull, 0, 1)
+    print("ended quietly")
+"""
+
+
+def test_a_worker_ended_by_its_rank_before_it_has_a_log_ends_quietly(tmp_path):
+    """A run that ended while a worker still started (a second worker of a short run, CI at load)
+    sent it the rank's signal before it reached its loop: it died with a traceback on the run's stderr."""
+    script = tmp_path / "worker.py"
+    script.write_text(ENDED_WHILE_OPENING_ITS_LOG.format(repo=str(Path(__file__).resolve().parents[1])))
+    ended = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert ended.returncode == 0 and "Traceback" not in ended.stderr, ended.stderr
+    assert ended.stdout == "ended quietly\n"

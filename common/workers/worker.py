@@ -339,7 +339,10 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     ``finished``: a shared counter of the items it has finished (a ``multiprocessing.RawValue``).
     Once its work is over it ends, whatever threads the app's code left running (see
     :mod:`common.workers.leftovers`)."""
-    _serve(conn, app, device, name, log_path, seed, threads, heartbeat, finished)
+    try:
+        _serve(conn, app, device, name, log_path, seed, threads, heartbeat, finished)
+    except _Terminated:  # ended by its rank while still starting (a run that ended first): nothing to say
+        pass
     if threads_left():
         exit_without_waiting(0)
 

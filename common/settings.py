@@ -25,6 +25,9 @@ DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 #: a worker silent this long is killed. Generous: a native library that holds the GIL through a long
 #: call (possibly a cuML fit) silences the worker's heartbeat thread just as a hang does
 DEFAULT_WORKER_TIMEOUT = 300.0
+#: a worker's setup (App.setup_worker: data loaded once, a model built) may take this long: its
+#: heartbeat goes on meanwhile, so a setup stuck on a dead filesystem or a lock is found by this alone
+DEFAULT_SETUP_TIMEOUT = 3600.0
 TRUE_WORDS = ("1", "true")
 FALSE_WORDS = ("", "0", "false")
 

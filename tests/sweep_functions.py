@@ -123,3 +123,8 @@ def raises_its_text(params):
 async def awaited(params):
     """async def: a worker calling it would get a coroutine, never run."""
     return {"x": params["x"]}
+
+
+def hangs(device):
+    """A setup that never returns (a read from a dead network filesystem, a lock never released)."""
+    threading.Event().wait()

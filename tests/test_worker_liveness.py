@@ -162,8 +162,26 @@ def test_a_slow_item_under_the_limit_and_tiny_items_are_left_alone(tmp_path):
     assert not _failed_attempts(tmp_path / "tiny") and len(_values(tmp_path / "tiny")) == 600
 
 
+def test_a_setup_that_never_returns_is_killed_after_the_setup_timeout(tmp_path):
+    """Its heartbeat goes on, so neither --worker-timeout nor --item-timeout ever ended it: the run
+    waited for ever. Each start counts as failed; after 3 the device is given up and the items fail."""
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"x": [1, 2]}))
+    started = time.monotonic()
+    ran = run(["-m", "common.sweep", "sweep_functions:noop", "--setup", "hangs", "--grid", str(grid), "--gpu", "cpu",
+               "--workers", "1", "--setup-timeout", "1", "--results", str(tmp_path / "r"), "--no-progress"],
+              cwd=Path(__file__).parent, timeout=120)
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
+    assert time.monotonic() - started < 60
+    assert ran.stderr.count("worker still starting after 1 s (--setup-timeout 1); killing it") == 3, ran.stderr
+    assert "giving up on cpu0 after 3 failed starts: its setup ran past 1 s (--setup-timeout)" in ran.stderr
+    failed = {f["key"]: f["error"] for f in _summary(tmp_path / "r")["failed_items"]}
+    assert failed == {key: "no worker could start: its setup ran past 1 s (--setup-timeout)" for key in ("x=1", "x=2")}
+
+
 def test_bad_timeouts_are_one_line_exit_2(tmp_path):
-    for flag, value in (("--item-timeout", "-1"), ("--worker-timeout", "abc"), ("--item-timeout", "nan")):
+    for flag, value in (("--item-timeout", "-1"), ("--worker-timeout", "abc"), ("--item-timeout", "nan"),
+                        ("--setup-timeout", "-5")):
         assert_usage_error(run([TOY, "4", flag, value, "--results", str(tmp_path / "r")]), flag)
     assert not (tmp_path / "r").exists()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from common.argtypes import at_least, folder
 from common.errors import UsageError
-from common.settings import DEFAULT_HEARTBEAT_TIMEOUT
+from common.settings import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_SETUP_TIMEOUT
 
 #: items derive their seeds with numpy's SeedSequence, which takes any non-negative integer; consumers
 #: that need a 32-bit seed (scikit-learn) derive one from it. The bound only keeps the journal readable.
@@ -95,6 +95,10 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                         help="seconds an item (or a group run together) may run before it is killed with its "
                              "worker and retried (--retries); 0: no limit" +
                              ("" if app_class.default_item_timeout else " (default: no limit)"))
+    engine.add_argument("--setup-timeout", type=at_least(0, float, maximum=MAX_TIMEOUT), default=DEFAULT_SETUP_TIMEOUT,
+                        help="seconds a worker's setup (its data loaded, its model built) may take before it is "
+                             "killed and started again (after 3 failed starts its device is given up); 0: no limit "
+                             f"(default: {DEFAULT_SETUP_TIMEOUT:g})")
     engine.add_argument("--results", type=folder, default=Path("results") / app_class.name,
                         help="results folder")
     engine.add_argument("--no-progress", action="store_true", help="no progress bar")

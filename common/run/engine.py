@@ -526,7 +526,8 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
 
     settings = PoolSettings(rank=comm.rank, host=host, logs_dir=files.logs, seed=args.seed, threads=threads,
                             batch=args.batch, node_pools=node_pools, global_pools=tuple(global_pools))
-    watchdog = Watchdog(args.worker_timeout, args.item_timeout, settings.logs_dir)
+    watchdog = Watchdog(args.worker_timeout, args.item_timeout, settings.logs_dir,
+                        setup_timeout=getattr(args, "setup_timeout", None))
     # stop: a worker that ends once a stop was asked is not started again
     pool = WorkerPool(app, devices, settings, watchdog, stop_asked=stop)
     monitor = GpuMonitor(devices)

@@ -125,6 +125,7 @@ class WorkerHandle:
     setup_reported: bool = False  # it said its setup failed (counted then, not again at its exit)
     unreachable: bool = False  # a send to it failed: what it was handed never reached it
     heard: Optional[float] = None  # monotonic time of its last message (None: it has said nothing yet)
+    spawned: float = 0.0  # monotonic, when it was started (its setup's time limit counts from then)
     running: Any = None  # what it runs now: its first bundle (a group) or that bundle's first entry
     running_since: float = 0.0  # monotonic, when ``running`` started (the previous answer came)
     running_wall: float = 0.0  # the same as epoch seconds, for the timeline
@@ -248,7 +249,7 @@ class WorkerPool(WorkerCounts):
         with _child_environment(device, self.threads), signals_blocked(WORKER_IGNORED_SIGNALS):
             process.start()
         child_end.close()
-        worker = WorkerHandle(name, device, process, parent_end, finished=finished)
+        worker = WorkerHandle(name, device, process, parent_end, finished=finished, spawned=self.clock.monotonic())
         self.workers[name] = worker
         self.selector.register(parent_end, selectors.EVENT_READ, (worker, "conn"))
         self.selector.register(process.sentinel, selectors.EVENT_READ, (worker, "sentinel"))

@@ -3,8 +3,9 @@
 A worker that lives but says nothing (its heartbeat thread cannot run: SIGSTOPped, or stuck in
 native code holding the GIL) for ``worker_timeout`` seconds, counted from its first message, is
 killed (SIGKILL); so is a worker whose item (or group) has run for more than ``item_timeout``
-seconds. Its log gets where it was (faulthandler) and why it was killed; its pool then handles it
-as any dead worker, its item failing with that reason.
+seconds, and one still starting (App.setup_worker) after ``setup_timeout`` seconds. Its log gets
+where it was (faulthandler) and why it was killed; its pool then handles it as any dead worker,
+its item failing with that reason (a starting one's failed start counts towards giving up its device).
 
 The watch reads what the pool keeps on each worker (``common.workers.pool.WorkerHandle``): when it
 was last heard from, what it runs and since when (:meth:`Watchdog.note_start`).
@@ -42,11 +43,13 @@ class Watchdog:
     """Kills the workers of a pool that fell silent or whose item ran past its time limit."""
 
     def __init__(self, worker_timeout: Optional[float], item_timeout: Optional[float], logs_dir: Path,
-                 clock: Clock = SYSTEM_CLOCK):
+                 clock: Clock = SYSTEM_CLOCK, setup_timeout: Optional[float] = None):
         """``worker_timeout``: seconds of silence after which a worker is killed; ``item_timeout``:
-        seconds an item (or group) may run; None (or 0): no limit. ``logs_dir``: the workers' logs,
-        where each killed worker's gets why."""
+        seconds an item (or group) may run; ``setup_timeout``: seconds a worker may take to start
+        (App.setup_worker); None (or 0): no limit. ``logs_dir``: the workers' logs, where each
+        killed worker's gets why."""
         self.worker_timeout, self.item_timeout = worker_timeout or None, item_timeout or None
+        self.setup_timeout = setup_timeout or None
         self.logs_dir, self.clock = Path(logs_dir), clock
 
     @property
@@ -56,7 +59,7 @@ class Watchdog:
 
     @property
     def active(self) -> bool:
-        return bool(self.worker_timeout or self.item_timeout)
+        return bool(self.worker_timeout or self.item_timeout or self.setup_timeout)
 
     def note_start(self, worker: Any) -> None:
         """After the worker's bundles changed: if what it runs now is new, it started now. A worker
@@ -78,12 +81,17 @@ class Watchdog:
                 continue
             silence = now - worker.heard if worker.heard is not None else 0.0
             running = now - worker.running_since if worker.running is not None else 0.0
+            starting = now - worker.spawned if not worker.ready and not worker.setup_reported else 0.0
             silent = self.worker_timeout is not None and silence > self.worker_timeout
             late = self.item_timeout is not None and running > self.item_timeout
-            if not (silent or late) or worker.conn.poll():  # unread messages: read them first
+            slow_start = self.setup_timeout is not None and starting > self.setup_timeout
+            if not (silent or late or slow_start) or worker.conn.poll():  # unread messages: read them first
                 continue
             keys = ", ".join(self.running_keys(worker))
-            if late:
+            if slow_start and not silent:  # its heartbeat goes on: stuck in its setup (a dead filesystem, a lock)
+                why = f"its setup ran past {self.setup_timeout:g} s (--setup-timeout)"
+                said = f"worker still starting after {starting:.0f} s (--setup-timeout {self.setup_timeout:g})"
+            elif late:
                 why = f"{TIMED_OUT} {self.item_timeout:g} s (--item-timeout)"
                 said = f"{keys} timed out after {self.item_timeout:g} s (--item-timeout)"
             else:
@@ -91,7 +99,7 @@ class Watchdog:
                 said = (f"worker silent for {silence:.0f} s (stopped, or hung in code that holds the GIL; "
                         f"--worker-timeout {self.worker_timeout:g}) while "
                         + (f"running {keys}" if keys else "starting" if not worker.ready else "idle"))
-            worker.killed_kind = "timeout" if late else "silent"
+            worker.killed_kind = "timeout" if late or (slow_start and not silent) else "silent"
             self.kill(worker, why, said)
 
     @staticmethod

@@ -7,8 +7,8 @@ Subclass :class:`App`, override what you need, and start it with
 Where each method runs:
   every rank     ``add_arguments`` (class method), ``check_arguments``, ``validate`` (``devices``
                  already set), ``pools``
-  rank 0         ``fingerprint``, ``output_names``, ``prepare``, ``check_result``, ``items``, ``complete``,
-                 ``finish``, ``headline``
+  rank 0         ``fingerprint`` (and ``fingerprint_left_out``), ``output_names``, ``prepare``,
+                 ``check_result``, ``items``, ``complete``, ``finish``, ``headline``
   worker process ``setup_worker`` once, then ``run_item`` per item (never MPI here)
 The instance is pickled into the spawned workers, so keep big data out of ``__init__``;
 load it in ``setup_worker``.
@@ -137,6 +137,12 @@ class App:
     def fingerprint(self) -> Dict[str, Any]:
         """The app's own arguments that change results; ``--resume`` refuses a journal made with
         others. The engine adds its own (--seed, --threads) itself."""
+        return {}
+
+    def fingerprint_left_out(self) -> Dict[str, Any]:
+        """What an argument ``fingerprint`` leaves out stands for, where that is not the argument's
+        default (a value left out so that journals from before the argument resume): the refusal of
+        a resume names it, instead of "the default"."""
         return {}
 
     def prepare(self) -> None:

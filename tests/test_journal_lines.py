@@ -88,3 +88,6 @@ def test_a_difference_in_an_argument_left_at_its_default_names_the_default():
     assert describe_difference({"draws": "reference"}, {}) == "draws 'reference' (journal) vs the default (now)"
     assert describe_difference({}, {"max_macs": 1e6}) == "max_macs the default (journal) vs 1000000.0 (now)"
     assert describe_difference({"subsample": None}, {"subsample": 300}) == "subsample None (journal) vs 300 (now)"
+    # what an app says a left-out value stands for (mnist_nn leaves out --draws keyed): not "the default"
+    assert describe_difference({}, {"draws": "reference"}, {"draws": "keyed"}) == "draws 'keyed' (journal) vs 'reference' (now)"
+    assert describe_difference({"draws": "reference"}, {}, {"draws": "keyed"}) == "draws 'reference' (journal) vs 'keyed' (now)"

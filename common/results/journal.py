@@ -31,7 +31,7 @@ import time
 from dataclasses import fields
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from common.app import Record
 from common.errors import UsageError, quoted
@@ -147,11 +147,13 @@ def _record(entry: dict) -> Record:
     return Record(**entry)
 
 
-def describe_difference(old: dict, new: dict) -> str:
+def describe_difference(old: dict, new: dict, left_out: Optional[Mapping[str, Any]] = None) -> str:
     """'seed 1 (journal) vs 2 (now)' for the first argument that differs; an argument a fingerprint
-    leaves out where it has its default (so that older journals resume) is "the default"."""
+    leaves out (so that older journals resume) is what ``left_out`` says it stands for, else "the default"."""
     def shown(fingerprint: dict, name: str) -> str:
-        return repr(fingerprint[name]) if name in fingerprint else "the default"
+        if name in fingerprint:
+            return repr(fingerprint[name])
+        return repr(left_out[name]) if left_out and name in left_out else "the default"
 
     for name in sorted(set(old) | set(new)):
         if name not in old or name not in new or old[name] != new[name]:

@@ -229,7 +229,8 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         old_data = old.pop(DATA_FINGERPRINT, None)  # judged after prepare(), which reads the data
         if old != fingerprint:
             raise UsageError(f"cannot resume {quoted(folder)}: it was made with other arguments "
-                             f"({describe_difference(old, fingerprint)}); use the same arguments or another --results")
+                             f"({describe_difference(old, fingerprint, app.fingerprint_left_out())}); use the same "
+                             f"arguments or another --results")
         if getattr(args, "threads", None) is None:
             kept_threads = _threads_resumed(starts)  # taken once nothing below refuses the resume
         for key, record in app.journaled.items():

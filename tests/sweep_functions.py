@@ -128,3 +128,10 @@ async def awaited(params):
 def hangs(device):
     """A setup that never returns (a read from a dead network filesystem, a lock never released)."""
     threading.Event().wait()
+
+
+def diverges(params, seed):
+    """lr 1.0 diverges (NaN) for odd seeds and is very good otherwise; the others are fine."""
+    if params["lr"] == 1.0:
+        return {"loss": float("nan") if seed % 2 else 0.01}
+    return {"loss": 0.5 + params["lr"]}

@@ -243,6 +243,26 @@ def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_th
 
 
 
+def test_a_point_some_of_whose_repeats_diverged_ranks_after_those_whose_all_ran(tmp_path):
+    """lr 1.0 returns NaN in some of its 6 repeats and 0.01 in the rest: it ranked first on its
+    lucky repeats, and the headline read as if it were one run. Now it ranks last, said "k of 6"."""
+    grid = write(tmp_path / "grid.json", {"lr": [0.001, 0.01, 1.0]})
+    ran = sweep("sweep_functions:diverges", tmp_path / "r", "--grid", str(grid), "--repeats", "6", "--seed", "3",
+                "--minimise", "loss")
+    assert ran.returncode == 0, ran.stderr
+    best = summary(tmp_path / "r")["sweep"]["best"]
+    assert [entry["params"]["lr"] for entry in best] == [0.001, 0.01, 1.0]
+    assert [(entry["n"], entry["repeats"]) for entry in best[:2]] == [(6, 6), (6, 6)]
+    assert (best[2]["n"], best[2]["repeats"], best[2]["mean"]) == (3, 6, 0.01)  # seed 3: three odd seeds
+    assert "| 3 | 1.0 | 0.01 | 0 | 3 of 6 |" in (tmp_path / "r" / "summary.md").read_text()
+    assert ran.stdout.splitlines()[-1] == "best loss: 0.501 (mean of 6 repeats) at lr=0.001", ran.stdout
+    from common.sweep.report import headline  # where every point lost repeats, the best one says so
+
+    for n, said in ((1, "the one of 6 repeats"), (2, "mean of the 2 of 6 repeats")):
+        top = {"params": {"lr": 1.0}, "mean": 0.01, "n": n, "repeats": 6}
+        assert headline({"metric": "loss", "best": [top]}) == [f"best loss: 0.01 ({said} that returned a finite value) "
+                                                                f"at lr=1.0"]
+
 class _Tables(HTMLParser):
     """The cells' text of every table in an HTML page: [[[cell, ...], ...], ...]."""
 

@@ -195,23 +195,34 @@ def _cell(value: Any) -> Any:
 
 
 def _best(finished: List[Any], metric: str, goal: str) -> List[Dict[str, Any]]:
-    """Points ranked by their mean of ``metric`` over repeats, best first."""
+    """Points ranked by their mean of ``metric`` over repeats, best first. ``n``: the repeats that
+    returned a finite value, of ``repeats`` finished. A point where some did not (a training that
+    diverged to NaN in 5 of 6 seeds) ranks after every point whose repeats all did, whatever the
+    mean of the rest: its one lucky repeat is no evidence that it is best."""
     by_point: Dict[str, Dict[str, Any]] = {}
     for item, record in finished:
         returned = record.result["return"]
         value = returned.get(metric) if isinstance(returned, dict) else None
+        point = item.params["point"]
+        entry = by_point.setdefault(point_key(point), {"params": point, "values": [], "repeats": 0})
+        entry["repeats"] += 1
         if _number(value):
-            point = item.params["point"]
-            entry = by_point.setdefault(point_key(point), {"params": point, "values": []})
             entry["values"].append(float(value))
     ranked = []
     for key, entry in by_point.items():
         values = entry["values"]
-        ranked.append({"key": key, "params": entry["params"], "mean": _mean(values),
-                       "sd": _sd(values) if len(values) > 1 else None, "n": len(values),
-                       "min": min(values), "max": max(values)})
-    ranked.sort(key=lambda e: e["mean"], reverse=goal == "max")
+        if values:
+            ranked.append({"key": key, "params": entry["params"], "mean": _mean(values),
+                           "sd": _sd(values) if len(values) > 1 else None, "n": len(values),
+                           "repeats": entry["repeats"], "min": min(values), "max": max(values)})
+    sign = -1.0 if goal == "max" else 1.0
+    ranked.sort(key=lambda e: (e["n"] < e["repeats"], sign * e["mean"]))
     return ranked
+
+
+def _repeats_text(entry: Mapping[str, Any]) -> str:
+    """"3", or "1 of 6" where some repeats returned no finite value."""
+    return f"{entry['n']}" if entry["n"] == entry.get("repeats", entry["n"]) else f"{entry['n']} of {entry['repeats']}"
 
 
 def _mean(values: List[float]) -> float:
@@ -372,7 +383,7 @@ def markdown(sweep: Mapping[str, Any]) -> str:
         for place, entry in enumerate(best, 1):
             lines.append(f"| {place} | " + " | ".join(markdown_cell(value_text(entry["params"][p])) if p in entry["params"] else ""
                                                      for p in parameters)
-                         + f" | {_number_text(entry['mean'])} | {_number_text(entry['sd'])} | {entry['n']} |")
+                         + f" | {_number_text(entry['mean'])} | {_number_text(entry['sd'])} | {_repeats_text(entry)} |")
         lines.append("")
     if sweep.get("unranked"):
         count = sweep["unranked"]
@@ -391,5 +402,9 @@ def headline(sweep: Mapping[str, Any]) -> List[str]:
     if not best:
         return [f"nothing to rank: {sweep['note']}"] if sweep.get("note") else []
     top = best[0]
-    repeats = f" (mean of {top['n']} repeats)" if top["n"] > 1 else ""
+    if top["n"] < top.get("repeats", top["n"]):  # every point had a repeat with no finite value
+        repeats = (f" (mean of the {top['n']} of {top['repeats']} repeats that returned a finite value)" if top["n"] > 1
+                   else f" (the one of {top['repeats']} repeats that returned a finite value)")
+    else:
+        repeats = f" (mean of {top['n']} repeats)" if top["n"] > 1 else ""
     return [f"best {sweep['metric']}: {top['mean']!r}{repeats} at {_params_text(top['params'])}"]

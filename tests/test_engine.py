@@ -188,6 +188,22 @@ def test_a_resume_without_threads_keeps_the_thread_count_of_the_run_it_resumes(t
     assert "more threads than cores" not in stopped.stderr
 
 
+
+def test_a_resume_without_threads_keeps_the_threads_its_run_was_given(tmp_path):
+    """--threads given to the run: the fingerprint holds it, and a resume without it was refused
+    ("threads 1 (journal) vs the default (now)"), against the README's word and the default's case.
+    Another count given is still refused."""
+    results = tmp_path / "r"
+    args = [TOY, "6", "--gpu", "cpu", "--results", str(results), "--no-progress"]
+    stopped = stop_run(start(args + ["--threads", "1", "--sleep", "0.3"]), results, after=2)
+    assert stopped.returncode == 75, stopped.stderr
+    assert_usage_error(run(args + ["--threads", "2", "--resume"]), "threads 1 (journal) vs 2 (now)")
+    resumed = run(args + ["--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming with 1 torch/BLAS thread(s) per worker, as the run being resumed" in resumed.stderr
+    starts = [entry for entry in journal_entries(results) if entry.get("type") == "start"]
+    assert [start_["layout"][0]["threads"] for start_ in starts] == [1, 1]
+
 def test_a_torn_last_journal_line_is_tolerated_on_resume(tmp_path):
     args = [TOY, "10", "--results", str(tmp_path / "r"), "--no-progress"]
     assert run(args).returncode == 0

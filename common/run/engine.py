@@ -227,12 +227,16 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
                              f"multinode-gpu reads format {JOURNAL_FORMAT} (made by another version?); resume it "
                              f"with that version, or use another --results")
         old_data = old.pop(DATA_FINGERPRINT, None)  # judged after prepare(), which reads the data
+        given = old.get("threads")  # the run resumed was given --threads: a resume without it keeps it too
+        keep_given = getattr(args, "threads", None) is None and type(given) is int and 1 <= given <= MAX_THREADS
+        if keep_given:
+            fingerprint["threads"] = given
         if old != fingerprint:
             raise UsageError(f"cannot resume {quoted(folder)}: it was made with other arguments "
                              f"({describe_difference(old, fingerprint, app.fingerprint_left_out())}); use the same "
                              f"arguments or another --results")
         if getattr(args, "threads", None) is None:
-            kept_threads = _threads_resumed(starts)  # taken once nothing below refuses the resume
+            kept_threads = given if keep_given else _threads_resumed(starts)  # taken once nothing below refuses
         for key, record in app.journaled.items():
             try:
                 app.check_result(key, record.result)

@@ -248,8 +248,10 @@ class Leader:
     def _begin_stop(self, why: str) -> None:
         self.stopping = why
         self.deadline = self.clock.monotonic() + self.grace
-        running = len(self.scheduler.in_flight)
-        waiting = f"waiting up to {self.grace:g} s for {counted(running, 'running item')}" if running else "none is running"
+        # in flight: running, or queued in a worker's inbox or a follower's (those are taken back at once)
+        handed = len(self.scheduler.in_flight)
+        waiting = (f"waiting up to {self.grace:g} s for the {counted(handed, 'item')} handed out to finish or come back"
+                   if handed else "none is running")
         self.progress.write(f"{self.tag} {why}: handing out no more items; {waiting}")
         self.journal.add_event("stop", why=why, time=self.clock.time())
         self.pool.revoke_queued()

@@ -467,6 +467,23 @@ def test_a_signal_passed_on_twice_still_gives_running_items_their_grace(tmp_path
     assert sum(1 for e in entries if e.get("type") == "result") == 4, err
 
 
+
+def test_a_stop_whose_grace_lets_every_item_finish_ends_complete(tmp_path):
+    """Every item already handed out when the signal came: once they finish in their grace there is
+    nothing left to resume, so the run writes its outputs and ends complete (exit 0) instead of
+    "stopped with 2 of 2 items done; finish with --resume" (exit 75, no outputs)."""
+    results, marks = tmp_path / "r", tmp_path / "marks"
+    marks.mkdir()
+    process = start([TOY, "2", "--sleep", "2", "--workers", "2", "--gpu", "cpu", "--marker-dir", str(marks),
+                     "--results", str(results), "--no-progress"])
+    assert wait_until(lambda: len(list(marks.iterdir())) == 2, timeout=60)  # both items run
+    os.kill(process.pid, signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "received SIGTERM: handing out no more items" in err and "toy: complete: 2 of 2 items" in err, err
+    assert summary(results)["status"] == "complete" and values(results)
+    assert [e["why"] for e in journal_entries(results) if e.get("type") == "stop"] == ["received SIGTERM"]
+
 def test_a_worker_still_starting_lives_through_a_stop_signal_to_every_process(tmp_path, monkeypatch):
     """Slurm's walltime warning reaches every process of the job step, workers still importing
     their libraries included: it must wait for their handlers, not kill them."""

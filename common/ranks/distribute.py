@@ -182,7 +182,7 @@ class Leader:
             self.journal.maybe_sync()
             if self.status is not None:
                 self.status.tick(self)
-            if not self.stopping and self.scheduler.all_resolved():
+            if self.scheduler.all_resolved() and (not self.stopping or self._nothing_to_resume()):
                 return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
             if self.stopping and (not self.scheduler.in_flight or self.clock.monotonic() > self.deadline):
                 return self._end("stopped", EXIT_STOPPED)
@@ -245,6 +245,12 @@ class Leader:
         log_to_files(said)  # and the rank's log
 
     # ----- stopping -----
+    def _nothing_to_resume(self) -> bool:
+        """A stop whose grace let every item finish, each with its result: the run ends complete,
+        its outputs written, instead of asking for a --resume that would only write them. Not where
+        an item failed (a stop may have caused it; a resume runs it again) or a write failed."""
+        return not self.scheduler.failed and self.write_failures.first is None
+
     def _begin_stop(self, why: str) -> None:
         self.stopping = why
         self.deadline = self.clock.monotonic() + self.grace

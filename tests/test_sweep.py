@@ -650,6 +650,11 @@ def test_a_numpy_array_in_a_grid_is_its_list_of_values():
     assert all(type(point["depth"]) is int for point in points)
     with pytest.raises(UsageError, match="not a value JSON can hold"):
         grid_space({"lr": np.array([0.1, np.nan])})
+    # a range is its numbers (it was refused with a hint to write ["range(1, 4)"], a string); a set
+    # has no order to keep from run to run: refused, saying to give a list
+    assert grid_space({"layers": range(1, 4)}) == grid_space({"layers": [1, 2, 3]})
+    with pytest.raises(UsageError, match="'x' is a set, whose order is not kept from one run to the next: give a list"):
+        grid_space({"x": {0.1, 0.2}})
 
 
 def test_yaml_reads_an_exponent_without_a_dot_as_a_number(tmp_path):

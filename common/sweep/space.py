@@ -133,6 +133,11 @@ def grid_space(grid: Any, repeats: int = 1) -> Tuple[List[Dict[str, Any]], List[
         _check_name(name, "the grid")
         if isinstance(values, np.ndarray) and values.ndim:  # grid={"lr": np.logspace(-4, -1, 4)}: its values
             values = values.tolist()
+        if isinstance(values, range):  # grid={"layers": range(1, 4)}: its numbers, in order
+            values = list(values)
+        if isinstance(values, (set, frozenset)):  # its order, and so the items' order, would change from run to run
+            raise UsageError(f"the grid's {name!r} is a set, whose order is not kept from one run to the next: "
+                             f"give a list (sorted() of it, for one)")
         if not isinstance(values, (list, tuple)):
             raise UsageError(f"the grid's {name!r} must be a list of values, got {kind_of(values)} "
                              f"({values!r}); write [{json.dumps(to_jsonable(values), default=str)}] for one value")

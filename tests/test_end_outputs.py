@@ -102,3 +102,40 @@ def test_a_results_path_of_bytes_that_are_not_utf8_gets_its_outputs(tmp_path):
     assert status.returncode == 0 and status.stdout.startswith("toy: complete"), status.stdout
     again = run([TOY, "3", "--results", str(results), "--no-progress", "--resume"])
     assert again.returncode == 0, again.stderr
+
+
+BROKEN_HOOK = """import sys
+sys.path.insert(0, {tests!r})
+from toy_app import ToyApp
+from common.run.runner import main
+
+
+class Broken(ToyApp):
+    def {hook}(self, *args):
+        raise RuntimeError("boom in {hook}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(Broken))
+"""
+
+
+@pytest.mark.parametrize("hook", ["summary_markdown", "headline"])
+def test_an_app_whose_summary_part_or_closing_lines_raise_still_ends_with_its_summary(tmp_path, hook):
+    """An app's summary_markdown or headline raising (its own bug) after its outputs were written:
+    before, a traceback, no summary.md (summary_markdown) and status.json left at "finishing", so
+    the status command said the run was writing its outputs for ever. Now one line, the traceback
+    in the rank's log, the summary written and the run complete."""
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN_HOOK.format(tests=str(Path(TOY).parent), hook=hook))
+    results = tmp_path / "r"
+    ran = run([str(script), "3", "--results", str(results), "--no-progress"])
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    said = "its part of summary.md could not be made" if hook == "summary_markdown" else "its closing lines could not be made"
+    assert f"toy: {said}: RuntimeError: boom in {hook} (the traceback is in logs/rank0.log)" in ran.stderr, ran.stderr
+    assert f"boom in {hook}" in (results / "logs" / "rank0.log").read_text()
+    markdown = (results / "summary.md").read_text()
+    assert markdown.startswith("# toy: complete")
+    assert ("own part of this summary could not be made" in markdown) == (hook == "summary_markdown")
+    status = run(["-m", "common.status", str(results)])
+    assert status.stdout.startswith("toy: complete"), status.stdout

@@ -35,6 +35,7 @@ from common.errors import (
     EXIT_USAGE,
     UsageError,
     counted,
+    described,
     error_line,
     markdown_cell,
     quoted,
@@ -584,6 +585,9 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                       f"is journaled: write them with the same launcher and: "
                       f"{_resume_command(argv)}", file=sys.stderr)
                 code = EXIT_STOPPED
+            except Exception:  # a bug: the status file must not say "finishing" for ever (the traceback follows)
+                status.finished(leader, EXIT_FAILED_ITEMS)
+                raise
             finally:
                 stop.outputs_interruptible = False
             status.finished(leader, code)
@@ -799,7 +803,14 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
               f"{_resume_command(argv)}", file=sys.stderr)
         return EXIT_FAILED_ITEMS
     if not failed and run is not None:  # complete: the app's headline, as the reference's closing prints
-        for line in app.headline(run, summary):
+        try:
+            headline = app.headline(run, summary)
+        except Exception as error:  # the app's own code: its outputs are written; say so, in one line
+            log_to_files(f"{app.name}: making its closing lines failed:\n{traceback.format_exc().rstrip()}")
+            print(f"{app.name}: its closing lines could not be made: {error_line(described(error))} (the traceback "
+                  f"is in {LOGS_DIR}/{files.rank_log(0).name})", file=sys.stderr)
+            headline = []
+        for line in headline:
             print(line)
         sys.stdout.flush()
     counts = f"{len(records)} of {len(items)} items" + (f" done, {len(failed)} failed," if failed else "")
@@ -914,7 +925,14 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         lines += ["", f"Tracebacks are in `{LOGS_DIR}/` and `{JOURNAL_NAME}`.", ""]
     if summary.get("timeline_plot"):
         lines += [f"![timeline]({summary['timeline_plot']})", ""]
-    app_part = app.summary_markdown(summary) if with_app_part else ""
+    try:
+        app_part = app.summary_markdown(summary) if with_app_part else ""
+    except Exception as error:  # the app's own code: the run's part of summary.md is written all the same
+        log_to_files(f"{app.name}: making its part of summary.md failed:\n{traceback.format_exc().rstrip()}")
+        print(f"{app.name}: its part of summary.md could not be made: {error_line(described(error))} (the traceback "
+              f"is in {LOGS_DIR}/rank0.log)", file=sys.stderr)
+        app_part = (f"**{app.name}'s own part of this summary could not be made**: "
+                    f"{markdown_cell(error_line(described(error)))} (the traceback is in `{LOGS_DIR}/rank0.log`).")
     if app_part:
         lines += [app_part.rstrip(), ""]
     return "\n".join(lines)

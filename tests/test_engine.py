@@ -483,6 +483,10 @@ def test_a_stop_whose_grace_lets_every_item_finish_ends_complete(tmp_path):
     assert "received SIGTERM: handing out no more items" in err and "toy: complete: 2 of 2 items" in err, err
     assert summary(results)["status"] == "complete" and values(results)
     assert [e["why"] for e in journal_entries(results) if e.get("type") == "stop"] == ["received SIGTERM"]
+    # the rank's log tells the same story, and stderr says each line once
+    log = (results / "logs" / "rank0.log").read_text()
+    assert "WARNING received SIGTERM: handing out no more items" in log and "INFO toy: complete: 2 of 2 items" in log
+    assert err.count("handing out no more items") == 1 and err.count("toy: complete:") == 1, err
 
 def test_a_worker_still_starting_lives_through_a_stop_signal_to_every_process(tmp_path, monkeypatch):
     """Slurm's walltime warning reaches every process of the job step, workers still importing

@@ -258,7 +258,9 @@ class Leader:
         handed = len(self.scheduler.in_flight)
         waiting = (f"waiting up to {self.grace:g} s for the {counted(handed, 'item')} handed out to finish or come back"
                    if handed else "none is running")
-        self.progress.write(f"{self.tag} {why}: handing out no more items; {waiting}")
+        said = f"{why}: handing out no more items; {waiting}"
+        self.progress.write(f"{self.tag} {said}")
+        log_to_files(said, logging.WARNING)  # and the rank's log, which tells the run's story afterwards
         self.journal.add_event("stop", why=why, time=self.clock.time())
         self.pool.revoke_queued()
         self._broadcast(Stop())

@@ -780,42 +780,42 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
              lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary, summary["status"] != "stopped" or bool(where))))
     late = failures.first if failure is None else None
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
-        print(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
-              f"{late.remedy()}, then write them with the same launcher and: "
-              f"{_resume_command(argv)}", file=sys.stderr)
+        _closing(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
+                 f"{late.remedy()}, then write them with the same launcher and: "
+                 f"{_resume_command(argv)}")
         return EXIT_STOPPED
     if failure is None:
         write_report(results)
     if failure is not None:
         journaled = summary["items_journaled"]
-        print(f"{app.name}: stopped: {failure.describe()}; {'?' if journaled is None else journaled} of "
-              f"{len(items)} items are safely journaled; {failure.remedy()}, then finish with the same launcher and: "
-              f"{summary['resume_command']}", file=sys.stderr)
+        _closing(f"{app.name}: stopped: {failure.describe()}; {'?' if journaled is None else journaled} of "
+                 f"{len(items)} items are safely journaled; {failure.remedy()}, then finish with the same launcher and: "
+                 f"{summary['resume_command']}")
         return EXIT_STOPPED
     if outcome == "stopped":
-        print(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
-              f"finish with the same launcher and: {summary['resume_command']}", file=sys.stderr)
+        _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
+                 f"finish with the same launcher and: {summary['resume_command']}")
         return EXIT_STOPPED
     if outputs_error is not None:
-        print(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
-              f"{outputs_error} (traceback in {LOGS_DIR}/{files.rank_log(0).name}); every result is journaled: after "
-              f"a fix, write the outputs with the same launcher and: "
-              f"{_resume_command(argv)}", file=sys.stderr)
+        _closing(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
+                 f"{outputs_error} (traceback in {LOGS_DIR}/{files.rank_log(0).name}); every result is journaled: after "
+                 f"a fix, write the outputs with the same launcher and: "
+                 f"{_resume_command(argv)}")
         return EXIT_FAILED_ITEMS
     if not failed and run is not None:  # complete: the app's headline, as the reference's closing prints
         try:
             headline = app.headline(run, summary)
         except Exception as error:  # the app's own code: its outputs are written; say so, in one line
             log_to_files(f"{app.name}: making its closing lines failed:\n{traceback.format_exc().rstrip()}")
-            print(f"{app.name}: its closing lines could not be made: {error_line(described(error))} (the traceback "
-                  f"is in {LOGS_DIR}/{files.rank_log(0).name})", file=sys.stderr)
+            _closing(f"{app.name}: its closing lines could not be made: {error_line(described(error))} (the traceback "
+                     f"is in {LOGS_DIR}/{files.rank_log(0).name})")
             headline = []
         for line in headline:
             print(line)
         sys.stdout.flush()
     counts = f"{len(records)} of {len(items)} items" + (f" done, {len(failed)} failed," if failed else "")
-    print(f"{app.name}: {summary['status']}: {counts} in {summary['wall_seconds']:.1f} s; results in {results}/ "
-          f"(summary.md)", file=sys.stderr)
+    _closing(f"{app.name}: {summary['status']}: {counts} in {summary['wall_seconds']:.1f} s; results in {results}/ "
+             f"(summary.md)")
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
 
 
@@ -882,6 +882,12 @@ def _journaled(path: Path, items: list) -> Optional[int]:
 def _placement(layout: List[Dict[str, Any]]) -> str:
     """Each rank's host and devices, named by its rank: two ranks on one host both have a cpu0."""
     return ", ".join(f"rank {entry['rank']} on {entry['host']} [{', '.join(entry['devices'])}]" for entry in layout)
+
+
+def _closing(line: str) -> None:
+    """How the run ended, on stderr and in rank 0's log (which otherwise ends at the start-up lines)."""
+    print(line, file=sys.stderr)
+    log_to_files(line, logging.INFO)
 
 
 def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = True) -> str:

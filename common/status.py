@@ -21,8 +21,9 @@ from common.results.journal import parse_line, whole_lines
 from common.results.layout import JOURNAL_NAME, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
+from common.run.cli import Parser
 
-from .errors import error_line, quoted
+from .errors import UsageError, error_line, quoted
 
 #: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals, plus a
 #: margin for a shared filesystem's attribute caching and the nodes' clocks
@@ -346,9 +347,9 @@ def _failures(failures: List[dict], count: int) -> List[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m common.status", allow_abbrev=False,
-                                     description="What a job is doing, from its results folder (status.json and "
-                                                 "the journal that the job keeps current there).")
+    parser = Parser(prog="python -m common.status",  # a bad argument: one line, exit 2, as the apps say it
+                    description="What a job is doing, from its results folder (status.json and the journal that "
+                                "the job keeps current there).")
     parser.add_argument("results", type=Path, help="the job's results folder (--results)")
     parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="S",
                         help="refresh every S seconds (default 2) until the job ends; Ctrl-C to leave")
@@ -356,7 +357,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except UsageError as error:
+        print(f"python -m common.status: error: {error}", file=sys.stderr)
+        return 2
     if args.watch is not None and not 0 < args.watch <= MAX_WATCH_SECONDS:  # also refuses nan
         print(f"python -m common.status: error: --watch takes a positive number of seconds up to "
               f"{MAX_WATCH_SECONDS:g}, got {args.watch:g}", file=sys.stderr)

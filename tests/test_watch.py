@@ -258,6 +258,12 @@ def test_a_folder_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr, proc.stderr
     proc = status(tmp_path, "--watch", "0")
     assert proc.returncode == 2 and "--watch" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    # argparse's own refusals too (they were its usage line and the error: two lines)
+    for arguments, fragment in ((["--watch", "abc"], "argument --watch: invalid float value: 'abc'"),
+                                (["--bogus"], "unrecognized arguments: --bogus")):
+        proc = status(tmp_path, *arguments)
+        assert proc.returncode == 2 and proc.stdout == "", proc
+        assert proc.stderr.splitlines() == [f"python -m common.status: error: {fragment} (see --help)"], proc.stderr
 
 
 def test_progress_in_a_terminal_is_a_bar(tmp_path):

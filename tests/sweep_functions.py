@@ -135,3 +135,19 @@ def diverges(params, seed):
     if params["lr"] == 1.0:
         return {"loss": float("nan") if seed % 2 else 0.01}
     return {"loss": 0.5 + params["lr"]}
+
+
+def writes_in_the_background(params):
+    """Hands a write to a ThreadPoolExecutor and another to a thread, each a second away, and
+    returns at once (a checkpoint saved in the background); each writes a file in SWEEP_MARKS."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = Path(os.environ["SWEEP_MARKS"])
+
+    def write(name: str) -> None:
+        time.sleep(1.0)
+        (folder / f"{name}-{params['x']}").write_text("done")
+
+    ThreadPoolExecutor(1).submit(write, "by-an-executor")  # never shut down, as a forgetful user leaves it
+    threading.Thread(target=write, args=("by-a-thread",)).start()
+    return {"x": params["x"]}

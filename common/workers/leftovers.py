@@ -17,12 +17,15 @@ import atexit
 import os
 import sys
 import threading
+import time
 from typing import Callable, List
 
 import psutil
 
 #: how long processes the items left get to end after SIGTERM, before SIGKILL
 PROCESS_GRACE_SECONDS = 2.0
+#: how long threads the items left get to end (an executor's queued work, a last write) at the worker's end
+THREAD_GRACE_SECONDS = 3.0
 
 
 def threads_left() -> List[threading.Thread]:
@@ -32,10 +35,20 @@ def threads_left() -> List[threading.Thread]:
             and thread.is_alive()]
 
 
-def exit_without_waiting(code: int = 0) -> None:
-    """End this process as Python's exit would (its atexit functions, flushed streams) but without
-    waiting for :func:`threads_left`."""
-    atexit._run_exitfuncs()  # what the interpreter runs after joining its threads, run now
+def end_worker(note: Callable[[str], None], code: int = 0, grace: float = THREAD_GRACE_SECONDS) -> None:
+    """End this process as Python's exit would, but bounded: threading's exit hooks (an executor
+    runs the work queued in it) and the threads :func:`threads_left` names get ``grace`` seconds
+    together, the atexit functions run (the app's too, whenever it registered them), then the
+    processes it left (:func:`end_processes_left`), and the process ends with ``code`` whatever
+    threads still run."""
+    deadline = time.monotonic() + grace
+    hooks = threading.Thread(target=_threading_exit_hooks, name="exit hooks", daemon=True)
+    hooks.start()
+    hooks.join(grace)
+    for thread in threads_left():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    atexit._run_exitfuncs()  # what the interpreter runs after joining its threads
+    end_processes_left(note)
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
@@ -45,11 +58,22 @@ def exit_without_waiting(code: int = 0) -> None:
     os._exit(code)
 
 
+def _threading_exit_hooks() -> None:
+    """What threading's shutdown runs before it joins the threads (concurrent.futures' executors
+    finish their queued work there); CPython's, where it has them."""
+    for hook in reversed(list(getattr(threading, "_threading_atexits", ()))):
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 -- a library's hook: the worker ends all the same
+            pass
+
+
 def end_processes_left(note: Callable[[str], None], grace: float = PROCESS_GRACE_SECONDS) -> int:
     """SIGTERM every process this one started (and theirs) that still runs, SIGKILL those left after
     ``grace`` s; ``note`` is told which, in one line. Returns how many there were."""
-    try:
-        left = psutil.Process().children(recursive=True)
+    try:  # not those already ended that nobody waited for (zombies): they hold nothing
+        left = [child for child in psutil.Process().children(recursive=True)
+                if child.status() != psutil.STATUS_ZOMBIE]
     except psutil.Error:
         return 0
     if not left:

@@ -13,7 +13,6 @@ then) from a busy one, and kill it (``--worker-timeout``).
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import contextvars
 import faulthandler
@@ -56,7 +55,7 @@ from common.signals import (
     ignore_stop_signals,
     leave_stop_signals_to_rank,
 )
-from common.workers.leftovers import end_processes_left, exit_without_waiting, threads_left
+from common.workers.leftovers import THREAD_GRACE_SECONDS, end_worker, threads_left
 
 log = logging.getLogger("multinode_gpu.worker")
 
@@ -343,8 +342,7 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
         _serve(conn, app, device, name, log_path, seed, threads, heartbeat, finished)
     except _Terminated:  # ended by its rank while still starting (a run that ended first): nothing to say
         pass
-    if threads_left():
-        exit_without_waiting(0)
+    end_worker(log.warning)
 
 
 def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int,
@@ -370,8 +368,6 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
     logging._srcfile = None  # type: ignore[attr-defined]
     log.info("started: pid %d, device %s, CUDA_VISIBLE_DEVICES=%s, threads %d",
              os.getpid(), device, os.environ.get("CUDA_VISIBLE_DEVICES", ""), threads)
-    # registered before any of the app's code runs, so it runs after the app's own atexit functions
-    atexit.register(end_processes_left, log.warning)
     try:  # where a hung item is, in this log, before the rank kills it
         dump_file = open(log_path, "a")
         faulthandler.register(DUMP_SIGNAL, file=dump_file, all_threads=True)
@@ -403,7 +399,8 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
         beating.set()
         left = threads_left()
         if left:
-            log.warning("%d thread(s) started by the app's code still run (%s): the worker ends without waiting for them",
-                        len(left), ", ".join(thread.name for thread in left[:5]))
+            log.warning("%d thread(s) started by the app's code still run (%s): the worker ends without waiting "
+                        "for them past %g s", len(left), ", ".join(thread.name for thread in left[:5]),
+                        THREAD_GRACE_SECONDS)
         logging.shutdown()
         ignore_stop_signals()  # none kills this process while it shuts down (Python's defaults)

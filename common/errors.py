@@ -65,8 +65,11 @@ def error_line(error: str) -> str:
 
 
 #: what Markdown would read as a cell's end (|), emphasis, code, a link, an escape or HTML; an
-#: underscore only where it could open or close emphasis (not inside a word: learning_rate)
-_MARKDOWN_SPECIAL = re.compile(r"[\\`*\[\]|]|(?<!\w)_|_(?!\w)")
+#: underscore unless it stands between two letters or digits (learning_rate stays as written; the
+#: inner ones of __init__ too need it)
+_MARKDOWN_SPECIAL = re.compile(r"[\\`*\[\]|]|(?<![^\W_])_|_(?![^\W_])")
+#: an ampersand that would start a character reference (&lt;, &#60;): Markdown would show the character
+_REFERENCE = re.compile(r"&(?=#?\w+;)")
 
 
 def markdown_cell(text: str) -> str:
@@ -74,4 +77,5 @@ def markdown_cell(text: str) -> str:
     summary.md, and so in report.html, shown as written: a ``|`` in a value would otherwise start a
     new cell and shift the numbers under the wrong headers."""
     text = " ".join(str(text).splitlines())
+    text = _REFERENCE.sub("&amp;", text)
     return _MARKDOWN_SPECIAL.sub(lambda match: "\\" + match.group(0), text).replace("<", "&lt;")

@@ -592,16 +592,21 @@ def test_a_script_calling_sweep_main_unguarded_is_one_line_naming_the_line(tmp_p
     assert run([str(guarded), *ENGINE, "--results", str(tmp_path / "g")], cwd=tmp_path).returncode == 0
 
 
-@pytest.mark.parametrize("source", ["python -c", "standard input"])
+@pytest.mark.parametrize("source", ["python -c", "standard input", "python -m package"])
 def test_a_function_defined_in_code_with_no_file_is_one_line_and_writes_nothing(tmp_path, source):
-    """python -c, python - (and a notebook's or an interpreter's __main__, which has no file either):
-    the spawned workers cannot import the function. Before, every check passed, the workers died
-    with three tracebacks each and a results folder of failed items was written."""
+    """python -c, python - (and a notebook's or an interpreter's __main__, which has no file either),
+    a package's __main__.py (which spawn leaves out on purpose): the spawned workers cannot import
+    the function. Before, every check passed, the workers died with three tracebacks each and a
+    results folder of failed items was written."""
     code = UNGUARDED + 'if __name__ == "__main__":\n    raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n'
-    where = ["-c", code] if source == "python -c" else ["-"]
+    where = {"python -c": ["-c", code], "standard input": ["-"], "python -m package": ["-m", "mypackage"]}[source]
+    (tmp_path / "mypackage").mkdir()
+    (tmp_path / "mypackage" / "__init__.py").write_text("")
+    (tmp_path / "mypackage" / "__main__.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n" + code)
     result = run([*where, *ENGINE, "--results", str(tmp_path / "r")], cwd=tmp_path,
-                 input=None if source == "python -c" else code)
-    assert_usage_error(result, "the function 'fit' is defined in code with no file", "put it in a .py file")
+                 input=code if source == "standard input" else None)
+    assert_usage_error(result, "the function 'fit' is defined where the workers cannot import it from",
+                       "put it in a .py file of its own")
     assert not (tmp_path / "r").exists()
 
 

@@ -186,16 +186,20 @@ def _picklable(function: Callable[..., Any], what: str) -> None:
         raise UsageError(f"{what} {name!r} cannot be sent to the workers: define it with def at the top level of a "
                          f"module (not a lambda or a nested function)") from None
     if getattr(function, "__module__", None) == "__main__" and not _main_is_importable():
-        raise UsageError(f"{what} {name!r} is defined in code with no file (python -c, standard input, a notebook or "
-                         f"an interactive session), which the workers cannot import: put it in a .py file and run "
-                         f"that, or import it from one")
+        raise UsageError(f"{what} {name!r} is defined where the workers cannot import it from (python -c, standard "
+                         f"input, a notebook, an interactive session, or a package's __main__.py): put it in a .py "
+                         f"file of its own and run that, or import it from one")
 
 
 def _main_is_importable() -> bool:
     """Whether a spawned process can make this ``__main__`` again: run as a module (python -m), or
-    from a file that is there."""
+    from a file that is there. Not a package's ``__main__`` (python -m package, python folder/, a
+    zipapp): spawn leaves those out on purpose."""
     main = sys.modules.get("__main__")
-    if getattr(getattr(main, "__spec__", None), "name", None):
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name == "__main__" or (name or "").endswith(".__main__"):
+        return False
+    if name:
         return True
     path = getattr(main, "__file__", None)
     if not isinstance(path, str):

@@ -151,3 +151,10 @@ def writes_in_the_background(params):
     ThreadPoolExecutor(1).submit(write, "by-an-executor")  # never shut down, as a forgetful user leaves it
     threading.Thread(target=write, args=("by-a-thread",)).start()
     return {"x": params["x"]}
+
+
+def raises_mostly(params, seed):
+    """lr 1.0 raises for odd seeds and is very good otherwise (an "assert loss is finite")."""
+    if params["lr"] == 1.0 and seed % 2:
+        raise FloatingPointError("the loss diverged")
+    return {"loss": 0.01 if params["lr"] == 1.0 else 0.5 + params["lr"]}

@@ -112,7 +112,7 @@ from common.run.runner import main
 
 class Broken(ToyApp):
     def {hook}(self, *args):
-        raise RuntimeError("boom in {hook}")
+        {body}
 
 
 if __name__ == "__main__":
@@ -127,7 +127,7 @@ def test_an_app_whose_summary_part_or_closing_lines_raise_still_ends_with_its_su
     the status command said the run was writing its outputs for ever. Now one line, the traceback
     in the rank's log, the summary written and the run complete."""
     script = tmp_path / "broken.py"
-    script.write_text(BROKEN_HOOK.format(tests=str(Path(TOY).parent), hook=hook))
+    script.write_text(BROKEN_HOOK.format(tests=str(Path(TOY).parent), hook=hook, body=f'raise RuntimeError("boom in {hook}")'))
     results = tmp_path / "r"
     ran = run([str(script), "3", "--results", str(results), "--no-progress"])
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
@@ -139,3 +139,13 @@ def test_an_app_whose_summary_part_or_closing_lines_raise_still_ends_with_its_su
     assert ("own part of this summary could not be made" in markdown) == (hook == "summary_markdown")
     status = run(["-m", "common.status", str(results)])
     assert status.stdout.startswith("toy: complete"), status.stdout
+
+
+def test_an_app_whose_headline_returns_none_still_ends_complete(tmp_path):
+    """A headline without its return (None, not a list of lines) was iterated outside the guard: a
+    TypeError traceback after the outputs were written."""
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN_HOOK.format(tests=str(Path(TOY).parent), hook="headline", body="pass"))
+    ran = run([str(script), "3", "--results", str(tmp_path / "r"), "--no-progress"])
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+    assert ran.stdout == "" and "toy: complete: 3 of 3 items" in ran.stderr

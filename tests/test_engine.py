@@ -431,8 +431,10 @@ def test_an_error_in_the_apps_finish_ends_every_rank_in_one_line_and_resume_writ
 
 
 def test_sigterm_to_the_whole_process_group_stops_cleanly_without_failures(tmp_path):
-    """What scancel and srun do: every process, workers included, gets the signal."""
-    args = [TOY, "8", "--sleep", "1.5", "--workers", "2", "--retries", "0", "--grace", "20",
+    """What scancel and srun do: every process, workers included, gets the signal. 16 items on 4
+    workers: a third wave is still to hand out, so the run stops (with 8, a fast machine could hand
+    out the second wave before the signal, finish it in the grace and end complete)."""
+    args = [TOY, "16", "--sleep", "1.5", "--workers", "2", "--retries", "0", "--grace", "20",
             "--results", str(tmp_path / "r"), "--no-progress"]
     process = start(args, ranks=2)
     from helpers import wait_for_results

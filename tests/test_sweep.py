@@ -256,6 +256,13 @@ def test_a_point_some_of_whose_repeats_diverged_ranks_after_those_whose_all_ran(
     assert (best[2]["n"], best[2]["repeats"], best[2]["mean"]) == (3, 6, 0.01)  # seed 3: three odd seeds
     assert "| 3 | 1.0 | 0.01 | 0 | 3 of 6 |" in (tmp_path / "r" / "summary.md").read_text()
     assert ran.stdout.splitlines()[-1] == "best loss: 0.501 (mean of 6 repeats) at lr=0.001", ran.stdout
+    # repeats that raised count as missing too (before, 3 finished of 3 made it a complete point)
+    raised = sweep("sweep_functions:raises_mostly", tmp_path / "raised", "--grid", str(grid), "--repeats", "6", "--seed",
+                   "3", "--minimise", "loss", "--retries", "0")
+    assert raised.returncode == 1, raised.stderr
+    ranked = summary(tmp_path / "raised")["sweep"]["best"]
+    assert [(entry["params"]["lr"], entry["n"], entry["repeats"]) for entry in ranked] == [
+        (0.001, 6, 6), (0.01, 6, 6), (1.0, 3, 6)]
     from common.sweep.report import headline  # where every point lost repeats, the best one says so
 
     for n, said in ((1, "the one of 6 repeats"), (2, "mean of the 2 of 6 repeats")):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -173,7 +174,9 @@ def test_a_setup_that_never_returns_is_killed_after_the_setup_timeout(tmp_path):
               cwd=Path(__file__).parent, timeout=120)
     assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
     assert time.monotonic() - started < 60
-    assert ran.stderr.count("worker still starting after 1 s (--setup-timeout 1); killing it") == 3, ran.stderr
+    # "after 1 s", or 2 where the rank's loop was slow on a loaded machine
+    assert len(re.findall(r"worker still starting after \d+ s \(--setup-timeout 1\); killing it", ran.stderr)) == 3, \
+        ran.stderr
     assert "giving up on cpu0 after 3 failed starts: its setup ran past 1 s (--setup-timeout)" in ran.stderr
     failed = {f["key"]: f["error"] for f in _summary(tmp_path / "r")["failed_items"]}
     assert failed == {key: "no worker could start: its setup ran past 1 s (--setup-timeout)" for key in ("x=1", "x=2")}

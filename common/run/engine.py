@@ -803,8 +803,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                  f"{_resume_command(argv)}")
         return EXIT_FAILED_ITEMS
     if not failed and run is not None:  # complete: the app's headline, as the reference's closing prints
-        try:
-            headline = app.headline(run, summary)
+        try:  # a list of lines; None (a forgotten return) or a generator that raises are its errors too
+            headline = [str(line) for line in app.headline(run, summary) or ()]
         except Exception as error:  # the app's own code: its outputs are written; say so, in one line
             log_to_files(f"{app.name}: making its closing lines failed:\n{traceback.format_exc().rstrip()}")
             _closing(f"{app.name}: its closing lines could not be made: {error_line(described(error))} (the traceback "
@@ -932,7 +932,7 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
     if summary.get("timeline_plot"):
         lines += [f"![timeline]({summary['timeline_plot']})", ""]
     try:
-        app_part = app.summary_markdown(summary) if with_app_part else ""
+        app_part = (app.summary_markdown(summary) or "").rstrip() if with_app_part else ""
     except Exception as error:  # the app's own code: the run's part of summary.md is written all the same
         log_to_files(f"{app.name}: making its part of summary.md failed:\n{traceback.format_exc().rstrip()}")
         print(f"{app.name}: its part of summary.md could not be made: {error_line(described(error))} (the traceback "

@@ -17,7 +17,7 @@ import operator
 import statistics
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -194,18 +194,25 @@ def _cell(value: Any) -> Any:
     return value if isinstance(value, (str, int, float)) else json.dumps(value)
 
 
-def _best(finished: List[Any], metric: str, goal: str) -> List[Dict[str, Any]]:
+def _best(finished: List[Any], metric: str, goal: str, items: Sequence[Any] = ()) -> List[Dict[str, Any]]:
     """Points ranked by their mean of ``metric`` over repeats, best first. ``n``: the repeats that
-    returned a finite value, of ``repeats`` finished. A point where some did not (a training that
-    diverged to NaN in 5 of 6 seeds) ranks after every point whose repeats all did, whatever the
-    mean of the rest: its one lucky repeat is no evidence that it is best."""
+    returned a finite value, of the point's ``repeats`` (its items among ``items``, every item of
+    the run; the finished ones where not given). A point where some did not (a training that
+    diverged to NaN in 5 of 6 seeds, or raised) ranks after every point whose repeats all did,
+    whatever the mean of the rest: its one lucky repeat is no evidence that it is best."""
     by_point: Dict[str, Dict[str, Any]] = {}
+    planned: Dict[str, int] = {}
+    for item in items:
+        key = point_key(item.params["point"])
+        planned[key] = planned.get(key, 0) + 1
     for item, record in finished:
         returned = record.result["return"]
         value = returned.get(metric) if isinstance(returned, dict) else None
         point = item.params["point"]
-        entry = by_point.setdefault(point_key(point), {"params": point, "values": [], "repeats": 0})
-        entry["repeats"] += 1
+        key = point_key(point)
+        entry = by_point.setdefault(key, {"params": point, "values": [], "repeats": planned.get(key, 0)})
+        if not items:
+            entry["repeats"] += 1
         if _number(value):
             entry["values"].append(float(value))
     ranked = []
@@ -265,7 +272,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         returns = [record.result["return"] for _, record in finished]
         values = _names([returned for returned in returns if isinstance(returned, dict)], _scalar)
         table, lines = _tables(finished, parameters, values)
-        ranked = _best(finished, plan.metric, plan.goal) if plan.metric else []
+        ranked = _best(finished, plan.metric, plan.goal, run.items) if plan.metric else []
     atomic_write_text(folder / RESULTS_CSV, table)
     atomic_write_text(folder / RESULTS_JSONL, lines)
     sweep: Dict[str, Any] = {"function": _function_name(plan), "kind": plan.kind, "points": len(plan.points),

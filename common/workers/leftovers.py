@@ -71,11 +71,11 @@ def _threading_exit_hooks() -> None:
 def end_processes_left(note: Callable[[str], None], grace: float = PROCESS_GRACE_SECONDS) -> int:
     """SIGTERM every process this one started (and theirs) that still runs, SIGKILL those left after
     ``grace`` s; ``note`` is told which, in one line. Returns how many there were."""
-    try:  # not those already ended that nobody waited for (zombies): they hold nothing
-        left = [child for child in psutil.Process().children(recursive=True)
-                if child.status() != psutil.STATUS_ZOMBIE]
+    try:
+        children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return 0
+    left = [child for child in children if _running(child)]
     if not left:
         return 0
     names = []
@@ -94,3 +94,11 @@ def end_processes_left(note: Callable[[str], None], grace: float = PROCESS_GRACE
         except psutil.Error:
             pass
     return len(left)
+
+
+def _running(process: psutil.Process) -> bool:
+    """Not gone, and not one that ended and that nobody waited for (a zombie holds nothing)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -17,7 +17,7 @@ import operator
 import statistics
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -194,25 +194,17 @@ def _cell(value: Any) -> Any:
     return value if isinstance(value, (str, int, float)) else json.dumps(value)
 
 
-def _best(finished: List[Any], metric: str, goal: str, items: Sequence[Any] = ()) -> List[Dict[str, Any]]:
+def _best(finished: List[Any], metric: str, goal: str, repeats: int) -> List[Dict[str, Any]]:
     """Points ranked by their mean of ``metric`` over repeats, best first. ``n``: the repeats that
-    returned a finite value, of the point's ``repeats`` (its items among ``items``, every item of
-    the run; the finished ones where not given). A point where some did not (a training that
-    diverged to NaN in 5 of 6 seeds, or raised) ranks after every point whose repeats all did,
-    whatever the mean of the rest: its one lucky repeat is no evidence that it is best."""
+    returned a finite value, of the ``repeats`` every point has. A point where some did not (a
+    training that diverged to NaN in 5 of 6 seeds, or raised) ranks after every point whose
+    repeats all did, whatever the mean of the rest: its one lucky repeat is no evidence that it is best."""
     by_point: Dict[str, Dict[str, Any]] = {}
-    planned: Dict[str, int] = {}
-    for item in items:
-        key = point_key(item.params["point"])
-        planned[key] = planned.get(key, 0) + 1
     for item, record in finished:
         returned = record.result["return"]
         value = returned.get(metric) if isinstance(returned, dict) else None
         point = item.params["point"]
-        key = point_key(point)
-        entry = by_point.setdefault(key, {"params": point, "values": [], "repeats": planned.get(key, 0)})
-        if not items:
-            entry["repeats"] += 1
+        entry = by_point.setdefault(point_key(point), {"params": point, "values": []})
         if _number(value):
             entry["values"].append(float(value))
     ranked = []
@@ -221,7 +213,7 @@ def _best(finished: List[Any], metric: str, goal: str, items: Sequence[Any] = ()
         if values:
             ranked.append({"key": key, "params": entry["params"], "mean": _mean(values),
                            "sd": _sd(values) if len(values) > 1 else None, "n": len(values),
-                           "repeats": entry["repeats"], "min": min(values), "max": max(values)})
+                           "repeats": repeats, "min": min(values), "max": max(values)})
     sign = -1.0 if goal == "max" else 1.0
     ranked.sort(key=lambda e: (e["n"] < e["repeats"], sign * e["mean"]))
     return ranked
@@ -229,7 +221,7 @@ def _best(finished: List[Any], metric: str, goal: str, items: Sequence[Any] = ()
 
 def _repeats_text(entry: Mapping[str, Any]) -> str:
     """"3", or "1 of 6" where some repeats returned no finite value."""
-    return f"{entry['n']}" if entry["n"] == entry.get("repeats", entry["n"]) else f"{entry['n']} of {entry['repeats']}"
+    return f"{entry['n']}" if entry["n"] == entry["repeats"] else f"{entry['n']} of {entry['repeats']}"
 
 
 def _mean(values: List[float]) -> float:
@@ -272,7 +264,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         returns = [record.result["return"] for _, record in finished]
         values = _names([returned for returned in returns if isinstance(returned, dict)], _scalar)
         table, lines = _tables(finished, parameters, values)
-        ranked = _best(finished, plan.metric, plan.goal, run.items) if plan.metric else []
+        ranked = _best(finished, plan.metric, plan.goal, plan.repeats) if plan.metric else []
     atomic_write_text(folder / RESULTS_CSV, table)
     atomic_write_text(folder / RESULTS_JSONL, lines)
     sweep: Dict[str, Any] = {"function": _function_name(plan), "kind": plan.kind, "points": len(plan.points),
@@ -409,7 +401,7 @@ def headline(sweep: Mapping[str, Any]) -> List[str]:
     if not best:
         return [f"nothing to rank: {sweep['note']}"] if sweep.get("note") else []
     top = best[0]
-    if top["n"] < top.get("repeats", top["n"]):  # every point had a repeat with no finite value
+    if top["n"] < top["repeats"]:  # every point had a repeat with no finite value
         repeats = (f" (mean of the {top['n']} of {top['repeats']} repeats that returned a finite value)" if top["n"] > 1
                    else f" (the one of {top['repeats']} repeats that returned a finite value)")
     else:

@@ -88,6 +88,7 @@ class Watchdog:
             if not (silent or late or slow_start) or worker.conn.poll():  # unread messages: read them first
                 continue
             keys = ", ".join(self.running_keys(worker))
+            kind = "timeout"
             if slow_start and not silent:  # its heartbeat goes on: stuck in its setup (a dead filesystem, a lock)
                 why = f"its setup ran past {self.setup_timeout:g} s (--setup-timeout)"
                 said = f"worker still starting after {starting:.0f} s (--setup-timeout {self.setup_timeout:g})"
@@ -95,11 +96,12 @@ class Watchdog:
                 why = f"{TIMED_OUT} {self.item_timeout:g} s (--item-timeout)"
                 said = f"{keys} timed out after {self.item_timeout:g} s (--item-timeout)"
             else:
+                kind = "silent"
                 why = f"{SILENT} {silence:.0f} s (stopped or hung)"
                 said = (f"worker silent for {silence:.0f} s (stopped, or hung in code that holds the GIL; "
                         f"--worker-timeout {self.worker_timeout:g}) while "
                         + (f"running {keys}" if keys else "starting" if not worker.ready else "idle"))
-            worker.killed_kind = "timeout" if late or (slow_start and not silent) else "silent"
+            worker.killed_kind = kind
             self.kill(worker, why, said)
 
     @staticmethod

@@ -23,7 +23,7 @@ from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
 from common.run.cli import Parser
 
-from .errors import UsageError, error_line, quoted
+from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, UsageError, error_line, quoted
 
 #: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals, plus a
 #: margin for a shared filesystem's attribute caching and the nodes' clocks
@@ -346,10 +346,20 @@ def _failures(failures: List[dict], count: int) -> List[str]:
     return lines
 
 
+def exit_code(state: Optional[str], why_gone: Optional[str]) -> int:
+    """The job's state as the code the job itself ends with, so that a script branches on it
+    without reading the text: 0 running or complete, 1 failed, 75 stopped or gone (``--resume``
+    finishes it; the code a Slurm script requeues on)."""
+    if why_gone is not None or state == "stopped":
+        return EXIT_STOPPED
+    return EXIT_FAILED_ITEMS if state == "failed" else EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m common.status",  # a bad argument: one line, exit 2, as the apps say it
                     description="What a job is doing, from its results folder (status.json and the journal that "
-                                "the job keeps current there).")
+                                "the job keeps current there). Exit code: 0 running or complete, 1 failed, 75 "
+                                "stopped or gone (rerun it with --resume), 2 not a run's results folder.")
     parser.add_argument("results", type=Path, help="the job's results folder (--results)")
     parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="S",
                         help="refresh every S seconds (default 2) until the job ends; Ctrl-C to leave")
@@ -391,7 +401,7 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             except NotRegularFile as problem:  # a FIFO would make every read wait for ever
                 print(f"python -m common.status: error: {problem}", file=sys.stderr)
                 return 2
-            why_gone = None
+            why_gone, state = None, None
             try:
                 if not results.is_dir():  # --watch started before the job: wait for it
                     raise NotAResultsFolder(f"{results}: no such folder yet")
@@ -399,8 +409,11 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
                 try:
                     why_gone = gone(results, status, now)
                     text = describe(results, status, journal, now, why_gone)
+                    state = status.get("state") if status is not None else None
                 except DAMAGED:  # a field of the wrong type: the file counts as damaged, the journal alone speaks
-                    why_gone, text = None, describe(results, None, journal, now)
+                    why_gone, status, text = None, None, describe(results, None, journal, now)
+                if status is None:  # the journal alone: the state its summary gives, if any
+                    state = (_read_summary(ResultsLayout(results).summary_json) or {}).get("status")
             except NotAResultsFolder as problem:
                 if args.watch is None:
                     print(f"python -m common.status: error: {problem}", file=sys.stderr)
@@ -413,8 +426,8 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             out.write(text)
             out.flush()
             # ends with the job: done, stopped, failed, or gone without a word (killed)
-            if args.watch is None or (status or {}).get("state") in FINAL_STATES or why_gone is not None:
-                return 0
+            if args.watch is None or state in FINAL_STATES or why_gone is not None:
+                return exit_code(state, why_gone)
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0

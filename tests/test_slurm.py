@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from common.slurm.shipped import SHIPPED, shipped_scripts
-from helpers import REPO, TOY, journal_entries, run, wait_for_results
+from helpers import REPO, TOY, journal_entries, run, wait_for_results, wait_until
 from slurm_cluster import slurm  # noqa: F401  (the session's Slurm, a fixture)
 
 GENERATOR = [sys.executable, "-m", "common.slurm"]
@@ -300,6 +300,58 @@ def test_a_walltime_warning_as_the_step_goes_down_ends_the_job_as_stopped(tmp_pa
     assert done.returncode == 75, done.stdout + done.stderr
     assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], done.stdout
     assert "ended abnormally (exit 137) after SIGUSR1: not starting it again" in done.stdout, done.stdout
+
+
+def recorded_job(tmp_path: Path, srun: str) -> tuple:
+    """A generated CPU script whose ``srun`` runs ``srun`` (bash) and whose ``scontrol`` records its
+    arguments: (the script, its environment, the file of calls)."""
+    made = generate("--nodes", "2", "--cpu", "--time", "01:00:00", "--", "mnist_nn", "1", "1")
+    assert made.returncode == 0, made.stderr
+    script = tmp_path / "job.sbatch"
+    script.write_text(made.stdout)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("srun", srun), ("scontrol", 'echo "scontrol $*" >> "$CALLS"')):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), SLURM_SUBMIT_DIR=str(tmp_path),
+               SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2", SLURM_CPUS_PER_TASK="2")
+    return script, env, calls
+
+
+def test_the_walltimes_term_after_its_warning_still_requeues(tmp_path):
+    """The run is still saving its journal when the walltime comes: Slurm's TERM follows the USR1
+    warning. The job was stopped by the warning and is requeued (before, the TERM overwrote it and
+    the chain of requeues ended, as for a job cancelled by hand)."""
+    srun = ('sleep 30 & child=$!; trap \'trap "" USR1; echo stop >> "$CALLS"; kill -TERM $PPID; sleep 0.5; kill $child; '
+            'exit 75\' USR1; echo started >> "$CALLS"; wait')
+    script, env, calls = recorded_job(tmp_path, srun)
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert wait_until(lambda: calls.exists() and calls.read_text() == "started\n", timeout=20)
+    job.send_signal(signal.SIGUSR1)
+    out, _ = job.communicate(timeout=30)
+    assert job.returncode == 75, out
+    assert calls.read_text().splitlines() == ["started", "stop", "scontrol requeue 7"], out
+    assert "got SIGTERM" in out and "requeueing; the next start continues with --resume" in out, out
+
+
+@pytest.mark.parametrize("first, hint", [("USR1", "(the walltime warning: is --time shorter than "), ("TERM", "")])
+def test_a_stop_before_the_run_started_starts_nothing_and_requeues_nothing(tmp_path, first, hint):
+    """A --time shorter than the warning: USR1 comes at once, and a requeued job would get the same
+    limit, twenty times over. Neither srun nor a requeue; one line and exit 75."""
+    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"')
+    # the signal raised by the script's own first line after its traps are set, as Slurm's would come
+    text = script.read_text().replace('\nrestarts=${SLURM_RESTART_COUNT:-0}\n',
+                                      f'\nkill -s {first} $$\nrestarts=${{SLURM_RESTART_COUNT:-0}}\n', 1)
+    assert text != script.read_text()
+    script.write_text(text)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert not calls.exists(), calls.read_text()  # no srun, no scontrol requeue
+    last = done.stdout.splitlines()[-1]
+    assert f"SIG{first} came before the run started{(' ' + hint) if hint else ':'}" in last, done.stdout
+    assert last.endswith(": not starting it, not requeueing"), done.stdout
 
 
 # ----- the project's CPU scripts on a real Slurm -----

@@ -43,10 +43,12 @@ add_default --resume  # last; on a results folder without a journal it simply st
 # --grace seconds, flushes its journal and exits {{exit_stopped}}; then requeue this job.
 # TERM here (scancel --signal=TERM --batch: stop for good) goes to the run as USR1 too: srun
 # answers a TERM of its own by SIGKILLing every task; only the decision not to requeue differs.
+# The first signal decides: a TERM after the warning is the walltime itself, come while the run
+# still saves its journal, and the job is requeued all the same.
 step=""
 stop_signal=""
 forward() {
-    stop_signal=$1
+    stop_signal=${stop_signal:-$1}
     log "got SIG$1: asking the run to stop and save its journal"
     if [ -n "$step" ]; then kill -s USR1 "$step" 2>/dev/null; fi
 }
@@ -55,7 +57,15 @@ trap 'forward TERM' TERM
 
 restarts=${SLURM_RESTART_COUNT:-0}
 log "start $((restarts + 1)) on ${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST:-}"
-{{checks}}LAUNCH=({{launch}})
+{{checks}}# A stop before anything ran: the time limit (sbatch --time) is shorter than the warning, and a
+# requeued job would get the same one; nothing is started or requeued.
+if [ -n "$stop_signal" ]; then
+    hint=""
+    if [ "$stop_signal" = USR1 ]; then hint=" (the walltime warning: is --time shorter than {{warning}} s?)"; fi
+    log "SIG$stop_signal came before the run started$hint: not starting it, not requeueing"
+    exit {{exit_stopped}}
+fi
+LAUNCH=({{launch}})
 # A step that ends abnormally (a rank killed: the others finish without it, then MPI_Abort ends the
 # step, the one way out with a rank missing; or an MPI that crashes the ranks still talking to it)
 # is started again with --resume on the job's nodes that are still up, up to {{step_restarts}} times.

@@ -344,3 +344,65 @@ def test_the_summary_shows_every_pipeline_with_its_newest_run(tmp_path):
     runs = summary(results)["pipelines"]
     assert runs["a"]["resumed_from"] == "work", "the newer record, from the resume, is the one that counts"
     assert runs["b"]["resumed_from"] is None
+
+
+def test_a_plain_resume_after_a_failed_resume_from_a_step_goes_on_from_it(tmp_path):
+    """A complete run, then --resume p/check fails: a plain --resume said "complete" (exit 0) and
+    showed every step ok, from the journal's older record, while check/status.json said failed. Now
+    the pipeline counts as unfinished, goes on from the failed step and ends with its real outcome;
+    PIPELINE_SEED stays the pipeline's (from --seed and its name) whichever step a run starts from."""
+    flag = tmp_path / "fail-check"
+    definition = write(tmp_path / "p.json", {"name": "p", "steps": [
+        {"id": "make", "command": f'echo "$PIPELINE_SEED" > {tmp_path}/seed-make'},
+        {"id": "check", "command": f'echo "$PIPELINE_SEED" >> {tmp_path}/seed-check; test ! -e {flag} && '
+                                   f'echo checked > "$PIPELINE_RUN_DIR/check/output.md"'}]})
+    results = tmp_path / "results"
+    assert pipeline_cli(definition, results).returncode == 0
+    flag.write_text("")
+    failed = pipeline_cli(definition, results, "--resume", "p/check")
+    assert failed.returncode == 1, failed.stderr
+    # the output.md of the run before is not the failed step's (it was listed as if it were)
+    assert summary(results)["pipelines"]["p"]["steps"]["check"].get("output") is None
+    assert "p/check/output.md" not in (results / "summary.md").read_text()
+    again = pipeline_cli(definition, results, "--resume")  # the flag still there: check fails again
+    assert again.returncode == 1 and "complete" not in again.stderr.splitlines()[-1], again.stderr
+    assert summary(results)["pipelines"]["p"]["status"] == "failed", summary(results)["pipelines"]["p"]
+    assert "| p | failed |" in (results / "summary.md").read_text()
+    flag.unlink()
+    fixed = pipeline_cli(definition, results, "--resume")
+    assert fixed.returncode == 0, fixed.stderr
+    runs = summary(results)["pipelines"]["p"]
+    assert runs["status"] == "ok" and runs["resumed_from"] == "check", runs
+    assert runs["steps"]["check"]["output"] == "p/check/output.md"  # written again by this attempt
+    assert summary(results)["items_this_run"] == 1
+    assert pipeline_cli(definition, results, "--resume").returncode == 0  # finished now: nothing runs
+    assert summary(results)["items_this_run"] == 0
+    seeds = (tmp_path / "seed-check").read_text().split()
+    assert len(seeds) == 4 and len(set(seeds)) == 1, seeds
+    assert seeds[0] == (tmp_path / "seed-make").read_text().strip()
+
+
+def test_a_stopped_resume_from_a_step_says_a_command_that_finishes_it(tmp_path):
+    """Its finish command kept the target after dropping --resume ("... p/work --grace 1 --resume"),
+    which the parser refuses as an unknown positional argument. Now it is the plain --resume, which
+    goes on from the step the stop left, and finishes the pipeline."""
+    definition = write(tmp_path / "p.json", {"name": "p", "steps": [
+        {"id": "make", "command": "true"},
+        {"id": "work", "command": f"touch {tmp_path}/started; sleep 2"}, {"id": "last", "command": "true"}]})
+    results = tmp_path / "results"
+    assert pipeline_cli(definition, results).returncode == 0
+    (tmp_path / "started").unlink()
+    process = start_pipeline(definition, results, "--resume", "p/work", "--grace", "0")
+    assert wait_until(lambda: (tmp_path / "started").exists()), "the step did not start"
+    os.kill(rank_pids(results)[0], signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 75, err
+    command = summary(results)["resume_command"]
+    assert command.endswith(" --grace 0 --resume") and "p/work" not in command, command
+    assert command in err, err
+    words = command.split()
+    assert words[:3] == ["python", "-m", "common.pipeline"], command
+    finished = run(words[1:], timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    runs = summary(results)["pipelines"]["p"]
+    assert runs["status"] == "ok" and runs["resumed_from"] == "work", runs

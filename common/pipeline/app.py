@@ -19,7 +19,7 @@ import numpy as np
 from ..app import App, RunInfo
 from ..devices import Device
 from ..errors import UsageError, error_line, quoted
-from ..items import Item, torch_seed
+from ..items import Item, item_seed, torch_seed
 from . import nodelock
 from .container import CONTAINER_ENV, default_image, find_apptainer
 from .definition import POOL_PATTERN, Pipeline, check_pools, load_definition, shown_path
@@ -256,11 +256,21 @@ class PipelineApp(App):
                 self.resume_point(pipeline)
 
     def _to_run(self) -> List[Pipeline]:
-        """The pipelines this run runs: the one resumed from a step, or those the journal does not
-        hold as finished (the finished ones' folders are only read, for the summary)."""
+        """The pipelines this run runs: the one resumed from a step, or those not finished (the
+        finished ones' folders are only read, for the summary)."""
         if self.resume_from:
             return [self.by_name[self.resume_from[0]]]
-        return [pipeline for pipeline in self.pipelines if self._newest_key(pipeline.name, self.journaled) is None]
+        return [pipeline for pipeline in self.pipelines if self._finished_key(pipeline.name, self.journaled) is None]
+
+    def _finished_key(self, pipeline: str, records: Mapping[str, Any]) -> Optional[str]:
+        """The key of the run that finished the pipeline, or None where none did or a later run of it
+        left it unfinished: a resume from a step that failed or was stopped is in no journal record,
+        but its progress.json says so (every run of the pipeline rewrites it as it goes)."""
+        key = self._newest_key(pipeline, records)
+        if key is None:
+            return None
+        progress = read_progress(RunLayout(self.results, pipeline))
+        return key if progress is None or progress.get("state") == "ok" else None
 
     @staticmethod
     def _newest_key(pipeline: str, records: Mapping[str, Any]) -> Optional[str]:
@@ -277,20 +287,18 @@ class PipelineApp(App):
         done = list(journaled)
         if self.resume_from:
             run_id, step_id = self.resume_from
-            key = f"{run_id}@from={step_id}"
-            earlier = [k for k in done if k == key or k.startswith(key + "#")]
-            if earlier:  # resumed from this step before: a fresh key, so it runs again
-                key = f"{key}#{len(earlier) + 1}"
-            return [Item(key=key, params={"run_id": run_id, "start": step_id})]
+            return [Item(key=_fresh_key(f"{run_id}@from={step_id}", done), params={"run_id": run_id, "start": step_id})]
         items = []
         for pipeline in self.pipelines:
             # A pipeline finished by a resume from a step counts as finished: its newest record stands.
-            key = self._newest_key(pipeline.name, journaled) or pipeline.name
-            params: Dict[str, Any] = {"run_id": pipeline.name, "start": None}
-            if self.args.resume and key not in journaled:  # unfinished: go on where it stopped, shared/ as it is
+            finished = self._finished_key(pipeline.name, journaled)
+            key, params = finished or pipeline.name, {"run_id": pipeline.name, "start": None}
+            if self.args.resume and finished is None:  # unfinished: go on where it stopped, shared/ as it is
                 start = self.resume_point(pipeline)
                 if start is not None:
                     params = {"run_id": pipeline.name, "start": start, "keep_shared": True}
+                if key in journaled:  # finished once, then left unfinished by a later run: a fresh key
+                    key = _fresh_key(f"{pipeline.name}@from={start or pipeline.steps[0].id}", done)
             items.append(Item(key=key, params=params, cost=float(1 + sum(s.gpu for s in pipeline.steps))))
         return items
 
@@ -314,7 +322,7 @@ class PipelineApp(App):
         for pipeline in self.pipelines:
             run_id, item = pipeline.name, this_run.get(pipeline.name)
             layout = RunLayout(self.results, run_id)
-            key = item.key if item is not None else self._newest_key(run_id, journaled)
+            key = item.key if item is not None else self._finished_key(run_id, journaled)
             record = journaled.get(key) if key is not None else None
             if record is not None:
                 summary = dict(record.result)
@@ -369,8 +377,10 @@ class PipelineApp(App):
 
     def run_item(self, state: WorkerState, item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
         run_id, start = item.params["run_id"], item.params["start"]
+        # PIPELINE_SEED: from --seed and the pipeline's name, whichever step a run of it starts from
         runner = PipelineRunner(self.by_name[run_id], RunLayout(self.results, run_id), acquire=state.acquire,
-                                queue_timeout=self.queue_timeout, gpu=state.gpu, seed=torch_seed(seed),
+                                queue_timeout=self.queue_timeout, gpu=state.gpu,
+                                seed=torch_seed(item_seed(self.args.seed, run_id)),
                                 agent=self.agent, node_slots=state.node_slots, stop_asked=state.stop_asked,
                                 definition_dir=self.definition_dir)
         try:
@@ -382,6 +392,13 @@ class PipelineApp(App):
         if result["status"] != "ok":
             raise PipelineFailed(f"pipeline {run_id}: {result['reason']}")
         return result
+
+
+def _fresh_key(key: str, done: Sequence[str]) -> str:
+    """``key``, or ``key#N`` where the journal holds it already (a resume from the same step
+    again): a key the journal holds is skipped as done."""
+    earlier = [k for k in done if k == key or k.startswith(key + "#")]
+    return f"{key}#{len(earlier) + 1}" if earlier else key
 
 
 def _steps_on_disk(layout: RunLayout, pipeline: Pipeline, item: Item) -> Dict[str, Dict[str, Any]]:

@@ -430,6 +430,8 @@ class PipelineRunner:
         """Run the step, retrying in place while its max_retries allow (after its retry_delay);
         write and return its status. Raises :class:`RunStopping` when a stop cut its retries short."""
         earlier = self._earlier_history(step)
+        output = self.layout.step_dir(step.id) / STEP_OUTPUT
+        older_output = _file_identity(output)  # an earlier run's, unless an attempt now writes it again
         history: List[Dict[str, Any]] = []
         limit = None if step.max_retries is None else 1 + step.max_retries
         not_retried = ""
@@ -468,8 +470,8 @@ class PipelineRunner:
                               queued_seconds=round(sum(h["queued_seconds"] for h in history), 3))
         status.update(memory_limit=step.memory_text, max_rss_bytes=_peak(h.get("max_rss_bytes") for h in history),
                       cost=round(sum(h["cost"] for h in history), 6), history=(earlier + history)[-MAX_HISTORY:])
-        output = self.layout.step_dir(step.id) / STEP_OUTPUT
-        status["output"] = str(output.relative_to(self.layout.results)) if output.is_file() else None
+        written = output.is_file() and (older_output is None or _file_identity(output) != older_output)
+        status["output"] = str(output.relative_to(self.layout.results)) if written else None
         self._write_status(step, status)
         if not_retried == STOPPING:
             raise RunStopping(step.id)
@@ -575,3 +577,14 @@ class PipelineRunner:
                 "started": began, "ended": time.time(), "seconds": round(time.monotonic() - clock, 3),
                 "cost": round(walk.spent, 6), "budget": self.pipeline.budget, "order": walk.order,
                 "steps": {s.id: statuses[s.id] for s in steps if s.id in statuses}}
+
+
+def _file_identity(path: Path) -> Optional[Tuple[int, int, int, int]]:
+    """What tells a file rewritten from the one that was there (inode, device, size, mtime), None
+    where there is none: compared, not the mtime against the clock, which a shared filesystem's
+    server keeps, not this node."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return (info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns)

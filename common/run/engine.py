@@ -583,7 +583,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
             except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
                 print(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item "
                       f"is journaled: write them with the same launcher and: "
-                      f"{_resume_command(argv)}", file=sys.stderr)
+                      f"{_resume_command(app, argv)}", file=sys.stderr)
                 code = EXIT_STOPPED
             except Exception:  # a bug: the status file must not say "finishing" for ever (the traceback follows)
                 status.finished(leader, EXIT_FAILED_ITEMS)
@@ -690,7 +690,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if failure is not None and failure.moved_away:  # outputs written now would have no journal behind them
         print(f"{app.name}: stopped: {failure.describe()}; nothing more is written ({len(records)} of {len(items)} "
               f"items had finished, in that journal); if it was renamed, move it back, then finish with the same "
-              f"launcher and: {_resume_command(argv)}", file=sys.stderr)
+              f"launcher and: {_resume_command(app, argv)}", file=sys.stderr)
         return EXIT_STOPPED
     failed = [{"key": key, "error": error} for key, error in scheduler.failed.items()]
     final_items = [scheduler.items[item.key] for item in items]
@@ -768,7 +768,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["no_space"] = failure.no_space
         summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
-        summary["resume_command"] = _resume_command(argv)
+        summary["resume_command"] = _resume_command(app, argv)
     # a run that wrote none of its outputs (stopped); one whose finish() failed part-way has said so itself
     earlier = _earlier_outputs(files.summary_json) if run is None else None
     if earlier is not None:  # the app's files of an earlier run were left as they were
@@ -782,7 +782,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
         _closing(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
                  f"{late.remedy()}, then write them with the same launcher and: "
-                 f"{_resume_command(argv)}")
+                 f"{_resume_command(app, argv)}")
         return EXIT_STOPPED
     if failure is None:
         write_report(results)
@@ -800,7 +800,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         _closing(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
                  f"{outputs_error} (traceback in {LOGS_DIR}/{files.rank_log(0).name}); every result is journaled: after "
                  f"a fix, write the outputs with the same launcher and: "
-                 f"{_resume_command(argv)}")
+                 f"{_resume_command(app, argv)}")
         return EXIT_FAILED_ITEMS
     if not failed and run is not None:  # complete: the app's headline, as the reference's closing prints
         try:  # a list of lines; None (a forgotten return) or a generator that raises are its errors too
@@ -819,9 +819,21 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
 
 
-def _resume_command(argv: List[str]) -> str:
-    """The command that finishes this run: the same, with ``--resume`` (once)."""
-    return module_command([a for a in argv if a != "--resume"] + ["--resume"])
+def _resume_command(app: App, argv: List[str]) -> str:
+    """The command that finishes this run: the same, with a plain ``--resume`` (once). A resume
+    from a step (the pipelines' ``--resume RUN/STEP``) loses its target: the plain one goes on from
+    where this run stopped."""
+    kept, words = [], iter(argv)
+    for word in words:
+        if word == "--resume":
+            if app.resume_target:  # argparse took the next word as its target unless it is an option
+                following = next(words, None)
+                if following is not None and following.startswith("-"):
+                    kept.append(following)
+            continue
+        if not word.startswith("--resume="):
+            kept.append(word)
+    return module_command(kept + ["--resume"])
 
 
 def _start_drawer() -> TimelineDrawer:

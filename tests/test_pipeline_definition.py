@@ -341,7 +341,7 @@ def test_a_definition_that_is_a_pipe_a_device_or_holds_lone_surrogates_is_one_li
     import subprocess
     import threading
 
-    import common.pipeline.definition as definition
+    import common.userfile as userfile
 
     document = json.dumps(pipeline(step("a", command="echo hi")))
     fifo = tmp_path / "fifo"
@@ -350,7 +350,7 @@ def test_a_definition_that_is_a_pipe_a_device_or_holds_lone_surrogates_is_one_li
     writer.start()
     assert [p.name for p in load_definition(fifo)] == ["p"]
     writer.join()
-    monkeypatch.setattr(definition, "PIPE_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(userfile, "PIPE_WAIT_SECONDS", 0.5)
     started = time.monotonic()
     with pytest.raises(UsageError, match="a named pipe that nothing came through for 0.5 s: nobody writes to it"):
         load_definition(fifo)  # nobody writes

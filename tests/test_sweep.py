@@ -6,8 +6,10 @@ import csv
 import html
 import io
 import json
+import os
 import signal
 import socket
+import time
 from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
@@ -397,7 +399,7 @@ BAD_INPUTS = [
                       "fit = Fit()\n"}, ["--grid", "g.json"], ["must be a function defined with def, got a Fit"]),
     # what Python cannot recurse through, and what would fill the memory or overflow numpy's draws
     ("sweep_functions:noisy", {"g.json": '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"}, ["--grid", "g.json"],
-     ["nested too deeply to read"]),
+     ["not valid JSON: nested too deeply"]),
     ("sweep_functions:noisy", {"g.yaml": "x: &a [*a]\n"}, ["--grid", "g.yaml"], ["contains itself"]),
     ("sweep_functions:noisy", {"s.json": {"x": {"uniform": [-1e308, 1e308]}}}, ["--space", "s.json", "--samples", "2"],
      ["too far apart for a float"]),
@@ -413,7 +415,12 @@ BAD_INPUTS = [
      ["2 points x --repeats 100000000 is 200,000,000 items"]),
     ("sweep_functions:noisy", {"g.json": {name: list(range(10)) for name in "abcdefg"}}, ["--grid", "g.json"],
      ["the grid: 10,000,000 points"]),
-    ("sweep_functions:noisy", {}, ["--grid", "/dev/zero"], ["more than 256 MiB"]),
+    ("sweep_functions:noisy", {}, ["--grid", "/dev/zero"], ["larger than 256 MiB: not a sweep's parameters"]),
+    # a key given twice: the later one silently won (JSON and YAML alike)
+    ("sweep_functions:noisy", {"g.json": '{"x": [1], "x": [2, 3]}'}, ["--grid", "g.json"],
+     ["not valid JSON: duplicate key 'x'"]),
+    ("sweep_functions:noisy", {"s.yaml": "lr: {uniform: [0, 1]}\nlr: {uniform: [1, 2]}\n"},
+     ["--space", "s.yaml", "--samples", "2"], ["not valid YAML: duplicate key 'lr'"]),
 ]
 
 
@@ -667,6 +674,29 @@ def test_a_numpy_array_in_a_grid_is_its_list_of_values():
     assert grid_space({"layers": range(1, 4)}) == grid_space({"layers": [1, 2, 3]})
     with pytest.raises(UsageError, match="'x' is a set, whose order is not kept from one run to the next: give a list"):
         grid_space({"x": {0.1, 0.2}})
+
+
+def test_a_named_pipe_nobody_writes_to_is_one_line_not_a_wait_for_ever(tmp_path, monkeypatch):
+    """--grid FIFO: open() blocked for ever, through SIGTERM (the deferred stop handler let it
+    retry), and only SIGKILL ended the sweep. Now a bounded wait and one line; once a writer comes
+    the file is read."""
+    import threading
+
+    import common.userfile as userfile
+    from common.errors import UsageError
+    from common.sweep.space import load_file
+
+    fifo = tmp_path / "grid.json"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(userfile, "PIPE_WAIT_SECONDS", 0.5)
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="--grid '.*grid.json': a named pipe that nothing came through for 0.5 s"):
+        load_file(fifo, "--grid")
+    assert time.monotonic() - started < 5
+    writer = threading.Timer(0.2, lambda: fifo.write_text('{"x": [1, 2]}'))
+    writer.start()
+    assert load_file(fifo, "--grid") == {"x": [1, 2]}
+    writer.join()
 
 
 def test_yaml_reads_an_exponent_without_a_dot_as_a_number(tmp_path):

@@ -9,7 +9,6 @@ exit 2 without writing anything.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import re
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from .. import userfile
 from ..errors import UsageError, quoted
 from .loops import unbounded_cycle
 from .schema import (
@@ -368,39 +368,6 @@ def _pipeline(data: Any, base: Path, where: _Where, matrix: Dict[str, str],
 
 
 # ----- files -----
-def _unique_keys(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
-    """A JSON object, refusing a key given twice (the last one would silently win)."""
-    found: Dict[Any, Any] = {}
-    for key, value in pairs:
-        if key in found:
-            raise ValueError(f"duplicate key {short(key)} in an object (the later one would silently win)")
-        found[key] = value
-    return found
-
-
-def _yaml_loader():
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        """PyYAML's safe loader, refusing a key given twice in one mapping."""
-
-        def construct_mapping(self, node, deep=False):
-            seen = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    duplicate = key in seen
-                    seen.add(key)
-                except TypeError:  # an unhashable key: the base class says so
-                    break
-                if duplicate:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {short(key)} (the later one would silently win)", key_node.start_mark)
-            return super().construct_mapping(node, deep)
-
-    return UniqueKeyLoader
-
-
 def shown_path(path: object) -> str:
     """A path for the start of a one-line message: as it is, or quoted (newlines and other control
     characters escaped) where it holds any."""
@@ -411,42 +378,6 @@ def shown_path(path: object) -> str:
 #: the most a definition file may hold (a 200,000-step file is about 10 MB): past it, the file is
 #: something else (``/dev/zero`` would fill the memory)
 MAX_DEFINITION_BYTES = 64 << 20
-#: how long a named pipe (a FIFO) waits for its first bytes: one nobody writes to would otherwise
-#: wait for ever, through stop signals too. A pipe that was given its writer (``<(generate)``,
-#: ``generate | ... /dev/stdin``), or a FIFO once its writer came, waits as long as that writer lives.
-PIPE_WAIT_SECONDS = 60.0
-
-
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, bounded in size, and for a FIFO in the time its writer takes to come."""
-    import select
-    import stat
-
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without a writer: no wait in open
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(21, "Is a directory")
-        waits = stat.S_ISFIFO(mode) and not os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")  # named
-        if not waits:
-            os.set_blocking(fd, True)
-        chunks, size = [], 0
-        while size <= MAX_DEFINITION_BYTES:
-            if waits and not select.select([fd], [], [], PIPE_WAIT_SECONDS)[0]:
-                raise UsageError(f"{shown_path(path)}: a named pipe that nothing came through for "
-                                 f"{PIPE_WAIT_SECONDS:g} s: nobody writes to it?")
-            chunk = os.read(fd, 1 << 20)
-            if chunk and waits:  # its writer came: read on, as long as it lives
-                waits = False
-                os.set_blocking(fd, True)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            size += len(chunk)
-        raise UsageError(f"{shown_path(path)}: larger than {MAX_DEFINITION_BYTES >> 20} MiB: not a pipeline "
-                         f"definition")
-    finally:
-        os.close(fd)
 
 
 def _check_text(data: Any, source: str) -> None:
@@ -471,31 +402,14 @@ def _check_text(data: Any, source: str) -> None:
 
 
 def _read(path: Path) -> Any:
+    shown = shown_path(path)
     try:
-        text = _read_bytes(path).decode("utf-8")
+        text = userfile.read_text(path, MAX_DEFINITION_BYTES, shown, "a pipeline definition")
     except FileNotFoundError:
-        raise UsageError(f"{shown_path(path)}: no such pipeline definition") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{shown_path(path)}: cannot read: {error}") from None
-    if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise UsageError(f"{shown_path(path)}: YAML needs PyYAML (pip install 'multinode-gpu[yaml]'), or write JSON") from None
-        try:
-            return yaml.load(text, Loader=_yaml_loader())
-        except yaml.YAMLError as error:
-            raise UsageError(f"{shown_path(path)}: not valid YAML: {' '.join(str(error).split())}") from None
-        except RecursionError:
-            raise UsageError(f"{shown_path(path)}: not valid YAML: nested too deeply") from None
-        except ValueError as error:  # an integer over Python's digit limit
-            raise UsageError(f"{shown_path(path)}: not valid YAML: {' '.join(str(error).split())[:200]}") from None
-    try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except ValueError as error:  # JSONDecodeError, a duplicate key, or an integer over Python's digit limit
-        raise UsageError(f"{shown_path(path)}: not valid JSON: {' '.join(str(error).split())}") from None
-    except RecursionError:
-        raise UsageError(f"{shown_path(path)}: not valid JSON: nested too deeply") from None
+        raise UsageError(f"{shown}: no such pipeline definition") from None
+    except OSError as error:
+        raise UsageError(f"{shown}: cannot read: {error}") from None
+    return userfile.parse(text, path, shown)
 
 
 def _file_image(data: Mapping[str, Any], base: Path, where: _Where, default_image: Optional[str]) -> Optional[str]:

@@ -12,7 +12,6 @@ import json
 import math
 import numbers
 import operator
-import re
 import sys
 import zlib
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 
 from common.results.outputs import to_jsonable
 
+from .. import userfile
 from ..errors import UsageError, kind_of, quoted
 
 #: the distributions a --space may name, each with what its two bounds must be
@@ -40,47 +40,13 @@ _SAMPLE_TAG = 0x5A3F1E
 
 
 def load_file(path: Path, what: str) -> Any:
-    """A JSON file, or YAML (``.yaml``/``.yml``, with PyYAML) as one value."""
+    """A JSON file, or YAML (``.yaml``/``.yml``, with PyYAML) as one value (:mod:`common.userfile`)."""
+    shown = f"{what} {quoted(path)}"
     try:
-        with open(path, "rb") as file:  # at most a limit's worth: /dev/zero or a wrong, huge file would fill memory
-            data = file.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
-            raise UsageError(f"{what} {quoted(path)}: more than {MAX_FILE_BYTES // 2**20} MiB, not a sweep's "
-                             f"parameters (is it the right file?)")
-        text = data.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"{what} {quoted(path)}: cannot read it ({getattr(error, 'strerror', None) or error})") from None
-    if Path(path).suffix.lower() in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise UsageError(f"{what} {quoted(path)}: reading YAML needs PyYAML (pip install pyyaml), "
-                             f"or write the file as JSON") from None
-        try:
-            return yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 -- a SafeLoader
-        except (yaml.YAMLError, ValueError) as error:  # ValueError: a value PyYAML's constructors cannot make
-            raise UsageError(f"{what} {quoted(path)}: not valid YAML ({' '.join(str(error).split())})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{what} {quoted(path)}: not valid JSON ({error})") from None
-    except RecursionError:
-        raise UsageError(f"{what} {quoted(path)}: nested too deeply to read") from None
-
-
-#: YAML 1.2's floats that PyYAML (YAML 1.1) reads as strings: an exponent without a dot or a sign
-#: (1e-3, 5E+2, 1.5e3)
-_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
-
-
-def _yaml_loader(yaml: Any) -> type:
-    """PyYAML's SafeLoader, reading 1e-3 as the number 0.001 (as JSON and YAML 1.2 do): PyYAML made it
-    the string "1e-3", and a learning rate written so reached the function as text."""
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
-    return Loader
+        text = userfile.read_text(Path(path), MAX_FILE_BYTES, shown, "a sweep's parameters (is it the right file?)")
+    except OSError as error:
+        raise UsageError(f"{shown}: cannot read it ({getattr(error, 'strerror', None) or error})") from None
+    return userfile.parse(text, Path(path), shown)
 
 
 def check_count(count: int, repeats: int, what: str) -> None:

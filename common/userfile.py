@@ -1,0 +1,131 @@
+"""The JSON and YAML files users write: a pipeline definition, a sweep's --grid, --points and --space.
+
+One reader for all of them, so that a file means the same, and fails the same, whichever command
+reads it:
+- at most a limit's worth is read: ``/dev/zero`` or a wrong, huge file does not fill the memory;
+- a named pipe with no writer is waited on for a bounded time, not for ever (an ``open`` of one
+  blocks, through stop signals too); an anonymous one (``<(generate)``) as long as its writer lives;
+- UTF-8; JSON, or YAML for ``.yaml``/``.yml`` (with PyYAML);
+- a key given twice in one object is refused, in JSON and YAML: the later one would silently win;
+- in YAML, ``1e-3`` is a number, as JSON and YAML 1.2 read it (PyYAML, a YAML 1.1 reader, made it
+  the string "1e-3", and a learning rate written so reached the user's code as text).
+
+Callers say how the file is named in messages (``shown``) and catch the ``OSError`` of a file that
+cannot be opened, to say it in their own words; every other problem is a one-line
+:class:`common.errors.UsageError`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import stat
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from .errors import UsageError
+
+#: how long a named pipe (a FIFO) waits for its first bytes: one nobody writes to would otherwise
+#: wait for ever. A pipe that was given its writer, or a FIFO once its writer came, waits as long
+#: as that writer lives.
+PIPE_WAIT_SECONDS = 60.0
+
+
+def read_text(path: Path, limit: int, shown: str, what: str) -> str:
+    """The file's text: at most ``limit`` bytes (past it: "not ``what``"), for a FIFO in the time
+    its writer takes to come. Raises OSError where the file cannot be opened or read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO without a writer: no wait in open
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(21, "Is a directory")
+        waits = stat.S_ISFIFO(mode) and not os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")  # named
+        if not waits:
+            os.set_blocking(fd, True)
+        chunks, size = [], 0
+        while size <= limit:
+            if waits and not select.select([fd], [], [], PIPE_WAIT_SECONDS)[0]:
+                raise UsageError(f"{shown}: a named pipe that nothing came through for {PIPE_WAIT_SECONDS:g} s: "
+                                 f"nobody writes to it?")
+            chunk = os.read(fd, 1 << 20)
+            if chunk and waits:  # its writer came: read on, as long as it lives
+                waits = False
+                os.set_blocking(fd, True)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        else:
+            raise UsageError(f"{shown}: larger than {limit >> 20} MiB: not {what}")
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{shown}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def parse(text: str, path: Path, shown: str) -> Any:
+    """``text`` read as YAML where ``path`` ends in .yaml or .yml, else as JSON."""
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise UsageError(f"{shown}: YAML needs PyYAML (pip install 'multinode-gpu[yaml]'), or write JSON") from None
+        try:
+            return yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 -- a SafeLoader
+        except yaml.YAMLError as error:
+            raise UsageError(f"{shown}: not valid YAML: {' '.join(str(error).split())}") from None
+        except RecursionError:
+            raise UsageError(f"{shown}: not valid YAML: nested too deeply") from None
+        except ValueError as error:  # a value PyYAML's constructors cannot make (an integer over the digit limit)
+            raise UsageError(f"{shown}: not valid YAML: {' '.join(str(error).split())[:200]}") from None
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except ValueError as error:  # JSONDecodeError, a duplicate key, or an integer over Python's digit limit
+        raise UsageError(f"{shown}: not valid JSON: {' '.join(str(error).split())[:300]}") from None
+    except RecursionError:
+        raise UsageError(f"{shown}: not valid JSON: nested too deeply") from None
+
+
+def _key(key: Any) -> str:
+    text = repr(key)
+    return text if len(text) <= 62 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def _unique_keys(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
+    """A JSON object, refusing a key given twice (the last one would silently win)."""
+    found: Dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"duplicate key {_key(key)} in an object (the later one would silently win)")
+        found[key] = value
+    return found
+
+
+#: YAML 1.2's floats that PyYAML (YAML 1.1) reads as strings: an exponent without a dot or a sign
+#: (1e-3, 5E+2, 1.5e3)
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
+
+
+def _yaml_loader(yaml: Any) -> type:
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping and reading 1e-3 as a number."""
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {_key(key)} (the later one would silently win)", key_node.start_mark)
+            return super().construct_mapping(node, deep)
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+    return Loader

@@ -120,6 +120,18 @@ def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:
     return 0
 
 
+def launcher_size(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """How many ranks this process's MPI launcher started (hydra's mpiexec and srun's pmi2:
+    PMI_SIZE; Open MPI: OMPI_COMM_WORLD_SIZE), None where none says: the size of the world MPI must
+    join. A worker or a step process never sees them (:func:`without_launcher`)."""
+    environ = os.environ if environ is None else environ
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        text = environ.get(name, "")
+        if text.isascii() and text.isdigit() and int(text) > 0:
+            return int(text)
+    return None
+
+
 # Variables through which a child process would find (and re-join) the rank's MPI job.
 LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "HYDRA_", "HYDI_", "MPIR_", "MPI_LOCAL", "OMPI_", "PRTE_", "I_MPI_",
                      "SLURM_PMI", "SLURM_PMIX", "SLURM_MPI_TYPE")

@@ -247,6 +247,39 @@ def test_garbage_no_mpi_under_mpiexec_is_one_line_from_rank_0(tmp_path):
     assert not results.exists()
 
 
+def test_ranks_started_without_mpi4py_are_one_line_not_a_run_each(tmp_path):
+    """mpiexec -n 2 (srun the same) where mpi4py cannot be imported: each rank fell back to a world
+    of its own, and the two raced as two runs of rank 0 for one results folder (on a cluster: N
+    nodes' allocation for one node's work). Now one line, from the launcher's rank 0, and exit 2."""
+    blocker = tmp_path / "no_mpi4py"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class NoMpi4py:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'mpi4py' or name.startswith('mpi4py.'):\n"
+        "            raise ModuleNotFoundError(\"No module named 'mpi4py'\", name=name)\n"
+        "sys.meta_path.insert(0, NoMpi4py())\n")
+    results = tmp_path / "results"
+    proc = subprocess.run([os.path.join(sys.prefix, "bin", "mpiexec"), "-n", "2", sys.executable, TOY, "4",
+                           "--gpu", "cpu", "--results", str(results), "--no-progress"], cwd=REPO, capture_output=True,
+                          text=True, timeout=240, env=dict(os.environ, PYTHONPATH=str(blocker)))
+    assert_usage_error(proc, "the launcher started 2 ranks, but MPI joined this one to a world of 1: mpi4py is not "
+                             "installed in this Python")
+    assert not results.exists()
+
+
+def test_a_stray_pmi_size_without_its_launcher_is_one_line(tmp_path):
+    """PMI_SIZE=4 left in the environment (a launcher whose PMI the MPI library does not speak, as
+    srun --mpi=pmix for the mpich wheel): MPI made a world of one; one line, exit 2."""
+    results = tmp_path / "results"
+    proc = subprocess.run([sys.executable, TOY, "4", "--gpu", "cpu", "--results", str(results)], cwd=REPO,
+                          capture_output=True, text=True, timeout=240, env=dict(os.environ, PMI_SIZE="4"))
+    assert_usage_error(proc, "the launcher started 4 ranks, but MPI joined this one to a world of 1: the launcher "
+                             "and the MPI library do not work together")
+    assert not results.exists()
+
+
 # ----- item 12: a pipeline of thousands of steps ------------------------------------------------
 
 def test_a_pipeline_of_3000_steps_is_planned(tmp_path):

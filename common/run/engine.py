@@ -364,6 +364,12 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     comm = world()
+    launched = settings.launcher_size()
+    if launched is not None and launched != comm.size and not settings.value(settings.NO_MPI):
+        # each rank alone in a world of its own: N runs of rank 0 racing for one results folder
+        if settings.launcher_rank() == 0:
+            print(f"{app_class.name}: error: {_world_mismatch(launched, comm.size)}", file=sys.stderr)
+        return EXIT_USAGE
     setup_logging(comm.rank)
     valid, error = _validate_everywhere(comm, app_class, argv)
     error = _agree(comm, error)
@@ -817,6 +823,18 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     _closing(f"{app.name}: {summary['status']}: {counts} in {summary['wall_seconds']:.1f} s; results in {results}/ "
              f"(summary.md)")
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
+
+
+def _world_mismatch(launched: int, size: int) -> str:
+    """Why this process's MPI world is not the one its launcher started, in one line."""
+    try:
+        import mpi4py  # noqa: F401
+        why = ("the launcher and the MPI library do not work together (under srun: --mpi=pmi2 for the mpich "
+               "wheel, see docs/slurm.md; or a launcher of another MPI than mpi4py's)")
+    except ImportError:
+        why = "mpi4py is not installed in this Python (pip install mpi4py mpich)"
+    return (f"the launcher started {launched} ranks, but MPI joined this one to a world of {size}: {why}; "
+            f"nothing was run")
 
 
 def _resume_command(app: App, argv: List[str]) -> str:

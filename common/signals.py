@@ -113,6 +113,23 @@ def signals_blocked(signals: Iterable[int]) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+#: the stop signals that would kill multiprocessing's resource tracker, which ignores only SIGINT
+#: and SIGTERM: srun passes the walltime's USR1 to every process of the job step
+TRACKER_BLOCKED_SIGNALS = (WALLTIME_SIGNAL, WORKER_TERMINATE_SIGNAL)
+
+
+def start_resource_tracker() -> None:
+    """multiprocessing's resource tracker, which starting a worker needs, started (once) with
+    :data:`TRACKER_BLOCKED_SIGNALS` blocked, a block it keeps: a tracker killed by the walltime
+    warning is started again by the next worker, with "process died unexpectedly, relaunching.
+    Some resources might leak." in the log. The mask is restored after (multiprocessing unblocks
+    SIGINT and SIGTERM instead of restoring it)."""
+    from multiprocessing import resource_tracker
+
+    with signals_blocked(TRACKER_BLOCKED_SIGNALS):
+        resource_tracker.ensure_running()
+
+
 @contextlib.contextmanager
 def held_signals(signals: Sequence[int]) -> Iterator[None]:
     """Delay ``signals`` until the block is done, then let their Python handlers run.

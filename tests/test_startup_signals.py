@@ -125,3 +125,33 @@ def test_a_worker_ended_by_its_rank_before_it_has_a_log_ends_quietly(tmp_path):
     ended = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert ended.returncode == 0 and "Traceback" not in ended.stderr, ended.stderr
     assert ended.stdout == "ended quietly\n"
+
+
+def test_the_walltime_signal_to_every_process_leaves_multiprocessings_resource_tracker_alive(tmp_path):
+    """srun passes the walltime's USR1 to every process of the step, multiprocessing's resource
+    tracker among them, which ignores only SIGINT and SIGTERM: it died, and the next worker started
+    (--batch 1: one per item) relaunched it, "process died unexpectedly, relaunching. Some resources
+    might leak." The tracker now starts with the stop signals blocked."""
+    results = tmp_path / "results"
+    process = start([TOY, "8", "--sleep", "0.3", "--workers", "1", "--batch", "1", "--results", str(results),
+                     "--no-progress"])
+    rank = psutil.Process(process.pid)
+
+    def tracker() -> list:
+        found = []
+        for child in rank.children():
+            try:
+                if "resource_tracker" in " ".join(child.cmdline()):
+                    found.append(child)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                pass
+        return found
+
+    assert wait_until(lambda: len(tracker()) == 1, timeout=60)
+    (first,) = tracker()
+    first.send_signal(signal.SIGUSR1)
+    first.send_signal(signal.SIGUSR2)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "resource_tracker" not in err and "relaunching" not in err, err
+    assert "8 of 8 items" in err, err

@@ -20,7 +20,6 @@ import sys
 import time
 import traceback
 import uuid
-from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -77,7 +76,7 @@ from common.results.outputs import atomic_write_json, atomic_write_text, check_r
 from common.results.regular_file import in_place, refuse_unless_regular
 from common.results.status_file import RankReporter, StatusWriter
 from common.run.cli import MAX_THREADS, build_parser, module_command
-from common.signals import StopFlag, ignore_stop_signals
+from common.signals import StopFlag, ignore_stop_signals, start_resource_tracker
 from common.workers.pool import PoolSettings, WorkerPool
 from common.workers.watchdog import Watchdog
 
@@ -487,7 +486,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
     try:
         # multiprocessing's resource tracker, which starting a worker needs: its interpreter (a third
         # one beside the 2 workers' on 2 cores) starts now, not at the same time as the workers'
-        resource_tracker.ensure_running()
+        start_resource_tracker()
         return _run_rank(comm, app, notice, fingerprint, argv, stop, failures, drawer)
     finally:
         if drawer is not None:

@@ -18,7 +18,6 @@ import signal
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
@@ -47,7 +46,7 @@ from common.messages import (
 )
 from common.results.layout import worker_log
 from common.settings import without_launcher
-from common.signals import WORKER_IGNORED_SIGNALS, WORKER_TERMINATE_SIGNAL, signals_blocked
+from common.signals import WORKER_IGNORED_SIGNALS, WORKER_TERMINATE_SIGNAL, signals_blocked, start_resource_tracker
 from common.workers.placement import pick_worker, room
 from common.workers.resources import ResourceBroker
 from common.workers.watchdog import Watchdog, unanswered
@@ -245,7 +244,7 @@ class WorkerPool(WorkerCounts):
             kwargs={"heartbeat": self.watchdog.heartbeat, "finished": finished})
         # multiprocessing starts its resource tracker with the first spawned process, and then
         # unblocks SIGINT and SIGTERM (it does not restore the mask): start it first, outside the block
-        resource_tracker.ensure_running()
+        start_resource_tracker()
         with _child_environment(device, self.threads), signals_blocked(WORKER_IGNORED_SIGNALS):
             process.start()
         child_end.close()

@@ -336,6 +336,16 @@ def test_the_walltimes_term_after_its_warning_still_requeues(tmp_path):
     assert "got SIGTERM" in out and "requeueing; the next start continues with --resume" in out, out
 
 
+def test_the_tasks_get_the_scripts_environment_under_sbatch_export_none(tmp_path):
+    """sbatch --export=NONE sets SLURM_EXPORT_ENV=NONE in the script, which srun then applies to its
+    tasks: no module, no virtual environment, no PATH. The script makes it ALL before srun."""
+    script, env, calls = recorded_job(tmp_path, 'echo "export=$SLURM_EXPORT_ENV" >> "$CALLS"')
+    done = subprocess.run(["bash", str(script)], env=dict(env, SLURM_EXPORT_ENV="NONE"), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert calls.read_text().splitlines() == ["export=ALL"], done.stdout
+
+
 @pytest.mark.parametrize("first, hint", [("USR1", "(the walltime warning: is --time shorter than "), ("TERM", "")])
 def test_a_stop_before_the_run_started_starts_nothing_and_requeues_nothing(tmp_path, first, hint):
     """A --time shorter than the warning: USR1 comes at once, and a requeued job would get the same

@@ -21,6 +21,9 @@ set -uo pipefail
 log() { printf '[%s] slurm job %s: %s\n' "$(date '+%F %T')" "${SLURM_JOB_ID:-?}" "$*"; }
 
 cd "${SLURM_SUBMIT_DIR:-.}" || exit 1
+# sbatch --export=NONE (a default on some clusters) hands NONE on to srun as SLURM_EXPORT_ENV: the
+# tasks would get none of the environment set up here (module load, the virtual environment)
+export SLURM_EXPORT_ENV=ALL
 {{setup}}# The program and its arguments; arguments given to sbatch after the script replace the defaults:
 #   sbatch THIS_SCRIPT {{app_args}} --results /scratch/me/run1
 PROGRAM=({{program}})

@@ -253,55 +253,6 @@ def test_a_bind_source_missing_on_the_node_ends_the_job_in_one_line_before_srun(
     assert job().returncode == 0 and (tmp_path / "argv").exists()
 
 
-def test_a_walltime_warning_while_the_step_is_down_starts_no_new_step_and_requeues(tmp_path):
-    """The step ends abnormally (a rank lost), and Slurm's USR1 comes during the pause before it is
-    started again: no new step (it would run into the walltime kill), exit 75 and a requeue, so the
-    job's next start resumes. ``srun`` and ``scontrol`` are recorders (no Slurm needed)."""
-    made = generate("--nodes", "2", "--cpu", "--time", "01:00:00", "--", "mnist_nn", "1", "1")
-    assert made.returncode == 0, made.stderr
-    script = tmp_path / "job.sbatch"
-    script.write_text(made.stdout)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, body in (("srun", 'echo started >> "$CALLS"; exit 137'), ("scontrol", 'echo "scontrol $*" >> "$CALLS"')):
-        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    calls = tmp_path / "calls"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), SLURM_SUBMIT_DIR=str(tmp_path),
-               SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2", SLURM_CPUS_PER_TASK="2")
-    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 20
-    while not (calls.exists() and calls.read_text() == "started\n") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # the script has seen the step end and sleeps before starting it again
-    job.send_signal(signal.SIGUSR1)
-    out, _ = job.communicate(timeout=30)
-    assert job.returncode == 75, out
-    assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], out
-    assert "not starting it again" in out and "starting it again with --resume" not in out, out
-
-
-def test_a_walltime_warning_as_the_step_goes_down_ends_the_job_as_stopped(tmp_path):
-    """USR1 reaches the shell while the step is ending abnormally (srun ignores it here and exits
-    137): stopped (75) and requeued, as in the pause after it, with no step started again."""
-    made = generate("--nodes", "2", "--cpu", "--time", "01:00:00", "--", "mnist_nn", "1", "1")
-    script = tmp_path / "job.sbatch"
-    script.write_text(made.stdout)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    srun = 'echo started >> "$CALLS"; trap "" USR1; kill -USR1 $PPID; sleep 0.3; exit 137'
-    for name, body in (("srun", srun), ("scontrol", 'echo "scontrol $*" >> "$CALLS"')):
-        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    calls = tmp_path / "calls"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), SLURM_SUBMIT_DIR=str(tmp_path),
-               SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2", SLURM_CPUS_PER_TASK="2")
-    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 75, done.stdout + done.stderr
-    assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], done.stdout
-    assert "ended abnormally (exit 137) after SIGUSR1: not starting it again" in done.stdout, done.stdout
-
-
 def recorded_job(tmp_path: Path, srun: str) -> tuple:
     """A generated CPU script whose ``srun`` runs ``srun`` (bash) and whose ``scontrol`` records its
     arguments: (the script, its environment, the file of calls)."""
@@ -318,6 +269,34 @@ def recorded_job(tmp_path: Path, srun: str) -> tuple:
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(calls), SLURM_SUBMIT_DIR=str(tmp_path),
                SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2", SLURM_CPUS_PER_TASK="2")
     return script, env, calls
+
+
+def test_a_walltime_warning_while_the_step_is_down_starts_no_new_step_and_requeues(tmp_path):
+    """The step ends abnormally (a rank lost), and Slurm's USR1 comes during the pause before it is
+    started again: no new step (it would run into the walltime kill), exit 75 and a requeue, so the
+    job's next start resumes. ``srun`` and ``scontrol`` are recorders (no Slurm needed)."""
+    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"; exit 137')
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 20
+    while not (calls.exists() and calls.read_text() == "started\n") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the script has seen the step end and sleeps before starting it again
+    job.send_signal(signal.SIGUSR1)
+    out, _ = job.communicate(timeout=30)
+    assert job.returncode == 75, out
+    assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], out
+    assert "not starting it again" in out and "starting it again with --resume" not in out, out
+
+
+def test_a_walltime_warning_as_the_step_goes_down_ends_the_job_as_stopped(tmp_path):
+    """USR1 reaches the shell while the step is ending abnormally (srun ignores it here and exits
+    137): stopped (75) and requeued, as in the pause after it, with no step started again."""
+    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"; trap "" USR1; kill -USR1 $PPID; sleep 0.3; '
+                                                'exit 137')
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], done.stdout
+    assert "ended abnormally (exit 137) after SIGUSR1: not starting it again" in done.stdout, done.stdout
 
 
 def test_the_walltimes_term_after_its_warning_still_requeues(tmp_path):

@@ -18,17 +18,23 @@ from helpers import TOY, error_lines, start, stop_signals_deferred, wait_until
 STOP_CODE = 75
 
 
-def worker_processes(rank: psutil.Process) -> list:
-    """The rank's workers: its spawned children (not multiprocessing's resource tracker, not the
-    timeline's drawing process); one that is already gone or a zombie is not counted."""
+def children_running(rank: psutil.Process, marker: str) -> list:
+    """The rank's children whose command line holds ``marker``; one that is already gone or a
+    zombie is not counted."""
     found = []
     for child in rank.children():
         try:
-            if "spawn_main" in " ".join(child.cmdline()):
+            if marker in " ".join(child.cmdline()):
                 found.append(child)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             pass
     return found
+
+
+def worker_processes(rank: psutil.Process) -> list:
+    """The rank's workers: its spawned children (not multiprocessing's resource tracker, not the
+    timeline's drawing process)."""
+    return children_running(rank, "spawn_main")
 
 
 def worker_starts(results: Path) -> int:
@@ -136,19 +142,8 @@ def test_the_walltime_signal_to_every_process_leaves_multiprocessings_resource_t
     process = start([TOY, "8", "--sleep", "0.3", "--workers", "1", "--batch", "1", "--results", str(results),
                      "--no-progress"])
     rank = psutil.Process(process.pid)
-
-    def tracker() -> list:
-        found = []
-        for child in rank.children():
-            try:
-                if "resource_tracker" in " ".join(child.cmdline()):
-                    found.append(child)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                pass
-        return found
-
-    assert wait_until(lambda: len(tracker()) == 1, timeout=60)
-    (first,) = tracker()
+    assert wait_until(lambda: len(children_running(rank, "resource_tracker")) == 1, timeout=60)
+    (first,) = children_running(rank, "resource_tracker")
     first.send_signal(signal.SIGUSR1)
     first.send_signal(signal.SIGUSR2)
     _, err = process.communicate(timeout=120)

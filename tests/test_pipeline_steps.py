@@ -361,3 +361,16 @@ def test_a_step_dies_with_its_worker(tmp_path):
     runner.kill()
     runner.wait()
     assert wait_dead(step), f"the step {step} outlived its worker"
+
+
+def test_env_values_expand_whole_variable_names_once():
+    """A step's env expanded $PIPELINE_NAME inside $PIPELINE_NAMES ("p9S") and $PIPELINE_SHARED
+    inside $PIPELINE_SHARED_BACKUP ("/r/p/shared_BACKUP"): names are now whole, as a shell reads
+    them, unknown ones are left for the program, and a value is expanded once."""
+    from common.pipeline.steps import expand
+
+    variables = {"PIPELINE_NAME": "p9", "PIPELINE_SHARED": "/r/p9/shared", "PIPELINE_RUN_ID": "$PIPELINE_NAME"}
+    assert expand("$PIPELINE_NAMES|${PIPELINE_NAME}S|$PIPELINE_SHARED_BACKUP|$PIPELINE_SHARED/x", variables) == (
+        "$PIPELINE_NAMES|p9S|$PIPELINE_SHARED_BACKUP|/r/p9/shared/x")
+    assert expand("$HOME ${USER} $$ $1 $PIPELINE_RUN_ID", variables) == "$HOME ${USER} $$ $1 $PIPELINE_NAME"
+    assert expand("cost-${PIPELINE_NAME}-$PIPELINE_NAME.", variables) == "cost-p9-p9."

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import signal
 import stat
@@ -107,10 +108,23 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
                  env.get("PYTHONPATH")]
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     for name, value in step.env.items():
-        for var, replacement in pipeline_vars.items():
-            value = value.replace("${" + var + "}", replacement).replace("$" + var, replacement)
-        env[name] = value
+        env[name] = expand(value, pipeline_vars)
     return env
+
+
+def expand(value: str, variables: Mapping[str, str]) -> str:
+    """``value`` with ``$NAME`` and ``${NAME}`` of ``variables`` replaced, whole names only and in one
+    pass: ``$PIPELINE_NAMES`` is not ``$PIPELINE_NAME`` and an "S", and a value that holds a ``$``
+    is not expanded again. Other names are left as written (the shell of a command sees them)."""
+    def replace(match: "re.Match[str]") -> str:
+        name = match.group(1) or match.group(2)
+        return variables.get(name, match.group(0))
+
+    return _VARIABLE.sub(replace, value)
+
+
+#: ``${NAME}`` or ``$NAME`` (the longest name: what a shell would read)
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def guarded(argv: Sequence[str]) -> List[str]:

@@ -395,3 +395,22 @@ def test_a_lock_folder_that_cannot_be_made_is_refused_when_the_run_starts(tmp_pa
     assert_usage_error(cli(EXAMPLES / "ml.json", results, "--resource", "gpu=1"), "PIPELINE_LOCK_DIR",
                        "the node-wide GPU slots cannot live there")
     assert not results.exists()
+
+
+def test_a_step_ended_while_it_waits_for_its_pool_is_recorded_as_not_started(tmp_path):
+    """The rank ends its worker (a stop past its grace) while a step still waits for the gpu pool:
+    the step never ran, and was recorded "interrupted", which a stopped run's summary shows as
+    FAILED. It is now "not started", as a step the stop kept from starting (one ended while it
+    runs stays "interrupted": test_pipeline_cli's SIGTERM test)."""
+    from common.pipeline.flow import STOPPING
+
+    def ended_while_waiting(pool, count, timeout):
+        raise KeyboardInterrupt  # what the worker's end raises in the middle of the wait
+
+    runner, layout = run_pipeline(tmp_path, {"name": "p", "steps": [
+        {"id": "train", "resources": ["gpu"], "command": "touch $PIPELINE_SHARED/ran"}]}, acquire=ended_while_waiting)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    assert not (layout.shared / "ran").exists()
+    status = json.loads(layout.status_path("train").read_text())
+    assert status["reason"] == STOPPING and [h["reason"] for h in status["history"]] == [STOPPING], status

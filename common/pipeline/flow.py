@@ -308,6 +308,7 @@ class PipelineRunner:
         self.definition_dir = Path(definition_dir).resolve() if definition_dir is not None else self.launch_dir
         self.deadline: Optional[float] = None  # time.monotonic() instant
         self.run_started = time.time()
+        self._launched = False  # whether the step's current attempt got past its pools and started
 
     # ----- one step -----
     def _pipeline_vars(self, step: Step, attempt: int) -> Dict[str, str]:
@@ -380,6 +381,7 @@ class PipelineRunner:
             if step.prompt is not None:
                 prompt = step_dir / STEP_PROMPT
                 atomic_write_text(prompt, step.prompt)
+            self._launched = True  # from here on, a stop interrupts the step; before, it never started
             result = run_attempt(argv, env=env, step_dir=step_dir, attempt=attempt, timeout=step.timeout,
                                  memory=step.memory, stop_at=self.deadline, stdin=prompt)
             output = step_dir / STEP_OUTPUT if step.prompt is not None else None
@@ -438,11 +440,14 @@ class PipelineRunner:
         while True:
             walk.runs[step.id] = walk.runs.get(step.id, 0) + 1
             began = time.time()
+            self._launched = False
             try:
                 attempt, queued = self._attempt(step, walk.runs[step.id])
             except BaseException as error:  # the worker is being stopped by its rank: record it, then go
                 with _signals_held():  # a second stop signal must not cut the record short
-                    reason = (INTERRUPTED if not isinstance(error, Exception) else STOPPING
+                    # ended while it waited for its pools: it did not start (not "failed" in a stopped run)
+                    reason = ((INTERRUPTED if self._launched else STOPPING) if not isinstance(error, Exception)
+                              else STOPPING
                               if isinstance(error, RunStopping)
                               else f"error in the pipeline runner: {type(error).__name__}: {error}")
                     ended = time.time()

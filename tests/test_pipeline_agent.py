@@ -277,6 +277,9 @@ def test_the_schema_is_printed_and_the_shipped_examples_follow_it(tmp_path):
     for example in sorted(EXAMPLES.glob("*.json")):
         jsonschema.validate(json.loads(example.read_text()), schema)
         assert load_definition(example)
+    # beside a definition or another flag, which it would silently ignore: one line, exit 2
+    for extra in (["--bogus"], [str(EXAMPLES / "ml.json")]):
+        assert_usage_error(run(["-m", "common.pipeline", "--schema", *extra]), "--schema takes no other arguments")
 
 
 def hold_gpu_slot(lock_dir: Path, seconds: float, record: Path) -> subprocess.Popen:

@@ -9,13 +9,17 @@ guard_standard_streams()  # --schema | head -1 too
 import json  # noqa: E402
 import sys  # noqa: E402
 
-from common.errors import EXIT_NOT_WRITTEN, EXIT_OK  # noqa: E402
+from common.errors import EXIT_NOT_WRITTEN, EXIT_OK, EXIT_USAGE  # noqa: E402
 from common.pipeline.app import PipelineApp  # noqa: E402
 from common.pipeline.schema import SCHEMA  # noqa: E402
 from common.run.runner import main  # noqa: E402
 
 if __name__ == "__main__":
     if "--schema" in sys.argv[1:]:
+        others = [arg for arg in sys.argv[1:] if arg != "--schema"]
+        if others:  # a definition or flags beside it would be silently ignored
+            print(f"pipeline: error: --schema takes no other arguments, got {' '.join(others)!r}", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE)
         print(json.dumps(SCHEMA, indent=2))
         lost = stdout_lost()
         if lost:

@@ -406,3 +406,18 @@ def test_a_stopped_resume_from_a_step_says_a_command_that_finishes_it(tmp_path):
     assert finished.returncode == 0, finished.stderr
     runs = summary(results)["pipelines"]["p"]
     assert runs["status"] == "ok" and runs["resumed_from"] == "work", runs
+
+
+def test_a_failed_pipeline_still_reports_what_its_steps_cost(tmp_path):
+    """A pipeline failed by its budget (or by a step) had no cost in summary.json and no "Reported
+    costs" line, the one case where the cost is the reason; it is what its steps reported."""
+    spend = "echo '{\"pipeline_cost\": 0.6}'"
+    definition = write(tmp_path / "p.json", {"name": "p", "budget": 1, "steps": [
+        {"id": "a", "command": spend}, {"id": "b", "command": spend}, {"id": "c", "command": "true"}]})
+    results = tmp_path / "results"
+    ran = pipeline_cli(definition, results)
+    assert ran.returncode == 1, ran.stderr
+    failed = summary(results)["pipelines"]["p"]
+    assert failed["status"] == "failed" and failed["reason"] == "budget 1 passed: the steps reported 1.2", failed
+    assert failed["cost"] == 1.2 and failed["budget"] == 1, failed
+    assert "Reported costs: p 1.2 (**over its budget of 1**)" in (results / "summary.md").read_text()

@@ -8,6 +8,7 @@ that the engine runs although the pipeline itself may be journaled.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 from dataclasses import dataclass
@@ -350,6 +351,9 @@ class PipelineApp(App):
                     summary = {"run_id": run_id, "status": "stopped", "reason": "", "steps": steps}
                 else:
                     summary = {"run_id": run_id, "status": "failed", "reason": error, "steps": steps}
+                spent = progress.get("spent")  # what its steps reported, as a finished run's summary says it
+                if isinstance(spent, (int, float)) and not isinstance(spent, bool) and math.isfinite(spent):
+                    summary.update(cost=spent, budget=pipeline.budget)
             else:  # not run now, and never finished: what an earlier run left on disk
                 steps = statuses_on_disk(layout, pipeline)
                 summary = {"run_id": run_id, "status": "unfinished" if steps else "not run",

@@ -29,7 +29,8 @@ _WHERE = {
     # the contract (app.py, items.py, errors.py) and the entry point
     "App": "app", "Record": "app", "RunInfo": "app", "check_fields": "app", "NUMBER": "app",
     "NUMBER_OR_NONE": "app", "Item": "items", "item_seed": "items", "torch_seed": "items", "seed32": "items",
-    "UsageError": "errors", "main": "run.runner", "Device": "devices", "defer_stop_signals": "signals",
+    "UsageError": "errors", "ItemFailed": "errors", "main": "run.runner", "Device": "devices",
+    "defer_stop_signals": "signals",
     "at_least": "argtypes", "REFERENCE_SEED": "run.cli",
     # writing outputs (outputs.py): atomic, so a crash never leaves half a file
     "atomic_write_bytes": "results.outputs", "atomic_write_json": "results.outputs", "atomic_write_text": "results.outputs",

@@ -7,6 +7,12 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2, nothing written."""
 
 
+class ItemFailed(Exception):
+    """Raised by an item's code to fail the item with its message alone: an outcome of the item (a
+    pipeline whose step failed), not a bug, so its traceback (the engine's own frames) is not what
+    the log, the journal and report.html show."""
+
+
 # Exit codes (documented in the README).
 EXIT_OK = 0
 EXIT_FAILED_ITEMS = 1

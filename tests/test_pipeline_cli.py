@@ -421,3 +421,8 @@ def test_a_failed_pipeline_still_reports_what_its_steps_cost(tmp_path):
     assert failed["status"] == "failed" and failed["reason"] == "budget 1 passed: the steps reported 1.2", failed
     assert failed["cost"] == 1.2 and failed["budget"] == 1, failed
     assert "Reported costs: p 1.2 (**over its budget of 1**)" in (results / "summary.md").read_text()
+    # the pipeline's outcome, not a bug: its message, without a traceback of the runner's own frames
+    (attempt,) = [e for e in journal_entries(results) if e["type"] == "attempt_failed"]
+    assert attempt["traceback"] == "PipelineFailed: pipeline p: budget 1 passed: the steps reported 1.2\n", attempt
+    report = (results / "report.html").read_text()
+    assert "budget 1 passed" in report and "Traceback (most recent call last)" not in report, report

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..app import App, RunInfo
 from ..devices import Device
-from ..errors import UsageError, error_line, quoted
+from ..errors import ItemFailed, UsageError, error_line, quoted
 from ..items import Item, item_seed, torch_seed
 from . import nodelock
 from .container import CONTAINER_ENV, default_image, find_apptainer
@@ -39,8 +39,9 @@ MAX_QUEUE_TIMEOUT = 365 * 24 * 3600
 GPU_POOL = "gpu"
 
 
-class PipelineFailed(Exception):
-    """A pipeline ended as failed; its steps' status.json files say why."""
+class PipelineFailed(ItemFailed):
+    """A pipeline ended as failed; its steps' status.json files say why (no traceback: the
+    pipeline's outcome, not an error of the runner)."""
 
 
 def _capacity(text: str, where: str) -> int:

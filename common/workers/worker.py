@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
-from common.errors import described
+from common.errors import ItemFailed, described
 from common.items import ItemSeeds
 from common.linux import die_with_parent
 from common.messages import (
@@ -269,7 +269,7 @@ def _run_group(app: Any, state: Any, bundle: list, seed_of: Callable[[str], Any]
     except (Exception, SystemExit, KeyboardInterrupt, GeneratorExit) as error:  # the item's code raised it
         # (SystemExit and the others too: the rank stops a worker with _Terminated, and SIGINT reaches
         # no worker, so these come from the item's code: it fails, and the worker goes on)
-        text = traceback.format_exc()
+        text = f"{described(error)}\n" if isinstance(error, ItemFailed) else traceback.format_exc()
         ended = time.time()
         log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(handout.attempt) for handout in bundle), text)
         errno, path = _os_error(error)

@@ -123,6 +123,26 @@ def test_a_mount_container_path_must_be_absolute(tmp_path):
     assert "container_path must be an absolute path" in message
 
 
+def test_a_mount_apptainer_would_read_otherwise_is_refused(tmp_path):
+    """"//shared" is /shared to apptainer (POSIX leaves two leading slashes apart, normpath kept
+    them); a ',' or ':' in either path is one of --bind's separators, so the bind would be another;
+    a relative host_path is refused where the definition's own folder holds one."""
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"sif")
+
+    def mounted(host: str, inside: str, base: Path = Path(".")) -> str:
+        return problem(pipeline(step("a", container=str(image), mounts=[{"host_path": host, "container_path": inside}])),
+                       base)
+
+    assert "/shared is where the pipeline's shared folder is bound" in mounted("/d", "//shared")
+    assert "/shared is where the pipeline's shared folder is bound" in mounted("/d", "///shared/x")
+    for host, inside, what in (("/a,b", "/d", "host_path"), ("/d", "/x,/y", "container_path")):
+        assert f"mount {what} must be a path without ':' or ','" in mounted(host, inside)
+    assert "container_path must be an absolute path without ':'" in mounted("/d", "/x:ro")
+    assert "whose ':' or ',' apptainer's --bind would read as separators" in mounted("data", "/data",
+                                                                                   tmp_path / "a,b")
+
+
 def test_a_loop_bounded_by_max_retries_is_accepted():
     pipelines = parse_definition(pipeline(step("train", on_fail="fix"), step("fix", next="train", max_retries=2)))
     assert unbounded_cycle(pipelines[0]) == []

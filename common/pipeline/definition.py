@@ -274,9 +274,12 @@ def _mounts(value: Any, base: Path, where: _Where) -> Tuple[Mount, ...]:
     mounts: List[Mount] = []
     for entry in value or ():
         host, inside = entry["host_path"], entry["container_path"]
-        if ":" in host:
-            raise where.error(f"mount host_path must be a path without ':', got {short(host)}")
+        for what, path in (("host_path", host), ("container_path", inside)):
+            if ":" in path or "," in path:  # apptainer's --bind reads SRC:DST:OPTS, and a comma as the next bind
+                raise where.error(f"mount {what} must be a path without ':' or ',' (apptainer's --bind separators), "
+                                  f"got {short(path)}")
         normal = os.path.normpath(inside)
+        normal = "/" + normal.lstrip("/") if normal.startswith("/") else normal  # POSIX keeps "//shared" apart
         if normal == SHARED_IN_CONTAINER or normal.startswith(SHARED_IN_CONTAINER + "/"):
             raise where.error(f"mount container_path {short(inside)}: {SHARED_IN_CONTAINER} is where the pipeline's "
                               "shared folder is bound; mount elsewhere")
@@ -284,6 +287,9 @@ def _mounts(value: Any, base: Path, where: _Where) -> Tuple[Mount, ...]:
             raise where.error(f"two mounts at container_path {short(inside)}")
         host_path = Path(host).expanduser()
         host_path = host_path if host_path.is_absolute() else base / host_path
+        if ":" in str(host_path) or "," in str(host_path):  # from the definition's folder or the home folder
+            raise where.error(f"mount host_path {short(host)} is {short(str(host_path))}, whose ':' or ',' apptainer's "
+                              f"--bind would read as separators; move the folder or give another path")
         mounts.append(Mount(str(host_path), inside, entry.get("readonly", False)))
     return tuple(mounts)
 

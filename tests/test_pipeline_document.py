@@ -331,3 +331,21 @@ def test_the_slurm_generator_accepts_the_document_with_a_default_image(image):
     script = run([*slurm, "--container", str(image)])
     assert script.returncode == 0, script.stderr
     assert script.stdout.startswith("#!") and f"--container {image}" in script.stdout
+
+
+def test_a_python_step_in_a_container_imports_the_module_beside_its_definition(sandbox, tmp_path):
+    """docs/pipelines.md: a python step can import modules beside the definition file. In a
+    container it could not ("No module named 'mystep'"): the step's PYTHONPATH was set only on the
+    node. Now it is set in the container too, with the engine's code and the definition's and
+    launch folders bound read-only at their own paths."""
+    defs = tmp_path / "defs"
+    defs.mkdir()
+    (defs / "mystep.py").write_text("import os\n\ndef main():\n    return {'answer': 42, 'step': os.environ['PIPELINE_STEP_ID']}\n")
+    definition = defs / "p.json"
+    definition.write_text(json.dumps({"name": "p", "steps": [{"id": "fit", "python": "mystep:main"}]}))
+    proc = sandbox.run(definition, {})
+    assert proc.returncode == 0, proc.stderr
+    results = tmp_path / "results"
+    assert json.loads((results / "p" / "fit" / "result.json").read_text()) == {"answer": 42, "step": "fit"}
+    (call,) = sandbox.calls()
+    assert f"{defs}:{defs}:ro" in call["argv"] and f"{REPO}:{REPO}:ro" in call["argv"], call["argv"]

@@ -50,7 +50,7 @@ from ..signals import STEP_HELD_SIGNALS, held_signals
 from . import nodelock
 from .container import find_apptainer
 from .definition import Pipeline, Step
-from .steps import Attempt, run_attempt, step_argv, step_environment
+from .steps import Attempt, python_paths, run_attempt, step_argv, step_environment
 
 #: A line of a step's standard output reporting what it cost: {"pipeline_cost": 0.0123}
 COST_KEY = "pipeline_cost"
@@ -373,7 +373,8 @@ class PipelineRunner:
             try:
                 if step.container and apptainer is None:
                     raise ValueError("apptainer (or singularity) not found on PATH")
-                argv = step_argv(step, str(self.layout.run_dir.resolve()), apptainer, self.agent)
+                argv = step_argv(step, str(self.layout.run_dir.resolve()), apptainer, self.agent,
+                                 code=python_paths(self._pipeline_vars(step, attempt)))
             except ValueError as error:
                 now = time.time()
                 return Attempt("failed", None, now, now, str(error)), queued

@@ -84,11 +84,22 @@ def inner_command(step: Step, in_container: bool = False, agent: Optional[str] =
     return [python, "-m", "common.pipeline.call", step.python]
 
 
-def step_argv(step: Step, run_dir: str, apptainer: Optional[str], agent: Optional[str] = None) -> List[str]:
+def step_argv(step: Step, run_dir: str, apptainer: Optional[str], agent: Optional[str] = None,
+              code: Sequence[str] = ()) -> List[str]:
+    """The step's command line; in its container, ``code`` (a python step's import path:
+    :func:`python_paths`) is bound read-only at its own path, so the step imports there what it
+    would on the node."""
     if step.container is None:
         return inner_command(step, agent=agent)
     return container_command(step, inner_command(step, in_container=True, agent=agent), run_dir,
-                             apptainer or "apptainer")
+                             apptainer or "apptainer", code=code if step.python is not None else ())
+
+
+def python_paths(pipeline_vars: Mapping[str, str]) -> List[str]:
+    """Where a python step's modules are found: the engine's code (its ``common.pipeline.call``
+    runs the function), the definition file's folder and the folder the pipeline was started from."""
+    paths = [PROJECT_ROOT, pipeline_vars.get("PIPELINE_DEFINITION_DIR"), pipeline_vars.get("PIPELINE_LAUNCH_DIR")]
+    return list(dict.fromkeys(path for path in paths if path))
 
 
 def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], step: Step,
@@ -102,11 +113,8 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
     if step.prompt is not None:
         env["PIPELINE_MODEL"] = step.model or ""
         env["PIPELINE_TOOLS"] = ",".join(step.tools)
-    if step.python is not None and step.container is None:
-        # the engine's code, modules beside the definition file, and those of the folder the pipeline was started from
-        paths = [PROJECT_ROOT, pipeline_vars.get("PIPELINE_DEFINITION_DIR"), pipeline_vars.get("PIPELINE_LAUNCH_DIR"),
-                 env.get("PYTHONPATH")]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    if step.python is not None:  # in a container too, where step_argv binds these folders
+        env["PYTHONPATH"] = os.pathsep.join(python_paths(pipeline_vars) + [p for p in [env.get("PYTHONPATH")] if p])
     for name, value in step.env.items():
         env[name] = expand(value, pipeline_vars)
     return env

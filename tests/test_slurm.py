@@ -323,6 +323,8 @@ def test_the_tasks_get_the_scripts_environment_under_sbatch_export_none(tmp_path
                           text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert calls.read_text().splitlines() == ["export=ALL"], done.stdout
+    # submitted from a folder without the virtual environment: the log says so, and which python runs
+    assert f"no virtual environment at .venv in {tmp_path} (submitted from another folder?): using /" in done.stdout
 
 
 @pytest.mark.parametrize("first, hint", [("USR1", "(the walltime warning: is --time shorter than "), ("TERM", "")])

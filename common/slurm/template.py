@@ -148,7 +148,9 @@ def _setup(spec: JobSpec) -> str:
     lines = [f"module load {module}" for module in spec.modules]
     if spec.venv and not spec.container:
         venv = shlex.quote(spec.venv)
-        lines.append(f'if [ -f {venv}/bin/activate ]; then source {venv}/bin/activate; fi')
+        lines.append(f'if [ -f {venv}/bin/activate ]; then source {venv}/bin/activate; '
+                     f'else log "no virtual environment at {venv} in $PWD (submitted from another folder?): '
+                     f'using $(command -v python || echo \'no python on PATH\')"; fi')
     return "".join(line + "\n" for line in lines)
 
 

@@ -417,3 +417,18 @@ def test_a_step_ended_while_it_waits_for_its_pool_is_recorded_as_not_started(tmp
     assert not (layout.shared / "ran").exists()
     status = json.loads(layout.status_path("train").read_text())
     assert status["reason"] == STOPPING and [h["reason"] for h in status["history"]] == [STOPPING], status
+
+
+def test_costs_that_add_past_the_largest_float_stay_a_number_json_holds(tmp_path):
+    """Two reported costs of 1e308 made inf, written as Infinity into status.json and the result,
+    which strict JSON readers (jq, a browser) refuse; the total now stops at the largest float."""
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in {text[:200]}"))
+
+    huge = "echo '{\"pipeline_cost\": 1e308}'; echo '{\"pipeline_cost\": 1e308}'"
+    runner, layout = run_pipeline(tmp_path, {"name": "p", "budget": 1, "steps": [
+        {"id": "a", "command": huge}, {"id": "b", "command": huge}]})
+    result = runner.run()
+    assert result["status"] == "failed" and result["cost"] == sys.float_info.max, result
+    assert strict(layout.status_path("a").read_text())["cost"] == sys.float_info.max
+    assert strict(json.dumps(result))["cost"] == sys.float_info.max

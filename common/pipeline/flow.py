@@ -27,10 +27,11 @@ import contextlib
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from common.results.layout import (
     PROGRESS_FILE,
@@ -173,7 +174,7 @@ def read_cost_and_output(stdout_log: Path, offset: int, output: Optional[Path]) 
                 whole_line, starts_line = starts_line and len(piece) < COST_LINE_LIMIT, piece.endswith(b"\n")
                 value = _reported_cost(piece) if whole_line else None
                 if value is not None:
-                    cost += value
+                    cost = total_cost([cost, value])
                 elif sink is not None:
                     sink.write(piece)
 
@@ -195,6 +196,15 @@ def _reported_cost(line: bytes) -> Optional[float]:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return max(0.0, float(value))
     return None
+
+
+def total_cost(costs: Iterable[float]) -> float:
+    """Costs added up, at most the largest float: two reported costs of 1e308 made ``inf``, which
+    JSON cannot hold (status.json and summary.json said ``Infinity``, which other readers refuse)."""
+    try:
+        return min(math.fsum(costs), sys.float_info.max)
+    except OverflowError:  # fsum's own intermediate overflow
+        return sys.float_info.max
 
 
 def _peak(values: Any) -> Optional[int]:
@@ -457,7 +467,7 @@ class PipelineRunner:
                                                           round(ended - began, 3),
                                                           history=(earlier + history + [cut])[-MAX_HISTORY:]))
                 raise
-            walk.spent += attempt.cost
+            walk.spent = total_cost([walk.spent, attempt.cost])
             history.append(self._history_entry(attempt, queued))
             deadline_passed = self.deadline is not None and time.monotonic() >= self.deadline
             if attempt.status == "ok" or limit is None or walk.runs[step.id] >= limit or deadline_passed:
@@ -475,7 +485,7 @@ class PipelineRunner:
                               exit_code=last["exit_code"],
                               queued_seconds=round(sum(h["queued_seconds"] for h in history), 3))
         status.update(memory_limit=step.memory_text, max_rss_bytes=_peak(h.get("max_rss_bytes") for h in history),
-                      cost=round(sum(h["cost"] for h in history), 6), history=(earlier + history)[-MAX_HISTORY:])
+                      cost=round(total_cost(h["cost"] for h in history), 6), history=(earlier + history)[-MAX_HISTORY:])
         written = output.is_file() and (older_output is None or _file_identity(output) != older_output)
         status["output"] = str(output.relative_to(self.layout.results)) if written else None
         self._write_status(step, status)
@@ -522,7 +532,7 @@ class PipelineRunner:
                 kept_failure = (f"step {step.id!r} failed in an earlier run: {earlier[step.id].get('reason') or kept}",
                                 step.id)
         # ... and so is what they cost: the budget counts it (a resume must not start spending afresh)
-        walk.spent = sum(cost for cost in (status.get("cost") for status in earlier.values())
+        walk.spent = total_cost(cost for cost in (status.get("cost") for status in earlier.values())
                          if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost))
         via_edge = start is not None
         first = start is not None  # the step a resume starts from runs, whatever its condition

@@ -278,11 +278,14 @@ def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, An
     resume = {r["system"]: r for r in runs if r["workload"] == "resume"}
     lines.append("| whole job SIGKILLed after 150 of 400 results, then rerun: items recomputed | "
                  + " | ".join((f"{resume[s]['recomputed']}" if resume[s].get("complete") else "failed")
-                              if s in resume else "400 (keeps nothing; not run)" for s in systems) + " |")
+                              if s in resume else "not run (its checkpointing not set up)" for s in systems) + " |")
     versions = sorted({r["version"] for r in runs if r.get("version")})
     lines += ["", f"Medians of {rounds} interleaved round(s); in brackets the median ratio to ProcessPoolExecutor's "
                   f"figure in the same round. The hung-worker row: one round, ours with --worker-timeout 10 "
-                  f"(default 300 s), every peer with its defaults, each killed at {cap:.0f} s.",
+                  f"(default 300 s), every peer with its defaults (Dask's worker-ttl and the others' liveness "
+                  f"settings not tuned to match), each killed at {cap:.0f} s: it shows what a 10 s worker timeout "
+                  f"does, not that no peer can be set to catch a hung worker. The rerun row: the peers were run "
+                  f"without their own checkpointing (Parsl's, joblib.Memory), so not at all.",
               f"Versions: {', '.join(versions)}.", f"Machine: {os.cpu_count()} CPUs ({cpu_model()})."]
     return "\n".join(lines)
 

@@ -20,8 +20,9 @@ never stopping the others:
 - mnist_nn on the GPU on the digits (and on Fashion-MNIST where its files are found) with
   ``--workers-per-gpu 1`` and ``4``: both complete, give identical results, and the NVML monitor
   has samples of every GPU (with memory in use);
-- ``benchmarks.bench_nn`` on CUDA against the reference's style, with 4 workers per GPU: ours must
-  be faster than the reference's style for every model;
+- ``benchmarks.bench_nn`` on CUDA against the reference's style (run with ``--workers-per-gpu 4``,
+  whose shared-GPU rate it reports): ours must be faster than the reference's style for every model,
+  one process each (a single round: bench_nn's speedups vary by about 25% between rounds);
 - mnist_svm on cuML where cuML is installed (one line saying it was skipped otherwise), against the
   same run with scikit-learn on the CPU: every fit's validation error within ``SVM_FLIPS`` images.
 

@@ -204,6 +204,21 @@ def test_a_resume_without_threads_keeps_the_threads_its_run_was_given(tmp_path):
     starts = [entry for entry in journal_entries(results) if entry.get("type") == "start"]
     assert [start_["layout"][0]["threads"] for start_ in starts] == [1, 1]
 
+def test_a_resume_may_name_the_thread_count_its_run_used_by_default(tmp_path):
+    """A run without --threads used the default count (its start records it); a resume naming that
+    same count was refused ("threads the default (journal) vs 2 (now)"). Now it goes on; another
+    count is refused with the count the run used."""
+    results = tmp_path / "r"
+    args = [TOY, "6", "--gpu", "cpu", "--workers", "1", "--results", str(results), "--no-progress"]
+    stopped = stop_run(start(args + ["--sleep", "0.3"]), results, after=2)
+    assert stopped.returncode == 75, stopped.stderr
+    (used,) = {entry["threads"] for e in journal_entries(results) if e.get("type") == "start" for entry in e["layout"]}
+    other = 1 if used != 1 else 2
+    assert_usage_error(run(args + ["--threads", str(other), "--resume"]), f"threads {used} (journal) vs {other} (now)")
+    resumed = run(args + ["--threads", str(used), "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+
+
 def test_a_torn_last_journal_line_is_tolerated_on_resume(tmp_path):
     args = [TOY, "10", "--results", str(tmp_path / "r"), "--no-progress"]
     assert run(args).returncode == 0

@@ -37,6 +37,18 @@ def two_rank_run(tmp_path_factory) -> Path:
 
 
 # ----- the whole program -----
+def test_a_resume_under_another_cv_or_multiclass_names_both_values(two_rank_run, tmp_path):
+    """The refusal said "cv 'reference' (journal) vs the default (now)" for --cv stratified: the
+    fingerprint leaves the non-default values out, and now names them."""
+    results = tmp_path / "r"
+    shutil.copytree(two_rank_run, results)
+    before = snapshot(results)
+    for flag, value, kept in (("--cv", "stratified", "reference"), ("--multiclass", "ovo", "ovr")):
+        proc = run(svm(str(N_TUNING), "--dataset", "digits", "--results", str(results), flag, value, "--resume"))
+        assert_usage_error(proc, f"{flag[2:]} {kept!r} (journal) vs {value!r} (now)")
+    assert snapshot(results) == before
+
+
 def test_two_ranks_on_digits_write_every_output(two_rank_run):
     results = two_rank_run
     for name in ["validation_error.npy", "fits.csv", "summary.json", "summary.md", "journal.jsonl",

@@ -228,12 +228,21 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
                              f"with that version, or use another --results")
         old_data = old.pop(DATA_FINGERPRINT, None)  # judged after prepare(), which reads the data
         given = old.get("threads")  # the run resumed was given --threads: a resume without it keeps it too
-        keep_given = getattr(args, "threads", None) is None and type(given) is int and 1 <= given <= MAX_THREADS
+        asked = getattr(args, "threads", None)
+        keep_given = asked is None and type(given) is int and 1 <= given <= MAX_THREADS
         if keep_given:
             fingerprint["threads"] = given
-        if old != fingerprint:
+        left_out = app.fingerprint_left_out()
+        compared = fingerprint
+        if given is None and asked is not None:  # the run used the default count, which its start records
+            used = _threads_resumed(starts)
+            if used is not None:
+                left_out = {**left_out, "threads": used}  # a refusal names the count the run used
+                if asked == used:  # the same count, named now: the same results
+                    compared = {name: value for name, value in fingerprint.items() if name != "threads"}
+        if old != compared:
             raise UsageError(f"cannot resume {quoted(folder)}: it was made with other arguments "
-                             f"({describe_difference(old, fingerprint, app.fingerprint_left_out())}); use the same "
+                             f"({describe_difference(old, compared, left_out)}); use the same "
                              f"arguments or another --results")
         if getattr(args, "threads", None) is None:
             kept_threads = given if keep_given else _threads_resumed(starts)  # taken once nothing below refuses

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 from .errors import UsageError
 
@@ -113,23 +113,27 @@ def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:
     """This process's rank as its MPI launcher set it (hydra, Open MPI, Slurm), 0 without one: who
     prints an error found before MPI is joined."""
     environ = os.environ if environ is None else environ
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+    # Open MPI's first: its mpirun leaves a PMI_RANK inherited from an outer launcher (srun --pty) as it was
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
         text = environ.get(name, "")
         if text.isascii() and text.isdigit():
             return int(text)
     return 0
 
 
-def launcher_size(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
-    """How many ranks this process's MPI launcher started (hydra's mpiexec and srun's pmi2:
-    PMI_SIZE; Open MPI: OMPI_COMM_WORLD_SIZE), None where none says: the size of the world MPI must
-    join. A worker or a step process never sees them (:func:`without_launcher`)."""
+def launcher_sizes(environ: Optional[Mapping[str, str]] = None) -> List[int]:
+    """How many ranks this process's MPI launcher started, as each launcher's variable says it
+    (Open MPI: OMPI_COMM_WORLD_SIZE; hydra's mpiexec and srun's pmi2: PMI_SIZE), in that order; empty
+    where none does. The world MPI joins must be one of them: Open MPI's mpirun leaves a PMI_SIZE
+    inherited from an outer launcher as it was. A worker or a step process never sees them
+    (:func:`without_launcher`)."""
     environ = os.environ if environ is None else environ
-    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+    sizes = []
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         text = environ.get(name, "")
         if text.isascii() and text.isdigit() and int(text) > 0:
-            return int(text)
-    return None
+            sizes.append(int(text))
+    return sizes
 
 
 # Variables through which a child process would find (and re-join) the rank's MPI job.

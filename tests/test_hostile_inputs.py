@@ -404,3 +404,15 @@ def test_a_deleted_working_folder_is_one_line_and_writes_nothing(tmp_path, progr
                           env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120)
     assert_usage_error(proc, "the current folder cannot be read", "cd into a folder that exists")
     assert not (tmp_path / "results").exists()
+
+
+def test_open_mpis_own_variables_win_over_those_an_outer_launcher_left():
+    """mpirun inside `srun --pty bash` (MpiDefault=pmi2): each rank also sees the PMI_SIZE=1 and
+    PMI_RANK=0 the outer srun left. The world check accepts the size Open MPI gave, and only its
+    rank 0 speaks for the launch."""
+    from common import settings
+
+    inherited = {"PMI_SIZE": "1", "PMI_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "2"}
+    assert settings.launcher_sizes(inherited) == [4, 1] and settings.launcher_rank(inherited) == 2
+    assert settings.launcher_sizes({"PMI_SIZE": "2", "PMI_RANK": "1"}) == [2]
+    assert settings.launcher_sizes({"PMI_SIZE": "x"}) == [] and settings.launcher_sizes({}) == []

@@ -372,11 +372,11 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     comm = world()
-    launched = settings.launcher_size()
-    if launched is not None and launched != comm.size and not settings.value(settings.NO_MPI):
+    launched = settings.launcher_sizes()
+    if launched and comm.size not in launched and not settings.value(settings.NO_MPI):
         # each rank alone in a world of its own: N runs of rank 0 racing for one results folder
         if settings.launcher_rank() == 0:
-            print(f"{app_class.name}: error: {_world_mismatch(launched, comm.size)}", file=sys.stderr)
+            print(f"{app_class.name}: error: {_world_mismatch(launched[0], comm.size)}", file=sys.stderr)
         return EXIT_USAGE
     setup_logging(comm.rank)
     valid, error = _validate_everywhere(comm, app_class, argv)

@@ -337,9 +337,8 @@ def test_a_python_step_in_a_container_imports_the_module_beside_its_definition(s
     """docs/pipelines.md: a python step can import modules beside the definition file. In a
     container it could not ("No module named 'mystep'"): the step's PYTHONPATH was set only on the
     node. Now it is set in the container too, with the engine's code and the definition's and
-    launch folders bound read-only at their own paths."""
-    defs = tmp_path / "defs"
-    defs.mkdir()
+    launch folders bound at their own paths, before the run's folder."""
+    defs = tmp_path  # the definition's folder holds the results too: its bind must leave them writable
     (defs / "mystep.py").write_text("import os\n\ndef main():\n    return {'answer': 42, 'step': os.environ['PIPELINE_STEP_ID']}\n")
     definition = defs / "p.json"
     definition.write_text(json.dumps({"name": "p", "steps": [{"id": "fit", "python": "mystep:main"}]}))
@@ -348,4 +347,8 @@ def test_a_python_step_in_a_container_imports_the_module_beside_its_definition(s
     results = tmp_path / "results"
     assert json.loads((results / "p" / "fit" / "result.json").read_text()) == {"answer": 42, "step": "fit"}
     (call,) = sandbox.calls()
-    assert f"{defs}:{defs}:ro" in call["argv"] and f"{REPO}:{REPO}:ro" in call["argv"], call["argv"]
+    binds = [call["argv"][i + 1] for i, word in enumerate(call["argv"]) if word == "--bind"]
+    run_dir = str((results / "p").resolve())
+    assert f"{defs}:{defs}" in binds and f"{REPO}:{REPO}" in binds, binds
+    # before the run's folder, which a folder of code may hold (launched from it): that stays writable
+    assert binds.index(f"{defs}:{defs}") < binds.index(f"{run_dir}:{run_dir}"), binds

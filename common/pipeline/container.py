@@ -41,26 +41,27 @@ def default_image(flag: Optional[str], environ: Mapping[str, str]) -> Optional[s
 
 def container_command(step: Step, inner: Sequence[str], run_dir: str, apptainer: str,
                       code: Sequence[str] = ()) -> List[str]:
-    """``apptainer exec [--nv] --bind RUN_DIR --bind SHARED:/shared [--bind CODE:CODE:ro ...]
+    """``apptainer exec [--nv] [--bind CODE ...] --bind RUN_DIR --bind SHARED:/shared
     --bind host:inside[:ro] ... IMAGE inner...``.
 
     The run's folder is bound at the same path, so ``$PIPELINE_SHARED`` means the same inside; its
     shared folder is also bound at ``/shared``, where the format's prompts and commands write and
     read (``/shared/checkpoints/model_final.pt``), so nothing lands on the node's own ``/shared``.
     ``--nv`` (NVIDIA driver and libraries) is given to GPU steps. ``code``: folders a python step
-    imports from, bound read-only at their own paths (those inside the run's folder are already
-    there; one whose name holds a --bind separator cannot be bound); the step's mounts come after,
-    and win.
+    imports from, bound at their own paths before the run's folder (which is often below one of
+    them, and stays writable), as apptainer binds $HOME and the current folder (those inside the
+    run's folder are already there; one whose name holds a --bind separator cannot be bound); the
+    step's mounts come last, and win.
     """
     argv = [apptainer, "exec"]
     if step.gpu:
         argv.append("--nv")
     shared = os.path.join(run_dir, SHARED_DIR)  # RunLayout.shared
-    argv += ["--bind", f"{run_dir}:{run_dir}", "--bind", f"{shared}:{SHARED_IN_CONTAINER}"]
-    for folder in code:
+    for folder in code:  # first: the run's folder, often below one of them, is bound over them after
         inside_run = os.path.commonpath([folder, run_dir]) == run_dir
         if not inside_run and not any(separator in folder for separator in ":,"):
-            argv += ["--bind", f"{folder}:{folder}:ro"]
+            argv += ["--bind", f"{folder}:{folder}"]
+    argv += ["--bind", f"{run_dir}:{run_dir}", "--bind", f"{shared}:{SHARED_IN_CONTAINER}"]
     for mount in step.mounts:
         argv += ["--bind", f"{mount.host_path}:{mount.container_path}" + (":ro" if mount.readonly else "")]
     return argv + [step.container] + list(inner)

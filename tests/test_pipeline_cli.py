@@ -364,6 +364,8 @@ def test_a_plain_resume_after_a_failed_resume_from_a_step_goes_on_from_it(tmp_pa
     # the output.md of the run before is not the failed step's (it was listed as if it were)
     assert summary(results)["pipelines"]["p"]["steps"]["check"].get("output") is None
     assert "p/check/output.md" not in (results / "summary.md").read_text()
+    planned = pipeline_cli(definition, results, "--resume", "--dry-run")  # says what the resume then does
+    assert planned.returncode == 0 and "--resume goes on at step 'check'" in planned.stdout, planned.stdout
     again = pipeline_cli(definition, results, "--resume")  # the flag still there: check fails again
     assert again.returncode == 1 and "complete" not in again.stderr.splitlines()[-1], again.stderr
     assert summary(results)["pipelines"]["p"]["status"] == "failed", summary(results)["pipelines"]["p"]

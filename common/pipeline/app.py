@@ -196,7 +196,7 @@ class PipelineApp(App):
         elif self.args.resume:
             for pipeline in self.pipelines:
                 point = self.resume_point(pipeline)
-                starts[pipeline.name] = ("finished: --resume skips it" if self._newest_key(pipeline.name, self.journaled)
+                starts[pipeline.name] = ("finished: --resume skips it" if self._finished_key(pipeline.name, self.journaled)
                                          else f"--resume goes on at step {point!r}" if point
                                          else "--resume: from the first step")
         capacities: Dict[str, Any] = dict(self.capacities)

@@ -411,8 +411,8 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
                     text = describe(results, status, journal, now, why_gone)
                     state = status.get("state") if status is not None else None
                 except DAMAGED:  # a field of the wrong type: the file counts as damaged, the journal alone speaks
-                    why_gone, status, text = None, None, describe(results, None, journal, now)
-                if status is None:  # the journal alone: the state its summary gives, if any
+                    why_gone, state, text = None, None, describe(results, None, journal, now)
+                if state is None:  # the journal alone: the state its summary gives, if any (as the text says)
                     state = (_read_summary(ResultsLayout(results).summary_json) or {}).get("status")
             except NotAResultsFolder as problem:
                 if args.watch is None:
@@ -425,8 +425,9 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
                 out.write(f"--- {_when(time.time())}\n")
             out.write(text)
             out.flush()
-            # ends with the job: done, stopped, failed, or gone without a word (killed)
-            if args.watch is None or state in FINAL_STATES or why_gone is not None:
+            # ends with the job: done, stopped, failed, or gone without a word (killed); by its status
+            # file alone (a summary.json may be an earlier run's while this one runs)
+            if args.watch is None or (status or {}).get("state") in FINAL_STATES or why_gone is not None:
                 return exit_code(state, why_gone)
             time.sleep(args.watch)
     except KeyboardInterrupt:

@@ -327,14 +327,18 @@ def test_the_tasks_get_the_scripts_environment_under_sbatch_export_none(tmp_path
     assert f"no virtual environment at .venv in {tmp_path} (submitted from another folder?): using /" in done.stdout
 
 
-@pytest.mark.parametrize("first, hint", [("USR1", "(the walltime warning: is --time shorter than "), ("TERM", "")])
-def test_a_stop_before_the_run_started_starts_nothing_and_requeues_nothing(tmp_path, first, hint):
+@pytest.mark.parametrize("first, hint, at", [
+    ("USR1", "(the walltime warning: is --time shorter than ", "\nrestarts=${SLURM_RESTART_COUNT:-0}\n"),
+    ("TERM", "", "\nrestarts=${SLURM_RESTART_COUNT:-0}\n"),
+    ("USR1", "(the walltime warning: is --time shorter than ", '\ncd "${SLURM_SUBMIT_DIR:-.}"')],  # during set-up
+    ids=["usr1", "term", "usr1-during-set-up"])
+def test_a_stop_before_the_run_started_starts_nothing_and_requeues_nothing(tmp_path, first, hint, at):
     """A --time shorter than the warning: USR1 comes at once, and a requeued job would get the same
-    limit, twenty times over. Neither srun nor a requeue; one line and exit 75."""
+    limit, twenty times over. Neither srun nor a requeue; one line and exit 75. During the set-up
+    (module load, the virtual environment) too, which USR1's default action ended without a word."""
     script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"')
-    # the signal raised by the script's own first line after its traps are set, as Slurm's would come
-    text = script.read_text().replace('\nrestarts=${SLURM_RESTART_COUNT:-0}\n',
-                                      f'\nkill -s {first} $$\nrestarts=${{SLURM_RESTART_COUNT:-0}}\n', 1)
+    # the signal raised by the script itself at that line, as Slurm's would come
+    text = script.read_text().replace(at, f"\nkill -s {first} $${at}", 1)
     assert text != script.read_text()
     script.write_text(text)
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)

@@ -20,6 +20,24 @@ set -uo pipefail
 
 log() { printf '[%s] slurm job %s: %s\n' "$(date '+%F %T')" "${SLURM_JOB_ID:-?}" "$*"; }
 
+# Walltime: Slurm sends USR1 to this shell {{warning}} s before the end (--signal=B:USR1@{{warning}}).
+# Forward it to the run, which stops handing out work, finishes running items for up to
+# --grace seconds, flushes its journal and exits {{exit_stopped}}; then requeue this job.
+# TERM here (scancel --signal=TERM --batch: stop for good) goes to the run as USR1 too: srun
+# answers a TERM of its own by SIGKILLing every task; only the decision not to requeue differs.
+# The first signal decides: a TERM after the warning is the walltime itself, come while the run
+# still saves its journal, and the job is requeued all the same. Set first: a signal during the
+# set-up below (module load) would otherwise end this shell without a word.
+step=""
+stop_signal=""
+forward() {
+    stop_signal=${stop_signal:-$1}
+    log "got SIG$1: asking the run to stop and save its journal"
+    if [ -n "$step" ]; then kill -s USR1 "$step" 2>/dev/null; fi
+}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+
 cd "${SLURM_SUBMIT_DIR:-.}" || exit 1
 # sbatch --export=NONE (a default on some clusters) hands NONE on to srun as SLURM_EXPORT_ENV: the
 # tasks would get none of the environment set up here (module load, the virtual environment)
@@ -41,23 +59,6 @@ add_default() {
 {{defaults}}
 add_default --resume  # last; on a results folder without a journal it simply starts fresh
 
-# Walltime: Slurm sends USR1 to this shell {{warning}} s before the end (--signal=B:USR1@{{warning}}).
-# Forward it to the run, which stops handing out work, finishes running items for up to
-# --grace seconds, flushes its journal and exits {{exit_stopped}}; then requeue this job.
-# TERM here (scancel --signal=TERM --batch: stop for good) goes to the run as USR1 too: srun
-# answers a TERM of its own by SIGKILLing every task; only the decision not to requeue differs.
-# The first signal decides: a TERM after the warning is the walltime itself, come while the run
-# still saves its journal, and the job is requeued all the same.
-step=""
-stop_signal=""
-forward() {
-    stop_signal=${stop_signal:-$1}
-    log "got SIG$1: asking the run to stop and save its journal"
-    if [ -n "$step" ]; then kill -s USR1 "$step" 2>/dev/null; fi
-}
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
-
 restarts=${SLURM_RESTART_COUNT:-0}
 log "start $((restarts + 1)) on ${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST:-}"
 {{checks}}# A stop before anything ran: the time limit (sbatch --time) is shorter than the warning, and a
@@ -77,6 +78,7 @@ while :; do
     log "${LAUNCH[*]} ${PROGRAM[*]} ${APP_ARGS[*]}"
     "${LAUNCH[@]}" "${PROGRAM[@]}" "${APP_ARGS[@]}" &
     step=$!
+    if [ -n "$stop_signal" ]; then kill -s USR1 "$step" 2>/dev/null; fi  # one that came as it started
     # A trapped signal interrupts 'wait'; keep waiting until the step has really ended.
     while kill -0 "$step" 2>/dev/null; do wait "$step"; done
     wait "$step"

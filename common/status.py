@@ -240,8 +240,12 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
         eta = status.get("eta_seconds")
         lines.append(f"rate     {_number(rate, ' items/s', 3)}, ETA {format_seconds(eta)}; "
                      f"started {_when(status.get('started'))}, {format_seconds(elapsed)} ago")
-    if state == "stopped" and summary and summary.get("resume_command"):
-        lines.append(f"resume   with the same launcher and: {summary['resume_command']}")
+    # the summary's where it is this run's, else the status file's (a stop while the outputs were written
+    # leaves no summary, or an earlier run's)
+    resume = (summary.get("resume_command") if summary and _same_start(summary, status) else None) \
+        or status.get("resume_command")
+    if (state == "stopped" or lost) and isinstance(resume, str) and resume:
+        lines.append(f"resume   with the same launcher and: {resume}")
 
     lines += _ranks(status, journal, every, now)
     if state not in FINAL_STATES and not lost:

@@ -133,6 +133,9 @@ def test_a_third_ctrl_c_while_writing_outputs_is_one_line_and_resume_writes_them
     assert not (results / "values.json").exists()
     assert state_of(results) == "stopped"
     assert not (results / "hold.json").exists()
+    # no summary was written, yet the status command gives the command that finishes the run
+    shown = status_of(results)
+    assert shown.returncode == 75 and "resume   with the same launcher and: python" in shown.stdout, shown.stdout
     resumed = toy("4", "--results", str(results), "--no-progress", "--gpu", "cpu", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert len(json.loads((results / "values.json").read_text())) == 4

@@ -217,6 +217,8 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     assert text.startswith(f"toy: GONE: its process is gone (rank 0, pid {pid} on "), text
     assert shown.returncode == 75, shown.stderr
     assert "--resume" in text and "rank0-cpu0" not in text, text  # no worker shown as starting or running
+    # the command that finishes it, which the status file keeps (a killed job wrote no summary)
+    assert re.search(r"^resume   with the same launcher and: python .*toy_app\.py 40 .*--resume$", text, re.M), text
     entries = [json.loads(line) for line in (results / "journal.jsonl").read_text().splitlines()]
     done = [e for e in entries if e["type"] == "result"]
     # until its last sign of life: the journal's last line, or a status refresh after it

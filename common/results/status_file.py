@@ -73,14 +73,16 @@ class StatusWriter:
 
     def __init__(self, results: Path, *, app: str, command: str, layout: List[dict], items_total: int,
                  items_resumed: int, started_at: float, pool: Any, monitor: Any, every: Optional[float] = None,
-                 write_failures: Optional[WriteFailures] = None):
-        """``write_failures``: the run's (no status file once the results folder was moved away)."""
+                 write_failures: Optional[WriteFailures] = None, resume_command: str = ""):
+        """``write_failures``: the run's (no status file once the results folder was moved away);
+        ``resume_command``: what finishes the run, for a stopped or gone one whose summary was not
+        written (a stop while the outputs were written)."""
         self.path = ResultsLayout(Path(results)).status
         self.write_failures = write_failures or WriteFailures()
         self.every = every or status_seconds()
         self.header = {"format": FORMAT_VERSION, "app": app, "command": command, "host": layout[0]["host"],
                        "pid": os.getpid(), "started": started_at, "every": self.every,
-                       "items_total": items_total, "items_resumed": items_resumed}
+                       "items_total": items_total, "items_resumed": items_resumed, "resume_command": resume_command}
         self.layout = layout
         self.pool, self.monitor = pool, monitor
         self.snapshots: Dict[int, Dict[str, Any]] = {}  # rank -> its last snapshot

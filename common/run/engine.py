@@ -557,7 +557,8 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
     # matplotlib too where rank 0 will draw: the app's figures, or the GPU usage figure
     preloading = preload_figures(app.draws_figures() or app.on_gpu()) if comm.rank == 0 else None
     if comm.rank == 0:  # status.json for python -m common.status
-        status = StatusWriter(results, app=app.name, command=module_command(argv), layout=layout, items_total=len(items),
+        status = StatusWriter(results, app=app.name, command=module_command(argv),
+                              resume_command=_resume_command(app, argv), layout=layout, items_total=len(items),
                               items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor,
                               write_failures=failures)
     else:

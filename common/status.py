@@ -238,6 +238,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
                      f"mean rate {_number(mean, ' items/s', 3)}, no ETA (the job is not running)")
     else:
         eta = status.get("eta_seconds")
+        if not rate and done > int(status.get("items_done") or 0):  # the file's rate is from before these
+            rate = None
         lines.append(f"rate     {_number(rate, ' items/s', 3)}, ETA {format_seconds(eta)}; "
                      f"started {_when(status.get('started'))}, {format_seconds(elapsed)} ago")
     # the summary's where it is this run's, else the status file's (a stop while the outputs were written

@@ -344,6 +344,24 @@ def test_a_gone_jobs_last_gpu_sample_says_how_old_it_is(tmp_path):
     assert "GPUs     last sample (mean of the last minute)" in running and "silent" not in running, running
 
 
+def test_a_rate_of_zero_from_before_the_journals_results_is_not_shown(tmp_path):
+    """The first status file of a run says 0 items/s (nothing done yet); seconds later the journal
+    holds results, and the status command showed "5 of 30 done ... rate 0.000 items/s". A rate of
+    zero that the journal has overtaken is "n/a" until the next refresh."""
+    now = 1_000_000.0
+    state = {"app": "toy", "state": "running", "every": 5.0, "updated": now - 4.0, "started": now - 9.0,
+             "items_total": 30, "items_done": 0, "rate_per_second": 0.0}
+    journal_file = tmp_path / "journal.jsonl"
+    journal_file.write_text(json.dumps({"type": "header"}) + "\n" + "".join(
+        json.dumps({"type": "result", "key": f"item-{i}", "result": {}, "start": now - 8, "end": now - 5}) + "\n"
+        for i in range(5)))
+    journal = JournalCounts(journal_file)
+    journal.update()
+    text = describe(tmp_path, state, journal, now)
+    assert re.search(r"items +5 of 30 done", text) and "rate     n/a" in text, text
+    assert "rate     0.000 items/s" in describe(tmp_path, state, JournalCounts(tmp_path / "none.jsonl"), now)
+
+
 def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
     """status.json is last written after the outputs (a minute of figures, for a big run); the time
     the job ran is summary.md's wall time all the same, so that the two never disagree."""

@@ -89,8 +89,9 @@ GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	PYTHONPATH=. $(GPU_PYTHON) -m benchmarks.gpu_check
 
-# Both case studies and a sweep on scikit-learn's shipped digits, 2 MPI ranks, in about a minute
-# on 2 idle cores (measured as CPU time: 130 s for mnist_nn, 22 s for mnist_svm, 20 s for the sweep).
+# Both case studies and a sweep on scikit-learn's shipped digits, 2 MPI ranks, in one to two minutes
+# on 2 idle cores (measured as CPU time: 130 s for mnist_nn, 22 s for mnist_svm, 20 s for the sweep:
+# 172 s of CPU, so at least 86 s on 2 cores).
 # mnist_nn: 3 bootstraps (odd: the majority vote has no ties) x 5 candidates, so that each model
 # is chosen among enough nets and the ensemble beats its models, as the method does (2.2% test
 # error against 3.1-4.0% each here); 3 folds and at most 10 epochs keep it short, and it draws only

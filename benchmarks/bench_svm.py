@@ -7,7 +7,7 @@ On a 10,000-image stratified subsample of Fashion-MNIST (Debian's dataset-fashio
 - reference: images read one at a time in a Python loop into float64 arrays, standardised in
   float64, and the reference's model: one-vs-rest RBF SVCs (its cuML ``multiclass_strategy="ovr"``;
   here scikit-learn's ``OneVsRestClassifier`` of default ``SVC``s, cache_size=200 MB);
-- ours: the whole IDX array read at once, standardised in float32, mnist_svm's CPU backend (the
+- ours: the whole IDX array read at once, standardised in float64 (as libsvm computes), mnist_svm's CPU backend (the
   RBF kernel computed with BLAS in float64 and handed to libsvm precomputed, cache raised to 1 GB).
 Both run on one core (BLAS limited to one thread), and must predict exactly the same labels. Where cuML is installed (a GPU node), the full-size
 grid item (48,000 training images) is also timed on cuML against scikit-learn, as fits per hour.

@@ -246,6 +246,12 @@ NUMBER = (int, float)
 NUMBER_OR_NONE = (int, float, type(None))
 
 
+def finite_number(value: Any) -> bool:
+    """Whether a value read from JSON (or returned by a user's code) is a finite int or float: not a
+    bool, not NaN or an infinity, which JSON cannot hold."""
+    return isinstance(value, NUMBER) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_fields(result: Any, fields: Mapping[str, Union[type, Tuple[type, ...]]]) -> None:
     """Raise ValueError unless ``result`` is a JSON object holding each of ``fields`` with a
     value of its type(s) (``NUMBER`` for numbers: bool is no number here)."""

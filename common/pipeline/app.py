@@ -8,7 +8,6 @@ that the engine runs although the pipeline itself may be journaled.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import socket
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..app import App, RunInfo
+from ..app import App, RunInfo, finite_number
 from ..devices import Device
 from ..errors import ItemFailed, UsageError, error_line, quoted
 from ..items import Item, item_seed, torch_seed
@@ -353,7 +352,7 @@ class PipelineApp(App):
                 else:
                     summary = {"run_id": run_id, "status": "failed", "reason": error, "steps": steps}
                 spent = progress.get("spent")  # what its steps reported, as a finished run's summary says it
-                if isinstance(spent, (int, float)) and not isinstance(spent, bool) and math.isfinite(spent):
+                if finite_number(spent):
                     summary.update(cost=spent, budget=pipeline.budget)
             else:  # not run now, and never finished: what an earlier run left on disk
                 steps = statuses_on_disk(layout, pipeline)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from common.app import finite_number
 from common.results.layout import (
     PROGRESS_FILE,
     SHARED_DIR,
@@ -193,7 +194,7 @@ def _reported_cost(line: bytes) -> Optional[float]:
         value = json.loads(line).get(COST_KEY)
     except (ValueError, AttributeError):
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+    if finite_number(value):
         return max(0.0, float(value))
     return None
 
@@ -377,14 +378,15 @@ class PipelineRunner:
             if self.stop_asked():  # asked while the step waited for its pools: it does not start
                 raise RunStopping(step.id)
             gpu = self.gpu if step.gpu else None
-            env = step_environment(self.base_env, self._pipeline_vars(step, attempt), step, gpu)
+            variables = self._pipeline_vars(step, attempt)
+            env = step_environment(self.base_env, variables, step, gpu)
             apptainer = find_apptainer() if step.container else None
             step_dir = self.layout.step_dir(step.id)
             try:
                 if step.container and apptainer is None:
                     raise ValueError("apptainer (or singularity) not found on PATH")
                 argv = step_argv(step, str(self.layout.run_dir.resolve()), apptainer, self.agent,
-                                 code=python_paths(self._pipeline_vars(step, attempt)))
+                                 code=python_paths(variables))
             except ValueError as error:
                 now = time.time()
                 return Attempt("failed", None, now, now, str(error)), queued
@@ -533,7 +535,7 @@ class PipelineRunner:
                                 step.id)
         # ... and so is what they cost: the budget counts it (a resume must not start spending afresh)
         walk.spent = total_cost(cost for cost in (status.get("cost") for status in earlier.values())
-                         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost))
+                                if finite_number(cost))
         via_edge = start is not None
         first = start is not None  # the step a resume starts from runs, whatever its condition
         while position < len(steps):

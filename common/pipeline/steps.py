@@ -87,8 +87,8 @@ def inner_command(step: Step, in_container: bool = False, agent: Optional[str] =
 def step_argv(step: Step, run_dir: str, apptainer: Optional[str], agent: Optional[str] = None,
               code: Sequence[str] = ()) -> List[str]:
     """The step's command line; in its container, ``code`` (a python step's import path:
-    :func:`python_paths`) is bound read-only at its own path, so the step imports there what it
-    would on the node."""
+    :func:`python_paths`) is bound at its own path, so the step imports there what it would on
+    the node."""
     if step.container is None:
         return inner_command(step, agent=agent)
     return container_command(step, inner_command(step, in_container=True, agent=agent), run_dir,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, 
 
 import numpy as np
 
+from common.app import finite_number
 from common.errors import counted, markdown_cell
 from common.results.layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, figure_names, png_name
 from common.results.outputs import atomic_write_text, new_figure, save_figure
@@ -46,10 +47,6 @@ def _scalar(value: Any) -> bool:
 
 #: types whose values all pass :func:`_scalar`
 _SCALARS = frozenset((str, bool, int, float, type(None)))
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _finished(run: "RunInfo") -> List[Any]:
@@ -205,7 +202,7 @@ def _best(finished: List[Any], metric: str, goal: str, repeats: int) -> List[Dic
         value = returned.get(metric) if isinstance(returned, dict) else None
         point = item.params["point"]
         entry = by_point.setdefault(point_key(point), {"params": point, "values": []})
-        if _number(value):
+        if finite_number(value):
             entry["values"].append(float(value))
     ranked = []
     for key, entry in by_point.items():
@@ -320,7 +317,7 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
         name = parameters[index]
         entries = [e for e in ranked if name in e["params"]]
         xs = [e["params"][name] for e in entries]
-        numeric = all(_number(x) for x in xs)
+        numeric = all(finite_number(x) for x in xs)
         if numeric:
             positions = [float(x) for x in xs]
         else:

@@ -217,14 +217,20 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
                  f"(pid {status.get('pid', '?')})")
 
     total = int(status.get("items_total") or 0)
-    done = max(int(status.get("items_done") or 0), len(journal.done))  # the journal may be a moment ahead
+    counted = int(status.get("items_done") or 0)
+    # the journal may be a moment ahead of the status file; of a killed job it is what survived (results
+    # still waiting for their batch's write when it was killed run again on resume)
+    done = len(journal.done) if lost and journal.header is not None else max(counted, len(journal.done))
+    unsaved = counted - done if lost and journal.header is not None and counted > done else 0
     done = min(done, total) if total else done
     failed = max(int(status.get("items_failed") or 0), len(journal.failed))
     share = f" ({100.0 * done / total:.1f}%)" if total else ""
     running = status.get("items_running", 0) if state not in FINAL_STATES and not lost else 0
     resumed = int(status.get("items_resumed") or 0)
     lines.append(f"items    {done} of {total} done{share}, {failed} failed, {running} running"
-                 + (f"; {resumed} from an earlier run" if resumed else ""))
+                 + (f"; {resumed} from an earlier run" if resumed else "")
+                 + (f"; {unsaved} more had finished but {'was' if unsaved == 1 else 'were'} not yet in the journal "
+                    f"when it was killed (a resume runs {'it' if unsaved == 1 else 'them'} again)" if unsaved else ""))
     elapsed = (float(status.get("updated") or now) if state in FINAL_STATES else now) - float(status.get("started") or now)
     rate = status.get("rate_per_second")
     if state in FINAL_STATES:

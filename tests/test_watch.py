@@ -362,6 +362,29 @@ def test_a_rate_of_zero_from_before_the_journals_results_is_not_shown(tmp_path):
     assert "rate     0.000 items/s" in describe(tmp_path, state, JournalCounts(tmp_path / "none.jsonl"), now)
 
 
+def test_a_killed_jobs_done_items_are_the_ones_its_journal_kept(tmp_path):
+    """The journal is written in batches, so the status file may count a result that was still
+    waiting for its batch when the job was killed. Of a killed job, "done" and its mean rate are the
+    journal's (what a resume keeps), and the items it lost are said to run again."""
+    now = 1_000_000.0
+    state = {"app": "toy", "state": "running", "every": 1.0, "updated": now - 600.0, "started": now - 610.0,
+             "items_total": 40, "items_done": 6, "rate_per_second": 0.6}
+    journal_file = tmp_path / "journal.jsonl"
+    journal_file.write_text(json.dumps({"type": "header"}) + "\n" + "".join(
+        json.dumps({"type": "result", "key": f"item-{i}", "result": {}, "start": now - 609, "end": now - 605})
+        + "\n" for i in range(5)))
+    journal = JournalCounts(journal_file)
+    journal.update()
+    text = describe(tmp_path, state, journal, now)
+    assert text.startswith("toy: GONE?"), text
+    assert re.search(r"^items +5 of 40 done \(12\.5%\), 0 failed, 0 running; 1 more had finished but was not yet "
+                     r"in the journal when it was killed \(a resume runs it again\)$", text, re.M), text
+    assert "ran at least 10s; mean rate 0.500 items/s" in text, text
+    # a running job's status file counts what its journal will have in a moment
+    alive = describe(tmp_path, dict(state, updated=now - 0.5), journal, now)
+    assert re.search(r"^items +6 of 40 done \(15\.0%\), 0 failed, 0 running$", alive, re.M), alive
+
+
 def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
     """status.json is last written after the outputs (a minute of figures, for a big run); the time
     the job ran is summary.md's wall time all the same, so that the two never disagree."""

@@ -275,6 +275,13 @@ def test_pool_capacities_from_the_environment_and_flags():
     assert configured_pools(["gpu=1", "Disk=3"], environ) == {"licence": 2, "gpu": 1, "disk": 3}
     with pytest.raises(UsageError, match="PIPELINE_RESOURCE_LICENCE: capacity must be a whole number"):
         configured_pools([], {"PIPELINE_RESOURCE_LICENCE": "many"})
+    # a bad value left in the environment is refused only where nothing later replaces it
+    stale = {"SWARM_RESOURCE_gpu": "all", "PIPELINE_RESOURCE_LICENCE": "0"}
+    assert configured_pools(["gpu=2", "licence=1"], stale) == {"gpu": 2, "licence": 1}
+    assert configured_pools(["licence=1"], {"SWARM_RESOURCE_gpu": "all", "PIPELINE_RESOURCE_GPU": "3"}) == {
+        "gpu": 3, "licence": 1}
+    with pytest.raises(UsageError, match="SWARM_RESOURCE_gpu: capacity must be a whole number, got 'all'"):
+        configured_pools(["licence=1"], stale)
     with pytest.raises(UsageError, match="expected NAME=N"):
         configured_pools(["licence\n=1"], {})
     assert queue_timeout(None, {"PIPELINE_QUEUE_TIMEOUT": "30"}) == 30.0

@@ -55,21 +55,22 @@ def _capacity(text: str, where: str) -> int:
 
 def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> Dict[str, int]:
     """Pool capacities from ``SWARM_RESOURCE_<name>=N``, then ``PIPELINE_RESOURCE_<NAME>=N``, then
-    ``--resource NAME=N`` (each later one wins)."""
-    pools = {}
+    ``--resource NAME=N`` (each later one wins; only the winner's value must be a capacity, so a
+    flag mends a bad variable left in the environment)."""
+    given: Dict[str, Tuple[str, str]] = {}  # pool -> (its value, where it was given)
     for prefix in (SWARM_RESOURCE_PREFIX, RESOURCE_ENV_PREFIX):
         for name, value in sorted(environ.items()):
             if name.startswith(prefix) and len(name) > len(prefix):
                 pool = name[len(prefix):].lower()
                 if not POOL_PATTERN.fullmatch(pool):
                     raise UsageError(f"{name}: pool name is malformed: a letter, then letters, digits, '_'")
-                pools[pool] = _capacity(value, name)
+                given[pool] = (value, name)
     for flag in resource_flags:
         pool, _, value = flag.partition("=")
         if not _ or not POOL_PATTERN.fullmatch(pool):
             raise UsageError(f"--resource {short(flag)}: expected NAME=N, such as gpu=2 or licence=1")
-        pools[pool.lower()] = _capacity(value, f"--resource {flag}")
-    return pools
+        given[pool.lower()] = (value, f"--resource {flag}")
+    return {pool: _capacity(value, where) for pool, (value, where) in given.items()}
 
 
 def queue_timeout(flag: Optional[float], environ: Mapping[str, str]) -> Optional[float]:

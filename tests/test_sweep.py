@@ -515,6 +515,20 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
     assert table == expected.getvalue()
 
 
+def test_two_parameters_whose_names_pick_the_same_stream_are_refused():
+    """Each parameter's draws come from a stream its name's CRC-32 picks; "plumless" and "buckeroo"
+    share one, so they drew the same numbers (perfectly correlated samples, silently). Refused in one
+    line, naming both; names that differ keep their values."""
+    from common.errors import UsageError
+    from common.sweep.space import sample_points
+
+    with pytest.raises(UsageError, match="the space's 'buckeroo' and 'plumless' would draw the same random numbers"):
+        sample_points({"buckeroo": {"uniform": [0, 1]}, "plumless": {"uniform": [0, 1]}}, 3, 7)
+    alone = sample_points({"plumless": {"uniform": [0, 1]}}, 3, 7)
+    assert [p["plumless"] for p in sample_points({"plumless": {"uniform": [0, 1]}, "other": {"int": [1, 3]}}, 3, 7)] \
+        == [p["plumless"] for p in alone]
+
+
 def test_torch_tensors_in_a_return_are_their_numbers():
     """{"loss": loss} with loss a tensor (on the GPU where there is one) is what a torch user returns:
     it was refused as "not JSON ... a Tensor", asking for .item() on every value."""

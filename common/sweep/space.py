@@ -196,6 +196,13 @@ def sample_points(space: Any, samples: int, seed: int) -> List[Dict[str, Any]]:
     stream (``seed``, i, the parameter's name), so asking for more samples keeps the first ones,
     and adding a parameter leaves the others' values as they were."""
     checked = check_space(space)
+    tags: Dict[int, str] = {}
+    for name in checked:  # two names of one stream would draw the same numbers: rare, but never silent
+        tag = zlib.crc32(name.encode("utf-8"))
+        if tag in tags:
+            raise UsageError(f"the space's {tags[tag]!r} and {name!r} would draw the same random numbers (their "
+                             f"names have the same CRC-32, which picks each parameter's stream): rename one")
+        tags[tag] = name
     points = []
     for index in range(samples):
         point = {}

@@ -7,8 +7,10 @@ reads it:
   blocks, through stop signals too); an anonymous one (``<(generate)``) as long as its writer lives;
 - UTF-8; JSON, or YAML for ``.yaml``/``.yml`` (with PyYAML);
 - a key given twice in one object is refused, in JSON and YAML: the later one would silently win;
-- in YAML, ``1e-3`` is a number, as JSON and YAML 1.2 read it (PyYAML, a YAML 1.1 reader, made it
-  the string "1e-3", and a learning rate written so reached the user's code as text).
+- YAML's plain values are YAML 1.2's (its core schema), as JSON reads the same text: ``1e-3`` is a
+  number (PyYAML, a YAML 1.1 reader, made it the string "1e-3", and a learning rate written so
+  reached the user's code as text); ``yes``, ``no``, ``on`` and ``off`` are words, not booleans;
+  ``010`` is ten, not eight; ``1:30`` is text, not ninety.
 
 Callers say how the file is named in messages (``shown``) and catch the ``OSError`` of a file that
 cannot be opened, to say it in their own words; every other problem is a one-line
@@ -109,8 +111,23 @@ def _unique_keys(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
 
 
+#: YAML 1.2's booleans and integers (its core schema). PyYAML, a YAML 1.1 reader, also made booleans of
+#: yes/no/on/off (a grid's ``[no, se]`` of country codes became ``[False, "se"]``), octal of a leading
+#: zero (``010`` was 8) and base 60 of colons (``1:30`` was 90)
+_CORE_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+_CORE_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$")  # 1_000 as PyYAML and Python read it
+_BOOL_TAG, _INT_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int"
+
+
+def _core_int(loader: Any, node: Any) -> int:
+    text = loader.construct_scalar(node)
+    base = {"0o": 8, "0x": 16}.get(text[:2], 10)
+    return int(text[2:] if base != 10 else text, base)
+
+
 def _yaml_loader(yaml: Any) -> type:
-    """PyYAML's SafeLoader, refusing a key given twice in one mapping and reading 1e-3 as a number."""
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping, with YAML 1.2's plain numbers
+    and booleans: 1e-3 a number, yes/no/on/off words, 010 ten."""
 
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
@@ -127,5 +144,11 @@ def _yaml_loader(yaml: Any) -> type:
                         None, None, f"duplicate key {_key(key)} (the later one would silently win)", key_node.start_mark)
             return super().construct_mapping(node, deep)
 
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_BOOL_TAG, _INT_TAG)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver(_BOOL_TAG, _CORE_BOOL, list("tTfF"))
+    Loader.add_implicit_resolver(_INT_TAG, _CORE_INT, list("-+0123456789"))
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+    Loader.add_constructor(_INT_TAG, _core_int)
     return Loader

@@ -319,6 +319,8 @@ def _problem(error: jsonschema.ValidationError) -> str:
     title = schema.get("title") or keyword
     if keyword == "type" and label.startswith("a "):
         return f"{label} must be {title}, got {type(value).__name__}"
+    if schema.get("type") == "boolean" and isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):
+        return f"{label} must be {title}, got {short(value)} (a word in YAML 1.2, which YAML 1.1 made a boolean)"
     return f"{label} must be {title}, got {short(value)}"
 
 

@@ -188,14 +188,14 @@ def test_a_resume_without_threads_keeps_the_thread_count_of_the_run_it_resumes(t
     assert "more threads than cores" not in stopped.stderr
 
 
-
 def test_a_resume_without_threads_keeps_the_threads_its_run_was_given(tmp_path):
     """--threads given to the run: the fingerprint holds it, and a resume without it was refused
     ("threads 1 (journal) vs the default (now)"), against the README's word and the default's case.
     Another count given is still refused."""
     results = tmp_path / "r"
     args = [TOY, "6", "--gpu", "cpu", "--results", str(results), "--no-progress"]
-    stopped = stop_run(start(args + ["--threads", "1", "--sleep", "0.3"]), results, after=2)
+    # 1 s items: the stop after the 2nd result, however late a busy machine sends it, finds items left
+    stopped = stop_run(start(args + ["--threads", "1", "--sleep", "1"]), results, after=2)
     assert stopped.returncode == 75, stopped.stderr
     assert_usage_error(run(args + ["--threads", "2", "--resume"]), "threads 1 (journal) vs 2 (now)")
     resumed = run(args + ["--resume"])
@@ -204,13 +204,14 @@ def test_a_resume_without_threads_keeps_the_threads_its_run_was_given(tmp_path):
     starts = [entry for entry in journal_entries(results) if entry.get("type") == "start"]
     assert [start_["layout"][0]["threads"] for start_ in starts] == [1, 1]
 
+
 def test_a_resume_may_name_the_thread_count_its_run_used_by_default(tmp_path):
     """A run without --threads used the default count (its start records it); a resume naming that
     same count was refused ("threads the default (journal) vs 2 (now)"). Now it goes on; another
     count is refused with the count the run used."""
     results = tmp_path / "r"
     args = [TOY, "6", "--gpu", "cpu", "--workers", "1", "--results", str(results), "--no-progress"]
-    stopped = stop_run(start(args + ["--sleep", "0.3"]), results, after=2)
+    stopped = stop_run(start(args + ["--sleep", "1"]), results, after=2)  # items left at the stop however late
     assert stopped.returncode == 75, stopped.stderr
     (used,) = {entry["threads"] for e in journal_entries(results) if e.get("type") == "start" for entry in e["layout"]}
     other = 1 if used != 1 else 2
@@ -467,7 +468,9 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly_without_failures(tmp_p
 def test_a_signal_passed_on_twice_still_gives_running_items_their_grace(tmp_path):
     """Under ``srun apptainer exec`` the rank gets Slurm's USR1 twice, a moment apart: from
     slurmstepd and again from Apptainer's runtime. That is one request, not a second signal."""
-    args = [TOY, "6", "--sleep", "3", "--workers", "2", "--retries", "0", "--grace", "30",
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    args = [TOY, "6", "--sleep", "3", "--workers", "2", "--retries", "0", "--grace", "30", "--marker-dir", str(marks),
             "--results", str(tmp_path / "r"), "--no-progress"]
     process = start(args)
     wait_for_results(tmp_path / "r", 2)
@@ -480,8 +483,10 @@ def test_a_signal_passed_on_twice_still_gives_running_items_their_grace(tmp_path
     assert process.returncode == 75, err
     entries = journal_entries(tmp_path / "r")
     assert not [e for e in entries if e.get("type") in ("attempt_failed", "failed")], err
-    # the two items running at the signal finished in their grace period instead of being abandoned
-    assert sum(1 for e in entries if e.get("type") == "result") == 4, err
+    # the items running at the signal (two, unless a busy machine started the workers seconds apart)
+    # finished in their grace period instead of being abandoned: every item started has its result
+    started = {path.name for path in marks.iterdir()}
+    assert {e["key"] for e in entries if e.get("type") == "result"} == started and 4 <= len(started) < 6, err
 
 
 

@@ -270,7 +270,7 @@ def test_a_stopped_run_says_in_its_summary_where_each_pipeline_stands(tmp_path):
     stop kept from starting is "stopped" with its done step, the others "not started"; none of
     them "failed". The resume then finishes all of them."""
     definition = write(tmp_path / "three.json", {"name": "p", "matrix": {"n": ["0", "1", "2"]}, "steps": [
-        {"id": "first", "command": "touch $PIPELINE_SHARED/started; sleep 1"}, {"id": "second", "command": "true"}]})
+        {"id": "first", "command": "touch $PIPELINE_SHARED/started; sleep 3"}, {"id": "second", "command": "true"}]})
     results = tmp_path / "results"
     process = start_pipeline(definition, results, "--workers", "1", "--threads", "1")
     assert wait_until(lambda: any(results.glob("p-n*/shared/started"))), "no step started"
@@ -390,7 +390,7 @@ def test_a_stopped_resume_from_a_step_says_a_command_that_finishes_it(tmp_path):
     goes on from the step the stop left, and finishes the pipeline."""
     definition = write(tmp_path / "p.json", {"name": "p", "steps": [
         {"id": "make", "command": "true"},
-        {"id": "work", "command": f"touch {tmp_path}/started; sleep 2"}, {"id": "last", "command": "true"}]})
+        {"id": "work", "command": f"touch {tmp_path}/started; sleep 60"}, {"id": "last", "command": "true"}]})
     results = tmp_path / "results"
     assert pipeline_cli(definition, results).returncode == 0
     (tmp_path / "started").unlink()

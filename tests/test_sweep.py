@@ -175,7 +175,7 @@ def test_a_stopped_resume_says_the_files_beside_its_summary_are_an_earlier_runs(
     assert first.returncode == 0, first.stderr
     started = summary(tmp_path / "r")["started"]
     write(grid, {"x": list(range(1, 9))})
-    monkeypatch.setenv("SWEEP_SLEEP", "0.5")
+    monkeypatch.setenv("SWEEP_SLEEP", "1")  # points left at each stop, however late it comes
     note = f"**The app's files in this folder are an earlier run's** (started {started}, 2 of 2 items)"
     for _ in range(2):  # the second stop finds the note in the summary it replaces
         journaled = sum(1 for e in journal_entries(tmp_path / "r") if e.get("type") == "result")
@@ -707,6 +707,7 @@ def test_a_named_pipe_nobody_writes_to_is_one_line_not_a_wait_for_ever(tmp_path,
     with pytest.raises(UsageError, match="--grid '.*grid.json': a named pipe that nothing came through for 0.5 s"):
         load_file(fifo, "--grid")
     assert time.monotonic() - started < 5
+    monkeypatch.setattr(userfile, "PIPE_WAIT_SECONDS", 30.0)  # a writer that comes late on a busy machine
     writer = threading.Timer(0.2, lambda: fifo.write_text('{"x": [1, 2]}'))
     writer.start()
     assert load_file(fifo, "--grid") == {"x": [1, 2]}

@@ -234,6 +234,9 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     assert status(results).stdout.startswith(f"toy: GONE: its process is gone (rank 0, pid {pid} on "), status(results).stdout
     (results / "status.json").write_text(running)
     as_if_on(results, "node7")  # the same files seen from another host: its process cannot be looked at
+    # refreshed just now (the looks above may have taken longer than the file takes to go stale)
+    files = json.loads((results / "status.json").read_text())
+    (results / "status.json").write_text(json.dumps(dict(files, updated=time.time())))
     assert status(results).stdout.startswith("toy: running"), status(results).stdout
     from common.status import gone  # in-process from here: the files' times set as each case needs
 
@@ -311,8 +314,8 @@ def test_a_rank_that_falls_silent_is_shown_silent_then_lost(tmp_path, quick_stat
         frozen = [rank1] + rank1.children(recursive=True)
         for process in frozen:  # alive but silent, as a node whose network dropped
             process.send_signal(signal.SIGSTOP)
-        assert wait_until(lambda: "rank 1 on" in status(results).stdout and "silent for" in status(results).stdout,
-                          timeout=30, every=0.5)
+        # one look per poll: "silent" lasts a few seconds before "LOST", and two slow looks could miss it
+        assert wait_until(lambda: re.search(r"rank 1 on .*silent for", status(results).stdout), timeout=30, every=0.5)
         assert wait_until(lambda: "LOST" in status(results).stdout, timeout=30, every=0.5)
         text = status(results).stdout
         assert re.search(r"^ranks +2, 1 not ok$", text, re.M) and "rank 1 on" in text and "no message for" in text

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import pytest
+
 from common.devices import Device
 from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
 from common.items import Item
@@ -414,6 +416,33 @@ def test_a_chunks_answers_during_a_timeout_kill_keep_the_item_before_and_fail_th
     pool._on_exit(worker, events)
     assert [(e.kind, e.key or e.keys) for e in events] == [("done", "A"), ("failed", "B"), ("returned", ("C",))]
     assert events[1].error.startswith("timed out after 0.3 s") and events[1].failure == "timeout"
+
+
+def test_what_a_worker_ran_after_the_group_it_was_killed_for_goes_back(tmp_path):
+    """mnist_svm's folds run as a group: the group A+B ran past --item-timeout, answered late during
+    the stack dump (not kept), and the worker went on to the next group C+D, queued behind it. C's
+    answer raised "answered C, which it was not running": a traceback, and a run left "running".
+    Now it is not kept either; the worker's exit fails A and B (timed out) and gives C and D back."""
+    pool = WorkerPool(None, [], PoolSettings(rank=0, host="node0", logs_dir=tmp_path, seed=0, threads=1))
+    pool.closing = True
+    first, second = ([Assigned(Item(key, {}), 1) for key in keys] for keys in ("AB", "CD"))
+    worker = WorkerHandle("rank0-cpu0", Device("cpu", 0), _DeadProcess(), _ClosedPipe(), ready=True)
+    worker.assigned.extend([Bundle(first, together=True, size=2), Bundle(second, together=True, size=2)])
+    worker.running, worker.finished = first[0], types.SimpleNamespace(value=3)
+    worker.killed_because, worker.killed_kind, worker.killed_keys = "timed out after 0.15 s (--item-timeout)", \
+        "timeout", ("A", "B")
+    pool.workers[worker.name] = worker
+    events: list = []
+    pool._handle(worker, Answers([ItemDone("A", {}, 1.0, 1.2), ItemDone("B", {}, 1.0, 1.2)]), events)
+    pool._handle(worker, Answers([ItemDone("C", {}, 1.2, 1.3)]), events)
+    assert events == []
+    pool._on_exit(worker, events)
+    assert [(e.kind, e.key or e.keys) for e in events] == [("failed", "A"), ("failed", "B"), ("returned", ("C", "D"))]
+    assert {e.failure for e in events[:2]} == {"timeout"}
+    # an answer for an item it was never given is still a bug, said loudly
+    worker.assigned.append(Bundle([Assigned(Item("E", {}), 1)], together=False, size=1))
+    with pytest.raises(RuntimeError, match="answered Z, which it was not running"):
+        pool._handle(worker, ItemDone("Z", {}, 1.0, 1.1), [])
 
 
 def test_an_item_killed_for_its_timeout_fails_when_it_finished_but_its_answer_died_with_it(tmp_path):

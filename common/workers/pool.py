@@ -364,6 +364,14 @@ class WorkerPool(WorkerCounts):
             key = message.key
             running = worker.assigned[0]
             entry = next((e for e in running.entries if e.item.key == key), None)
+            if entry is None and worker.killed_because and any(
+                    e.item.key == key for bundle in worker.assigned for e in bundle.entries):
+                # killed by the watch, it went on to what was queued after the item (or group) it was
+                # killed for, whose answers are still unkept: its exit fails that one and gives this back
+                log.info("%s: %s answered while the worker was being killed: not kept (it runs again)",
+                         worker.name, key)
+                worker.items_done += 1
+                return
             if entry is None:  # cannot happen unless the pipe reorders; fail loudly
                 raise RuntimeError(f"{worker.name} answered {key}, which it was not running")
             if worker.killed_kind == "timeout" and key in worker.killed_keys:

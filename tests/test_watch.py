@@ -259,6 +259,42 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     assert fifo.returncode in (0, 75) and fifo.stderr == "", fifo.stderr
 
 
+def test_a_bug_in_rank_0s_loop_leaves_a_failed_status_and_its_traceback_in_the_log(tmp_path):
+    """An unexpected error in rank 0's loop (seen: a late answer the pool did not expect) left
+    status.json saying "running", so the status command showed a dead run as running with an ETA
+    until the file went stale, and rank0.log had no trace of it. Now the status file says failed
+    and the log holds the traceback (stderr has Python's own)."""
+    script = tmp_path / "buggy_app.py"
+    script.write_text(f"""import sys
+sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
+from common import main
+from common.ranks.scheduler import Scheduler
+from toy_app import ToyApp
+
+done = Scheduler.done
+
+
+def done_until_the_third(self, key, result):
+    if len(self.results) >= 3:
+        raise RuntimeError("a bug in rank 0's loop")
+    return done(self, key, result)
+
+
+Scheduler.done = done_until_the_third
+if __name__ == "__main__":
+    raise SystemExit(main(ToyApp))
+""")
+    results = tmp_path / "r"
+    proc = run([str(script), "10", "--sleep", "0.05", "--gpu", "cpu", "--workers", "2", "--results", str(results),
+                "--no-progress"])
+    assert proc.returncode == 1 and "RuntimeError: a bug in rank 0's loop" in proc.stderr, proc.stderr
+    assert status_file(results)["state"] == "failed"
+    shown = status(results)
+    assert shown.returncode == 1 and shown.stdout.startswith("toy: failed"), shown.stdout
+    log_text = (results / "logs" / "rank0.log").read_text()
+    assert "unexpected error:" in log_text and "RuntimeError: a bug in rank 0's loop" in log_text, log_text
+
+
 def test_a_folder_that_is_not_a_run_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "a-file").write_text("")
     for folder, fragment in ((tmp_path / "missing", "no such folder"), (tmp_path, "not the results folder"),

@@ -422,6 +422,7 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
             log.exception("unexpected error; aborting all %d ranks", comm.size)
             logging.shutdown()
             comm.abort(1)
+        log_to_files(f"unexpected error:\n{traceback.format_exc().rstrip()}")  # stderr gets it as Python prints it
         raise
     if hold is not None:
         hold.release()
@@ -571,7 +572,11 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                 leader = Leader(comm, pool, scheduler, journal, progress=progress, liveness=liveness, stop_signal=stop,
                                 grace=args.grace, total_capacity=total_capacity, global_pools=global_pools,
                                 status=status, on_idle=preloading.start, write_failures=failures)
-                outcome = leader.run()
+                try:
+                    outcome = leader.run()
+                except Exception:  # a bug: the status file must not say "running" until it goes stale
+                    status.finished(leader, EXIT_FAILED_ITEMS)
+                    raise
                 status.write(leader, "finishing")
             else:
                 follower = Follower(comm, pool, stop, PeerWatch(comm, [0], args.heartbeat_timeout), status=status)

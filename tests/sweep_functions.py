@@ -137,6 +137,40 @@ def diverges(params, seed):
     return {"loss": 0.5 + params["lr"]}
 
 
+def _square(value: int) -> int:
+    return value * value
+
+
+def uses_processes(params):
+    """Works in processes of its own, as a DataLoader with num_workers, a multiprocessing Pool or
+    scikit-learn's n_jobs do: a Pool, a ProcessPoolExecutor, and a process started and joined."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    spawn = multiprocessing.get_context("spawn")
+    values = range(int(params["x"]) + 3)
+    with spawn.Pool(2) as pool:
+        by_pool = sum(pool.map(_square, values))
+    with ProcessPoolExecutor(2, mp_context=spawn) as executor:
+        by_executor = sum(executor.map(_square, values))
+    child = spawn.Process(target=_square, args=(3,), daemon=True)  # a DataLoader's workers are daemons
+    child.start()
+    child.join()
+    return {"pool": by_pool, "executor": by_executor, "child_exit": child.exitcode}
+
+
+def leaves_a_multiprocessing_process(params):
+    """Starts a multiprocessing process that would run for ten minutes and never joins it (Python's
+    exit waits for such a one); writes its pid to a file in SWEEP_MARKS."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,))
+    child.start()
+    with open(Path(os.environ["SWEEP_MARKS"]) / f"child-{params['x']}", "w") as handle:
+        handle.write(str(child.pid))
+    return {"x": params["x"]}
+
+
 def writes_in_the_background(params):
     """Hands a write to a ThreadPoolExecutor and another to a thread, each a second away, and
     returns at once (a checkpoint saved in the background); each writes a file in SWEEP_MARKS."""

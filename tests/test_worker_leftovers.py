@@ -54,13 +54,29 @@ def test_an_executors_queued_work_and_a_thread_ending_soon_finish_before_the_wor
     assert sorted(path.name for path in marks.iterdir()) == ["by-a-thread-1", "by-an-executor-1"]
 
 
-def test_a_program_an_item_left_running_ends_with_the_run(tmp_path, monkeypatch):
+def test_an_item_may_work_in_processes_of_its_own(tmp_path):
+    """Workers were daemonic processes, which Python forbids children: a DataLoader with
+    num_workers, a multiprocessing Pool or a ProcessPoolExecutor in an item failed it ("daemonic
+    processes are not allowed to have children"), and joblib fell back to one process."""
+    ran = _sweep("uses_processes", tmp_path, 120)
+    assert ran.returncode == 0, ran.stderr
+    rows = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    expected = {1: sum(v * v for v in range(4)), 2: sum(v * v for v in range(5))}
+    assert {row["point"]["x"]: row["result"] for row in rows} == {
+        x: {"pool": total, "executor": total, "child_exit": 0} for x, total in expected.items()}, rows
+
+
+@pytest.mark.parametrize("function, name", [("leaves_a_process", "sleep"), ("leaves_a_multiprocessing_process", "python")],
+                         ids=["a program", "a multiprocessing process"])
+def test_a_program_an_item_left_running_ends_with_the_run(tmp_path, monkeypatch, function, name):
+    """A multiprocessing process too, for which Python's exit (multiprocessing's atexit function)
+    would wait for ever: the worker's exit functions get their grace, then what is left is ended."""
     marks = tmp_path / "marks"
     marks.mkdir()
     monkeypatch.setenv("SWEEP_MARKS", str(marks))
     # the run's stdout and stderr are pipes: a program holding them open would keep run() reading
     # until it ends, ten minutes later, and fail on the timeout
-    ran = _sweep("leaves_a_process", tmp_path, 60)
+    ran = _sweep(function, tmp_path, 60)
     assert ran.returncode == 0, ran.stderr
     children = sorted(int(path.read_text()) for path in marks.iterdir())
     assert len(children) == 2
@@ -75,4 +91,4 @@ def test_a_program_an_item_left_running_ends_with_the_run(tmp_path, monkeypatch)
     log = (tmp_path / "r" / "logs" / "rank0-cpu0.log").read_text()
     said = [line for line in log.splitlines() if "WARNING 2 process(es) started by the app's code still ran at the end, "
             "and are ended: " in line]
-    assert len(said) == 1 and all(f"sleep (pid {pid})" in said[0] for pid in children), log
+    assert len(said) == 1 and all(f"{name} (pid {pid})" in said[0] for pid in children), log

@@ -38,17 +38,22 @@ def threads_left() -> List[threading.Thread]:
 def end_worker(note: Callable[[str], None], code: int = 0, grace: float = THREAD_GRACE_SECONDS) -> None:
     """End this process as Python's exit would, but bounded: threading's exit hooks (an executor
     runs the work queued in it) and the threads :func:`threads_left` names get ``grace`` seconds
-    together, the atexit functions run (the app's too, whenever it registered them), then the
-    processes it left (:func:`end_processes_left`), and the process ends with ``code`` whatever
-    threads still run."""
+    together, the atexit functions run (the app's too, whenever it registered them) for up to
+    ``grace`` seconds, then the processes it left are ended (:func:`end_processes_left`), and the
+    process ends with ``code`` whatever threads still run."""
     deadline = time.monotonic() + grace
     hooks = threading.Thread(target=_threading_exit_hooks, name="exit hooks", daemon=True)
     hooks.start()
     hooks.join(grace)
     for thread in threads_left():
         thread.join(max(0.0, deadline - time.monotonic()))
-    atexit._run_exitfuncs()  # what the interpreter runs after joining its threads
+    # what the interpreter runs after joining its threads, bounded too: multiprocessing's own waits for
+    # every process an item started and left running (it would wait for ever for a server)
+    exits = threading.Thread(target=atexit._run_exitfuncs, name="atexit functions", daemon=True)
+    exits.start()
+    exits.join(grace)
     end_processes_left(note)
+    exits.join(1.0)  # what was waiting for them ends with them (all within the rank's WORKER_KILL_AFTER)
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import faulthandler
 import logging
+import multiprocessing
 import os
 import select
 import signal
@@ -353,6 +354,11 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
     _current_inbox.set(inbox)
     early = early_stops()  # what came while the app's __main__ imported (read once our handlers are in)
     die_with_parent(WORKER_TERMINATE_SIGNAL)  # no worker outlives its rank
+    # the rank keeps its workers daemonic (none outlives it), but an item may start processes of its own
+    # (a DataLoader's num_workers, a multiprocessing Pool, scikit-learn's n_jobs), which Python refuses
+    # to a daemonic process ("daemonic processes are not allowed to have children"); end_worker ends
+    # whatever they leave
+    multiprocessing.current_process().daemon = False
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
     leave_stop_signals_to_rank()
     signal.signal(WORKER_TERMINATE_SIGNAL, _on_terminate)

@@ -10,7 +10,7 @@ reads it:
 - YAML's plain values are YAML 1.2's (its core schema), as JSON reads the same text: ``1e-3`` is a
   number (PyYAML, a YAML 1.1 reader, made it the string "1e-3", and a learning rate written so
   reached the user's code as text); ``yes``, ``no``, ``on`` and ``off`` are words, not booleans;
-  ``010`` is ten, not eight; ``1:30`` is text, not ninety.
+  ``010`` is ten, not eight; ``1:30`` is text, not ninety; ``2024-01-01`` is text, not a date.
 
 Callers say how the file is named in messages (``shown``) and catch the ``OSError`` of a file that
 cannot be opened, to say it in their own words; every other problem is a one-line
@@ -117,6 +117,9 @@ _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]
 _CORE_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _CORE_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$")  # 1_000 as PyYAML and Python read it
 _BOOL_TAG, _INT_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int"
+#: YAML 1.1's other implicit types, which YAML 1.2 and JSON read as text: dates (2024-01-01 became a
+#: datetime.date, which no JSON value is) and "=" (a value key, which PyYAML cannot even construct)
+_TEXT_IN_1_2 = ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value")
 
 
 def _core_int(loader: Any, node: Any) -> int:
@@ -145,7 +148,7 @@ def _yaml_loader(yaml: Any) -> type:
             return super().construct_mapping(node, deep)
 
     Loader.yaml_implicit_resolvers = {
-        first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_BOOL_TAG, _INT_TAG)]
+        first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_BOOL_TAG, _INT_TAG, *_TEXT_IN_1_2)]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
     Loader.add_implicit_resolver(_BOOL_TAG, _CORE_BOOL, list("tTfF"))
     Loader.add_implicit_resolver(_INT_TAG, _CORE_INT, list("-+0123456789"))

@@ -726,15 +726,18 @@ def test_yaml_reads_an_exponent_without_a_dot_as_a_number(tmp_path):
 
 def test_yaml_reads_plain_words_and_numbers_as_yaml_1_2_does(tmp_path):
     """A grid of country codes [no, se] reached the function as [False, "se"]: PyYAML (YAML 1.1) made
-    booleans of yes/no/on/off, octal of a leading zero (010 was 8) and base 60 of colons (1:30 was 90).
+    booleans of yes/no/on/off, octal of a leading zero (010 was 8), base 60 of colons (1:30 was 90)
+    and dates of dates (refused: not a JSON value).
     Read as YAML 1.2 (and JSON) read them; true/false stay booleans, 0o17 and 0x1f numbers. A pipeline
     step's gpu: yes is refused with the reason."""
     from common.sweep.space import load_file
 
     grid = write(tmp_path / "g.yaml", "country: [no, se, yes, On, off, n]\nflag: [true, False, TRUE]\n"
-                                      "n: [010, -07, 0o17, 0x1f, 1:30, +5, 1_000]\nnothing: [~, null]\n")
+                                      "n: [010, -07, 0o17, 0x1f, 1:30, +5, 1_000]\nnothing: [~, null]\n"
+                                      "day: [2024-01-01, 2024-01-01 10:00:00, =]\n")
     assert load_file(grid, "--grid") == {"country": ["no", "se", "yes", "On", "off", "n"], "flag": [True, False, True],
-                                         "n": [10, -7, 15, 31, "1:30", 5, 1000], "nothing": [None, None]}
+                                         "n": [10, -7, 15, 31, "1:30", 5, 1000], "nothing": [None, None],
+                                         "day": ["2024-01-01", "2024-01-01 10:00:00", "="]}
     assert [type(v) for v in load_file(grid, "--grid")["n"]] == [int, int, int, int, str, int, int]
     definition = write(tmp_path / "p.yaml", "name: p\nsteps:\n  - id: a\n    command: 'true'\n    gpu: yes\n")
     proc = run(["-m", "common.pipeline", str(definition), "--dry-run", "--gpu", "cpu", "--results", str(tmp_path / "r")])

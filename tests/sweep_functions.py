@@ -171,6 +171,14 @@ def leaves_a_multiprocessing_process(params):
     return {"x": params["x"]}
 
 
+def changes_folder(params):
+    """Says where it started, then moves to the folder above (os.chdir), as a script written to be
+    run alone may."""
+    started_in = os.getcwd()
+    os.chdir(os.path.dirname(started_in))
+    return {"started_in": started_in}
+
+
 def writes_in_the_background(params):
     """Hands a write to a ThreadPoolExecutor and another to a thread, each a second away, and
     returns at once (a checkpoint saved in the background); each writes a file in SWEEP_MARKS."""

@@ -66,6 +66,15 @@ def test_an_item_may_work_in_processes_of_its_own(tmp_path):
         x: {"pool": total, "executor": total, "child_exit": 0} for x, total in expected.items()}, rows
 
 
+def test_an_items_change_of_folder_is_undone_before_the_next_item(tmp_path):
+    """An item that called os.chdir left the next items on its worker in its folder: their relative
+    paths (a data file beside the script) then depended on which worker ran what before."""
+    ran = _sweep("changes_folder", tmp_path, 120, values=(1, 2, 3))
+    assert ran.returncode == 0, ran.stderr
+    rows = [json.loads(line) for line in (tmp_path / "r" / "results.jsonl").read_text().splitlines()]
+    assert [row["result"]["started_in"] for row in rows] == [str(REPO / "tests")] * 3, rows
+
+
 @pytest.mark.parametrize("function, name", [("leaves_a_process", "sleep"), ("leaves_a_multiprocessing_process", "python")],
                          ids=["a program", "a multiprocessing process"])
 def test_a_program_an_item_left_running_ends_with_the_run(tmp_path, monkeypatch, function, name):

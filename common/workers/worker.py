@@ -252,6 +252,18 @@ def _os_error(error: BaseException) -> Tuple[Optional[int], str]:
     return error.errno, os.fsdecode(filename) if isinstance(filename, (str, bytes, os.PathLike)) else ""
 
 
+def _back_to(folder: str, names: str) -> None:
+    """Undo an item's os.chdir: the next item on this worker would otherwise start in its folder, and
+    a relative path read or written there would depend on which worker ran what before."""
+    try:
+        if os.getcwd() == folder:
+            return
+    except OSError:  # its working folder was removed
+        pass
+    log.info("%s changed the working folder; back to %s for the next item", names, folder)
+    os.chdir(folder)
+
+
 def _run_group(app: Any, state: Any, bundle: list, seed_of: Callable[[str], Any],
                lines: Optional[FileLog] = None) -> List[Any]:
     """Run one item, or a group of items together (``App.run_group``); the answer for each.
@@ -259,14 +271,18 @@ def _run_group(app: Any, state: Any, bundle: list, seed_of: Callable[[str], Any]
     ``lines``: the worker log, which holds the "done" line (:meth:`FileLog.hold`); None: logged now."""
     items = [handout.item for handout in bundle]
     names = ", ".join(item.key for item in items)
+    folder = os.getcwd()  # each item starts where the worker's set-up left it, whatever one before did
     started = time.time()
     try:
-        if len(items) == 1:
-            results = [app.run_item(state, items[0], seed_of(items[0].key))]
-        else:
-            results = list(app.run_group(state, items, [seed_of(item.key) for item in items]))
-            if len(results) != len(items):
-                raise RuntimeError(f"run_group returned {len(results)} results for {len(items)} items")
+        try:
+            if len(items) == 1:
+                results = [app.run_item(state, items[0], seed_of(items[0].key))]
+            else:
+                results = list(app.run_group(state, items, [seed_of(item.key) for item in items]))
+                if len(results) != len(items):
+                    raise RuntimeError(f"run_group returned {len(results)} results for {len(items)} items")
+        finally:
+            _back_to(folder, names)
     except (Exception, SystemExit, KeyboardInterrupt, GeneratorExit) as error:  # the item's code raised it
         # (SystemExit and the others too: the rank stops a worker with _Terminated, and SIGINT reaches
         # no worker, so these come from the item's code: it fails, and the worker goes on)

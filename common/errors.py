@@ -48,25 +48,43 @@ def kind_of(value: object) -> str:
     return f"{'an' if python[:1].lower() in 'aeiou' else 'a'} {python}"
 
 
+#: the most of an item's error (its message, its traceback) kept in the journal, summary.json and the
+#: status file: a message of megabytes (a whole array in it) made each of them megabytes, per attempt
+MAX_ERROR_CHARS = 20_000
+#: the most of a failure's first line shown on stderr, in summary.md and by the status command
+MAX_LINE_CHARS = 300
+
+
+def capped(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text``, or its start and end with what was left out said between them (a traceback's last
+    line is the error itself)."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 3 // 4, limit // 4
+    return f"{text[:head]}\n… ({len(text) - head - tail:,} characters left out) …\n{text[-tail:]}"
+
+
 def described(error: BaseException) -> str:
     """What an item's exception says, for its failure: "Type: message" (the message whole, lines
-    and all: the summary's JSON keeps it), or the type alone. An exception whose ``str`` itself
-    raises still gets a line, instead of taking its worker down."""
+    and all, up to MAX_ERROR_CHARS: the summary's JSON keeps it), or the type alone. An exception
+    whose ``str`` itself raises still gets a line, instead of taking its worker down."""
     name = type(error).__name__
     try:
         message = str(error)
     except Exception as inner:  # noqa: BLE001 -- a user's class: anything
         return f"{name} (its message could not be made: {type(inner).__name__})"
-    return f"{name}: {message}" if message else name
+    return capped(f"{name}: {message}" if message else name)
 
 
 def error_line(error: str) -> str:
     """A failure's first line, for the progress lines and summary.md's table: the exception's type
-    and the start of its message (torch's and scikit-learn's run over several lines), with "…"
-    where lines were left out (summary.json and the logs keep them)."""
+    and the start of its message (torch's and scikit-learn's run over several lines; at most
+    MAX_LINE_CHARS of it), with "…" where some was left out (summary.json and the logs keep more)."""
     lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
     if not lines:
         return ""
+    if len(lines[0]) > MAX_LINE_CHARS:
+        return lines[0][:MAX_LINE_CHARS] + " …"
     return lines[0] + (" …" if len(lines) > 1 else "")
 
 

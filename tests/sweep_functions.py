@@ -179,6 +179,11 @@ def changes_folder(params):
     return {"started_in": started_in}
 
 
+def huge_message(params):
+    """Fails with a message of two million characters (an array printed whole into it)."""
+    raise ValueError(f"x={params['x']} " + "x" * 2_000_000)
+
+
 def writes_in_the_background(params):
     """Hands a write to a ThreadPoolExecutor and another to a thread, each a second away, and
     returns at once (a checkpoint saved in the background); each writes a file in SWEEP_MARKS."""

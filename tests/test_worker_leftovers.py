@@ -75,6 +75,23 @@ def test_an_items_change_of_folder_is_undone_before_the_next_item(tmp_path):
     assert [row["result"]["started_in"] for row in rows] == [str(REPO / "tests")] * 3, rows
 
 
+def test_an_error_of_megabytes_is_kept_short_everywhere(tmp_path):
+    """An exception whose message is 2 MB made every line of stderr 2 MB, and summary.md, status.json
+    and the journal megabytes each, per attempt. Its first line is now at most 300 characters
+    wherever it is shown, and at most 20,000 are kept, the start and the end."""
+    from common.errors import MAX_ERROR_CHARS, MAX_LINE_CHARS
+
+    ran = _sweep("huge_message", tmp_path, 120, "--retries", "0")
+    assert ran.returncode == 1, ran.stderr
+    assert max(len(line) for line in ran.stderr.splitlines()) < MAX_LINE_CHARS + 200, ran.stderr[:2000]
+    assert "item x=1 failed for good: ValueError: x=1 xxx" in ran.stderr
+    results = tmp_path / "r"
+    for name in ("summary.md", "summary.json", "status.json", "journal.jsonl", "report.html", "logs/rank0-cpu0.log"):
+        assert (results / name).stat().st_size < 10 * MAX_ERROR_CHARS, name
+    failure = json.loads((results / "summary.json").read_text())["failed_items"][0]
+    assert "characters left out" in failure["error"] and failure["error"].startswith("ValueError: x="), failure
+
+
 @pytest.mark.parametrize("function, name", [("leaves_a_process", "sleep"), ("leaves_a_multiprocessing_process", "python")],
                          ids=["a program", "a multiprocessing process"])
 def test_a_program_an_item_left_running_ends_with_the_run(tmp_path, monkeypatch, function, name):

@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
-from common.errors import ItemFailed, described
+from common.errors import ItemFailed, capped, described
 from common.items import ItemSeeds
 from common.linux import die_with_parent
 from common.messages import (
@@ -286,7 +286,7 @@ def _run_group(app: Any, state: Any, bundle: list, seed_of: Callable[[str], Any]
     except (Exception, SystemExit, KeyboardInterrupt, GeneratorExit) as error:  # the item's code raised it
         # (SystemExit and the others too: the rank stops a worker with _Terminated, and SIGINT reaches
         # no worker, so these come from the item's code: it fails, and the worker goes on)
-        text = f"{described(error)}\n" if isinstance(error, ItemFailed) else traceback.format_exc()
+        text = f"{described(error)}\n" if isinstance(error, ItemFailed) else capped(traceback.format_exc())
         ended = time.time()
         log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(handout.attempt) for handout in bundle), text)
         errno, path = _os_error(error)
@@ -405,8 +405,8 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
             state = app.setup_worker(device)
             _set_threads(threads)
         except Exception as error:
-            log.error("setup failed:\n%s", traceback.format_exc())
-            conn.send(SetupFailed(described(error), traceback.format_exc()))
+            log.error("setup failed:\n%s", capped(traceback.format_exc()))
+            conn.send(SetupFailed(described(error), capped(traceback.format_exc())))
             return
         conn.send(Ready())
         while True:

@@ -355,6 +355,10 @@ BAD_INPUTS = [
     ("sweep_functions:nope", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["has no 'nope'"]),
     ("sweep_functions:NOT_A_FUNCTION", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["not a function"]),
     ("sweep_functions", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["module:function"]),
+    ("sweep_functions.py:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json"],  # a file, not a module
+     ["names a module, not a file: sweep_functions:noisy, got 'sweep_functions.py:noisy'"]),
+    ("./sub/mine.py:fit", {"g.json": {"x": [1]}}, ["--grid", "g.json"],
+     ["names a module, not a file: mine:fit, from the folder that holds it (cd 'sub')"]),
     ("sweep_functions:wrong_signature", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["takes 'x'"]),
     ("sweep_functions:awaited", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["'awaited' is defined with async def"]),
     ("sweep_functions:noisy", {"g.json": {}}, ["--grid", "g.json"], ["grid is empty"]),

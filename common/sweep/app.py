@@ -109,6 +109,11 @@ def split_target(target: str, what: str = "MODULE:FUNCTION") -> Tuple[str, str]:
     module_name, colon, name = target.partition(":")
     if not colon or not module_name or not name:
         raise UsageError(f"{what} must look like module:function (my_sweep:fit), got {target!r}")
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:  # a file: a likely first try
+        file = Path(module_name)
+        where = "" if file.parent == Path(".") else f", from the folder that holds it (cd {quoted(file.parent)})"
+        raise UsageError(f"{what} names a module, not a file: {file.name.removesuffix('.py')}:{name}{where}, "
+                         f"got {target!r}")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     return module_name, name

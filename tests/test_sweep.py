@@ -613,6 +613,9 @@ def test_a_script_calling_sweep_main_unguarded_is_one_line_naming_the_line(tmp_p
     result = run([str(script), *ENGINE, "--results", str(tmp_path / "r")], cwd=tmp_path)
     assert_usage_error(result, "unguarded.py:8:", "if __name__ ==")
     assert not (tmp_path / "r").exists()
+    # written as most such scripts are, without raise SystemExit(...): exit 2 all the same (it was 0)
+    script = write(tmp_path / "bare.py", UNGUARDED + 'sweep.main(fit, grid={"x": [1, 2]})\n')
+    assert_usage_error(run([str(script), *ENGINE, "--results", str(tmp_path / "b")], cwd=tmp_path), "bare.py:8:")
     script = write(tmp_path / "via_function.py", UNGUARDED + 'def go():\n    return sweep.main(fit, grid={"x": [1]})\n\n\n'
                    'raise SystemExit(go())\n')
     result = run([str(script), *ENGINE, "--results", str(tmp_path / "f")], cwd=tmp_path)

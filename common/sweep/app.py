@@ -588,4 +588,7 @@ def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, p
     preset = Preset(function, grid, space, points, setup, samples, repeats, minimise, maximise,
                     _unguarded_call(frame))
     app_class = type("SweepApp", (SweepApp,), {"preset": preset, "module": "", "__module__": __name__})
-    return run(app_class, None if argv is None else list(argv))
+    code = run(app_class, None if argv is None else list(argv))
+    if preset.unguarded:  # refused; such a call is seldom written as raise SystemExit(...): exit 2 all the same
+        raise SystemExit(code)
+    return code

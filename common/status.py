@@ -254,6 +254,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
         or status.get("resume_command")
     if (state == "stopped" or lost) and isinstance(resume, str) and resume:
         lines.append(f"resume   with the same launcher and: {resume}")
+    elif state == "failed" and failed and isinstance(resume, str) and resume and not lost:
+        lines.append(f"retry    the failed items with the same launcher and: {resume}")
 
     lines += _ranks(status, journal, every, now)
     if state not in FINAL_STATES and not lost:

@@ -149,3 +149,35 @@ def test_an_app_whose_headline_returns_none_still_ends_complete(tmp_path):
     ran = run([str(script), "3", "--results", str(tmp_path / "r"), "--no-progress"])
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
     assert ran.stdout == "" and "toy: complete: 3 of 3 items" in ran.stderr
+
+
+def test_failed_items_say_how_to_run_them_again_and_a_resume_says_what_it_ran(tmp_path):
+    """A failed run said nowhere that --resume runs its failed items again; a resume said "6 of 6
+    items in 0.1 s" with nothing to tell that 5 came from the run before; and a resume with nothing
+    left to run listed the earlier run's timeline as its own."""
+    import json
+
+    results = tmp_path / "r"
+    args = [TOY, "6", "--gpu", "cpu", "--workers", "2", "--results", str(results), "--no-progress"]
+    failed = run(args + ["--fail-key", "item-0001", "--retries", "0"])
+    assert failed.returncode == 1, failed.stderr
+    command = " ".join(["python", TOY, *args[1:], "--fail-key", "item-0001", "--retries", "0", "--resume"])
+    *_, closing, retry = error_lines(failed.stderr)
+    assert closing.startswith("toy: failed: 5 of 6 items done, 1 failed, in "), failed.stderr
+    assert retry == f"toy: run the failed items again with the same launcher and: {command}", failed.stderr
+    assert f"1 item(s) failed. Run them again (after a fix, or for a failure of the moment) with:\n\n    {command}\n" \
+        in (results / "summary.md").read_text()
+    shown = subprocess.run([sys.executable, "-m", "common.status", str(results)], cwd=REPO, capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 1 and f"\nretry    the failed items with the same launcher and: {command}\n" in shown.stdout
+    resumed = run(args + ["--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "toy: complete: 6 of 6 items (5 from an earlier run) in " in resumed.stderr, resumed.stderr
+    assert "- wall time: " in (results / "summary.md").read_text() and " s (this run); item time" in \
+        (results / "summary.md").read_text()
+    assert json.loads((results / "summary.json").read_text())["timeline_plot"] == "timeline.png"  # its one item
+    again = run(args + ["--resume"])  # nothing left: the outputs written again, no timeline of its own
+    assert again.returncode == 0 and "6 of 6 items (6 from an earlier run)" in again.stderr, again.stderr
+    assert json.loads((results / "summary.json").read_text())["timeline_plot"] is None
+    assert "timeline.png" not in (results / "summary.md").read_text() + (results / "report.html").read_text()
+

@@ -227,7 +227,10 @@ def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_th
     grid = write(tmp_path / "grid.json", {"x": [1, 2, 3]})
     raised = sweep("sweep_functions:raises", tmp_path / "raises", "--grid", str(grid), "--retries", "1")
     assert raised.returncode == 1, raised.stderr
-    assert "sweep: failed: 2 of 3 items done, 1 failed, in " in raised.stderr.splitlines()[-1], raised.stderr
+    *_, closing, retry = raised.stderr.splitlines()
+    assert "sweep: failed: 2 of 3 items done, 1 failed, in " in closing, raised.stderr
+    assert retry.startswith("sweep: run the failed items again with the same launcher and: python -m common.sweep ") \
+        and " --retries 1 " in retry and retry.endswith(" --resume"), raised.stderr
     failed = summary(tmp_path / "raises")["failed_items"]
     assert [f["key"] for f in failed] == ["x=2"] and "ValueError: x=2 is not allowed here" in failed[0]["error"]
     attempts = [e for e in journal_entries(tmp_path / "raises") if e.get("key") == "x=2" and e["type"] == "attempt_failed"]

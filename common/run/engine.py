@@ -789,12 +789,16 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["items_journaled"] = _journaled(journal.path, items)
     if outcome == "stopped":
         summary["resume_command"] = _resume_command(app, argv)
+    elif failed:  # a resume runs the failed items again (after a fix, or for a failure of the moment)
+        summary["retry_command"] = _resume_command(app, argv)
     # a run that wrote none of its outputs (stopped); one whose finish() failed part-way has said so itself
     earlier = _earlier_outputs(files.summary_json) if run is None else None
     if earlier is not None:  # the app's files of an earlier run were left as they were
         summary["earlier_outputs"] = earlier
-    # a run that ran no item (stopped or failed before any) has no timeline to show
-    summary["timeline_plot"] = png_name(TIMELINE_STEM) if (files.root / png_name(TIMELINE_STEM)).is_file() else None
+    # this run's items' timeline; a run that ran none (stopped before any, or a resume with nothing left)
+    # has none to show, whatever an earlier run left in the folder
+    drawn = bool(bars) and failures.first is None and (files.root / png_name(TIMELINE_STEM)).is_file()
+    summary["timeline_plot"] = png_name(TIMELINE_STEM) if drawn else None
     _written(failures, results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
     _written(failures, results, SUMMARY_MD, files.summary_md,
              lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary, summary["status"] != "stopped" or bool(where))))
@@ -834,8 +838,11 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
             print(line)
         sys.stdout.flush()
     counts = f"{len(records)} of {len(items)} items" + (f" done, {len(failed)} failed," if failed else "")
-    _closing(f"{app.name}: {summary['status']}: {counts} in {summary['wall_seconds']:.1f} s; results in {results}/ "
-             f"(summary.md)")
+    earlier = f" ({len(resumed)} from an earlier run)" if resumed else ""
+    _closing(f"{app.name}: {summary['status']}: {counts}{earlier} in {summary['wall_seconds']:.1f} s; results in "
+             f"{results}/ (summary.md)")
+    if failed:
+        _closing(f"{app.name}: run the failed items again with the same launcher and: {summary['retry_command']}")
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
 
 
@@ -941,7 +948,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
              f"- items: {summary['items_done']} of {summary['items_total']} done "
              f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",
              f"- ranks: {summary['ranks']}; workers: {_placement(summary['workers'])}",
-             f"- wall time: {summary['wall_seconds']:.1f} s; item time: {summary['item_seconds_total']:.1f} s",
+             f"- wall time: {summary['wall_seconds']:.1f} s{' (this run)' if summary['items_resumed'] else ''}; "
+             f"item time: {summary['item_seconds_total']:.1f} s",
              ""]
     for lost in summary.get("lost_ranks", []):
         lines += [f"- **lost rank {lost['rank']} on {lost['host']}** ({lost['why']}): its "
@@ -951,6 +959,9 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
                   f"{summary['stopped_because']}.", ""]
     if summary.get("resume_command"):
         lines += ["Stopped before the end. Finish with:", "", f"    {summary['resume_command']}", ""]
+    if summary.get("retry_command"):
+        lines += [f"{len(summary['failed_items'])} item(s) failed. Run them again (after a fix, or for a failure of "
+                  f"the moment) with:", "", f"    {summary['retry_command']}", ""]
     earlier = summary.get("earlier_outputs")
     if earlier:
         lines += [f"**The app's files in this folder are an earlier run's** (started {earlier['started']}, "

@@ -257,7 +257,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     elif state == "failed" and failed and isinstance(resume, str) and resume and not lost:
         lines.append(f"retry    the failed items with the same launcher and: {resume}")
 
-    lines += _ranks(status, journal, every, now)
+    lines += _ranks(status, journal, every, now, lost)
     if state not in FINAL_STATES and not lost:
         lines += _workers(status, now)
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
@@ -278,7 +278,8 @@ def _same_start(summary: dict, status: dict) -> bool:
     return summary.get("started") == started
 
 
-def _ranks(status: dict, journal: JournalCounts, every: float, now: float) -> List[str]:
+def _ranks(status: dict, journal: JournalCounts, every: float, now: float, gone: bool = False) -> List[str]:
+    """One line per rank; of a job that is gone, when each was last heard from (none is "ok")."""
     ranks = status.get("ranks") or []
     lost = {entry.get("rank"): entry for entry in journal.lost.values()}
     parts = []
@@ -288,6 +289,10 @@ def _ranks(status: dict, journal: JournalCounts, every: float, now: float) -> Li
             parts.append(f"rank {number} on {host}: LOST ({rank.get('lost') or lost[number].get('why', '')})")
         elif rank.get("broken"):
             parts.append(f"rank {number} on {host}: no worker could start ({rank['broken']})")
+        elif gone:
+            heard = rank.get("heard")
+            parts.append(f"rank {number} on {host}: gone with the job" + (
+                f" (last heard {format_seconds(now - heard)} ago)" if isinstance(heard, (int, float)) else ""))
         elif status.get("state") in ("running", "stopping") and rank.get("heard") \
                 and now - rank["heard"] > SILENT_INTERVALS * every + every:
             parts.append(f"rank {number} on {host}: silent for {format_seconds(now - rank['heard'])}")

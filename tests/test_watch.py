@@ -407,7 +407,8 @@ def test_a_killed_jobs_done_items_are_the_ones_its_journal_kept(tmp_path):
     journal's (what a resume keeps), and the items it lost are said to run again."""
     now = 1_000_000.0
     state = {"app": "toy", "state": "running", "every": 1.0, "updated": now - 600.0, "started": now - 610.0,
-             "items_total": 40, "items_done": 6, "rate_per_second": 0.6}
+             "items_total": 40, "items_done": 6, "rate_per_second": 0.6,
+             "ranks": [{"rank": 0, "host": "node1", "heard": now - 600.0}]}
     journal_file = tmp_path / "journal.jsonl"
     journal_file.write_text(json.dumps({"type": "header"}) + "\n" + "".join(
         json.dumps({"type": "result", "key": f"item-{i}", "result": {}, "start": now - 609, "end": now - 605})
@@ -419,9 +420,13 @@ def test_a_killed_jobs_done_items_are_the_ones_its_journal_kept(tmp_path):
     assert re.search(r"^items +5 of 40 done \(12\.5%\), 0 failed, 0 running; 1 more had finished but was not yet "
                      r"in the journal when it was killed \(a resume runs it again\)$", text, re.M), text
     assert "ran at least 10s; mean rate 0.500 items/s" in text, text
+    # no rank of it is "ok" (it said "GONE: ... killed", then "rank 0 on node1: ok")
+    assert "ranks    1, 1 not ok\n  rank 0 on node1: gone with the job (last heard 10m00s ago)" in text, text
     # a running job's status file counts what its journal will have in a moment
-    alive = describe(tmp_path, dict(state, updated=now - 0.5), journal, now)
+    alive = describe(tmp_path, dict(state, updated=now - 0.5, ranks=[{"rank": 0, "host": "node1", "heard": now - 0.5}]),
+                     journal, now)
     assert re.search(r"^items +6 of 40 done \(15\.0%\), 0 failed, 0 running$", alive, re.M), alive
+    assert "ranks    1\n  rank 0 on node1: ok" in alive, alive
 
 
 def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):

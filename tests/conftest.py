@@ -4,6 +4,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List
@@ -13,6 +14,10 @@ import pytest
 import helpers
 from tiers import MPI, TIERS, Classifier, own_code
 from vcluster import vcluster  # noqa: F401  (the virtual multi-node cluster)
+
+# the programs the tests start run as from an activated virtual environment, where a pasted command's
+# "python" is the interpreter that ran (common.run.cli.python_command): the commands they print say so
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(sys.executable)), os.environ.get("PATH", "")])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:

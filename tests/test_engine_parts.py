@@ -113,3 +113,25 @@ def test_an_items_oserror_travels_as_errno_and_path_beside_the_unchanged_text(tm
 
     [other] = _run_group(SimpleNamespace(run_item=run_other), None, [Handout(Item("b"), 1)], ItemSeeds(0).sequence)
     assert (other.errno, other.path) == (None, "")
+
+
+def test_a_pasted_command_names_the_python_that_ran(tmp_path):
+    """The resume command said "python ..." also where the run's python was a virtual environment's,
+    run by its path, and "python" on PATH another one (without the run's packages): pasted, it failed
+    with "No module named ...". "python" only where that finds the one that ran."""
+    from common.run.cli import python_command
+
+    venv, other = tmp_path / "venv" / "bin", tmp_path / "usr" / "bin"
+    for folder in (venv, other):
+        folder.mkdir(parents=True)
+        (folder / "python").write_text("")
+        (folder / "python").chmod(0o755)
+    (venv / "python3").symlink_to(venv / "python")
+    assert python_command({"PATH": f"{venv}:{other}"}, str(venv / "python")) == "python"
+    assert python_command({"PATH": f"{venv}:{other}"}, str(venv / "python3")) == "python"  # python3 -m ...
+    assert python_command({"PATH": str(other)}, str(venv / "python")) == str(venv / "python")
+    assert python_command({"PATH": ""}, str(venv / "python")) == str(venv / "python")
+    spaced = tmp_path / "my envs" / "bin"
+    spaced.mkdir(parents=True)
+    assert python_command({"PATH": str(other)}, str(spaced / "python")) == f"'{spaced / 'python'}'"
+

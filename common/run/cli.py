@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Optional
 
 from common.argtypes import at_least, folder
 from common.errors import UsageError
@@ -110,9 +112,24 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
     return parser
 
 
+def python_command(environ: Optional[Mapping[str, str]] = None, executable: Optional[str] = None) -> str:
+    """The interpreter as a pasted command names it: ``python`` where that finds the one running now
+    (an activated virtual environment, a module loaded), else its path (a venv's python run by its
+    path: a bare ``python`` would be another one, without the run's packages)."""
+    environ = os.environ if environ is None else environ
+    executable = sys.executable if executable is None else executable
+    if not executable:
+        return "python"
+    found = shutil.which("python", path=environ.get("PATH", ""))
+    if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(executable)):
+        return "python"
+    return shlex.quote(executable)
+
+
 def module_command(argv: list) -> str:
     """How this program was started, for the resume hint: ``python -m mnist_svm ...``."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     program = f"-m {spec.name.rsplit('.__main__', 1)[0]}" if spec is not None else (sys.argv[0] if sys.argv else "")
-    return " ".join(["python", program, shlex.join(argv)]) if argv else f"python {program}"
+    python = python_command()
+    return " ".join([python, program, shlex.join(argv)]) if argv else f"{python} {program}"

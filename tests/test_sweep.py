@@ -221,6 +221,12 @@ def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path
     assert not (tmp_path / "r" / "sweep.png").exists()  # no --minimise this time: the old figure is gone
     other = sweep("sweep_functions:raises", tmp_path / "r", "--grid", str(grid), "--resume")
     assert_usage_error(other, "other arguments", "function")
+    # without --resume: the hint was "pass --resume to continue it", which the line above refuses
+    fresh = sweep("sweep_functions:raises", tmp_path / "r", "--grid", str(grid))
+    assert_usage_error(fresh, "already holds the journal of another run (function 'sweep_functions:noisy' (journal) vs "
+                              "'sweep_functions:raises' (now)); choose another --results")
+    assert_usage_error(sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid)),
+                       "already holds the journal of an earlier run; pass --resume to continue it")
 
 
 def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_the_item(tmp_path):

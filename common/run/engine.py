@@ -55,7 +55,7 @@ from common.ranks.scheduler import Scheduler
 from common.results.failures import WriteFailures, about_results, free_reserve, reserve_space
 from common.results.hold import Hold, check_free
 from common.results.journal import FORMAT_VERSION as JOURNAL_FORMAT
-from common.results.journal import Journal, describe_difference, read_journal
+from common.results.journal import Journal, describe_difference, parse_line, read_journal
 from common.results.layout import (
     ENGINE_OUTPUTS,
     GPU_USAGE_STEM,
@@ -213,6 +213,10 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         check_free(folder)  # read-only: a live run's hold is refused before anything else
     if journal_path.exists():
         if not args.resume:
+            other = _other_run(journal_path, fingerprint, app.fingerprint_left_out())
+            if other:  # --resume would only be refused next (a shared default folder: results/sweep)
+                raise UsageError(f"{quoted(folder)} already holds the journal of another run ({other}); choose "
+                                 f"another --results (or continue that run with its own arguments and --resume)")
             raise UsageError(f"{quoted(folder)} already holds the journal of an earlier run; pass --resume to continue it "
                              f"or choose another --results")
         starts: List[dict] = []
@@ -279,6 +283,24 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
             log.info("%s: resuming with %d torch/BLAS thread(s) per worker, as the run being resumed (results "
                      "depend on the count)", app.name, kept_threads)
     return fingerprint
+
+
+def _other_run(journal_path: Path, fingerprint: dict, left_out: Dict[str, Any]) -> Optional[str]:
+    """How the run whose journal this is differs from this one, from its header (the first line);
+    None where it is the same run (or its header cannot be read: the resume says why)."""
+    try:
+        with open(journal_path, "rb") as handle:
+            header = parse_line(handle.readline(1 << 20))
+    except OSError:
+        return None
+    old = header.get("fingerprint") if isinstance(header, dict) else None
+    if not isinstance(old, dict):
+        return None
+    # what a resume may take from the run, or judges later: not a difference of arguments
+    ignored = (DATA_FINGERPRINT, "threads")
+    old = {name: value for name, value in old.items() if name not in ignored}
+    now = {name: value for name, value in fingerprint.items() if name not in ignored}
+    return None if old == now else describe_difference(old, now, left_out)
 
 
 def _threads_resumed(starts: List[dict]) -> Optional[int]:

@@ -272,10 +272,13 @@ def _same_start(summary: dict, status: dict) -> bool:
     """Whether summary.json is the run's that status.json describes (one whose summary could not be
     written leaves an earlier run's): the same start, to the second."""
     try:
-        started = datetime.datetime.fromtimestamp(float(status.get("started"))).isoformat(timespec="seconds")
+        epoch = float(status.get("started"))
+        written = datetime.datetime.fromisoformat(summary.get("started"))
+        if written.tzinfo is None:  # a summary of an earlier version: local time, as this machine's
+            return written == datetime.datetime.fromtimestamp(epoch).replace(microsecond=0)
+        return int(written.timestamp()) == int(epoch)
     except (TypeError, ValueError, OverflowError, OSError):
         return False
-    return summary.get("started") == started
 
 
 def _ranks(status: dict, journal: JournalCounts, every: float, now: float, gone: bool = False) -> List[str]:

@@ -442,3 +442,9 @@ def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
     # an earlier run's summary (this one's could not be written): its time is not this run's
     (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4, "started": "2001-01-01T00:00:00"}))
     assert ", ran 1m40s\n" in describe(tmp_path, state, JournalCounts(tmp_path / "journal.jsonl"), now)
+    # written in another time zone (the job's node), read here: the same start, with its offset
+    for hours in (-5, 0, 9):
+        zone = datetime.timezone(datetime.timedelta(hours=hours))
+        there = datetime.datetime.fromtimestamp(now - 101.0, zone).isoformat(timespec="seconds")
+        (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4, "started": there}))
+        assert ", ran 1m10s\n" in describe(tmp_path, state, JournalCounts(tmp_path / "journal.jsonl"), now), there

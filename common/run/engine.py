@@ -752,7 +752,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         "failed_items": failed,
         "ranks": len(layout),
         "workers": layout,
-        "started": datetime.datetime.fromtimestamp(started_at).isoformat(timespec="seconds"),
+        # with its UTC offset: read on a machine in another time zone (a laptop, a login node), it is the same time
+        "started": datetime.datetime.fromtimestamp(started_at).astimezone().isoformat(timespec="seconds"),
         "wall_seconds": round(ended_at - started_at, 3),
         "item_seconds_total": round(busy, 3),
         "item_seconds_mean": round(busy / len(this_run), 4) if this_run else None,

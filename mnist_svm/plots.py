@@ -8,6 +8,7 @@ from typing import Any, List
 
 import numpy as np
 from matplotlib.colors import LogNorm
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter
 
 from common.results.layout import PER_GAMMA_FOLDER
@@ -32,6 +33,8 @@ def plot_heatmap(grid: Grid, table: np.ndarray, best_i_c: int, best_i_gamma: int
     plain = FuncFormatter(lambda value, _: f"{value:g}")
     bar.ax.yaxis.set_major_formatter(plain)
     bar.ax.yaxis.set_minor_formatter(plain)
+    folds_done = np.sum(~np.isnan(table), axis=0)  # a mean of fewer folds than the title says is marked so
+    partial = (folds_done > 0) & (folds_done < grid.folds)
     if grid.n_tuning <= 8:
         step = (_extent(log_gamma)[1] - _extent(log_gamma)[0]) / grid.n_tuning
         for i_gamma in range(grid.n_tuning):
@@ -39,14 +42,23 @@ def plot_heatmap(grid: Grid, table: np.ndarray, best_i_c: int, best_i_gamma: int
                 value = percent[i_gamma, i_c]
                 dark = norm is not None and np.isfinite(value) and norm(max(value, 0.01)) > 0.5
                 shift = -0.3 * step if (i_c, i_gamma) == (best_i_c, best_i_gamma) else 0.0
-                ax.text(log_c[i_c], log_gamma[i_gamma] + shift, "failed" if np.isnan(value) else f"{value:.1f}",
+                text = "failed" if np.isnan(value) else f"{value:.1f}"
+                if partial[i_gamma, i_c]:
+                    text += f"\n({folds_done[i_gamma, i_c]}/{grid.folds} folds)"
+                ax.text(log_c[i_c], log_gamma[i_gamma] + shift, text,
                         ha="center", va="center", fontsize=8, color="white" if dark else "black")
+    else:  # too many cells for numbers: the partial ones hatched
+        width, height = ((edges[1] - edges[0]) / grid.n_tuning for edges in (_extent(log_c), _extent(log_gamma)))
+        for i_gamma, i_c in zip(*np.nonzero(partial)):
+            ax.add_patch(Rectangle((log_c[i_c] - width / 2, log_gamma[i_gamma] - height / 2), width, height,
+                                   fill=False, hatch="///", edgecolor="white", linewidth=0))
     ax.plot(log_c[best_i_c], log_gamma[best_i_gamma], marker="*", markersize=16, color="red",
             markeredgecolor="white", linestyle="none")
     ax.set_xlabel("log10 C")
     ax.set_ylabel("log10 gamma")
+    missing = f"\n{int(partial.sum())} cell(s) the mean of the folds that finished" if partial.any() else ""
     ax.set_title(f"{grid.folds}-fold cross-validation error; best (star): "
-                 f"C={grid.c_values[best_i_c]:.3g}, gamma={grid.gamma_values[best_i_gamma]:.3g}", fontsize=10)
+                 f"C={grid.c_values[best_i_c]:.3g}, gamma={grid.gamma_values[best_i_gamma]:.3g}{missing}", fontsize=10)
     return save_figure(fig, path)
 
 

@@ -334,3 +334,33 @@ def test_resume_on_other_data_is_refused_and_on_a_moved_copy_goes_on(tmp_path):
         packed.unlink()
     again = run(["-m", "mnist_svm", "1", *flags, "--data-dir", str(moved), "--resume"])
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize("n_tuning", [3, 9], ids=["numbers in the cells", "hatched cells"])
+def test_a_heatmap_cell_of_fewer_folds_than_the_title_says_is_marked(tmp_path, monkeypatch, n_tuning):
+    """A pair with folds lost (timed out, failed for good) was shown as a plain number under the title
+    "5-fold cross-validation error": the mean of 2 folds, as if of 5. Such a cell now says how many
+    folds its mean is of (or is hatched, where the cells are too many for numbers), and the title
+    says how many cells are so."""
+    import matplotlib.figure
+
+    from mnist_svm import plots
+    from mnist_svm.grid import Grid
+
+    grid = Grid(n_tuning=n_tuning, folds=5)
+    table = np.full((5, n_tuning, n_tuning), 0.2)
+    table[[0, 3, 4], 1, 0] = np.nan  # gamma 1, C 0: 2 of 5 folds
+    table[:, 0, 1] = np.nan  # every fold lost: "failed", not partial
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or [])
+    plots.plot_heatmap(grid, table, 2, 2, tmp_path / "heatmap")
+    [figure] = drawn
+    assert isinstance(figure, matplotlib.figure.Figure)
+    ax = figure.axes[0]
+    assert ax.get_title().endswith("\n1 cell(s) the mean of the folds that finished"), ax.get_title()
+    texts = [text.get_text() for text in ax.texts]
+    if n_tuning <= 8:
+        assert texts.count("20.0\n(2/5 folds)") == 1 and texts.count("failed") == 1, texts
+        assert sum("folds" in text for text in texts) == 1, texts
+    else:
+        assert texts == [] and len(ax.patches) == 1 and ax.patches[0].get_hatch() == "///"

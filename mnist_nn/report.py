@@ -158,9 +158,12 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     errors = summary.get("model_test_errors") or []
     lines = ["## mnist_nn: bagged conv nets", ""]
-    if summary.get("ensemble_test_error") is None:
-        lines += ["No model was refitted: no ensemble.", ""]
-        return "\n".join(lines)
+    if summary.get("ensemble_test_error") is None:  # the fits that ran still have their curves and log
+        lines += ["No model was refitted: no ensemble.", "",
+                  "Files: `cv_results.csv` (every candidate's CV loss), `training_log.csv` (every epoch of every "
+                  "fit that finished); the figure also as `.svg` and `.pdf`.", "",
+                  "![training curves](training_curves.png)", ""]
+        return "\n".join(lines) + "\n"
     lines += [f"- models: {summary['models']}; test error of each: "
               + ", ".join(f"{e:.4f}" for e in errors),
               f"- ensemble test error: majority vote {summary['ensemble_test_error']:.4f}, "
@@ -172,7 +175,7 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
                   f"({summary.get('models_missing_note', '')})", ""]
     lines += ["Files: `results.csv` (one row per model), `cv_results.csv` (every candidate's CV loss), "
               "`training_log.csv` (every epoch of every fit), `models/bootstrap-<i>.pt` + `.json`; each figure also as "
-              "`.svg` and `.pdf`.", "",
+              "`.svg` and `.pdf` (the certainty figures as `.pdf`).", "",
               "![ensemble error](ensemble_error.png)", "", "![training curves](training_curves.png)", ""]
     lines += certainty_markdown(summary)
     return "\n".join(lines) + "\n"

@@ -254,3 +254,13 @@ def test_complete_refits_the_candidate_with_the_lowest_mean_cv_loss():
     assert item.params["hyper"] == draw_candidate(0, 4, 1).as_dict()
     del results[fit_key(4, 1, 0)]  # a fold failed for good: that candidate is out
     assert app.complete(Item(refit_key(4), {"kind": "refit", "bootstrap": 4}), results).params["candidate"] == 0
+
+
+def test_a_run_with_no_refit_still_lists_its_training_curves():
+    """Every refit failed (timed out): summary.md said only "no ensemble", though training_curves
+    (.png, .svg, .pdf), training_log.csv and cv_results.csv were written for the fits that ran."""
+    from mnist_nn.report import summary_markdown
+
+    text = summary_markdown({"ensemble_test_error": None, "model_test_errors": []})
+    assert "No model was refitted: no ensemble." in text and "![training curves](training_curves.png)" in text
+    assert "`training_log.csv`" in text and "`cv_results.csv`" in text and text.endswith("\n")

@@ -1,6 +1,13 @@
-"""Errors the engine turns into exit codes, and how a path, a count or a value's type goes into a one-line message
-(and user text into a cell of summary.md's tables)."""
+"""Errors the engine turns into exit codes, and how a path, a count, a value or its type goes into a one-line
+message (and user text into a cell of summary.md's tables).
+
+Values are shortened before they are formatted, never after: a YAML file of a few hundred bytes can
+hold a value whose full ``repr`` is gigabytes (nested aliases); building that text first and
+cutting it afterwards would hang the error message.
+"""
 import re
+import reprlib
+from typing import Any
 
 
 class UsageError(Exception):
@@ -103,3 +110,30 @@ def markdown_cell(text: str) -> str:
     text = " ".join(str(text).splitlines())
     text = _REFERENCE.sub("&amp;", text)
     return _MARKDOWN_SPECIAL.sub(lambda match: "\\" + match.group(0), text).replace("<", "&lt;")
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 2, 3, 3, 3
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 40, 40, 40
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """A ``repr`` of ``value`` of about ``limit`` characters at most, on one line."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            text = repr(value)
+        except ValueError:  # more digits than Python turns into text
+            return "a number of more than 4300 digits"
+        return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+    if isinstance(value, (bytes, bytearray)):
+        return repr(bytes(value[:limit])) + (f"... ({len(value)} bytes)" if len(value) > limit else "")
+    if isinstance(value, (dict, list, tuple, set)):
+        try:
+            return _REPR.repr(value)
+        except (ValueError, RecursionError):
+            return f"a {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

@@ -372,6 +372,8 @@ BAD_INPUTS = [
     ("sweep_functions:awaited", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["'awaited' is defined with async def"]),
     ("sweep_functions:noisy", {"g.json": {}}, ["--grid", "g.json"], ["grid is empty"]),
     ("sweep_functions:noisy", {"g.json": {"x": 3}}, ["--grid", "g.json"], ["'x' must be a list of values, got an integer (3)"]),
+    ("sweep_functions:noisy", {"g.json": {"x": {"loguniform": [1e-4, 0.1]}}}, ["--grid", "g.json"],  # a --space file
+     ["the grid's 'x' is a distribution ({'loguniform': [0.0001, 0.1]}): a random space is given with --space"]),
     ("sweep_functions:noisy", {"g.json": {"x": []}}, ["--grid", "g.json"], ["'x' is an empty list"]),
     ("sweep_functions:noisy", {"g.json": [1, 2]}, ["--grid", "g.json"], ["grid must be an object of parameter -> list of values, got a list"]),
     ("sweep_functions:noisy", {"g.json": "{not json"}, ["--grid", "g.json"], ["not valid JSON"]),
@@ -526,6 +528,23 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
         [["key", "x", "repeat", "seed", "seconds", "host", "device"]]
         + [[item.key, report._cell(item.params["point"].get("x", "")), 0, 7, 0.25, "h", "cpu0"] for item in items])
     assert table == expected.getvalue()
+
+
+def test_a_grid_takes_a_tensor_or_a_generator_as_its_values_and_hints_only_for_one_value():
+    """torch.logspace(...) was refused with advice to write [[0.001, ...]] (one point whose value is a
+    list), a generator with ["<generator object ...>"]: both are their values now, as a numpy array
+    and a range were. The one-value hint is given where one value was written, not for an object."""
+    import torch
+
+    from common.errors import UsageError
+    from common.sweep.space import grid_space
+
+    assert grid_space({"lr": torch.tensor([0.5, 0.25])})[1] == ["lr=0.5", "lr=0.25"]
+    assert grid_space({"x": (i for i in range(3))})[1] == ["x=0", "x=1", "x=2"]
+    with pytest.raises(UsageError, match=r"got an integer \(3\); write \[3\] for one value$"):
+        grid_space({"x": 3})
+    with pytest.raises(UsageError, match=r"must be a list of values, got an object \(<object object at .*>\)$"):
+        grid_space({"x": object()})
 
 
 def test_two_parameters_whose_names_pick_the_same_stream_are_refused():

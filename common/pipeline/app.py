@@ -18,14 +18,13 @@ import numpy as np
 
 from ..app import App, RunInfo, finite_number
 from ..devices import Device
-from ..errors import ItemFailed, UsageError, error_line, quoted
+from ..errors import ItemFailed, UsageError, error_line, quoted, short
 from ..items import Item, item_seed, torch_seed
 from . import nodelock
 from .container import CONTAINER_ENV, default_image, find_apptainer
 from .definition import POOL_PATTERN, Pipeline, check_pools, load_definition, shown_path
 from .flow import STOPPING, PipelineRunner, RunLayout, RunStopping, read_progress
 from .report import plan_text, statuses_on_disk, summary_markdown
-from .text import short
 
 RESOURCE_ENV_PREFIX = "PIPELINE_RESOURCE_"
 QUEUE_TIMEOUT_ENV = "PIPELINE_QUEUE_TIMEOUT"

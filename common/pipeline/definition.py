@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import userfile
-from ..errors import UsageError, quoted
+from ..errors import UsageError, quoted, short
 from .loops import unbounded_cycle
 from .schema import (
     CONDITIONS,
@@ -32,7 +32,6 @@ from .schema import (
     first_error,
 )
 from .sizes import parse_memory
-from .text import short
 
 __all__ = ["CONDITIONS", "MAX_NAME_LENGTH", "MAX_RETRIES", "Mount", "Pipeline", "Step", "check_pools",
            "load_definition", "parse_definition", "resolve_image"]

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..errors import error_line, markdown_cell
+from ..errors import error_line, markdown_cell, short
 from .definition import Pipeline, Step
 from .flow import RunLayout, read_status
-from .text import short
 
 STATUS_MARK = {"ok": "ok", "failed": "FAILED", "timeout": "TIMEOUT", "skipped": "skipped", "missing": "-"}
 

@@ -14,9 +14,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import jsonschema
 import jsonschema.validators
 
+from common.errors import short
 from common.results.layout import LOGS_DIR, SHARED_DIR
-
-from .text import short
 
 #: a year: longer timeouts are no limit at all, and past ~1e11 s the clock's arithmetic overflows
 MAX_SECONDS = 365 * 24 * 3600

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Union
 
-from .text import short
+from ..errors import short
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
 #: Larger sizes are surely typos (and overflow what /proc reports).

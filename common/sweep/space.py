@@ -15,14 +15,14 @@ import operator
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 import numpy as np
 
 from common.results.outputs import to_jsonable
 
 from .. import userfile
-from ..errors import UsageError, kind_of, quoted
+from ..errors import UsageError, kind_of, quoted, short
 
 #: the distributions a --space may name, each with what its two bounds must be
 DISTRIBUTIONS = ("uniform", "loguniform", "int", "choice")
@@ -97,16 +97,21 @@ def grid_space(grid: Any, repeats: int = 1) -> Tuple[List[Dict[str, Any]], List[
     axes = []
     for name, values in grid.items():
         _check_name(name, "the grid")
-        if isinstance(values, np.ndarray) and values.ndim:  # grid={"lr": np.logspace(-4, -1, 4)}: its values
-            values = values.tolist()
-        if isinstance(values, range):  # grid={"layers": range(1, 4)}: its numbers, in order
+        if getattr(values, "ndim", 0) and callable(getattr(values, "tolist", None)):
+            values = values.tolist()  # grid={"lr": np.logspace(-4, -1, 4)}, or torch.logspace: its values
+        if isinstance(values, (range, Iterator)):  # range(1, 4), a generator: its values, in order
             values = list(values)
         if isinstance(values, (set, frozenset)):  # its order, and so the items' order, would change from run to run
             raise UsageError(f"the grid's {name!r} is a set, whose order is not kept from one run to the next: "
                              f"give a list (sorted() of it, for one)")
+        if isinstance(values, Mapping) and len(values) == 1 and next(iter(values)) in DISTRIBUTIONS:
+            raise UsageError(f"the grid's {name!r} is a distribution ({short(values)}): a random space is given "
+                             f"with --space FILE --samples N (space= in sweep.main); a grid lists its values")
         if not isinstance(values, (list, tuple)):
+            one = (f"; write [{json.dumps(values)}] for one value"
+                   if values is None or isinstance(values, (str, bool, int, float)) else "")
             raise UsageError(f"the grid's {name!r} must be a list of values, got {kind_of(values)} "
-                             f"({values!r}); write [{json.dumps(to_jsonable(values), default=str)}] for one value")
+                             f"({short(values)}){one}")
         if not values:
             raise UsageError(f"the grid's {name!r} is an empty list: the grid would have no point")
         plain = [_plain(v, f"the grid's {name!r}") for v in values]

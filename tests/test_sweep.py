@@ -787,15 +787,21 @@ def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_
                    "--minimise", "los", workers=1)
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("nothing to rank: no result holds a finite number named 'los' (the function returned "), last
-    returned = summary(tmp_path / "r")["sweep"]["returned"]
-    assert last.endswith(f"({'the function returned ' + ', '.join(map(repr, returned))})") and returned, last
+    # the numbers it returned, not every name (a string or a list is not what --minimise takes)
+    assert last == "nothing to rank: no result holds a finite number named 'los' (the function returned numbers " \
+                   "named 'loss', 'draw', 'seed_seen')", last
+    # a name it returns, but not as a number: said so
+    named = sweep("sweep_functions:noisy", tmp_path / "k", "--grid", str(tmp_path / "g.json"), "--minimise", "kind",
+                  workers=1)
+    assert named.stdout.strip().splitlines()[-1] == "nothing to rank: no result holds a finite number named 'kind' " \
+        "(it returned 'kind' as a string; the function returned numbers named 'loss', 'draw', 'seed_seen')", named.stdout
     # a return of many numbers: the first 20 of them (10,000 made a line of 89 KB)
     result = sweep("sweep_functions:many_numbers", tmp_path / "m", "--grid", str(tmp_path / "g.json"),
                    "--minimise", "los", workers=1)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1].endswith(
-        "(the function returned " + ", ".join(repr(f"m{i}") for i in range(20)) + " and 10 more)"), result.stdout
+        "(the function returned numbers named " + ", ".join(repr(f"m{i}") for i in range(20)) + " and 10 more)"), \
+        result.stdout
 
 
 def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range(tmp_path):

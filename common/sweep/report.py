@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, 
 import numpy as np
 
 from common.app import finite_number
-from common.errors import counted, markdown_cell
+from common.errors import counted, kind_of, markdown_cell
 from common.results.layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, figure_names, png_name
 from common.results.outputs import atomic_write_text, new_figure, save_figure
 
@@ -39,6 +39,10 @@ OUTPUT_NAMES = (RESULTS_CSV, RESULTS_JSONL, *figure_names(FIGURE))
 BEST_ROWS = 5
 #: a numeric parameter whose values span this factor or more is drawn on a log axis
 LOG_SPAN = 100.0
+
+
+#: a name no result has
+_ABSENT = object()
 
 
 def _scalar(value: Any) -> bool:
@@ -269,9 +273,15 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
                              "metric": plan.metric, "goal": plan.goal if plan.metric else None,
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
     if plan.metric and not ranked:
-        shown = ", ".join(map(repr, values[:NAMES_SHOWN])) + (f" and {len(values) - NAMES_SHOWN} more"
-                                                              if len(values) > NAMES_SHOWN else "")
-        returned = f"the function returned {shown}" if values else "the function returned no named numbers"
+        dicts = [returned for returned in returns if isinstance(returned, dict)]
+        numbers = _names(dicts, lambda value: isinstance(value, (int, float)) and not isinstance(value, bool))
+        shown = ", ".join(map(repr, numbers[:NAMES_SHOWN])) + (f" and {len(numbers) - NAMES_SHOWN} more"
+                                                               if len(numbers) > NAMES_SHOWN else "")
+        returned = f"the function returned numbers named {shown}" if numbers else \
+            "the function returned no named numbers"
+        given = next((entry[plan.metric] for entry in dicts if plan.metric in entry), _ABSENT)
+        if given is not _ABSENT and not (isinstance(given, (int, float)) and not isinstance(given, bool)):
+            returned = f"it returned {plan.metric!r} as {kind_of(given)}; {returned}"
         sweep["note"] = f"no result holds a finite number named {plan.metric!r} ({returned})"
     elif plan.metric:  # points none of whose repeats returned a finite metric: in results.csv, not ranked
         unranked = {point_key(item.params["point"]) for item, _ in finished} - {entry["key"] for entry in ranked}

@@ -857,12 +857,17 @@ def test_an_integer_past_the_float_range_fails_its_item_and_is_not_taken_from_a_
     assert snapshot(tmp_path / "s") == before
 
 
-def test_a_run_where_no_item_ran_shows_no_timeline(tmp_path):
+@pytest.mark.parametrize("fails", ["raise RuntimeError('no data')", "sys.exit('no data')"])
+def test_a_run_where_no_item_ran_shows_no_timeline(tmp_path, fails):
+    """Also a setup that calls sys.exit: it was "worker exited with code 1" (the message on raw stderr);
+    now its SystemExit is the reason given, as an item's is."""
     grid = write(tmp_path / "g.json", {"x": [1, 2]})
-    write(tmp_path / "setup_fails.py", "def setup(device):\n    raise RuntimeError('no data')\n\n\n"
+    write(tmp_path / "setup_fails.py", f"import sys\n\n\ndef setup(device):\n    {fails}\n\n\n"
                                        "def fit(params, state):\n    return {}\n")
     result = sweep("setup_fails:fit", tmp_path / "r", "--grid", str(grid), "--setup", "setup", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
+    why = "RuntimeError: no data" if fails.startswith("raise") else "SystemExit: no data"
+    assert f"after 3 failed starts: {why}" in result.stderr, result.stderr
     assert summary(tmp_path / "r")["timeline_plot"] is None and not (tmp_path / "r" / "timeline.png").exists()
     assert "timeline" not in (tmp_path / "r" / "summary.md").read_text()
     assert "is missing" not in (tmp_path / "r" / "report.html").read_text()

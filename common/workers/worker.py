@@ -404,7 +404,7 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
             seed_of = ItemSeeds(seed).maker(getattr(app, "seed_form", "sequence"))
             state = app.setup_worker(device)
             _set_threads(threads)
-        except Exception as error:
+        except (Exception, SystemExit) as error:  # sys.exit() in the app's setup too: said as an item's would be
             log.error("setup failed:\n%s", capped(traceback.format_exc()))
             conn.send(SetupFailed(described(error), capped(traceback.format_exc())))
             return

@@ -125,10 +125,14 @@ class MnistSvm(App):
         ensure_available(args.dataset, args.data_dir)
         data = self._load()
         self._data_identity = data.identity()
-        smallest_class = int(np.bincount(data.y_train).min())
-        if smallest_class < args.folds:
+        counts = np.bincount(data.y_train)
+        counts = counts[counts > 0]
+        smallest_class = int(counts.min())
+        if smallest_class < args.folds:  # stratified folds need --folds images of every class
+            larger = (f" or a --subsample of at least about {args.folds * len(counts)} ({args.folds} images of each "
+                      f"of the {len(counts)} classes)" if args.subsample is not None else "")
             raise UsageError(f"--folds {args.folds}: the smallest class of the training images has only "
-                             f"{smallest_class}; use fewer folds or a larger --subsample")
+                             f"{smallest_class}, and each fold needs one of every class; use fewer folds{larger}")
 
     def items(self) -> list:
         # scikit-learn workers (CPUs, or GPUs without cuML) share a (gamma, fold)'s kernel between its C

@@ -172,7 +172,7 @@ TORCHVISION_LOADS = importlib.util.find_spec("torchvision") is not None
 
 @pytest.mark.parametrize("case", ["n_tuning 0", "n_tuning -1", "unknown dataset", "missing mnist offline",
                                   "corrupt idx", "folds 1", "n_tuning huge", "empty data dir", "data dir for digits",
-                                  "workers per gpu on cpu"])
+                                  "workers per gpu on cpu", "subsample too small for the folds"])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
     results = tmp_path / "results"
     extra = {
@@ -192,6 +192,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, case):
                                 "with --dataset digits: the digits come with scikit-learn and are read from no folder"),
         "workers per gpu on cpu": (["2", "--dataset", "digits", "--gpu", "cpu", "--workers-per-gpu", "3"],
                                    "--workers-per-gpu 3 with --gpu cpu: workers share GPUs, and there are none"),
+        # 10 passes the 2 images per fold; the refusal that follows says what does (it said "a larger --subsample")
+        "subsample too small for the folds": (["2", "--dataset", "digits", "--subsample", "10"],
+                                              "the smallest class of the training images has only 1, and each fold "
+                                              "needs one of every class; use fewer folds or a --subsample of at least "
+                                              "about 50 (5 images of each of the 10 classes)"),
     }
     argv, fragment = extra[case]
     if case == "missing mnist offline" and TORCHVISION_LOADS:

@@ -106,26 +106,32 @@ def _unique_keys(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
     return found
 
 
-#: YAML 1.2's floats that PyYAML (YAML 1.1) reads as strings: an exponent without a dot or a sign
-#: (1e-3, 5E+2, 1.5e3)
-_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
-
-
-#: YAML 1.2's booleans and integers (its core schema). PyYAML, a YAML 1.1 reader, also made booleans of
-#: yes/no/on/off (a grid's ``[no, se]`` of country codes became ``[False, "se"]``), octal of a leading
-#: zero (``010`` was 8) and base 60 of colons (``1:30`` was 90)
+#: YAML 1.2's plain booleans, integers and floats (its core schema), as JSON reads the same text.
+#: PyYAML, a YAML 1.1 reader, also made booleans of yes/no/on/off (a grid's ``[no, se]`` of country
+#: codes became ``[False, "se"]``), octal of a leading zero (``010`` was 8), base 60 of colons
+#: (``1:30`` was 90, ``1:30.5`` 90.5), and text of an exponent without a dot (``1e-3``, a learning rate
+#: that reached the user's code as a string). Single underscores between digits (``1_000``) stay a
+#: number, as PyYAML and Python read them.
 _CORE_BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
-_CORE_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$")  # 1_000 as PyYAML and Python read it
-_BOOL_TAG, _INT_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int"
+_CORE_INT = re.compile(r"^(?:[-+]?[0-9]+(?:_[0-9]+)*|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_CORE_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                         r"|\.(?:nan|NaN|NAN))$")
+_BOOL_TAG, _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 #: YAML 1.1's other implicit types, which YAML 1.2 and JSON read as text: dates (2024-01-01 became a
 #: datetime.date, which no JSON value is) and "=" (a value key, which PyYAML cannot even construct)
 _TEXT_IN_1_2 = ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value")
 
 
 def _core_int(loader: Any, node: Any) -> int:
+    """A plain integer as YAML 1.2 reads it; one tagged !!int in another form (0b11) as PyYAML does."""
     text = loader.construct_scalar(node)
     base = {"0o": 8, "0x": 16}.get(text[:2], 10)
-    return int(text[2:] if base != 10 else text, base)
+    try:
+        return int(text[2:] if base != 10 else text, base)
+    except ValueError:
+        import yaml
+
+        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
 
 
 def _yaml_loader(yaml: Any) -> type:
@@ -147,11 +153,12 @@ def _yaml_loader(yaml: Any) -> type:
                         None, None, f"duplicate key {_key(key)} (the later one would silently win)", key_node.start_mark)
             return super().construct_mapping(node, deep)
 
+    replaced = (_BOOL_TAG, _INT_TAG, _FLOAT_TAG, *_TEXT_IN_1_2)
     Loader.yaml_implicit_resolvers = {
-        first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_BOOL_TAG, _INT_TAG, *_TEXT_IN_1_2)]
+        first: [(tag, pattern) for tag, pattern in resolvers if tag not in replaced]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
     Loader.add_implicit_resolver(_BOOL_TAG, _CORE_BOOL, list("tTfF"))
-    Loader.add_implicit_resolver(_INT_TAG, _CORE_INT, list("-+0123456789"))
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
+    Loader.add_implicit_resolver(_INT_TAG, _CORE_INT, list("-+0123456789"))  # before the floats: 5 is an int
+    Loader.add_implicit_resolver(_FLOAT_TAG, _CORE_FLOAT, list("-+0123456789."))
     Loader.add_constructor(_INT_TAG, _core_int)
     return Loader

@@ -6,6 +6,7 @@ import csv
 import html
 import io
 import json
+import math
 import os
 import signal
 import socket
@@ -769,10 +770,12 @@ def test_yaml_reads_plain_words_and_numbers_as_yaml_1_2_does(tmp_path):
 
     grid = write(tmp_path / "g.yaml", "country: [no, se, yes, On, off, n]\nflag: [true, False, TRUE]\n"
                                       "n: [010, -07, 0o17, 0x1f, 1:30, +5, 1_000]\nnothing: [~, null]\n"
-                                      "day: [2024-01-01, 2024-01-01 10:00:00, =]\n")
+                                      "day: [2024-01-01, 2024-01-01 10:00:00, =]\n"
+                                      "more: [1_, 1__0, 1:30.5, .inf, 1., !!int 0b11]\n")
     assert load_file(grid, "--grid") == {"country": ["no", "se", "yes", "On", "off", "n"], "flag": [True, False, True],
                                          "n": [10, -7, 15, 31, "1:30", 5, 1000], "nothing": [None, None],
-                                         "day": ["2024-01-01", "2024-01-01 10:00:00", "="]}
+                                         "day": ["2024-01-01", "2024-01-01 10:00:00", "="],
+                                         "more": ["1_", "1__0", "1:30.5", math.inf, 1.0, 3]}
     assert [type(v) for v in load_file(grid, "--grid")["n"]] == [int, int, int, int, str, int, int]
     definition = write(tmp_path / "p.yaml", "name: p\nsteps:\n  - id: a\n    command: 'true'\n    gpu: yes\n")
     proc = run(["-m", "common.pipeline", str(definition), "--dry-run", "--gpu", "cpu", "--results", str(tmp_path / "r")])

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, TextIO
 from common.observe.progress import format_seconds
 from common.results.hold import last_refreshed, process_gone, read_hold, silent_for
 from common.results.journal import parse_line, whole_lines
-from common.results.layout import JOURNAL_NAME, STATUS_NAME, ResultsLayout
+from common.results.layout import JOURNAL_NAME, LOGS_DIR, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
 from common.run.cli import Parser
@@ -252,8 +252,11 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     # leaves no summary, or an earlier run's)
     resume = (summary.get("resume_command") if summary and _same_start(summary, status) else None) \
         or status.get("resume_command")
-    if (state == "stopped" or lost) and isinstance(resume, str) and resume:
-        lines.append(f"resume   with the same launcher and: {resume}")
+    crash = status.get("error") if state == "failed" and not lost else None
+    if crash:  # rank 0 itself failed (a bug): what finished is journaled, and a resume goes on from it
+        lines.append(f"error    rank 0 failed: {crash} (the traceback is in {LOGS_DIR}/rank0.log)")
+    if ((state == "stopped" or lost) or crash) and isinstance(resume, str) and resume:
+        lines.append(f"resume   {'after a fix, ' if crash else ''}with the same launcher and: {resume}")
     elif state == "failed" and failed and isinstance(resume, str) and resume and not lost:
         lines.append(f"retry    the failed items with the same launcher and: {resume}")
 

@@ -291,6 +291,11 @@ if __name__ == "__main__":
     assert status_file(results)["state"] == "failed"
     shown = status(results)
     assert shown.returncode == 1 and shown.stdout.startswith("toy: failed"), shown.stdout
+    # what happened, where its traceback is, and how to go on: the journal kept what finished
+    assert "\nerror    rank 0 failed: RuntimeError: a bug in rank 0's loop (the traceback is in logs/rank0.log)\n" \
+        in shown.stdout, shown.stdout
+    assert re.search(r"^resume   after a fix, with the same launcher and: python .*buggy_app\.py 10 .*--resume$",
+                     shown.stdout, re.M), shown.stdout
     log_text = (results / "logs" / "rank0.log").read_text()
     assert "unexpected error:" in log_text and "RuntimeError: a bug in rank 0's loop" in log_text, log_text
 

@@ -138,8 +138,11 @@ class StatusWriter:
         except OSError:  # a full disk, or a folder moved away: both show through the journal, which stops
             pass  # the run; the status file simply goes stale
 
-    def finished(self, leader: Any, code: int) -> None:
-        """The last write, with the run's outcome from its exit code."""
+    def finished(self, leader: Any, code: int, error: str = "") -> None:
+        """The last write, with the run's outcome from its exit code; ``error``: why rank 0 itself
+        failed (a bug of the engine or the app, whose traceback is in its log)."""
+        if error:
+            self.header["error"] = error
         self.write(leader, {EXIT_OK: "complete", EXIT_STOPPED: "stopped"}.get(code, "failed"))
 
     def _workers(self, rank: int) -> List[Dict[str, Any]]:

@@ -596,8 +596,8 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                                 status=status, on_idle=preloading.start, write_failures=failures)
                 try:
                     outcome = leader.run()
-                except Exception:  # a bug: the status file must not say "running" until it goes stale
-                    status.finished(leader, EXIT_FAILED_ITEMS)
+                except Exception as error:  # a bug: the status file must not say "running" until it goes stale
+                    status.finished(leader, EXIT_FAILED_ITEMS, error_line(described(error)))
                     raise
                 status.write(leader, "finishing")
             else:

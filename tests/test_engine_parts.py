@@ -131,6 +131,9 @@ def test_a_pasted_command_names_the_python_that_ran(tmp_path):
     assert python_command({"PATH": f"{venv}:{other}"}, str(venv / "python3")) == "python"  # python3 -m ...
     assert python_command({"PATH": str(other)}, str(venv / "python")) == str(venv / "python")
     assert python_command({"PATH": ""}, str(venv / "python")) == str(venv / "python")
+    # a folder whose python is another program (Python 2 beside the python3 that ran)
+    (other / "python3").write_text("")
+    assert python_command({"PATH": str(other)}, str(other / "python3")) == str(other / "python3")
     spaced = tmp_path / "my envs" / "bin"
     spaced.mkdir(parents=True)
     assert python_command({"PATH": str(other)}, str(spaced / "python")) == f"'{spaced / 'python'}'"

@@ -535,6 +535,8 @@ def test_a_grid_takes_a_tensor_or_a_generator_as_its_values_and_hints_only_for_o
     """torch.logspace(...) was refused with advice to write [[0.001, ...]] (one point whose value is a
     list), a generator with ["<generator object ...>"]: both are their values now, as a numpy array
     and a range were. The one-value hint is given where one value was written, not for an object."""
+    import itertools
+
     import torch
 
     from common.errors import UsageError
@@ -542,6 +544,8 @@ def test_a_grid_takes_a_tensor_or_a_generator_as_its_values_and_hints_only_for_o
 
     assert grid_space({"lr": torch.tensor([0.5, 0.25])})[1] == ["lr=0.5", "lr=0.25"]
     assert grid_space({"x": (i for i in range(3))})[1] == ["x=0", "x=1", "x=2"]
+    with pytest.raises(UsageError, match="gives more than 1,000,000 values \\(an endless iterator\\?\\)"):
+        grid_space({"x": itertools.count()})  # it used to be refused; it must not hang
     with pytest.raises(UsageError, match=r"got an integer \(3\); write \[3\] for one value$"):
         grid_space({"x": 3})
     with pytest.raises(UsageError, match=r"must be a list of values, got an object \(<object object at .*>\)$"):

@@ -121,8 +121,13 @@ def python_command(environ: Optional[Mapping[str, str]] = None, executable: Opti
     if not executable:
         return "python"
     found = shutil.which("python", path=environ.get("PATH", ""))
-    if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(executable)):
-        return "python"
+    try:  # the same folder (a venv's python is a link to the system's: that alone would not tell them apart)
+        # and the same program (a folder's python may be Python 2 beside the python3 that ran)
+        if found and os.path.dirname(os.path.abspath(found)) == os.path.dirname(os.path.abspath(executable)) \
+                and os.path.samefile(found, executable):
+            return "python"
+    except OSError:
+        pass
     return shlex.quote(executable)
 
 

@@ -99,8 +99,13 @@ def grid_space(grid: Any, repeats: int = 1) -> Tuple[List[Dict[str, Any]], List[
         _check_name(name, "the grid")
         if getattr(values, "ndim", 0) and callable(getattr(values, "tolist", None)):
             values = values.tolist()  # grid={"lr": np.logspace(-4, -1, 4)}, or torch.logspace: its values
-        if isinstance(values, (range, Iterator)):  # range(1, 4), a generator: its values, in order
+        if isinstance(values, range):  # range(1, 4): its numbers, in order
             values = list(values)
+        if isinstance(values, Iterator):  # a generator: its values, in order; an endless one is refused
+            values = list(itertools.islice(values, MAX_ITEMS + 1))
+            if len(values) > MAX_ITEMS:
+                raise UsageError(f"the grid's {name!r} gives more than {MAX_ITEMS:,} values (an endless "
+                                 f"iterator?): give a list")
         if isinstance(values, (set, frozenset)):  # its order, and so the items' order, would change from run to run
             raise UsageError(f"the grid's {name!r} is a set, whose order is not kept from one run to the next: "
                              f"give a list (sorted() of it, for one)")

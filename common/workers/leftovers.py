@@ -26,6 +26,10 @@ import psutil
 PROCESS_GRACE_SECONDS = 2.0
 #: how long threads the items left get to end (an executor's queued work, a last write) at the worker's end
 THREAD_GRACE_SECONDS = 3.0
+#: how long the exit functions get (multiprocessing's waits for each process an item left running).
+#: The worst end, 3 + 2 + 2 (PROCESS_GRACE_SECONDS) + 0.5 s, stays well inside the 10 s after which
+#: the rank kills a worker that has not ended, which would leave what the worker was ending running
+EXIT_FUNCTIONS_SECONDS = 2.0
 
 
 def threads_left() -> List[threading.Thread]:
@@ -39,7 +43,7 @@ def end_worker(note: Callable[[str], None], code: int = 0, grace: float = THREAD
     """End this process as Python's exit would, but bounded: threading's exit hooks (an executor
     runs the work queued in it) and the threads :func:`threads_left` names get ``grace`` seconds
     together, the atexit functions run (the app's too, whenever it registered them) for up to
-    ``grace`` seconds, then the processes it left are ended (:func:`end_processes_left`), and the
+    EXIT_FUNCTIONS_SECONDS, then the processes it left are ended (:func:`end_processes_left`), and the
     process ends with ``code`` whatever threads still run."""
     deadline = time.monotonic() + grace
     hooks = threading.Thread(target=_threading_exit_hooks, name="exit hooks", daemon=True)
@@ -51,9 +55,9 @@ def end_worker(note: Callable[[str], None], code: int = 0, grace: float = THREAD
     # every process an item started and left running (it would wait for ever for a server)
     exits = threading.Thread(target=atexit._run_exitfuncs, name="atexit functions", daemon=True)
     exits.start()
-    exits.join(grace)
+    exits.join(EXIT_FUNCTIONS_SECONDS)
     end_processes_left(note)
-    exits.join(1.0)  # what was waiting for them ends with them (all within the rank's WORKER_KILL_AFTER)
+    exits.join(0.5)  # what was waiting for them ends with them
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:

@@ -454,9 +454,9 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, target, files
 
 
 def test_bad_input_on_two_ranks_is_still_one_line(tmp_path):
-    write(tmp_path / "g.json", {"x": {"uniform": [0, 1]}})
+    write(tmp_path / "g.json", {"x": [1], "y": 3})
     result = sweep("sweep_functions:noisy", tmp_path / "results", "--grid", str(tmp_path / "g.json"), ranks=2)
-    assert_usage_error(result, "'x' must be a list")
+    assert_usage_error(result, "'y' must be a list")
     assert not (tmp_path / "results").exists()
 
 

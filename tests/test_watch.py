@@ -453,3 +453,24 @@ def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
         there = datetime.datetime.fromtimestamp(now - 101.0, zone).isoformat(timespec="seconds")
         (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4, "started": there}))
         assert ", ran 1m10s\n" in describe(tmp_path, state, JournalCounts(tmp_path / "journal.jsonl"), now), there
+
+
+def test_the_status_file_is_rewritten_soon_after_the_start_then_every_period(tmp_path, monkeypatch):
+    """It was written at the start and then every 5 s: seconds into a run the status command showed
+    the start's snapshot (workers "starting", nothing running) beside the journal's first results.
+    The first rewrites now come after 0.5, 1, 2 and 4 s, then every period."""
+    import types
+
+    from common.results import status_file as module
+
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    writer = module.StatusWriter(tmp_path, app="toy", command="python toy", layout=[{"rank": 0, "host": "h"}],
+                                 items_total=1, items_resumed=0, started_at=0.0, pool=None, monitor=None, every=5.0)
+    written = []
+    monkeypatch.setattr(writer, "write", lambda leader, state: written.append(round(clock[0] - 1000.0, 1)))
+    leader = types.SimpleNamespace(stopping=None)
+    for tenth in range(300):  # the loop's ticks, every 0.1 s for 30 s
+        clock[0] = 1000.0 + tenth / 10
+        writer.tick(leader)
+    assert written == [0.0, 0.5, 1.5, 3.5, 7.5, 12.5, 17.5, 22.5, 27.5], written

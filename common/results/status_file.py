@@ -26,6 +26,10 @@ STATUS_SECONDS = float(settings.STATUS_SECONDS.default)  # type: ignore[arg-type
 RATE_WINDOW_SECONDS = 300.0
 #: failures listed in the file (the count is always complete)
 MAX_FAILURES_LISTED = 20
+#: the first rewrites come sooner (after 0.5, 1, 2, 4 s, up to every STATUS_SECONDS): seconds into a
+#: run, the status command showed the start's snapshot (workers "starting", nothing running) beside
+#: the journal's results
+FIRST_REFRESH_SECONDS = 0.5
 
 
 def status_seconds() -> float:
@@ -90,6 +94,7 @@ class StatusWriter:
         # (time, items done this run) over the rate window
         self.done: Deque[Tuple[float, int]] = deque([(started_at, 0)])
         self._next = 0.0
+        self._gap = FIRST_REFRESH_SECONDS  # doubled after each rewrite, up to every
 
     def absorb(self, rank: int, snapshot: Dict[str, Any]) -> None:
         """A follower's snapshot (its "status" message)."""
@@ -100,7 +105,8 @@ class StatusWriter:
         """From rank 0's loop: rewrite the file when it is due."""
         now = time.monotonic()
         if now >= self._next:
-            self._next = now + self.every
+            self._next = now + min(self._gap, self.every)
+            self._gap *= 2
             self.write(leader, "stopping" if leader.stopping else "running")
 
     def write(self, leader: Any, state: str) -> None:

@@ -502,6 +502,10 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
     assert checked_result("k", {"n": 2 ** 1024 - 2 ** 970 - 1}) == {"n": 2 ** 1024 - 2 ** 970 - 1}
     with pytest.raises(TypeError, match="an integer of about 5001 digits"):
         checked_result("k", {"n": [10 ** 5000]})
+    with pytest.raises(TypeError, match=r"returned the names 1 and '1', which are one name in JSON \('1'\)"):
+        checked_result("k", {1: 2.0, "1": 3.0})  # one of them was silently lost
+    with pytest.raises(TypeError, match=r"returned the names True and 'true'"):
+        checked_result("k", {True: 1, "true": 2})
     with pytest.raises(TypeError, match="not JSON at .*a longdouble"):  # its item() is numpy's again: no recursion
         checked_result("k", {"loss": np.longdouble(0.5)})
     # numpy's NaN as Python's: None, as a resume reads it back from the journal (it was NaN, then None)

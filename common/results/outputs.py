@@ -104,7 +104,7 @@ def atomic_write_text(path: Path, text: str, *, parents: bool = True) -> None:
     atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"), parents=parents)
 
 
-def _json_key(key: Any) -> str:
+def json_key(key: Any) -> str:
     """A key as json spells it (true, false, null; a number's repr), anything else as str()."""
     if type(key) is str:
         return key
@@ -121,7 +121,7 @@ def to_jsonable(value: Any) -> Any:
     if kind is float:
         return None if value != value else value  # NaN is not JSON
     if isinstance(value, dict):
-        return {_json_key(k): to_jsonable(v) for k, v in value.items()}
+        return {json_key(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
     np = sys.modules.get("numpy")  # a numpy value exists only where numpy was imported: never imported here

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from common.argtypes import at_least
-from common.results.outputs import to_jsonable
+from common.results.outputs import json_key, to_jsonable
 
 from ..app import App, RunInfo
 from ..errors import UsageError, kind_of, quoted
@@ -453,6 +453,13 @@ def checked_result(key: str, result: Any) -> Dict[str, Any]:
     if not isinstance(result, Mapping):
         raise TypeError(f"item {key} returned a {type(result).__name__}, not a dict of JSON values")
     plain = to_jsonable(dict(result))
+    if len(plain) != len(result):  # two names one in JSON ({1: ..., "1": ...}): the later replaced the earlier
+        names: Dict[str, List[Any]] = {}
+        for name in result:
+            names.setdefault(json_key(name), []).append(name)
+        first, second = next(found for found in names.values() if len(found) > 1)[:2]
+        raise TypeError(f"item {key} returned the names {first!r} and {second!r}, which are one name in JSON "
+                        f"({json_key(first)!r}): one value would silently replace the other")
     where = _not_json(plain)
     if where is not None:
         path, value = where

@@ -220,8 +220,9 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     counted = int(status.get("items_done") or 0)
     # the journal may be a moment ahead of the status file; of a killed job it is what survived (results
     # still waiting for their batch's write when it was killed run again on resume)
-    done = len(journal.done) if lost and journal.header is not None else max(counted, len(journal.done))
-    unsaved = counted - done if lost and journal.header is not None and counted > done else 0
+    survived = lost and journal.header is not None
+    done = len(journal.done) if survived else max(counted, len(journal.done))
+    unsaved = max(0, counted - done) if survived else 0
     done = min(done, total) if total else done
     failed = max(int(status.get("items_failed") or 0), len(journal.failed))
     share = f" ({100.0 * done / total:.1f}%)" if total else ""
@@ -244,7 +245,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
                      f"mean rate {_number(mean, ' items/s', 3)}, no ETA (the job is not running)")
     else:
         eta = status.get("eta_seconds")
-        if not rate and done > int(status.get("items_done") or 0):  # the file's rate is from before these
+        if not rate and done > counted:  # the file's rate is from before these
             rate = None
         lines.append(f"rate     {_number(rate, ' items/s', 3)}, ETA {format_seconds(eta)}; "
                      f"started {_when(status.get('started'))}, {format_seconds(elapsed)} ago")

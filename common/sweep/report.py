@@ -45,6 +45,11 @@ LOG_SPAN = 100.0
 _ABSENT = object()
 
 
+def _number(value: Any) -> bool:
+    """An int or a float (NaN too), not a bool: what --minimise may name."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, bool, int, float))
 
@@ -274,13 +279,13 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
     if plan.metric and not ranked:
         dicts = [returned for returned in returns if isinstance(returned, dict)]
-        numbers = _names(dicts, lambda value: isinstance(value, (int, float)) and not isinstance(value, bool))
+        numbers = _names(dicts, _number)
         shown = ", ".join(map(repr, numbers[:NAMES_SHOWN])) + (f" and {len(numbers) - NAMES_SHOWN} more"
                                                                if len(numbers) > NAMES_SHOWN else "")
         returned = f"the function returned numbers named {shown}" if numbers else \
             "the function returned no named numbers"
         given = next((entry[plan.metric] for entry in dicts if plan.metric in entry), _ABSENT)
-        if given is not _ABSENT and not (isinstance(given, (int, float)) and not isinstance(given, bool)):
+        if given is not _ABSENT and not _number(given):
             returned = f"it returned {plan.metric!r} as {kind_of(given)}; {returned}"
         sweep["note"] = f"no result holds a finite number named {plan.metric!r} ({returned})"
     elif plan.metric:  # points none of whose repeats returned a finite metric: in results.csv, not ranked

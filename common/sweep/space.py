@@ -206,19 +206,18 @@ def sample_points(space: Any, samples: int, seed: int) -> List[Dict[str, Any]]:
     stream (``seed``, i, the parameter's name), so asking for more samples keeps the first ones,
     and adding a parameter leaves the others' values as they were."""
     checked = check_space(space)
-    tags: Dict[int, str] = {}
-    for name in checked:  # two names of one stream would draw the same numbers: rare, but never silent
-        tag = zlib.crc32(name.encode("utf-8"))
-        if tag in tags:
-            raise UsageError(f"the space's {tags[tag]!r} and {name!r} would draw the same random numbers (their "
+    tags = {name: zlib.crc32(name.encode("utf-8")) for name in checked}  # each parameter's stream
+    named: Dict[int, str] = {}
+    for name, tag in tags.items():  # two names of one stream would draw the same numbers: rare, but never silent
+        if tag in named:
+            raise UsageError(f"the space's {named[tag]!r} and {name!r} would draw the same random numbers (their "
                              f"names have the same CRC-32, which picks each parameter's stream): rename one")
-        tags[tag] = name
+        named[tag] = name
     points = []
     for index in range(samples):
         point = {}
         for name, (kind, arguments) in checked.items():
-            rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(
-                _SAMPLE_TAG, index, zlib.crc32(name.encode("utf-8")))))
+            rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(_SAMPLE_TAG, index, tags[name])))
             if kind == "uniform":
                 point[name] = float(rng.uniform(*arguments))
             elif kind == "loguniform":

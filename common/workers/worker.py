@@ -405,8 +405,9 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
             state = app.setup_worker(device)
             _set_threads(threads)
         except (Exception, SystemExit) as error:  # sys.exit() in the app's setup too: said as an item's would be
-            log.error("setup failed:\n%s", capped(traceback.format_exc()))
-            conn.send(SetupFailed(described(error), capped(traceback.format_exc())))
+            trace = capped(traceback.format_exc())
+            log.error("setup failed:\n%s", trace)
+            conn.send(SetupFailed(described(error), trace))
             return
         conn.send(Ready())
         while True:

@@ -7,6 +7,7 @@ The parent never initialises CUDA: GPUs are counted from ``CUDA_VISIBLE_DEVICES`
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -74,12 +75,42 @@ def visible_gpus() -> List[str]:
     """Physical ids of the GPUs this process may use, found without initialising CUDA."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
-        ids = [part.strip() for part in env.split(",") if part.strip()]
-        # "-1" or "" (as Slurm and users write it) means: no GPU.
-        return [] if not ids or ids[0] in ("-1", "none", "NoDevFiles") else ids
+        return cuda_visible_devices(env)
     if slurm_gave_no_gpu():
         return []
     return node_gpus()
+
+
+def cuda_visible_devices(value: str) -> List[str]:
+    """The GPUs a CUDA_VISIBLE_DEVICES value gives, read by CUDA's rules (as torch's
+    ``_parse_visible_devices`` copies them), so that workers are pinned to the GPUs CUDA would show:
+    each entry read like ``strtoul`` (``1gpu`` is 1); a negative or unreadable entry ends the list
+    (``-1``, ``""``, ``NoDevFiles``: no GPU; ``0,-1,1``: GPU 0 only); a list of UUIDs ends at the
+    first entry without the first one's ``GPU-``/``MIG-`` prefix; a repeated entry gives no GPU."""
+    entries = [entry.strip() for entry in value.split(",")]
+    prefix = next((p for p in ("GPU-", "MIG-") if entries[0].startswith(p)), None)
+    gpus: List[str] = []
+    for entry in entries:
+        if prefix is None:
+            number = re.match(r"[+-]?[0-9]+", entry)
+            if number is None or int(number.group()) < 0:
+                break
+            entry = str(int(number.group()))
+        elif not entry.startswith(prefix):
+            break
+        if entry in gpus:
+            return []
+        gpus.append(entry)
+    return gpus
+
+
+def cuda_variable_hides_gpus() -> str:
+    """`` (CUDA_VISIBLE_DEVICES=...)`` where that variable is set to something other than the usual
+    ways of saying "none" (a repeated or malformed entry hides every GPU from CUDA), else ``""``."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None or value.strip() in ("", "-1", "none", "NoDevFiles"):
+        return ""
+    return f" (CUDA_VISIBLE_DEVICES={value!r} gives CUDA none: a repeated or malformed entry?)"
 
 
 def node_gpus() -> List[str]:
@@ -151,8 +182,9 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
                          f"({given}) but set no CUDA_VISIBLE_DEVICES (gres.conf Flags=no_gpu_env?): set it in "
                          f"the job script to those GPUs as CUDA numbers them here (and run through srun on the "
                          f"job's nodes), or use --gpu cpu")
+    hidden = cuda_variable_hides_gpus() if not gpus else ""
     if indexes == [0] and spec is None and not gpus:
-        indexes, notice = None, "no GPU found: running on CPU (use --gpu cpu to silence this)"
+        indexes, notice = None, f"no GPU found{hidden}: running on CPU (use --gpu cpu to silence this)"
     if indexes is None:
         check_workers_per_gpu(spec, per_gpu)
         return [Device("cpu", i) for i in range(workers)], notice
@@ -161,7 +193,7 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
                          "(CUDA_VISIBLE_DEVICES is unset); ask for them with --gpus-per-node or --gres=gpu:N, "
                          "set CUDA_VISIBLE_DEVICES where whole nodes come without GPU resources, or use --gpu cpu")
     if not gpus:
-        raise UsageError(f"--gpu {spec}: this node ({os.uname().nodename}) has no GPU; use --gpu cpu")
+        raise UsageError(f"--gpu {spec}: this node ({os.uname().nodename}) has no GPU{hidden}; use --gpu cpu")
     if indexes == []:
         indexes = list(range(len(gpus)))
     missing = [i for i in indexes if i >= len(gpus)]

@@ -12,6 +12,26 @@ def test_cuda_visible_devices_names_the_gpus(monkeypatch, value, gpus):
     assert visible_gpus() == gpus
 
 
+@pytest.mark.parametrize("value, gpus", [("0,-1,1", ["0"]), ("0,,1", ["0"]), ("0,0", []), ("1gpu,2ampere", ["1", "2"]),
+                                         ("+3", ["3"]), ("GPU-8932f937,1", ["GPU-8932f937"]), ("MIG-a,MIG-a", []),
+                                         ("none", [])])
+def test_cuda_visible_devices_is_read_by_cudas_rules(monkeypatch, value, gpus):
+    """As torch 2.7.1's ``_parse_visible_devices`` copies CUDA: a negative or unreadable entry ends the
+    list, a repeated one hides every GPU, an entry is read like strtoul, UUIDs end at the first entry
+    without their prefix. Workers are pinned to the GPUs CUDA itself would show, no others."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    assert visible_gpus() == gpus
+
+
+def test_a_cuda_variable_that_hides_every_gpu_is_named_when_no_gpu_is_found(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,0")
+    assert "CUDA_VISIBLE_DEVICES='0,0' gives CUDA none" in resolve_devices(None, 1)[1]
+    with pytest.raises(UsageError, match=r"has no GPU \(CUDA_VISIBLE_DEVICES='0,0' gives CUDA none"):
+        resolve_devices("all", 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")  # the usual "none": nothing to explain
+    assert resolve_devices(None, 1)[1] == "no GPU found: running on CPU (use --gpu cpu to silence this)"
+
+
 def test_gpu_all_gives_one_worker_per_visible_gpu_numbered_as_the_user_sees_them():
     devices, notice = resolve_devices("all", 1, gpus=["5", "7"])
     assert devices == [Device("cuda", 0, "5"), Device("cuda", 1, "7")] and notice is None

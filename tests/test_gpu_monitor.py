@@ -1,8 +1,8 @@
 """The GPU monitor: naming a GPU to NVML, sampling it over time, the usage report and figure.
 
-NVML needs an NVIDIA driver, which this machine lacks; ``FakeNvml`` answers the few NVML calls
-``nvml_handle`` makes, as the driver would for two GPUs, and ``tests/fake_nvml/pynvml.py`` stands in
-for the whole ``pynvml`` module (the monitor imports it as it would the real one).
+NVML needs an NVIDIA driver, which this machine lacks; ``tests/fake_nvml/pynvml.py`` stands in for
+the ``pynvml`` module (the monitor imports it as it would the real one), with nvidia-ml-py's
+signatures, errors and ``str`` UUIDs.
 """
 import csv
 import importlib.util
@@ -20,35 +20,28 @@ from common.observe.gpu_usage import write_gpu_usage
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml" / "pynvml.py"
 
 
-class FakeNvml:
-    UUIDS = ["GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "GPU-1c2d3e4f-0000-1111-2222-333344445555"]
-
-    def nvmlDeviceGetCount(self):
-        return len(self.UUIDS)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        if not 0 <= index < len(self.UUIDS):
-            raise RuntimeError("NVML_ERROR_INVALID_ARGUMENT")
-        return f"handle-{index}"
-
-    def nvmlDeviceGetHandleByUUID(self, uuid):
-        if uuid not in self.UUIDS:  # NVML wants the whole UUID
-            raise RuntimeError("NVML_ERROR_NOT_FOUND")
-        return f"handle-{self.UUIDS.index(uuid)}"
-
-    def nvmlDeviceGetUUID(self, handle):
-        return self.UUIDS[int(handle.split("-")[1])].encode()  # older bindings give bytes
+def nvml_of_two_gpus(monkeypatch):
+    """The faithful stand-in for pynvml (its errors, ``str`` UUIDs), with two GPUs, initialised."""
+    monkeypatch.setenv("FAKE_NVML_GPUS", "2")
+    spec = importlib.util.spec_from_file_location("fake_pynvml", FAKE_NVML)
+    nvml = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nvml)
+    nvml.nvmlInit()
+    return nvml
 
 
-@pytest.mark.parametrize("ident, handle", [("1", "handle-1"), (FakeNvml.UUIDS[1], "handle-1"),
-                                           ("GPU-8932f937", "handle-0"), ("GPU-1c2d", "handle-1")])
-def test_a_gpu_is_found_by_index_uuid_or_the_uuid_prefix_cuda_accepts(ident, handle):
-    assert nvml_handle(FakeNvml(), ident) == handle
+@pytest.mark.parametrize("ident, handle", [("1", "handle-1"), ("GPU-00000001-fa4e-4000-8000-000000000001", "handle-1"),
+                                           ("GPU-00000000", "handle-0"), ("GPU-00000001-fa4e", "handle-1")])
+def test_a_gpu_is_found_by_index_uuid_or_the_uuid_prefix_cuda_accepts(monkeypatch, ident, handle):
+    assert nvml_handle(nvml_of_two_gpus(monkeypatch), ident) == handle
 
 
-def test_an_unknown_uuid_is_not_matched():
+def test_an_unknown_uuid_or_index_is_not_matched(monkeypatch):
+    nvml = nvml_of_two_gpus(monkeypatch)
     with pytest.raises(LookupError):
-        nvml_handle(FakeNvml(), "GPU-ffff")
+        nvml_handle(nvml, "GPU-ffff")
+    with pytest.raises(nvml.NVMLError_InvalidArgument):
+        nvml_handle(nvml, "2")
 
 
 def sample(util, memory, temperature=None, power=None, at=0.0):

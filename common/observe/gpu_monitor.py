@@ -226,7 +226,7 @@ def nvml_handle(nvml: Any, ident: str) -> Any:
         return nvml.nvmlDeviceGetHandleByIndex(int(ident))
     try:
         return nvml.nvmlDeviceGetHandleByUUID(ident)
-    except Exception:
+    except nvml.NVMLError:  # not a whole UUID (NVML_ERROR_NOT_FOUND): try it as a prefix
         pass
     for index in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)

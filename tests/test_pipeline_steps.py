@@ -47,13 +47,24 @@ def test_a_failing_step_runs_its_on_fail_and_conditions_hold(tmp_path):
     assert result["status"] == "ok" and result["order"] == ["train", "train-retry", "evaluate", "only-if-ok"]
     assert (layout.shared / "metrics.txt").read_text() == "small-batch\n"
     train = json.loads(layout.status_path("train").read_text())
-    assert (train["status"], train["exit_code"], train["attempts"], train["reason"]) == ("failed", 7, 1, "exit code 7")
+    assert (train["status"], train["exit_code"], train["attempts"], train["reason"]) == ("failed", 7, 1, "exit code 7 (stderr: out of memory)")
     assert "out of memory" in (layout.step_dir("train") / "stderr.log").read_text()
     for step in ("train", "train-retry", "cleanup-on-error", "evaluate", "only-if-ok"):
         status = json.loads(layout.status_path(step).read_text())
         assert set(status) >= {"status", "exit_code", "attempts", "started", "ended", "gpu"}
     skipped = json.loads(layout.status_path("cleanup-on-error").read_text())
     assert skipped["status"] == "skipped" and "prev.error" in skipped["reason"]
+
+
+def test_a_failed_attempts_reason_gives_the_last_line_it_wrote_to_stderr_not_an_earlier_ones(tmp_path):
+    """apptainer's "FATAL: ..." or a traceback's error, in summary.md without opening stderr.log;
+    a retry that says nothing is not given the first attempt's words."""
+    step = ('n=$(cat "$PIPELINE_SHARED/n" 2>/dev/null || echo 0); echo $((n + 1)) > "$PIPELINE_SHARED/n"; '
+            'if [ $n = 0 ]; then printf "Traceback\\n  line\\nValueError: bad batch\\n\\n" >&2; exit 1; fi; exit 2')
+    result, layout = run_pipeline(tmp_path, [{"id": "train", "command": step, "max_retries": 1}])
+    assert result["reason"] == "step 'train' failed: exit code 2"
+    history = json.loads(layout.status_path("train").read_text())["history"]
+    assert [attempt["reason"] for attempt in history] == ["exit code 1 (stderr: ValueError: bad batch)", "exit code 2"]
 
 
 def test_a_failure_without_on_fail_fails_the_pipeline_and_only_error_steps_run(tmp_path):

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from common.errors import error_line
 from common.linux import die_with_parent
 from common.results.layout import STEP_STDERR, STEP_STDOUT
 from common.results.regular_file import refuse_unless_regular
@@ -178,6 +179,24 @@ def _open_log(path: Path, attempt: int):
     return handle
 
 
+#: how much of the end of an attempt's stderr is read for its last line
+STDERR_TAIL_BYTES = 4096
+
+
+def last_line(path: Path, offset: int) -> str:
+    """The last non-empty line written to ``path`` after ``offset`` (this attempt's part of the
+    log), at most MAX_LINE_CHARS; "" for none."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(offset, size - STDERR_TAIL_BYTES))
+            tail = handle.read(STDERR_TAIL_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return error_line(lines[-1]) if lines else ""
+
+
 def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, attempt: int = 1,
                 timeout: Optional[float] = None, memory: Optional[int] = None,
                 stop_at: Optional[float] = None, stdin: Optional[Path] = None) -> Attempt:
@@ -190,7 +209,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
     proctree.become_subreaper()  # orphans of the step (setsid and a double fork) become our children
     with _open_log(step_dir / STEP_STDOUT, attempt) as out, _open_log(step_dir / STEP_STDERR, attempt) as err, \
             (open(stdin, "rb") if stdin is not None else open(os.devnull, "rb")) as given:
-        offset = out.tell()
+        offset, err_offset = out.tell(), err.tell()
         started, clock = time.time(), time.monotonic()
         try:
             if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:  # as Popen would say
@@ -245,4 +264,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
             status = "failed"
             reason = (f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
                       else f"exit code {code}")
+            said = last_line(step_dir / STEP_STDERR, err_offset)
+            if said:  # what the program said last (apptainer's "FATAL: ...", a traceback's error)
+                reason += f" (stderr: {said})"
     return Attempt(status, code, started, ended, reason, peak, stdout_offset=offset)

@@ -209,6 +209,42 @@ def test_dry_run_plans_the_document_definitions(tmp_path, image, monkeypatch):
     assert not results.exists()
 
 
+def test_a_dry_run_names_mount_folders_missing_on_this_node(tmp_path, image, monkeypatch):
+    """apptainer refuses to start a step whose bind source is missing (exit 255): the plan says so
+    before the run, for the folders that are missing only."""
+    apptainer = tmp_path / "apptainer"
+    apptainer.write_text("#!/bin/sh\nexit 1\n")
+    apptainer.chmod(0o755)
+    monkeypatch.setenv("PIPELINE_APPTAINER", str(apptainer))
+    here, gone = tmp_path / "data", tmp_path / "gone"
+    here.mkdir()
+    definition = tmp_path / "p.json"
+    definition.write_text(json.dumps({"name": "p", "container": str(image), "steps": [
+        {"id": "a", "command": "true", "mounts": [{"host_path": str(here), "container_path": "/data"},
+                                                 {"host_path": str(gone), "container_path": "/gone"}]}]}))
+    proc = run(pipeline_cli(definition, tmp_path / "results", "--dry-run"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"Not on this node ({os.uname().nodename}): {gone}; a step that mounts one fails" in proc.stdout
+    gone.mkdir()
+    assert "Not on this node" not in run(pipeline_cli(definition, tmp_path / "results", "--dry-run")).stdout
+
+
+@pytest.mark.parametrize("separator", [":", ","])
+def test_a_results_folder_apptainer_cannot_bind_is_refused_before_the_run(tmp_path, image, monkeypatch, separator):
+    apptainer = tmp_path / "apptainer"
+    apptainer.write_text("#!/bin/sh\nexit 1\n")
+    apptainer.chmod(0o755)
+    monkeypatch.setenv("PIPELINE_APPTAINER", str(apptainer))
+    definition = tmp_path / "p.json"
+    definition.write_text(json.dumps({"name": "p", "container": str(image), "steps": [{"id": "a", "command": "true"}]}))
+    results = tmp_path / f"run{separator}1"
+    assert_usage_error(run(pipeline_cli(definition, results)), f"--results {results}: a step runs in a container",
+                       "as separators")
+    assert not results.exists()
+    definition.write_text(json.dumps({"name": "p", "steps": [{"id": "a", "command": "true"}]}))  # no container: fine
+    assert run(pipeline_cli(definition, results)).returncode == 0
+
+
 # ----- run as written: the stand-in apptainer binds for real -----
 def test_the_training_pipeline_runs_as_written(sandbox, tmp_path):
     host_data = dataset(tmp_path)

@@ -177,6 +177,9 @@ class PipelineApp(App):
         self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
         self.agent = agent_command(self.args.agent, os.environ, self.pipelines, shown_path(self.args.definition))
         self.results = Path(self.args.results).absolute()
+        if any(s.container for p in self.pipelines for s in p.steps) and any(c in str(self.results) for c in ":,"):
+            raise UsageError(f"--results {self.results}: a step runs in a container, and apptainer's --bind would read "
+                             "the ':' or ',' in this path as separators; choose a results folder without them")
         self.definition_dir = Path(self.args.definition).absolute().parent
         self.explicit_gpu_pool = GPU_POOL in self.capacities
         uses_slots = self.explicit_gpu_pool or any(device.is_gpu for device in self.devices)  # as setup_worker

@@ -2,6 +2,7 @@
 plan that ``--dry-run`` prints."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -139,4 +140,8 @@ def plan_text(pipelines: List[Pipeline], capacities: Mapping[str, Any], queue_ti
                                                                                              else "") for m in step.mounts))
             lines.append(f"  {number}. {step.id}: " + "; ".join(parts))
         lines.append("")
+    missing = sorted({m.host_path for p in pipelines for s in p.steps for m in s.mounts if not os.path.exists(m.host_path)})
+    if missing:  # apptainer refuses to start a step whose bind source is missing (exit 255)
+        lines += [f"Not on this node ({os.uname().nodename}): {', '.join(missing)}; a step that mounts "
+                  "one fails where it is missing.", ""]
     return "\n".join(lines)

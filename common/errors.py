@@ -116,6 +116,26 @@ _REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 2, 3, 3, 3
 _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 40, 40, 40
 
 
+def as_written(value: Any, limit: int = 60) -> str:
+    """``short``, with a JSON or YAML file's own spelling of its literals (``true``, ``false``,
+    ``null``): for the values of a definition a user wrote, not of Python."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return short(value, limit)
+
+
+#: JSON's names for the types a parsed JSON or YAML document holds
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
+
+
+def json_type(value: Any) -> str:
+    """"an object", "an array", "null", ...: what a value of a JSON or YAML document is."""
+    return JSON_TYPES.get(type(value), type(value).__name__)
+
+
 def short(value: Any, limit: int = 60) -> str:
     """A ``repr`` of ``value`` of about ``limit`` characters at most, on one line."""
     if isinstance(value, str):

@@ -63,7 +63,7 @@ def read_text(path: Path, limit: int, shown: str, what: str) -> str:
     finally:
         os.close(fd)
     try:
-        return b"".join(chunks).decode("utf-8")
+        return b"".join(chunks).decode("utf-8").removeprefix("\ufeff")  # a byte-order mark some editors write
     except UnicodeDecodeError as error:
         raise UsageError(f"{shown}: not UTF-8 text ({error.reason} at byte {error.start})") from None
 

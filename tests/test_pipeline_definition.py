@@ -75,7 +75,11 @@ BAD = {
     "negative timeout": (pipeline(step("a", timeout=-5)), ["timeout must be a positive number of seconds", "got -5"]),
     "zero timeout": (pipeline(step("a", timeout=0)), ["timeout must be a positive number", "got 0"]),
     "non-numeric timeout": (pipeline(step("a", timeout="10s")), ["timeout must be a positive number of seconds", "got '10s'"]),
-    "boolean timeout": (pipeline(step("a", timeout=True)), ["timeout must be a positive number of seconds", "got True"]),
+    "boolean timeout": (pipeline(step("a", timeout=True)), ["timeout must be a positive number of seconds", "got true"]),
+    "null condition (JSON's spelling in the message)": (pipeline(step("a", condition=None)), ["condition must be one of", "got null"]),
+    "a step that is an array": (pipeline(["a"]), ["a step must be an object", "got an array"]),
+    "memory without a unit": (pipeline(step("a", memory=16)), ["memory must be at least 1 MiB, got 16, which is 16 bytes",
+                                                                "write '16g' for 16 GiB"]),
     "negative deadline": (pipeline(step("a"), deadline_seconds=-1), ["deadline_seconds must be a positive number"]),
     "bad memory unit": (pipeline(step("a", memory="16x")), ["memory must be a size such as '16g'", "'16x'"]),
     "memory in words": (pipeline(step("a", memory="lots")), ["memory must be a size"]),
@@ -159,8 +163,8 @@ def test_memory_sizes():
     assert parse_memory("512m") == 512 * 1024 ** 2
     assert parse_memory("1.5GiB") == int(1.5 * 1024 ** 3)
     assert parse_memory("100 MB") == 100 * 1024 ** 2
-    assert parse_memory(4096) == 4096
-    for bad in ("16x", "g", "", "-1g", "0", True):
+    assert parse_memory(4 * 2 ** 20) == 4 * 2 ** 20  # a number without a unit is bytes, as Docker's --memory
+    for bad in ("16x", "g", "", "-1g", "0", True, 16, "16", "512k"):
         with pytest.raises(ValueError):
             parse_memory(bad)
 
@@ -193,6 +197,21 @@ def test_yaml_definitions(tmp_path):
     definition.write_text("name: y\nsteps: [\n")
     with pytest.raises(UsageError, match="not valid YAML"):
         load_definition(definition)
+
+
+def test_a_byte_order_mark_is_read_past_and_a_pasted_call_is_named(tmp_path):
+    """Editors on Windows start UTF-8 files with a byte-order mark: JSON and YAML are read past it.
+    The format document's ``pipeline(definition='...')`` pasted whole is not JSON: the line says
+    what to keep."""
+    for name, text in (("p.json", json.dumps(pipeline(step("a")))), ("p.yaml", "name: p\nsteps:\n  - id: a\n    command: 'true'\n")):
+        definition = tmp_path / name
+        definition.write_bytes(b"\xef\xbb\xbf" + text.encode())
+        assert [p.name for p in load_definition(definition)] == ["p"]
+    pasted = tmp_path / "pasted.json"
+    pasted.write_text(f"pipeline(definition='{json.dumps(pipeline(step('a')))}')")
+    with pytest.raises(UsageError, match=r"not valid JSON: .*\(this is a pipeline\(\.\.\.\) or par\(\.\.\.\) call: keep "
+                                         r"only the JSON between its quotes\)"):
+        load_definition(pasted)
 
 
 def test_the_shipped_examples_are_valid():

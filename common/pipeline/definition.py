@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import userfile
-from ..errors import UsageError, quoted, short
+from ..errors import UsageError, as_written, quoted
 from .loops import unbounded_cycle
 from .schema import (
     CONDITIONS,
@@ -222,7 +222,7 @@ def _number(data: Mapping[str, Any], name: str, where: _Where, default: Optional
     if value is None:
         return default
     if not math.isfinite(value):
-        raise where.error(f"{name} must be a finite number, got {short(value)}")
+        raise where.error(f"{name} must be a finite number, got {as_written(value)}")
     return float(value)
 
 
@@ -256,7 +256,7 @@ def resolve_image(value: str, base: Path) -> str:
     path = Path(value).expanduser()
     path = path if path.is_absolute() else base / path
     if not path.is_file():
-        raise ValueError(f"container image {short(value)} does not exist (looked for {short(str(path), 200)})")
+        raise ValueError(f"container image {as_written(value)} does not exist (looked for {as_written(str(path), 200)})")
     return str(path.resolve())
 
 
@@ -276,18 +276,18 @@ def _mounts(value: Any, base: Path, where: _Where) -> Tuple[Mount, ...]:
         for what, path in (("host_path", host), ("container_path", inside)):
             if ":" in path or "," in path:  # apptainer's --bind reads SRC:DST:OPTS, and a comma as the next bind
                 raise where.error(f"mount {what} must be a path without ':' or ',' (apptainer's --bind separators), "
-                                  f"got {short(path)}")
+                                  f"got {as_written(path)}")
         normal = os.path.normpath(inside)
         normal = "/" + normal.lstrip("/") if normal.startswith("/") else normal  # POSIX keeps "//shared" apart
         if normal == SHARED_IN_CONTAINER or normal.startswith(SHARED_IN_CONTAINER + "/"):
-            raise where.error(f"mount container_path {short(inside)}: {SHARED_IN_CONTAINER} is where the pipeline's "
+            raise where.error(f"mount container_path {as_written(inside)}: {SHARED_IN_CONTAINER} is where the pipeline's "
                               "shared folder is bound; mount elsewhere")
         if any(os.path.normpath(m.container_path) == normal for m in mounts):
-            raise where.error(f"two mounts at container_path {short(inside)}")
+            raise where.error(f"two mounts at container_path {as_written(inside)}")
         host_path = Path(host).expanduser()
         host_path = host_path if host_path.is_absolute() else base / host_path
         if ":" in str(host_path) or "," in str(host_path):  # from the definition's folder or the home folder
-            raise where.error(f"mount host_path {short(host)} is {short(str(host_path))}, whose ':' or ',' apptainer's "
+            raise where.error(f"mount host_path {as_written(host)} is {as_written(str(host_path))}, whose ':' or ',' apptainer's "
                               f"--bind would read as separators; move the folder or give another path")
         mounts.append(Mount(str(host_path), inside, entry.get("readonly", False)))
     return tuple(mounts)
@@ -299,7 +299,7 @@ def _tools(value: Any, where: _Where) -> Tuple[str, ...]:
     names = [name.strip() for name in (value.split(",") if isinstance(value, str) else value or ())]
     for number, name in enumerate(names):
         if name in names[:number]:
-            raise where.error(f"tools lists {short(name)} twice")
+            raise where.error(f"tools lists {as_written(name)} twice")
     return tuple(names)
 
 
@@ -361,7 +361,7 @@ def _pipeline(data: Any, base: Path, where: _Where, matrix: Dict[str, str],
             target = getattr(step, edge)
             if target is not None and target not in seen:
                 hint = did_you_mean(target, sorted(seen))
-                raise _Where(where.source, name, step.id).error(f"{edge} names a missing step {short(target)}{hint}")
+                raise _Where(where.source, name, step.id).error(f"{edge} names a missing step {as_written(target)}{hint}")
     pipeline = Pipeline(name=name, steps=tuple(steps), deadline_seconds=_number(data, "deadline_seconds", where),
                         budget=_number(data, "budget", where), matrix=matrix)
     cycle = unbounded_cycle(pipeline)
@@ -414,7 +414,13 @@ def _read(path: Path) -> Any:
         raise UsageError(f"{shown}: no such pipeline definition") from None
     except OSError as error:
         raise UsageError(f"{shown}: cannot read: {error}") from None
-    return userfile.parse(text, path, shown)
+    try:
+        return userfile.parse(text, path, shown)
+    except UsageError as error:
+        if re.match(r"\s*(pipeline|par)\s*\(", text):  # the format document's call, pasted whole
+            raise UsageError(f"{error} (this is a pipeline(...) or par(...) call: keep only the JSON between "
+                             "its quotes)") from None
+        raise
 
 
 def _file_image(data: Mapping[str, Any], base: Path, where: _Where, default_image: Optional[str]) -> Optional[str]:
@@ -439,7 +445,7 @@ def _tasks(data: Any, where: _Where, base: Path, default_image: Optional[str]) -
     if isinstance(data, dict):
         extra = [key for key in data if key not in ("tasks", "container")]
         if extra:
-            raise where.error(f"unknown field {short(extra[0])} in the file (it holds 'tasks')"
+            raise where.error(f"unknown field {as_written(extra[0])} in the file (it holds 'tasks')"
                               f"{did_you_mean(str(extra[0]), ['tasks', 'container'])}")
         default_image = _file_image(data, base, where, default_image)
         data = data["tasks"]
@@ -452,7 +458,7 @@ def _tasks(data: Any, where: _Where, base: Path, default_image: Optional[str]) -
         name = _task_name(task, number, len(data))
         task_where = _Where(where.source, name, task=True)
         if not isinstance(task, dict):
-            raise _Where(where.source, f"#{number}", task=True).error(f"a task must be an object, got {short(task)}")
+            raise _Where(where.source, f"#{number}", task=True).error(f"a task must be an object, got {as_written(task)}")
         found = first_error("task", task)
         if found is not None:
             raise (task_where if _valid_name(task.get("id")) or "id" not in task else
@@ -477,7 +483,7 @@ def parse_definition(data: Any, source: str = "<definition>", base: Path = Path(
         raw = data["pipelines"]
         extra = [key for key in data if key not in ("pipelines", "container")]
         if extra:
-            raise where.error(f"unknown field {short(extra[0])} in the file (it holds 'pipelines')"
+            raise where.error(f"unknown field {as_written(extra[0])} in the file (it holds 'pipelines')"
                               f"{did_you_mean(str(extra[0]), ['pipelines', 'container'])}")
         if not isinstance(raw, list) or not raw:
             raise where.error("pipelines must be a non-empty list")

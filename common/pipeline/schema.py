@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import jsonschema
 import jsonschema.validators
 
-from common.errors import short
+from common.errors import as_written, json_type
 from common.results.layout import LOGS_DIR, SHARED_DIR
 
 #: a year: longer timeouts are no limit at all, and past ~1e11 s the clock's arithmetic overflows
@@ -292,7 +292,7 @@ def _problem(error: jsonschema.ValidationError) -> str:
         valid = tuple(schema["properties"])
         extra = next(name for name in value if name not in valid)
         hint = did_you_mean(str(extra), valid, otherwise=f" (valid: {', '.join(valid)})")
-        return f"unknown field {short(extra)} in {_object(schema, label)}{hint}"
+        return f"unknown field {as_written(extra)} in {_object(schema, label)}{hint}"
     if keyword == "required":
         missing = next(name for name in error.validator_value if name not in value)
         return f"{_object(schema, label)} has no {missing!r}"
@@ -304,23 +304,23 @@ def _problem(error: jsonschema.ValidationError) -> str:
                      if name in value and any(need not in value for need in needs))
         return f"{field} is only for prompt steps (it is passed to the agent)"
     if "propertyNames" in error.schema_path:
-        return f"{_name_owner(path)} name {short(value)} is not {schema.get('title', 'valid')}"
+        return f"{_name_owner(path)} name {as_written(value)} is not {schema.get('title', 'valid')}"
     if path and path[-1] in ("id", "name") and keyword in ("type", "pattern", "minLength", "maxLength", "not"):
         what = "pipeline name" if path[-1] == "name" else "task id" if path == ["id"] else "step id"
         if keyword == "maxLength":
-            return f"{what} {short(value)} is longer than {MAX_NAME_LENGTH} characters"
+            return f"{what} {as_written(value)} is longer than {MAX_NAME_LENGTH} characters"
         if keyword == "not":
             why = "the run's shared folder" if value == SHARED_DIR else "the engine writes that folder in the results folder"
             return f"{what} {value!r} is reserved ({why})"
-        return f"{what} {short(value)} is malformed: {NAME_RULE}"
+        return f"{what} {as_written(value)} is malformed: {NAME_RULE}"
     if keyword == "uniqueItems":
-        return f"{label} lists an entry twice: {short(value)}"
+        return f"{label} lists an entry twice: {as_written(value)}"
     title = schema.get("title") or keyword
     if keyword == "type" and label.startswith("a "):
-        return f"{label} must be {title}, got {type(value).__name__}"
+        return f"{label} must be {title}, got {json_type(value)}"
     if schema.get("type") == "boolean" and isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):
-        return f"{label} must be {title}, got {short(value)} (a word in YAML 1.2, which YAML 1.1 made a boolean)"
-    return f"{label} must be {title}, got {short(value)}"
+        return f"{label} must be {title}, got {as_written(value)} (a word in YAML 1.2, which YAML 1.1 made a boolean)"
+    return f"{label} must be {title}, got {as_written(value)}"
 
 
 def _object(schema: Dict[str, Any], label: str) -> str:

@@ -9,6 +9,8 @@ from ..errors import short
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
 #: Larger sizes are surely typos (and overflow what /proc reports).
 MAX_BYTES = 2 ** 63
+#: Smaller limits kill any step at once (an interpreter alone needs more).
+MIN_BYTES = 2 ** 20
 _FACTORS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3, "t": 1024 ** 4}
 
 
@@ -32,6 +34,9 @@ def parse_memory(value: Union[str, int]) -> int:
         raise ValueError(f"memory must be at most 2**63 bytes, got {text}")
     if size <= 0:
         raise ValueError(f"memory must be more than 0 bytes, got {short(value)}")
+    if size < MIN_BYTES:  # no program starts in less: a unit left out ("memory": 16 meant 16g)
+        raise ValueError(f"memory must be at least 1 MiB, got {short(value)}, which is {size} bytes "
+                         f"(a number without a unit is bytes: write '{value}g' for {value} GiB)")
     return size
 
 

@@ -257,6 +257,9 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert "Dry run: 2 pipeline(s)" in plan and "pools: gpu=1 per rank (no GPU: one per worker), licence=2" in plan
     three = cli(EXAMPLES / "agent.json", results, "--dry-run", "--agent", AGENT, "--workers", "3")
     assert "pools: gpu=3 per rank (no GPU: one per worker);" in three.stdout, three.stderr
+    # par() and pipelines run as many at once as there are workers: said before the run, not found out
+    assert "workers: 1 on this rank, each running one step at a time, so at most 1 at once here" in plan
+    assert "workers: 3 on this rank, each running one step at a time, so at most 3 at once here" in three.stdout
     assert "pipeline agent-digits-lr50; deadline 3600 s; budget 1; matrix lr=50" in plan
     assert "2. train-retry: prompt 'The first training failed." in plan
     assert "holds gpu; if prev.error; timeout 1200 s; on failure report" in plan

@@ -206,7 +206,8 @@ class PipelineApp(App):
             gpus = len(self.gpus())
             capacities[GPU_POOL] = (f"{gpus} per rank (its GPUs)" if gpus
                                     else f"{self.args.workers} per rank (no GPU: one per worker)")
-        return plan_text(self.pipelines, capacities, self.queue_timeout, self.agent, starts, self.results)
+        return plan_text(self.pipelines, capacities, self.queue_timeout, self.agent, starts, self.results,
+                         len(self.devices))
 
     def resume_point(self, pipeline: Pipeline) -> Optional[str]:
         """The step where a plain --resume goes on with an unfinished pipeline (its progress.json),

@@ -100,12 +100,15 @@ def _what(step: Step) -> str:
 
 
 def plan_text(pipelines: List[Pipeline], capacities: Mapping[str, Any], queue_timeout: Optional[float],
-              agent: Optional[str], starts: Mapping[str, str], results: Path) -> str:
+              agent: Optional[str], starts: Mapping[str, str], results: Path, workers: int) -> str:
     """The plan of ``--dry-run``: pipelines, their steps, pools (capacity, or its words), conditions
-    and jumps, in words."""
+    and jumps, in words. ``workers``: this rank's, each running one step at a time."""
     pools = ", ".join(f"{name}={cap}" for name, cap in sorted(capacities.items()))
     lines = [f"Dry run: {len(pipelines)} pipeline(s); nothing is run or written.",
-             f"results: {results}", f"pools: {pools}; queue timeout: "
+             f"results: {results}",
+             f"workers: {workers} on this rank, each running one step at a time, so at most {workers} at once here "
+             f"(pools permitting; more with --workers N, or one per GPU with --gpu all)",
+             f"pools: {pools}; queue timeout: "
              f"{'none' if queue_timeout is None else f'{queue_timeout:g} s'}",
              f"agent: {agent if agent else '(none; no prompt steps)'}", ""]
     for pipeline in pipelines:

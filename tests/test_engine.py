@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import (
+    REPO,
     TOY,
     assert_usage_error,
     error_lines,
@@ -638,3 +639,45 @@ def test_a_dry_run_refuses_the_results_folders_the_run_refuses(tmp_path):
                       f"exec {sys.executable} {TOY} 2 --results {target}{extra}")
             proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
             assert_usage_error(proc, f"--results {str(target)!r}: cannot write there (Read-only file system)")
+
+
+PACKAGE_MAIN_APP = '''from common import App, Item, main
+
+
+class MyApp(App):
+    name = "myapp"
+
+    def items(self):
+        return [Item(f"i={i}", {"i": i}) for i in range(3)]
+
+    def run_item(self, state, item, seed):
+        return {"i": item.params["i"]}
+
+
+raise SystemExit(main(MyApp))
+'''
+
+
+def test_an_app_class_in_a_packages_main_is_one_line_before_any_worker_dies_of_it(tmp_path):
+    """The README's recipe ends in ``__main__.py``: an App defined there cannot be imported by the
+    spawned workers (spawn leaves a package's __main__ out), and every worker used to die three
+    times over before the run failed every item. Now: one line, exit 2, nothing written; the same
+    class in a module of the package runs."""
+    package = tmp_path / "myapp"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(PACKAGE_MAIN_APP)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    results = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "myapp", "--gpu", "cpu", "--results", str(results), "--no-progress"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert_usage_error(proc, "myapp: error: MyApp is defined where the spawned workers cannot import it from",
+                       "(myapp/app.py)")
+    assert not results.exists()
+    (package / "app.py").write_text(PACKAGE_MAIN_APP.replace("raise SystemExit(main(MyApp))\n", ""))
+    (package / "__main__.py").write_text("from common import main\n\nfrom myapp.app import MyApp\n\n"
+                                         "raise SystemExit(main(MyApp))\n")
+    proc = subprocess.run([sys.executable, "-m", "myapp", "--gpu", "cpu", "--results", str(results), "--no-progress"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((results / "summary.json").read_text())["items_done"] == 3

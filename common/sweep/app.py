@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from common.argtypes import at_least
 from common.results.outputs import json_key, to_jsonable
+from common.workers.spawnable import unreachable_from_workers
 
 from ..app import App, RunInfo
 from ..errors import UsageError, kind_of, quoted
@@ -190,27 +191,12 @@ def _picklable(function: Callable[..., Any], what: str) -> None:
     except Exception:
         raise UsageError(f"{what} {name!r} cannot be sent to the workers: define it with def at the top level of a "
                          f"module (not a lambda or a nested function)") from None
-    if getattr(function, "__module__", None) == "__main__" and not _main_is_importable():
+    if unreachable_from_workers(function):
         raise UsageError(f"{what} {name!r} is defined where the workers cannot import it from (python -c, standard "
                          f"input, a notebook, an interactive session, or a package's __main__.py): put it in a .py "
                          f"file of its own and run that, or import it from one")
 
 
-def _main_is_importable() -> bool:
-    """Whether a spawned process can make this ``__main__`` again: run as a module (python -m), or
-    from a file that is there. Not a package's ``__main__`` (python -m package, python folder/, a
-    zipapp): spawn leaves those out on purpose."""
-    main = sys.modules.get("__main__")
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if name == "__main__" or (name or "").endswith(".__main__"):
-        return False
-    if name:
-        return True
-    path = getattr(main, "__file__", None)
-    if not isinstance(path, str):
-        return False
-    started_in = multiprocessing.process.ORIGINAL_DIR  # where spawn looks for a relative one, as here
-    return os.path.isfile(os.path.join(started_in, path) if started_in else path)
 
 
 def _check_preset(preset: Preset, args: argparse.Namespace) -> None:

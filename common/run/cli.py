@@ -76,7 +76,8 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                         help="seed of every item's randomness (any non-negative integer)")
     resume_help = "continue the run in --results, skipping every item its journal holds"
     if app_class.resume_target:  # the pipelines' --resume RUN_ID/STEP_ID
-        engine.add_argument("--resume", nargs="?", const=True, default=False, metavar="TARGET", help=resume_help)
+        engine.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_ID/STEP_ID",
+                            help=resume_help + "; with RUN_ID/STEP_ID, run that pipeline again from that step")
     else:  # a flag: `--resume tiny:fit` leaves tiny:fit to the positional arguments
         engine.add_argument("--resume", action="store_true", help=resume_help)
     engine.add_argument("--retries", type=at_least(0), default=app_class.default_retries,

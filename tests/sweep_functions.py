@@ -30,6 +30,11 @@ def noisy(params, seed):
             "kind": str(params.get("kind", ""))}
 
 
+def draws(params, seed, rng):
+    """A draw from the 32-bit ``seed`` and one from ``rng``, the item's whole stream."""
+    return {"from_seed": float(np.random.default_rng(seed).random()), "from_rng": float(rng.random())}
+
+
 def everything(params, seed, device, state):
     """Receives all four arguments: shows what a worker hands a function."""
     return {"params": params, "seed": seed, "device": device, "state_pid": state["pid"], "pid": os.getpid()}

@@ -81,6 +81,26 @@ def test_a_grid_on_two_ranks_by_two_workers_equals_one_by_one(tmp_path, monkeypa
     assert "sweep.png" in (tmp_path / "many" / "summary.md").read_text()
 
 
+def test_items_sharing_a_32_bit_seed_are_named_and_rng_is_each_items_own(tmp_path):
+    """Two keys' hashes meet in 32 bits now and then (x=30668 and x=46775 under --seed 0): their
+    ``seed`` gives the same draws, which summary.md, summary.json and the closing lines now say;
+    ``rng`` (the item's whole 128-bit-keyed stream) differs, and is the same on 1 worker or 2."""
+    points = write(tmp_path / "points.json", [{"x": 30668}, {"x": 46775}, {"x": 1}])
+    one = sweep("sweep_functions:draws", tmp_path / "one", "--points", str(points), "--seed", "0", workers=1)
+    two = sweep("sweep_functions:draws", tmp_path / "two", "--points", str(points), "--seed", "0", workers=2)
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    got = returns(tmp_path / "one")
+    assert got == returns(tmp_path / "two")
+    assert got["x=30668"]["from_seed"] == got["x=46775"]["from_seed"] != got["x=1"]["from_seed"]
+    assert len({entry["from_rng"] for entry in got.values()}) == 3
+    assert summary(tmp_path / "one")["sweep"]["shared_seeds"] == {"items": 2, "groups": [[3950628448, ["x=30668", "x=46775"]]]}
+    line = "2 items share a 32-bit seed with another (x=30668 and x=46775: 3950628448), so their `seed` gives the same draws"
+    assert f"note: {line}" in one.stdout
+    assert line in (tmp_path / "one" / "summary.md").read_text()
+    plain = sweep("sweep_functions:draws", tmp_path / "plain", "--points", str(points), "--seed", "1")
+    assert "shared_seeds" not in summary(tmp_path / "plain")["sweep"] and "share a 32-bit seed" not in plain.stdout
+
+
 def test_a_list_of_points_in_yaml_with_repeats_and_every_argument(tmp_path):
     points = write(tmp_path / "points.yaml", "- {x: 1}\n- {x: 2.5, kind: rbf}\n- {kind: \"1\"}\n")
     result = sweep("sweep_functions:everything", tmp_path / "r", "--points", str(points), "--repeats", "3",

@@ -30,14 +30,14 @@ from common.workers.spawnable import unreachable_from_workers
 
 from ..app import App, RunInfo
 from ..errors import UsageError, kind_of, quoted
-from ..items import Item
+from ..items import Item, item_seed
 from . import report
 from .space import check_count, check_unique, grid_space, list_points, load_file, point_key, sample_points
 
 log = logging.getLogger("multinode_gpu")
 
 #: the names a sweep function's parameters may have, and what each receives
-ARGUMENTS = ("params", "seed", "device", "state")
+ARGUMENTS = ("params", "seed", "device", "state", "rng")
 
 
 @dataclass
@@ -411,6 +411,10 @@ class SweepApp(App):
             given = {"seed": seed32, "device": state[1], "state": state[0]}
             if "params" in wants:
                 given["params"] = dict(item.params["point"])
+            if "rng" in wants:  # the item's whole stream (128 bits of its key): no two items share it
+                import numpy as np
+
+                given["rng"] = np.random.default_rng(item_seed(self.args.seed, item.key))
             result = plan.function(**{name: given[name] for name in wants})
         else:
             result = plan.function()

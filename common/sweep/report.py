@@ -277,6 +277,9 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
                              "repeats": plan.repeats, "parameters": parameters, "returned": values,
                              "metric": plan.metric, "goal": plan.goal if plan.metric else None,
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
+    shared = _shared_seeds(finished)
+    if shared:
+        sweep["shared_seeds"] = shared
     if plan.metric and not ranked:
         dicts = [returned for returned in returns if isinstance(returned, dict)]
         numbers = _names(dicts, _number)
@@ -304,6 +307,23 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
             _remove_figure(folder)
             sweep["figure_note"] = f"the figure of {plan.metric!r} could not be drawn: {error}"
     return {"sweep": sweep}
+
+
+#: the most groups of items sharing a seed that summary.json lists (their count is given whole)
+SHARED_SEEDS_LISTED = 20
+
+
+def _shared_seeds(finished: List[Any]) -> Dict[str, Any]:
+    """The items whose 32-bit ``seed`` another item of the run also got (two keys' hashes meet in
+    32 bits: among n items, with odds of about n**2 / 2**33): those items' ``seed`` gives the same
+    draws; the function's ``rng`` never does. {} where every seed is its item's own."""
+    keys: Dict[int, List[str]] = {}
+    for item, record in finished:
+        keys.setdefault(record.result["seed"], []).append(item.key)
+    groups = [[seed, found] for seed, found in keys.items() if len(found) > 1]
+    if not groups:
+        return {}
+    return {"items": sum(len(found) for _, found in groups), "groups": groups[:SHARED_SEEDS_LISTED]}
 
 
 def _remove_figure(folder: Path) -> None:
@@ -381,6 +401,8 @@ def markdown(sweep: Mapping[str, Any]) -> str:
              "device); `results.jsonl`: each item's whole return", ""]
     if sweep.get("note"):
         lines += [f"Nothing to rank: {sweep['note']}.", ""]
+    if sweep.get("shared_seeds"):
+        lines += [shared_seeds_line(sweep["shared_seeds"], markdown_cell) + ".", ""]
     if sweep.get("figure_note"):
         lines += [f"No figure: {sweep['figure_note']}.", ""]
     best = sweep.get("best") or []
@@ -406,16 +428,26 @@ def markdown(sweep: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def shared_seeds_line(shared: Mapping[str, Any], shown: Callable[[str], str] = str) -> str:
+    """Which items got one 32-bit seed, and what to take instead (keys through ``shown``)."""
+    seed, keys = shared["groups"][0]
+    more = shared["items"] - len(keys)
+    return (f"{shared['items']} items share a 32-bit seed with another ({' and '.join(map(shown, keys))}: "
+            f"{seed}{f'; {more} more in summary.json' if more else ''}), so their `seed` gives the same draws; a "
+            f"function that takes `rng` gets each item's own stream")
+
+
 def headline(sweep: Mapping[str, Any]) -> List[str]:
     """The line printed on stdout after a complete run: the best point, where a metric was named
     (or why nothing was ranked: a misspelt name should not pass for a run without one)."""
+    notes = [f"note: {shared_seeds_line(sweep['shared_seeds'])}"] if sweep.get("shared_seeds") else []
     best = sweep.get("best") or []
     if not best:
-        return [f"nothing to rank: {sweep['note']}"] if sweep.get("note") else []
+        return ([f"nothing to rank: {sweep['note']}"] if sweep.get("note") else []) + notes
     top = best[0]
     if top["n"] < top["repeats"]:  # every point had a repeat with no finite value
         repeats = (f" (mean of the {top['n']} of {top['repeats']} repeats that returned a finite value)" if top["n"] > 1
                    else f" (the one of {top['repeats']} repeats that returned a finite value)")
     else:
         repeats = f" (mean of {top['n']} repeats)" if top["n"] > 1 else ""
-    return [f"best {sweep['metric']}: {top['mean']!r}{repeats} at {_params_text(top['params'])}"]
+    return [f"best {sweep['metric']}: {top['mean']!r}{repeats} at {_params_text(top['params'])}", *notes]

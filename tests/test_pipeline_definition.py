@@ -167,6 +167,13 @@ def test_memory_sizes():
     for bad in ("16x", "g", "", "-1g", "0", True, 16, "16", "512k"):
         with pytest.raises(ValueError):
             parse_memory(bad)
+    # the hint for a unit left out, and only then
+    for bad, hint in ((16, "write '16g' for 16 GiB"), (" 2.5 ", "write '2.5g' for 2.5 GiB"), ("512k", None),
+                      ("100b", None)):
+        with pytest.raises(ValueError) as caught:
+            parse_memory(bad)
+        assert ("a number without a unit is bytes" in str(caught.value)) == (hint is not None), caught.value
+        assert hint is None or hint in str(caught.value)
 
 
 def test_unknown_pools_and_pools_too_small():

@@ -67,6 +67,16 @@ def test_a_failed_attempts_reason_gives_the_last_line_it_wrote_to_stderr_not_an_
     assert [attempt["reason"] for attempt in history] == ["exit code 1 (stderr: ValueError: bad batch)", "exit code 2"]
 
 
+def test_a_reason_keeps_no_terminal_codes_and_a_timeout_gets_the_stderr_line_too(tmp_path):
+    """Colours, a NUL and a trailing colour reset are not text for summary.md or a terminal line."""
+    coloured = r"printf '\033[31mFATAL:\033[0m bad\000 input\n\033[0m\n' >&2; exit 3"
+    slow = "echo 'epoch 3 of 10' >&2; sleep 30"
+    result, layout = run_pipeline(tmp_path, [{"id": "a", "command": coloured, "on_fail": "b"},
+                                             {"id": "b", "command": slow, "timeout": 0.5}])
+    assert result["steps"]["a"]["reason"] == "exit code 3 (stderr: FATAL: bad input)"
+    assert result["steps"]["b"]["reason"] == "timeout after 0.5 s (stderr: epoch 3 of 10)"
+
+
 def test_a_failure_without_on_fail_fails_the_pipeline_and_only_error_steps_run(tmp_path):
     result, layout = run_pipeline(tmp_path, [
         {"id": "train", "command": "exit 1"},

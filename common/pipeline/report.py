@@ -107,7 +107,7 @@ def plan_text(pipelines: List[Pipeline], capacities: Mapping[str, Any], queue_ti
     lines = [f"Dry run: {len(pipelines)} pipeline(s); nothing is run or written.",
              f"results: {results}",
              f"workers: {workers} on this rank, each running one step at a time, so at most {workers} at once here "
-             f"(pools permitting; more with --workers N, or one per GPU with --gpu all)",
+             f"(pools permitting; more with --workers N on the CPU, or one per GPU with --gpu all on a GPU node)",
              f"pools: {pools}; queue timeout: "
              f"{'none' if queue_timeout is None else f'{queue_timeout:g} s'}",
              f"agent: {agent if agent else '(none; no prompt steps)'}", ""]

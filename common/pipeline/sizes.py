@@ -19,10 +19,11 @@ def parse_memory(value: Union[str, int]) -> int:
     if isinstance(value, bool):
         raise ValueError(f"memory must be a size such as '16g' or '512m', got {short(value)}")
     if isinstance(value, int):
-        number, unit = value, ""
+        number, unit, bare = value, "", True
     elif isinstance(value, str) and _SIZE.fullmatch(value):
         match = _SIZE.fullmatch(value)
         number, unit = float(match.group(1)), match.group(2).lower()
+        bare = not match.group(2) and not match.group(3)  # no unit at all, not even "b"
     else:
         raise ValueError(f"memory must be a size such as '16g' or '512m', got {short(value)}")
     try:
@@ -35,8 +36,9 @@ def parse_memory(value: Union[str, int]) -> int:
     if size <= 0:
         raise ValueError(f"memory must be more than 0 bytes, got {short(value)}")
     if size < MIN_BYTES:  # no program starts in less: a unit left out ("memory": 16 meant 16g)
-        raise ValueError(f"memory must be at least 1 MiB, got {short(value)}, which is {size} bytes "
-                         f"(a number without a unit is bytes: write '{value}g' for {value} GiB)")
+        shown = f"{number:g}"
+        hint = f" (a number without a unit is bytes: write '{shown}g' for {shown} GiB)" if bare else ""
+        raise ValueError(f"memory must be at least 1 MiB, got {short(value)}, which is {size} bytes{hint}")
     return size
 
 

@@ -181,6 +181,10 @@ def _open_log(path: Path, attempt: int):
 
 #: how much of the end of an attempt's stderr is read for its last line
 STDERR_TAIL_BYTES = 4096
+#: a terminal's colour and cursor sequences, and the other control characters (a tab aside) and a
+#: character cut in two at the tail's start: none belongs in a reason, summary.md or a terminal line
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ufffd]")
 
 
 def last_line(path: Path, offset: int) -> str:
@@ -193,7 +197,7 @@ def last_line(path: Path, offset: int) -> str:
             tail = handle.read(STDERR_TAIL_BYTES).decode("utf-8", "replace")
     except OSError:
         return ""
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    lines = [line for line in (_CONTROL.sub("", _ANSI.sub("", line)).strip() for line in tail.splitlines()) if line]
     return error_line(lines[-1]) if lines else ""
 
 
@@ -264,7 +268,8 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
             status = "failed"
             reason = (f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals()
                       else f"exit code {code}")
-            said = last_line(step_dir / STEP_STDERR, err_offset)
-            if said:  # what the program said last (apptainer's "FATAL: ...", a traceback's error)
-                reason += f" (stderr: {said})"
+    if status != "ok":
+        said = last_line(step_dir / STEP_STDERR, err_offset)
+        if said:  # what the program said last (apptainer's "FATAL: ...", a traceback's error)
+            reason += f" (stderr: {said})"
     return Attempt(status, code, started, ended, reason, peak, stdout_offset=offset)

@@ -101,6 +101,20 @@ def test_items_sharing_a_32_bit_seed_are_named_and_rng_is_each_items_own(tmp_pat
     assert "shared_seeds" not in summary(tmp_path / "plain")["sweep"] and "share a 32-bit seed" not in plain.stdout
 
 
+def test_rng_goes_to_a_function_that_names_it_not_to_its_kwargs():
+    """A wrapper passing its **kwargs on to a helper of four arguments must not meet rng."""
+    from common.sweep.app import _wanted
+
+    def wrapper(params, **rest):
+        return {}
+
+    def named(params, rng, **rest):
+        return {}
+
+    assert _wanted(wrapper) == ("params", "seed", "device", "state")
+    assert _wanted(named) == ("params", "rng", "seed", "device", "state")
+
+
 def test_a_list_of_points_in_yaml_with_repeats_and_every_argument(tmp_path):
     points = write(tmp_path / "points.yaml", "- {x: 1}\n- {x: 2.5, kind: rbf}\n- {kind: \"1\"}\n")
     result = sweep("sweep_functions:everything", tmp_path / "r", "--points", str(points), "--repeats", "3",

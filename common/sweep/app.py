@@ -38,6 +38,9 @@ log = logging.getLogger("multinode_gpu")
 
 #: the names a sweep function's parameters may have, and what each receives
 ARGUMENTS = ("params", "seed", "device", "state", "rng")
+#: what a function taking ``**kwargs`` receives: the arguments of before ``rng`` (a Generator per item
+#: costs some 15 us, and a wrapper passing its ``**kwargs`` on must not meet a name it never knew)
+KWARGS_ARGUMENTS = ARGUMENTS[:4]
 
 
 @dataclass
@@ -153,7 +156,7 @@ def _wanted(function: Callable[..., Any]) -> Tuple[str, ...]:
     wants = []
     for parameter in signature.parameters.values():
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            return ARGUMENTS
+            return tuple(dict.fromkeys([*wants, *KWARGS_ARGUMENTS]))
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
             continue
         if parameter.name in ARGUMENTS and parameter.kind is not inspect.Parameter.POSITIONAL_ONLY:
@@ -195,8 +198,6 @@ def _picklable(function: Callable[..., Any], what: str) -> None:
         raise UsageError(f"{what} {name!r} is defined where the workers cannot import it from (python -c, standard "
                          f"input, a notebook, an interactive session, or a package's __main__.py): put it in a .py "
                          f"file of its own and run that, or import it from one")
-
-
 
 
 def _check_preset(preset: Preset, args: argparse.Namespace) -> None:

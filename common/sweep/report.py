@@ -16,6 +16,7 @@ import math
 import operator
 import statistics
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -271,13 +272,13 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         values = _names([returned for returned in returns if isinstance(returned, dict)], _scalar)
         table, lines = _tables(finished, parameters, values)
         ranked = _best(finished, plan.metric, plan.goal, plan.repeats) if plan.metric else []
+        shared = _shared_seeds(finished)
     atomic_write_text(folder / RESULTS_CSV, table)
     atomic_write_text(folder / RESULTS_JSONL, lines)
     sweep: Dict[str, Any] = {"function": _function_name(plan), "kind": plan.kind, "points": len(plan.points),
                              "repeats": plan.repeats, "parameters": parameters, "returned": values,
                              "metric": plan.metric, "goal": plan.goal if plan.metric else None,
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
-    shared = _shared_seeds(finished)
     if shared:
         sweep["shared_seeds"] = shared
     if plan.metric and not ranked:
@@ -309,21 +310,20 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
     return {"sweep": sweep}
 
 
-#: the most groups of items sharing a seed that summary.json lists (their count is given whole)
-SHARED_SEEDS_LISTED = 20
-
-
 def _shared_seeds(finished: List[Any]) -> Dict[str, Any]:
     """The items whose 32-bit ``seed`` another item of the run also got (two keys' hashes meet in
-    32 bits: among n items, with odds of about n**2 / 2**33): those items' ``seed`` gives the same
-    draws; the function's ``rng`` never does. {} where every seed is its item's own."""
+    32 bits: among n items, with odds of about n**2 / 2**33, some 120 pairs at 1,000,000), in groups
+    of one seed: those items' ``seed`` gives the same draws; the function's ``rng`` never does. {}
+    where every seed is its item's own."""
+    counts = Counter(record.result["seed"] for _, record in finished)
+    shared = {seed for seed, count in counts.items() if count > 1}
+    if not shared:
+        return {}
     keys: Dict[int, List[str]] = {}
     for item, record in finished:
-        keys.setdefault(record.result["seed"], []).append(item.key)
-    groups = [[seed, found] for seed, found in keys.items() if len(found) > 1]
-    if not groups:
-        return {}
-    return {"items": sum(len(found) for _, found in groups), "groups": groups[:SHARED_SEEDS_LISTED]}
+        if record.result["seed"] in shared:
+            keys.setdefault(record.result["seed"], []).append(item.key)
+    return {"items": sum(map(len, keys.values())), "groups": [[seed, found] for seed, found in keys.items()]}
 
 
 def _remove_figure(folder: Path) -> None:
@@ -433,7 +433,8 @@ def shared_seeds_line(shared: Mapping[str, Any], shown: Callable[[str], str] = s
     seed, keys = shared["groups"][0]
     more = shared["items"] - len(keys)
     return (f"{shared['items']} items share a 32-bit seed with another ({' and '.join(map(shown, keys))}: "
-            f"{seed}{f'; {more} more in summary.json' if more else ''}), so their `seed` gives the same draws; a "
+            f"{seed}{f'; {more} more in summary.json, sweep.shared_seeds' if more else ''}), so their `seed` gives the "
+            f"same draws; a "
             f"function that takes `rng` gets each item's own stream")
 
 

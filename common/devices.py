@@ -104,13 +104,14 @@ def cuda_visible_devices(value: str) -> List[str]:
     return gpus
 
 
-def cuda_variable_hides_gpus() -> str:
-    """`` (CUDA_VISIBLE_DEVICES=...)`` where that variable is set to something other than the usual
-    ways of saying "none" (a repeated or malformed entry hides every GPU from CUDA), else ``""``."""
+def cuda_variable_note() -> str:
+    """`` (CUDA_VISIBLE_DEVICES=... gives CUDA none)`` where that variable hides every GPU without
+    being one of the usual ways of saying "none" (a repeated entry, or a negative or malformed one
+    first), else ``""``."""
     value = os.environ.get("CUDA_VISIBLE_DEVICES")
     if value is None or value.strip() in ("", "-1", "none", "NoDevFiles"):
         return ""
-    return f" (CUDA_VISIBLE_DEVICES={value!r} gives CUDA none: a repeated or malformed entry?)"
+    return f" (CUDA_VISIBLE_DEVICES={value!r} gives CUDA none)"
 
 
 def node_gpus() -> List[str]:
@@ -182,7 +183,7 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
                          f"({given}) but set no CUDA_VISIBLE_DEVICES (gres.conf Flags=no_gpu_env?): set it in "
                          f"the job script to those GPUs as CUDA numbers them here (and run through srun on the "
                          f"job's nodes), or use --gpu cpu")
-    hidden = cuda_variable_hides_gpus() if not gpus else ""
+    hidden = cuda_variable_note() if not gpus else ""
     if indexes == [0] and spec is None and not gpus:
         indexes, notice = None, f"no GPU found{hidden}: running on CPU (use --gpu cpu to silence this)"
     if indexes is None:

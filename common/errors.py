@@ -7,6 +7,7 @@ cutting it afterwards would hang the error message.
 """
 import re
 import reprlib
+from types import MappingProxyType
 from typing import Any
 
 
@@ -127,8 +128,8 @@ def as_written(value: Any, limit: int = 60) -> str:
 
 
 #: JSON's names for the types a parsed JSON or YAML document holds
-JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
-              bool: "a boolean", type(None): "null"}
+JSON_TYPES = MappingProxyType({dict: "an object", list: "an array", str: "a string", int: "a number",
+                               float: "a number", bool: "a boolean", type(None): "null"})
 
 
 def json_type(value: Any) -> str:

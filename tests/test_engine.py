@@ -674,6 +674,9 @@ def test_an_app_class_in_a_packages_main_is_one_line_before_any_worker_dies_of_i
     assert_usage_error(proc, "myapp: error: MyApp is defined where the spawned workers cannot import it from",
                        "(myapp/app.py)")
     assert not results.exists()
+    helped = subprocess.run([sys.executable, "-m", "myapp", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert helped.returncode == 0 and "--results" in helped.stdout, helped.stderr  # --help still answers
     (package / "app.py").write_text(PACKAGE_MAIN_APP.replace("raise SystemExit(main(MyApp))\n", ""))
     (package / "__main__.py").write_text("from common import main\n\nfrom myapp.app import MyApp\n\n"
                                          "raise SystemExit(main(MyApp))\n")

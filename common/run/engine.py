@@ -78,7 +78,7 @@ from common.results.status_file import RankReporter, StatusWriter
 from common.run.cli import MAX_THREADS, build_parser, module_command
 from common.signals import StopFlag, ignore_stop_signals, start_resource_tracker
 from common.workers.pool import PoolSettings, WorkerPool
-from common.workers.spawnable import unreachable_from_workers
+from common.workers.spawnable import module_beside_main, unreachable_from_workers
 from common.workers.watchdog import Watchdog
 
 log = logging.getLogger("multinode_gpu")
@@ -112,6 +112,10 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
     peers = _same_node_peers(comm, socket.gethostname(), gpus)
     try:
         args = build_parser(app_class, quiet=comm.rank != 0).parse_args(argv)
+        if unreachable_from_workers(app_class):  # every worker would die importing it, three times over
+            raise UsageError(f"{app_class.__name__} is defined where the spawned workers cannot import it from (a "
+                             f"package's __main__.py, python -c, standard input): define it in a module of its own "
+                             f"({module_beside_main()}) and import it from there")
         app = app_class(args)
         try:  # the app's own setting, refused before any worker starts
             check_seed_form(app.seed_form)
@@ -390,10 +394,6 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     try:  # every environment variable of ours, read now: garbage is one line, not a later traceback
         settings.check_environment()
         startup.check_working_folder()
-        if unreachable_from_workers(app_class):  # every worker would die importing it, three times over
-            raise UsageError(f"{app_class.__name__} is defined where the spawned workers cannot import it from (a "
-                             f"package's __main__.py, python -c, standard input): define it in a module of its own "
-                             f"(myapp/app.py) and import it in __main__.py")
     except UsageError as error:  # before MPI is joined: the launcher's rank 0 says it
         if settings.launcher_rank() == 0:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)

@@ -28,3 +28,10 @@ def main_is_importable() -> bool:
 def unreachable_from_workers(thing: object) -> bool:
     """Whether ``thing`` (a function or class) lives in a ``__main__`` the workers cannot make again."""
     return getattr(thing, "__module__", None) == "__main__" and not main_is_importable()
+
+
+def module_beside_main() -> str:
+    """Where an app's code could go instead of a package's ``__main__``: ``PACKAGE/app.py``."""
+    name = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) or ""
+    package = name.rpartition(".")[0]
+    return f"{package.replace('.', '/')}/app.py" if package else "a file such as app.py"

@@ -5,6 +5,7 @@ Values are shortened before they are formatted, never after: a YAML file of a fe
 hold a value whose full ``repr`` is gigabytes (nested aliases); building that text first and
 cutting it afterwards would hang the error message.
 """
+import json
 import re
 import reprlib
 from types import MappingProxyType
@@ -124,7 +125,13 @@ def as_written(value: Any, limit: int = 60) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    return short(value, limit)
+    text = short(value, limit)
+    if isinstance(value, (dict, list)) and "..." not in text:  # whole and small: JSON's spelling inside it too
+        try:
+            return json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            pass
+    return text
 
 
 #: JSON's names for the types a parsed JSON or YAML document holds

@@ -78,6 +78,7 @@ BAD = {
     "boolean timeout": (pipeline(step("a", timeout=True)), ["timeout must be a positive number of seconds", "got true"]),
     "null condition (JSON's spelling in the message)": (pipeline(step("a", condition=None)), ["condition must be one of", "got null"]),
     "a step that is an array": (pipeline(["a"]), ["a step must be an object", "got an array"]),
+    "an env value that is an array of literals": (pipeline(step("a", env={"A": [True, None]})), ['got [true, null]']),
     "memory without a unit": (pipeline(step("a", memory=16)), ["memory must be at least 1 MiB, got 16, which is 16 bytes",
                                                                 "write '16g' for 16 GiB"]),
     "negative deadline": (pipeline(step("a"), deadline_seconds=-1), ["deadline_seconds must be a positive number"]),

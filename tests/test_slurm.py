@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -254,15 +255,17 @@ def test_a_bind_source_missing_on_the_node_ends_the_job_in_one_line_before_srun(
 
 
 def recorded_job(tmp_path: Path, srun: str) -> tuple:
-    """A generated CPU script whose ``srun`` runs ``srun`` (bash) and whose ``scontrol`` records its
-    arguments: (the script, its environment, the file of calls)."""
+    """A generated CPU script whose ``srun`` runs ``srun`` (bash), whose ``scontrol`` records its
+    arguments and whose ``squeue`` says the job's time left as $SQUEUE_LEFT (unset: nothing, as
+    where squeue cannot answer): (the script, its environment, the file of calls)."""
     made = generate("--nodes", "2", "--cpu", "--time", "01:00:00", "--", "mnist_nn", "1", "1")
     assert made.returncode == 0, made.stderr
     script = tmp_path / "job.sbatch"
     script.write_text(made.stdout)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("srun", srun), ("scontrol", 'echo "scontrol $*" >> "$CALLS"')):
+    for name, body in (("srun", srun), ("scontrol", 'echo "scontrol $*" >> "$CALLS"'),
+                       ("squeue", 'echo "${SQUEUE_LEFT:-}"')):
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     calls = tmp_path / "calls"
@@ -313,6 +316,43 @@ def test_the_walltimes_term_after_its_warning_still_requeues(tmp_path):
     assert job.returncode == 75, out
     assert calls.read_text().splitlines() == ["started", "stop", "scontrol requeue 7"], out
     assert "got SIGTERM" in out and "requeueing; the next start continues with --resume" in out, out
+
+
+def test_a_cancel_after_the_warning_is_not_taken_for_the_walltime(tmp_path):
+    """scancel while the run stops for the warning: Slurm's TERM, but squeue says the time limit is
+    still 4 minutes away. Not the walltime: the job is not requeued (before, it came back and ran
+    again under the same id until a second scancel). At 20 s left, the same TERM is the walltime."""
+    srun = ('sleep 30 & child=$!; trap \'trap "" USR1; echo stop >> "$CALLS"; kill -TERM $PPID; sleep 0.5; kill $child; '
+            'exit 75\' USR1; echo started >> "$CALLS"; wait')
+    for left, requeued in (("4:10", False), ("0:20", True)):
+        script, env, calls = recorded_job(tmp_path, srun)
+        calls.unlink(missing_ok=True)
+        job = subprocess.Popen(["bash", str(script)], env=dict(env, SQUEUE_LEFT="1:00:00"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        assert wait_until(lambda calls=calls: calls.exists() and calls.read_text() == "started\n", timeout=20)
+        (tmp_path / "bin" / "squeue").write_text(f"#!/bin/bash\necho {left}\n")  # time has passed
+        job.send_signal(signal.SIGUSR1)
+        out, _ = job.communicate(timeout=30)
+        assert job.returncode == 75, out
+        assert ("scontrol requeue 7" in calls.read_text()) == requeued, out
+        if not requeued:
+            assert "then SIGTERM came 250 s before the time limit (scancel): not requeueing" in out, out
+        shutil.rmtree(tmp_path / "bin")
+
+
+def test_a_time_limit_within_the_warning_starts_nothing_though_the_warning_is_late(tmp_path):
+    """sbatch --time 00:01:30 on a script warned 300 s ahead: Slurm's USR1 comes seconds into the
+    run, every start stopped it and requeued the job, twenty times. squeue's time left says so
+    before the run starts: nothing started, nothing requeued, exit 75, one line."""
+    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"')
+    done = subprocess.run(["bash", str(script)], env=dict(env, SQUEUE_LEFT="1:28"), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert not calls.exists(), calls.read_text()
+    assert "only 88 s are left before the job's time limit, no more than the walltime warning's 300 s" in done.stdout
+    started = subprocess.run(["bash", str(script)], env=dict(env, SQUEUE_LEFT="1-00:00:00"), capture_output=True,
+                             text=True, timeout=60)
+    assert started.returncode == 0 and calls.read_text() == "started\n", started.stdout
 
 
 def test_the_tasks_get_the_scripts_environment_under_sbatch_export_none(tmp_path):

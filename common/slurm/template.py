@@ -26,11 +26,28 @@ log() { printf '[%s] slurm job %s: %s\n' "$(date '+%F %T')" "${SLURM_JOB_ID:-?}"
 # TERM here (scancel --signal=TERM --batch: stop for good) goes to the run as USR1 too: srun
 # answers a TERM of its own by SIGKILLing every task; only the decision not to requeue differs.
 # The first signal decides: a TERM after the warning is the walltime itself, come while the run
-# still saves its journal, and the job is requeued all the same. Set first: a signal during the
-# set-up below (module load) would otherwise end this shell without a word.
+# still saves its journal, and the job is requeued all the same; unless squeue says the time limit
+# is still over a minute away: then it is a cancel (scancel), and the job is not requeued. Set
+# first: a signal during the set-up below (module load) would otherwise end this shell without a word.
 step=""
 stop_signal=""
+cancelled=""
+# Seconds before the job's time limit, as squeue tells them (%L: [D-]H:MM:SS or M:SS); nothing
+# where it cannot say (no squeue, no answer within 10 s, no limit).
+seconds_left() {
+    local left days=0 h=0 m=0 s=0 a b c
+    left=$(timeout 10 squeue -h -j "${SLURM_JOB_ID:-}" -o %L 2>/dev/null) || return 0
+    if [[ $left == *-* ]]; then days=${left%%-*}; left=${left#*-}; fi
+    IFS=: read -r a b c <<< "$left"
+    if [ -n "$c" ]; then h=$a; m=$b; s=$c; elif [ -n "$b" ]; then m=$a; s=$b; else return 0; fi
+    if [[ "$days$h$m$s" =~ ^[0-9]+$ ]]; then echo $((10#$days * 86400 + 10#$h * 3600 + 10#$m * 60 + 10#$s)); fi
+}
 forward() {
+    if [ "$1" = TERM ] && [ "$stop_signal" = USR1 ] && [ -z "$cancelled" ]; then
+        local left
+        left=$(seconds_left)
+        if [ -n "$left" ] && [ "$left" -gt 60 ]; then cancelled=$left; fi
+    fi
     stop_signal=${stop_signal:-$1}
     log "got SIG$1: asking the run to stop and save its journal"
     if [ -n "$step" ]; then kill -s USR1 "$step" 2>/dev/null; fi
@@ -69,6 +86,14 @@ if [ -n "$stop_signal" ]; then
     log "SIG$stop_signal came before the run started$hint: not starting it, not requeueing"
     exit {{exit_stopped}}
 fi
+# The same before the warning has come: Slurm sends it up to a minute late, into a run just started.
+left=$(seconds_left)
+if [ -n "$left" ] && [ "$left" -le {{warning}} ]; then
+    log "only $left s are left before the job's time limit, no more than the walltime warning's {{warning}} s: a run" \
+        "started now would be stopped at once, and so would each requeued one; not starting it, not requeueing" \
+        "(submit with a longer --time)"
+    exit {{exit_stopped}}
+fi
 LAUNCH=({{launch}})
 # A step that ends abnormally (a rank killed: the others finish without it, then MPI_Abort ends the
 # step, the one way out with a rank missing; or an MPI that crashes the ranks still talking to it)
@@ -105,7 +130,11 @@ done
 
 if [ "$rc" -eq {{exit_stopped}} ]; then
     if [ "$stop_signal" = TERM ]; then
-        log "stopped by SIGTERM (cancelled?): not requeueing; submit again to continue with --resume"
+        log "stopped by SIGTERM (scancel, or scontrol requeue): not requeueing from here; submit again to" \
+            "continue with --resume"
+    elif [ -n "$cancelled" ]; then
+        log "stopped by the walltime warning, then SIGTERM came $cancelled s before the time limit (scancel):" \
+            "not requeueing; submit again to continue with --resume"
     elif [ "$restarts" -ge {{max_requeues}} ]; then
         log "stopped, but this job was already requeued $restarts times: submit again to continue"
     else

@@ -229,7 +229,10 @@ class MnistNN(App):
         """The reference's closing prints: the run's wall time, the ensemble's (majority vote) test error."""
         if summary.get("ensemble_test_error") is None:
             return []
-        return [f"Time taken {summary['wall_seconds']} s", f"ensemble test error: {summary['ensemble_test_error']}"]
+        earlier = summary.get("items_resumed") or 0
+        since = (f" (this run's {summary['items_done'] - earlier} of {summary['items_done']} items; the rest ran in "
+                 f"an earlier one)" if earlier else "")
+        return [f"Time taken {summary['wall_seconds']} s{since}", f"ensemble test error: {summary['ensemble_test_error']}"]
 
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         from .report import summary_markdown

@@ -165,7 +165,10 @@ class MnistSvm(App):
         if not refit:
             return []
         fits = [record for key, record in run.records.items() if key != REFIT_KEY and key not in self.journaled]
-        timing = [f"Time taken for k-fold validation: {max(r.end for r in fits) - min(r.start for r in fits)} s"] if fits else []
+        earlier = sum(1 for key in self.journaled if key != REFIT_KEY)
+        since = f" (this run's {len(fits)} of {len(fits) + earlier} fits; the rest ran in an earlier one)" if earlier else ""
+        timing = ([f"Time taken for k-fold validation: {max(r.end for r in fits) - min(r.start for r in fits)} s{since}"]
+                  if fits else [])
         return timing + [f"Best penalty parameter: {refit['C']}", f"Best kernel parameter: {refit['gamma']}",
                          f"Test error: {refit['test_error'] * 100}%"]
 

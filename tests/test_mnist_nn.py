@@ -107,6 +107,10 @@ def test_a_run_stopped_in_the_first_wave_resumes_to_the_same_results(clean_run, 
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((results / "summary.json").read_text())
     assert summary["items_resumed"] == len(done) and summary["items_this_run"] == FIRST_WAVE + 2 - len(done)
+    # the reference's "Time taken" is this run's wall time, and says so on a resume
+    assert resumed.stdout.splitlines()[0] == (f"Time taken {summary['wall_seconds']} s (this run's "
+                                              f"{FIRST_WAVE + 2 - len(done)} of {FIRST_WAVE + 2} items; the rest ran "
+                                              f"in an earlier one)"), resumed.stdout
     assert (results / "results.csv").read_text() == (clean_run / "results.csv").read_text()
 
 

@@ -5,6 +5,7 @@ import csv
 import gzip
 import importlib.util
 import json
+import re
 import shutil
 import signal
 import struct
@@ -122,6 +123,12 @@ def test_stopped_run_resumes_to_the_same_results_as_other_layouts(two_rank_run, 
         for field in ("best_C", "best_gamma", "cv_error", "test_error", "confusion_matrix"):
             assert summary(folder)[field] == summary(two_rank_run)[field], field
     assert summary(resumed)["items_resumed"] == len(done_before)
+    # the reference's timing line covers this run's fits only, and says so on a resume
+    earlier = len(done_before - {REFIT_KEY})
+    assert (f" s (this run's {5 * N_TUNING ** 2 - earlier} of {5 * N_TUNING ** 2} fits; the rest ran in an earlier one)"
+            in proc.stdout.splitlines()[0]), proc.stdout
+    assert re.search(r"- wall time: [0-9.]+ s \(this run\); item time: [0-9.]+ s \(this run\)\n",
+                     (resumed / "summary.md").read_text())
 
 
 # ----- bad input: one line, exit code 2, nothing written -----

@@ -977,7 +977,7 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
              f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",
              f"- ranks: {summary['ranks']}; workers: {_placement(summary['workers'])}",
              f"- wall time: {summary['wall_seconds']:.1f} s{' (this run)' if summary['items_resumed'] else ''}; "
-             f"item time: {summary['item_seconds_total']:.1f} s",
+             f"item time: {summary['item_seconds_total']:.1f} s{' (this run)' if summary['items_resumed'] else ''}",
              ""]
     for lost in summary.get("lost_ranks", []):
         lines += [f"- **lost rank {lost['rank']} on {lost['host']}** ({lost['why']}): its "

@@ -284,4 +284,7 @@ if __name__ == "__main__":
         raise SystemExit(reason)
     with tempfile.TemporaryDirectory(prefix="slurm-") as tmp, SlurmCluster(Path(tmp), cpus=_cpus()) as cluster:
         print(f"export SLURM_CONF={cluster.conf}")
-        input("Slurm is up; press Enter to stop it. ")
+        try:
+            input("Slurm is up; press Enter to stop it. ")
+        except EOFError:  # standard input closed (started in the background): stop it the same way
+            pass

@@ -228,7 +228,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
     share = f" ({100.0 * done / total:.1f}%)" if total else ""
     running = status.get("items_running", 0) if state not in FINAL_STATES and not lost else 0
     resumed = int(status.get("items_resumed") or 0)
-    lines.append(f"items    {done} of {total} done{share}, {failed} failed, {running} running"
+    # handed out: running, or queued at a worker to start the moment its item ends
+    lines.append(f"items    {done} of {total} done{share}, {failed} failed, {running} handed out"
                  + (f"; {resumed} from an earlier run" if resumed else "")
                  + (f"; {unsaved} more had finished but {'was' if unsaved == 1 else 'were'} not yet in the journal "
                     f"when it was killed (a resume runs {'it' if unsaved == 1 else 'them'} again)" if unsaved else ""))

@@ -102,7 +102,7 @@ def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quic
     assert final.startswith("toy: failed") and ended.returncode == 1, final
     wall = json.loads((results / "summary.json").read_text())["wall_seconds"]
     assert f", ran {format_seconds(wall)}\n" in final, (wall, final)  # the wall time summary.md gives
-    assert "15 of 16 done (93.8%), 1 failed, 0 running" in final
+    assert "15 of 16 done (93.8%), 1 failed, 0 handed out" in final
     assert "item-0003: RuntimeError: item item-0003 always fails" in final
     assert f"report   {results / 'report.html'}" in final
 
@@ -188,10 +188,10 @@ def test_a_killed_job_is_reported_gone_once_its_status_file_is_stale(tmp_path, q
     text = status(results).stdout
     assert "has not been refreshed for" in text and "--resume" in text, text
     done = sum(1 for line in (results / "journal.jsonl").read_text().splitlines() if '"type":"result"' in line)
-    assert re.search(rf"items +{done} of 40 done \([\d.]+%\), 0 failed, 0 running", text), (done, text)
+    assert re.search(rf"items +{done} of 40 done \([\d.]+%\), 0 failed, 0 handed out", text), (done, text)
     # the stale file's running items, ETA and workers are not presented as current (a CPU job: no GPU lines)
     assert "no ETA (the job is not running)" in text and "ETA " not in text.replace("no ETA", ""), text
-    assert "running" not in text.replace("0 running", "").replace("not running", ""), text
+    assert "running" not in text.replace("not running", "") and "0 handed out" in text, text
     watched = status(results, "--watch", "1")  # ends with the job, a killed one too: after one look
     assert watched.returncode == 75 and watched.stdout.count("toy: GONE?") == 1, watched.stdout
 
@@ -422,7 +422,7 @@ def test_a_killed_jobs_done_items_are_the_ones_its_journal_kept(tmp_path):
     journal.update()
     text = describe(tmp_path, state, journal, now)
     assert text.startswith("toy: GONE?"), text
-    assert re.search(r"^items +5 of 40 done \(12\.5%\), 0 failed, 0 running; 1 more had finished but was not yet "
+    assert re.search(r"^items +5 of 40 done \(12\.5%\), 0 failed, 0 handed out; 1 more had finished but was not yet "
                      r"in the journal when it was killed \(a resume runs it again\)$", text, re.M), text
     assert "ran at least 10s; mean rate 0.500 items/s" in text, text
     # no rank of it is "ok" (it said "GONE: ... killed", then "rank 0 on node1: ok")
@@ -430,7 +430,7 @@ def test_a_killed_jobs_done_items_are_the_ones_its_journal_kept(tmp_path):
     # a running job's status file counts what its journal will have in a moment
     alive = describe(tmp_path, dict(state, updated=now - 0.5, ranks=[{"rank": 0, "host": "node1", "heard": now - 0.5}]),
                      journal, now)
-    assert re.search(r"^items +6 of 40 done \(15\.0%\), 0 failed, 0 running$", alive, re.M), alive
+    assert re.search(r"^items +6 of 40 done \(15\.0%\), 0 failed, 0 handed out$", alive, re.M), alive
     assert "ranks    1\n  rank 0 on node1: ok" in alive, alive
 
 

@@ -246,6 +246,14 @@ NUMBER = (int, float)
 NUMBER_OR_NONE = (int, float, type(None))
 
 
+def resumed_note(this_run: int, earlier: int, what: str) -> str:
+    """`` (this run's N of M WHAT; the rest ran in an earlier one)`` after a timing line of a run that
+    resumed ``earlier`` of its items, else ``""``: the time is this run's alone."""
+    if not earlier:
+        return ""
+    return f" (this run's {this_run} of {this_run + earlier} {what}; the rest ran in an earlier one)"
+
+
 def finite_number(value: Any) -> bool:
     """Whether a value read from JSON (or returned by a user's code) is a finite int or float: not a
     bool, not NaN or an infinity, which JSON cannot hold."""

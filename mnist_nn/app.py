@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields, check_range
+from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields, check_range, resumed_note
 from common.argtypes import at_least
 from common.data import add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
@@ -230,8 +230,7 @@ class MnistNN(App):
         if summary.get("ensemble_test_error") is None:
             return []
         earlier = summary.get("items_resumed") or 0
-        since = (f" (this run's {summary['items_done'] - earlier} of {summary['items_done']} items; the rest ran in "
-                 f"an earlier one)" if earlier else "")
+        since = resumed_note(summary["items_done"] - earlier, earlier, "items")
         return [f"Time taken {summary['wall_seconds']} s{since}", f"ensemble test error: {summary['ensemble_test_error']}"]
 
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:

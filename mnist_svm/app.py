@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from common.app import NUMBER, App, RunInfo, check_fields, check_range
+from common.app import NUMBER, App, RunInfo, check_fields, check_range, resumed_note
 from common.data import Dataset, add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
@@ -166,7 +166,7 @@ class MnistSvm(App):
             return []
         fits = [record for key, record in run.records.items() if key != REFIT_KEY and key not in self.journaled]
         earlier = sum(1 for key in self.journaled if key != REFIT_KEY)
-        since = f" (this run's {len(fits)} of {len(fits) + earlier} fits; the rest ran in an earlier one)" if earlier else ""
+        since = resumed_note(len(fits), earlier, "fits")
         timing = ([f"Time taken for k-fold validation: {max(r.end for r in fits) - min(r.start for r in fits)} s{since}"]
                   if fits else [])
         return timing + [f"Best penalty parameter: {refit['C']}", f"Best kernel parameter: {refit['gamma']}",

@@ -22,7 +22,7 @@ from ..errors import ItemFailed, UsageError, error_line, quoted, short
 from ..items import Item, item_seed, torch_seed
 from . import nodelock
 from .container import CONTAINER_ENV, default_image, find_apptainer
-from .definition import POOL_PATTERN, Pipeline, check_pools, load_definition, shown_path
+from .definition import POOL_PATTERN, Pipeline, breaks_bind, check_pools, load_definition, shown_path
 from .flow import STOPPING, PipelineRunner, RunLayout, RunStopping, read_progress
 from .report import plan_text, statuses_on_disk, summary_markdown
 
@@ -177,7 +177,7 @@ class PipelineApp(App):
         self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
         self.agent = agent_command(self.args.agent, os.environ, self.pipelines, shown_path(self.args.definition))
         self.results = Path(self.args.results).absolute()
-        if any(s.container for p in self.pipelines for s in p.steps) and any(c in str(self.results) for c in ":,"):
+        if any(s.container for p in self.pipelines for s in p.steps) and breaks_bind(str(self.results)):
             raise UsageError(f"--results {self.results}: a step runs in a container, and apptainer's --bind would read "
                              "the ':' or ',' in this path as separators; choose a results folder without them")
         self.definition_dir = Path(self.args.definition).absolute().parent

@@ -11,7 +11,7 @@ from common.results.layout import SHARED_DIR
 
 from .. import settings
 from ..errors import UsageError
-from .definition import SHARED_IN_CONTAINER, Step, resolve_image
+from .definition import SHARED_IN_CONTAINER, Step, breaks_bind, resolve_image
 
 #: The image of every step whose definition names none (``--container IMAGE`` wins over it)
 CONTAINER_ENV = settings.CONTAINER.name
@@ -59,7 +59,7 @@ def container_command(step: Step, inner: Sequence[str], run_dir: str, apptainer:
     shared = os.path.join(run_dir, SHARED_DIR)  # RunLayout.shared
     for folder in code:  # first: the run's folder, often below one of them, is bound over them after
         inside_run = os.path.commonpath([folder, run_dir]) == run_dir
-        if not inside_run and not any(separator in folder for separator in ":,"):
+        if not inside_run and not breaks_bind(folder):
             argv += ["--bind", f"{folder}:{folder}"]
     argv += ["--bind", f"{run_dir}:{run_dir}", "--bind", f"{shared}:{SHARED_IN_CONTAINER}"]
     for mount in step.mounts:

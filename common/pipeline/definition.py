@@ -269,12 +269,21 @@ def _image(value: Optional[str], base: Path, where: _Where) -> Optional[str]:
         raise where.error(str(error)) from None
 
 
+#: what apptainer's --bind reads as separators (SRC:DST:OPTS, and a comma before the next bind)
+BIND_SEPARATORS = ":,"
+
+
+def breaks_bind(path: str) -> bool:
+    """Whether ``path`` holds a --bind separator, so that it cannot be bound as it is."""
+    return any(separator in path for separator in BIND_SEPARATORS)
+
+
 def _mounts(value: Any, base: Path, where: _Where) -> Tuple[Mount, ...]:
     mounts: List[Mount] = []
     for entry in value or ():
         host, inside = entry["host_path"], entry["container_path"]
         for what, path in (("host_path", host), ("container_path", inside)):
-            if ":" in path or "," in path:  # apptainer's --bind reads SRC:DST:OPTS, and a comma as the next bind
+            if breaks_bind(path):
                 raise where.error(f"mount {what} must be a path without ':' or ',' (apptainer's --bind separators), "
                                   f"got {as_written(path)}")
         normal = os.path.normpath(inside)
@@ -286,7 +295,7 @@ def _mounts(value: Any, base: Path, where: _Where) -> Tuple[Mount, ...]:
             raise where.error(f"two mounts at container_path {as_written(inside)}")
         host_path = Path(host).expanduser()
         host_path = host_path if host_path.is_absolute() else base / host_path
-        if ":" in str(host_path) or "," in str(host_path):  # from the definition's folder or the home folder
+        if breaks_bind(str(host_path)):  # from the definition's folder or the home folder
             raise where.error(f"mount host_path {as_written(host)} is {as_written(str(host_path))}, whose ':' or ',' apptainer's "
                               f"--bind would read as separators; move the folder or give another path")
         mounts.append(Mount(str(host_path), inside, entry.get("readonly", False)))

@@ -971,13 +971,14 @@ def _closing(line: str) -> None:
 
 def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = True) -> str:
     """summary.md: the run's facts, then (``with_app_part``) the app's own part."""
+    this_run = " (this run)" if summary["items_resumed"] else ""  # the times: a resume's own, not its earlier runs'
     lines = [f"# {app.name}: {summary['status']}", "",
              f"- command: `{summary['command']}`",
              f"- items: {summary['items_done']} of {summary['items_total']} done "
              f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",
              f"- ranks: {summary['ranks']}; workers: {_placement(summary['workers'])}",
-             f"- wall time: {summary['wall_seconds']:.1f} s{' (this run)' if summary['items_resumed'] else ''}; "
-             f"item time: {summary['item_seconds_total']:.1f} s{' (this run)' if summary['items_resumed'] else ''}",
+             f"- wall time: {summary['wall_seconds']:.1f} s{this_run}; "
+             f"item time: {summary['item_seconds_total']:.1f} s{this_run}",
              ""]
     for lost in summary.get("lost_ranks", []):
         lines += [f"- **lost rank {lost['rank']} on {lost['host']}** ({lost['why']}): its "

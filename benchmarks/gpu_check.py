@@ -56,10 +56,11 @@ REPO = Path(__file__).resolve().parents[1]
 #: the whole check stays under 8 minutes: each step gets at most this, and none starts past the deadline
 STEP_SECONDS = 200
 DEADLINE_SECONDS = 7 * 60
-#: mnist_svm on the digits (600 images, folds of 120): a fit's validation error on cuML (float32,
-#: cuML's solver) may differ from scikit-learn's (float64, libsvm) by at most this many validation
-#: images: points on the margin may flip. The fake cuML (libsvm on float32 pixels) differs by 2 at
-#: C 1e-3, gamma 1e-6, where a fifth of the images are misclassified and every decision value is small.
+#: mnist_svm on the digits (600 images, folds of 120): a fit's validation error on cuML (its own
+#: solver and kernel, in double precision) may differ from scikit-learn's (libsvm on a precomputed
+#: kernel) by at most this many validation images: points on the margin may flip. The criterion is
+#: tightest at C 1e-3, gamma 1e-6, where a fifth of the images are misclassified and every decision
+#: value is small.
 SVM_FLIPS = 3
 #: the fake cuML and CuPy that --smoke uses for the mnist_svm step
 FAKE_GPU = REPO / "tests" / "fake_gpu"
@@ -399,8 +400,8 @@ class Check:
         for backend, gpu in (("cuml", "all"), ("sklearn", "cpu")):
             results = self.out / "runs" / f"mnist_svm-{backend}"
             shutil.rmtree(results, ignore_errors=True)
-            # smoke: the one grid point C 1e-3, gamma 1e-6 (its 5 folds and the refit), where the fake
-            # cuML's float32 pixels flip the most validation images (2): the criterion at its tightest
+            # smoke: the one grid point C 1e-3, gamma 1e-6 (its 5 folds and the refit), where decision
+            # values are smallest: the criterion at its tightest
             ran = self.command(["-m", "mnist_svm", "1" if self.smoke else "3", "--dataset", "digits", "--subsample", "600",
                                 "--gpu", gpu,
                                 "--no-progress", "--results", str(results)], env=dict(env))

@@ -23,12 +23,13 @@ CACHE_MB = 1024
 PRECOMPUTE_MAX_BYTES = 2 * 1024 ** 3
 
 
-def standardise(images: np.ndarray, dtype: Any = np.float32) -> np.ndarray:
-    """uint8 (n, h, w) -> (n, h*w) centred and scaled as the reference, in ``dtype`` (float64 on a
-    CPU: libsvm computes in float64, and float32 pixels could change a prediction)."""
-    flat = images.reshape(len(images), -1).astype(dtype)
-    flat -= dtype(PIXEL_CENTRE)
-    flat /= dtype(PIXEL_SCALE)
+def standardise(images: np.ndarray) -> np.ndarray:
+    """uint8 (n, h, w) -> (n, h*w) centred and scaled as the reference, in float64 as there: libsvm
+    computes in float64, and cuML's SVC keeps float64 input and fits in double precision (float32
+    pixels could change a prediction, and so the chosen point)."""
+    flat = images.reshape(len(images), -1).astype(np.float64)
+    flat -= PIXEL_CENTRE
+    flat /= PIXEL_SCALE
     return flat
 
 
@@ -76,7 +77,7 @@ class SklearnBackend:
 
     def __init__(self, data: Dataset, multiclass: str = "ovr"):
         self.multiclass = multiclass
-        self.x = {"train": standardise(data.x_train, np.float64), "test": standardise(data.x_test, np.float64)}
+        self.x = {"train": standardise(data.x_train), "test": standardise(data.x_test)}
         self.y = {"train": data.y_train, "test": data.y_test}
         self.truth = self.y  # labels on the host, to score predictions
 
@@ -153,7 +154,8 @@ class CumlBackend:
         self.multiclass = multiclass
         self.cp = cp
         self.x = {"train": cp.asarray(standardise(data.x_train)), "test": cp.asarray(standardise(data.x_test))}
-        self.y = {"train": cp.asarray(data.y_train.astype(np.float32)), "test": cp.asarray(data.y_test.astype(np.float32))}
+        # labels in the pixels' dtype, as cuML's fit converts them (check_dtype=X.dtype)
+        self.y = {"train": cp.asarray(data.y_train.astype(np.float64)), "test": cp.asarray(data.y_test.astype(np.float64))}
         self.truth = {"train": data.y_train, "test": data.y_test}  # labels on the host, to score predictions
 
     def train_kernel(self, gamma: float, rows: np.ndarray) -> None:
@@ -175,7 +177,7 @@ class CumlBackend:
             return SVC(**settings, decision_function_shape="ovo").fit(x, y)
         classes = cp.unique(y)
         positive = classes[1:] if len(classes) == 2 else classes
-        svcs = [SVC(**settings).fit(x, (y == k).astype(cp.float32)) for k in positive]
+        svcs = [SVC(**settings).fit(x, (y == k).astype(x.dtype)) for k in positive]
         return OneVsRestModel(cp.asnumpy(classes).astype(np.int64), svcs)
 
     def predict(self, model: Any, split: str, rows: Any = slice(None)) -> np.ndarray:

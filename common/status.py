@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, TextIO
 
 from common.observe.progress import format_seconds
 from common.results.hold import last_refreshed, process_gone, read_hold, silent_for
-from common.results.journal import parse_line, whole_lines
+from common.results.journal import JournalReader
 from common.results.layout import JOURNAL_NAME, LOGS_DIR, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
@@ -41,58 +41,6 @@ DAMAGED = (TypeError, ValueError, AttributeError, KeyError, OverflowError, Index
 
 class NotAResultsFolder(Exception):
     pass
-
-
-class JournalCounts:
-    """Items done and failed according to the journal, read incrementally (``--watch`` rereads
-    only what was appended)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.offset = 0
-        self.done: set = set()
-        self.failed: Dict[str, str] = {}
-        self.header: Optional[dict] = None
-        self.start: Optional[dict] = None  # the last start event (this run's, on a resumed job)
-        self.stops: List[dict] = []
-        self.lost: Dict[int, dict] = {}
-        self.last: Optional[float] = None  # the latest time a line gives (an item's end, a start, a stop)
-
-    def update(self) -> None:
-        """Read what was appended since the last call (:class:`NotRegularFile` where the journal
-        is a FIFO or another file that is not one)."""
-        try:
-            if os.stat(self.path).st_size < self.offset:  # a new journal: start again
-                self.__init__(self.path)
-            chunk = read_regular(self.path, "the journal", self.offset)
-        except OSError:  # not there yet, or gone
-            return
-        lines, end, _ = whole_lines(chunk)  # a line still being written (torn for now) waits for the next read
-        self.offset += end
-        for raw in lines:
-            entry = parse_line(raw)
-            if entry is None:
-                continue
-            kind = entry.get("type")
-            if "key" in entry and not isinstance(entry["key"], str):  # not a record the engine writes
-                continue
-            when = entry.get("end", entry.get("time"))
-            if isinstance(when, (int, float)) and not isinstance(when, bool) and when == when:
-                self.last = when if self.last is None else max(self.last, when)
-            if kind == "header":
-                self.header = entry
-            elif kind == "result" and "key" in entry:
-                self.done.add(entry["key"])
-                self.failed.pop(entry["key"], None)
-            elif kind == "failed" and "key" in entry:
-                error = entry.get("error")
-                self.failed[entry["key"]] = error_line(error) if isinstance(error, str) else ""
-            elif kind == "start":  # a resumed run retries what failed before
-                self.start, self.stops, self.failed = entry, [], {}
-            elif kind == "stop":
-                self.stops.append(entry)
-            elif kind == "rank_lost":
-                self.lost[entry.get("rank")] = entry
 
 
 #: what every run's status.json holds (a pipeline step's status.json, also named so, does not)
@@ -171,7 +119,7 @@ def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optiona
 _UNKNOWN = object()
 
 
-def describe(results: Path, status: Optional[dict], journal: JournalCounts, now: float,
+def describe(results: Path, status: Optional[dict], journal: JournalReader, now: float,
              why_gone: Any = _UNKNOWN) -> str:
     """The report as text: what ``python -m common.status`` prints. ``why_gone``: :func:`gone`'s
     answer where the caller has it (``--watch`` ends on the same answer it shows)."""
@@ -191,7 +139,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
         lines.append(f"{app}: {state}")
         lines.append(f"items    {len(journal.done)} done, {len(journal.failed)} failed (from the journal; the total "
                      f"is not known without {STATUS_NAME})")
-        lines += _failures([{"key": k, "error": e} for k, e in journal.failed.items()], len(journal.failed))
+        lines += _failures([{"key": k, "error": error_line(e)} for k, e in journal.failed.items()], len(journal.failed))
         return "\n".join(lines) + "\n"
 
     every = float(status.get("every") or STATUS_SECONDS)
@@ -267,7 +215,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalCounts, now:
         lines += _workers(status, now)
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
         else _gpus(status, age if lost else None)
-    lines += _failures(status.get("failures") or [{"key": k, "error": e} for k, e in journal.failed.items()], failed)
+    lines += _failures(status.get("failures") or [{"key": k, "error": error_line(e)} for k, e in journal.failed.items()], failed)
     if state in FINAL_STATES and ResultsLayout(results).report.exists():
         lines.append(f"report   {ResultsLayout(results).report}")
     return "\n".join(lines) + "\n"
@@ -286,7 +234,7 @@ def _same_start(summary: dict, status: dict) -> bool:
         return False
 
 
-def _ranks(status: dict, journal: JournalCounts, every: float, now: float, gone: bool = False) -> List[str]:
+def _ranks(status: dict, journal: JournalReader, every: float, now: float, gone: bool = False) -> List[str]:
     """One line per rank; of a job that is gone, when each was last heard from (none is "ok")."""
     ranks = status.get("ranks") or []
     lost = {entry.get("rank"): entry for entry in journal.lost.values()}
@@ -418,7 +366,7 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
     if not results.is_dir() and args.watch is None:
         print(f"python -m common.status: error: {quoted(results)}: no such folder", file=sys.stderr)
         return 2
-    journal = JournalCounts(ResultsLayout(results).journal)
+    journal = JournalReader(ResultsLayout(results).journal)
     clear = args.watch is not None and out.isatty()
     try:
         while True:

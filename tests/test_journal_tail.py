@@ -43,8 +43,7 @@ def test_a_last_record_without_its_newline_is_kept_through_two_resumes(tmp_path)
 
 def test_every_reader_agrees_on_the_last_line(tmp_path):
     from common.observe.report_html import _tracebacks
-    from common.results.journal import whole_lines
-    from common.status import JournalCounts
+    from common.results.journal import JournalReader, whole_lines
 
     header = json.dumps({"type": "header", "fingerprint": {"app": "toy"}})
     failed = json.dumps({"type": "attempt_failed", "key": "a", "traceback": "boom"})
@@ -55,7 +54,7 @@ def test_every_reader_agrees_on_the_last_line(tmp_path):
         (folder / "journal.jsonl").write_text(f"{header}\n{failed}\n{tail}")
         lines, end, missing = whole_lines((folder / "journal.jsonl").read_bytes())
         assert (len(lines) == 3) == kept and missing == kept
-        counts = JournalCounts(folder / "journal.jsonl")
+        counts = JournalReader(folder / "journal.jsonl")
         counts.update()
         assert ("a" in counts.done) == (kept and tail == result)
         assert len(_tracebacks(folder)) == (2 if tail == failed else 1)

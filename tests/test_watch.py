@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from common.observe.progress import format_seconds
-from common.status import STALE_INTERVALS, STALE_MARGIN_SECONDS, JournalCounts, describe
+from common.results.journal import JournalReader
+from common.status import STALE_INTERVALS, STALE_MARGIN_SECONDS, describe
 from helpers import REPO, TOY, kill_frozen, rank_pids, run, start, wait_for_results, wait_until
 
 FAKE_NVML = str(REPO / "tests" / "fake_nvml")
@@ -379,7 +380,7 @@ def test_a_gone_jobs_last_gpu_sample_says_how_old_it_is(tmp_path):
               "temperature_c": 70.0, "power_w": 300.0}
     state = {"app": "toy", "state": "running", "every": 1.0, "updated": now - 600.0, "started": now - 900.0,
              "items_total": 10, "items_done": 4, "gpus": [sample]}
-    journal = JournalCounts(tmp_path / "journal.jsonl")
+    journal = JournalReader(tmp_path / "journal.jsonl")
     gone = describe(tmp_path, state, journal, now)
     assert gone.startswith("toy: GONE?"), gone
     assert "GPUs     last sample, taken 10m00s ago, before the job went silent (mean of the minute before it)" in gone
@@ -399,11 +400,11 @@ def test_a_rate_of_zero_from_before_the_journals_results_is_not_shown(tmp_path):
     journal_file.write_text(json.dumps({"type": "header"}) + "\n" + "".join(
         json.dumps({"type": "result", "key": f"item-{i}", "result": {}, "start": now - 8, "end": now - 5}) + "\n"
         for i in range(5)))
-    journal = JournalCounts(journal_file)
+    journal = JournalReader(journal_file)
     journal.update()
     text = describe(tmp_path, state, journal, now)
     assert re.search(r"items +5 of 30 done", text) and "rate     n/a" in text, text
-    assert "rate     0.000 items/s" in describe(tmp_path, state, JournalCounts(tmp_path / "none.jsonl"), now)
+    assert "rate     0.000 items/s" in describe(tmp_path, state, JournalReader(tmp_path / "none.jsonl"), now)
 
 
 def test_a_killed_jobs_done_items_are_the_ones_its_journal_kept(tmp_path):
@@ -418,7 +419,7 @@ def test_a_killed_jobs_done_items_are_the_ones_its_journal_kept(tmp_path):
     journal_file.write_text(json.dumps({"type": "header"}) + "\n" + "".join(
         json.dumps({"type": "result", "key": f"item-{i}", "result": {}, "start": now - 609, "end": now - 605})
         + "\n" for i in range(5)))
-    journal = JournalCounts(journal_file)
+    journal = JournalReader(journal_file)
     journal.update()
     text = describe(tmp_path, state, journal, now)
     assert text.startswith("toy: GONE?"), text
@@ -442,17 +443,17 @@ def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4, "started": started}))
     state = {"app": "toy", "state": "complete", "every": 1.0, "updated": now - 1.0, "started": now - 101.0,
              "items_total": 10, "items_done": 10}
-    text = describe(tmp_path, state, JournalCounts(tmp_path / "journal.jsonl"), now)
+    text = describe(tmp_path, state, JournalReader(tmp_path / "journal.jsonl"), now)
     assert ", ran 1m10s\n" in text, text
     # an earlier run's summary (this one's could not be written): its time is not this run's
     (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4, "started": "2001-01-01T00:00:00"}))
-    assert ", ran 1m40s\n" in describe(tmp_path, state, JournalCounts(tmp_path / "journal.jsonl"), now)
+    assert ", ran 1m40s\n" in describe(tmp_path, state, JournalReader(tmp_path / "journal.jsonl"), now)
     # written in another time zone (the job's node), read here: the same start, with its offset
     for hours in (-5, 0, 9):
         zone = datetime.timezone(datetime.timedelta(hours=hours))
         there = datetime.datetime.fromtimestamp(now - 101.0, zone).isoformat(timespec="seconds")
         (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "wall_seconds": 70.4, "started": there}))
-        assert ", ran 1m10s\n" in describe(tmp_path, state, JournalCounts(tmp_path / "journal.jsonl"), now), there
+        assert ", ran 1m10s\n" in describe(tmp_path, state, JournalReader(tmp_path / "journal.jsonl"), now), there
 
 
 def test_the_status_file_is_rewritten_soon_after_the_start_then_every_period(tmp_path, monkeypatch):

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from common.errors import error_line
-from common.results.journal import parse_line, whole_lines
+from common.results.journal import JournalReader, Kind
 from common.results.layout import GPU_USAGE_CSV, GPU_USAGE_STEM, TIMELINE_STEM, ResultsLayout, png_name
 from common.results.outputs import atomic_write_text
-from common.results.regular_file import NotRegularFile, read_regular
+from common.results.regular_file import NotRegularFile
 
 log = logging.getLogger("multinode_gpu")
 
@@ -94,18 +94,11 @@ def _inline_images(body: str, results: Path) -> str:
 
 def _tracebacks(results: Path) -> List[Dict[str, Any]]:
     """The last failed attempts with their tracebacks, from the journal."""
-    attempts: List[Dict[str, Any]] = []
     try:
-        lines = whole_lines(read_regular(ResultsLayout(results).journal, "the journal"))[0]
-    except (OSError, NotRegularFile):
+        reader = JournalReader(ResultsLayout(results).journal, attempts=True, only=(Kind.ATTEMPT_FAILED,)).update()
+    except NotRegularFile:
         return []
-    for raw in lines:
-        if b'"attempt_failed"' not in raw:
-            continue
-        entry = parse_line(raw)
-        if entry is not None and entry.get("type") == "attempt_failed":
-            attempts.append(entry)
-    return attempts[-MAX_TRACEBACKS:]
+    return reader.attempts[-MAX_TRACEBACKS:]
 
 
 def _cards(summary: Mapping[str, Any]) -> str:

@@ -43,7 +43,7 @@ from common.observe.progress import Progress
 from common.ranks.liveness import FollowerWatch, PeerWatch
 from common.ranks.scheduler import Scheduler
 from common.results.failures import WriteFailures
-from common.results.journal import Journal, result_line
+from common.results.journal import Journal, Kind, result_line
 from common.workers.pool import Event, WorkerPool
 from common.workers.resources import ResourceBroker
 
@@ -238,7 +238,7 @@ class Leader:
         for _, who in self.global_resources.release_all((rank,)):
             self._pool_reply(who, PoolAnswer("granted", who.request))
         host = self.liveness.note_lost(rank, why, len(keys))
-        self.journal.add_event("rank_lost", rank=rank, host=host, why=why, items=keys, time=self.clock.time())
+        self.journal.add_event(Kind.RANK_LOST, rank=rank, host=host, why=why, items=keys, time=self.clock.time())
         said = (f"lost rank {rank} on {host} ({why}); the {counted(len(keys), 'item')} it held "
                 f"{'goes' if len(keys) == 1 else 'go'} to the other ranks")
         self.progress.write(f"{self.tag} {said}")  # stderr: once, as the bar's line
@@ -261,7 +261,7 @@ class Leader:
         said = f"{why}: handing out no more items; {waiting}"
         self.progress.write(f"{self.tag} {said}")
         log_to_files(said, logging.WARNING)  # and the rank's log, which tells the run's story afterwards
-        self.journal.add_event("stop", why=why, time=self.clock.time())
+        self.journal.add_event(Kind.STOP, why=why, time=self.clock.time())
         self.pool.revoke_queued()
         self._broadcast(Stop())
 
@@ -331,7 +331,7 @@ class Leader:
             # killed by the stop itself, or its output found no space (the run stops on it): it runs again on --resume
             self.scheduler.dropped(key)
             return
-        self.journal.add_event("attempt_failed", key=key, error=error, traceback=text, worker=worker,
+        self.journal.add_event(Kind.ATTEMPT_FAILED, key=key, error=error, traceback=text, worker=worker,
                                attempt=record.attempt, start=record.start, end=record.end)
         retried = self.scheduler.attempt_failed(key, error, worker)
         if retried:
@@ -343,7 +343,7 @@ class Leader:
         """Journal and show each item that failed for good, once."""
         for key in self.scheduler.pop_new_failures():
             error = self.scheduler.failed[key]
-            self.journal.add_event("failed", key=key, error=error)
+            self.journal.add_event(Kind.FAILED, key=key, error=error)
             self.progress.write(f"{self.tag} item {key} failed for good: {error_line(error)}")
             self.progress.advance(failed=True)
 

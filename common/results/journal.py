@@ -1,7 +1,7 @@
 """The journal: one JSON line per finished item, appended at rank 0 as results stream in.
 
-It is what makes a killed run lose nothing: ``--resume`` reads it back and skips every item it
-holds. Lines are written in batches: a batch is all the lines of the last ``sync_every`` seconds
+It is what makes a killed run lose nothing but its last moments' results: ``--resume`` reads it
+back and skips every item it holds. Lines are written in batches: a batch is all the lines of the last ``sync_every`` seconds
 (at most ``max_lines`` of them), written with one write and one fsync by a thread of its own, so
 that per result rank 0 only appends a JSON line in memory (mostly made by the follower that ran
 the item: :func:`result_line`). The bounded window (``WINDOW_SECONDS``,
@@ -11,8 +11,8 @@ loop, 0.05 s, and the batch before it, still on its way to a disk that takes up 
 and fsync it; a slower disk slows rank 0 down instead), and never more than 2 x ``max_lines`` =
 2,000 results; those items run again on ``--resume``.
 
-Every reader (``--resume``, ``python -m common.status``, report.html) splits the file with
-:func:`whole_lines`, so all agree on its last line: a complete JSON record that lacks its newline
+Every reader (``--resume``, ``python -m common.status``, report.html) is a :class:`JournalReader`,
+which splits the file with :func:`whole_lines`, so all agree on its last line: a complete JSON record that lacks its newline
 (the writer stopped just before it) is kept, and the writer adds the newline before its next
 record; a last line that is not one (torn mid-line by a crash) is dropped, and the writer cuts it.
 
@@ -31,7 +31,7 @@ import time
 from dataclasses import fields
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from common.app import Record
 from common.errors import UsageError, quoted
@@ -87,36 +87,147 @@ def whole_lines(data: bytes) -> Tuple[List[bytes], int, bool]:
     return lines, end, False
 
 
-def read_journal(path: Path, starts: Optional[List[dict]] = None) -> Tuple[Optional[dict], Dict[str, Record]]:
-    """(header, finished records by key) from a journal, by the rule of :func:`whole_lines`;
-    ``starts``, where given, gets each run's start event (its ranks' layout), oldest first."""
-    header, records = None, {}
-    try:
-        data = read_regular(path, what="the journal")
-    except OSError as error:
-        raise UsageError(f"{quoted(path)}: cannot read the journal ({error.strerror or error})") from None
-    lines = whole_lines(data)[0]
-    if not any(line.strip() for line in lines) and data.strip():  # the header is never a torn last line
-        raise UsageError(f"{quoted(path)}: line 1 is not valid JSON; the journal is damaged")
-    for number, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        entry = parse_line(raw)
-        if entry is None:
-            raise UsageError(f"{quoted(path)}: line {number + 1} is not valid JSON; the journal is damaged") from None
+class Kind:
+    """Each journal line's ``type``: what the writer writes and every reader looks for."""
+
+    HEADER = "header"  # the first line: the run's fingerprint
+    RESULT = "result"  # an item finished
+    START = "start"  # a run (the first or a resume) started: its ranks' layout
+    STOP = "stop"  # a stop was asked
+    ATTEMPT_FAILED = "attempt_failed"  # one attempt failed, with its traceback
+    FAILED = "failed"  # an item failed for good (in that run)
+    RANK_LOST = "rank_lost"  # a rank stopped answering; its items went to others
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+class JournalReader:
+    """The one reader of a journal, for ``--resume``, the status command and report.html: whole
+    lines by the rule of :func:`whole_lines`, read incrementally (``--watch`` rereads only what was
+    appended; a journal that shrank was replaced, and is read again from the start), each entry
+    taken by its :class:`Kind`.
+
+    ``strict`` (``--resume``): an unreadable journal, a line that is not JSON or a result, header
+    or start that is not one the engine writes is a UsageError naming the line; otherwise (a look
+    at a running job, the report) such lines are passed over. ``records``: keep each result as a
+    Record (what ``--resume`` skips); ``attempts``: keep the failed attempts (the report's
+    tracebacks); ``only``: parse only the lines of these kinds (a million result lines are not
+    parsed to find the failed attempts)."""
+
+    def __init__(self, path: Path, *, strict: bool = False, records: bool = False, attempts: bool = False,
+                 only: Sequence[str] = ()):
+        self.path, self.strict, self.keep_records, self.keep_attempts = Path(path), strict, records, attempts
+        self._tags = tuple(f'"{kind}"'.encode() for kind in only)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offset = 0  # bytes read: where the next update starts
+        self.lines = 0  # lines read (a line's number in messages)
+        self.header: Optional[dict] = None
+        self.done: set = set()  # keys of finished items
+        self.records: Dict[str, Record] = {}  # with ``records``
+        self.attempts: List[dict] = []  # with ``attempts``
+        self.starts: List[dict] = []  # every run's start event, oldest first
+        self.stops: List[dict] = []  # the stops asked since the last start (this run's)
+        self.failed: Dict[str, str] = {}  # key -> error, of this run's failed items not finished since
+        self.lost: Dict[Any, dict] = {}  # rank -> its rank_lost event
+        self.last: Optional[float] = None  # the latest time a line gives (an item's end, a start, a stop)
+
+    @property
+    def start(self) -> Optional[dict]:
+        """The last start event (this run's, on a resumed job)."""
+        return self.starts[-1] if self.starts else None
+
+    def _damaged(self, number: int) -> None:
+        if self.strict:
+            raise UsageError(f"{quoted(self.path)}: line {number} is not a journal record; the journal is damaged")
+
+    def update(self) -> "JournalReader":
+        """Read what was appended since the last call (:class:`NotRegularFile` where the journal
+        is a FIFO or another file that is not one)."""
         try:
-            kind = entry.pop("type", None)
-            if kind == "header":
-                header = entry
-            elif kind == "result":
-                records[entry["key"]] = _record(entry)
-            elif kind == "start" and starts is not None:
-                if not isinstance(entry.get("layout", []), list):
-                    raise TypeError("a start event's layout is a list of ranks")
-                starts.append(entry)
-        except (AttributeError, KeyError, TypeError):
-            raise UsageError(f"{quoted(path)}: line {number + 1} is not a journal record; the journal is damaged") from None
-    return header, records
+            if self.offset and os.stat(self.path).st_size < self.offset:  # a new journal: start again
+                self._reset()
+            data = read_regular(self.path, "the journal", self.offset)
+        except OSError as error:  # not there yet, or gone
+            if self.strict:
+                raise UsageError(f"{quoted(self.path)}: cannot read the journal ({error.strerror or error})") from None
+            return self
+        lines, end, _ = whole_lines(data)  # a line still being written (torn for now) waits for the next read
+        if self.strict and not self.offset and data.strip() and not any(line.strip() for line in lines):
+            raise UsageError(f"{quoted(self.path)}: line 1 is not valid JSON; the journal is damaged")
+        self.offset += end
+        for raw in lines:
+            self.lines += 1
+            if not raw.strip() or (self._tags and not any(tag in raw for tag in self._tags)):
+                continue
+            entry = parse_line(raw)
+            if entry is None:
+                if self.strict:
+                    raise UsageError(f"{quoted(self.path)}: line {self.lines} is not valid JSON; the journal is damaged")
+                continue
+            try:
+                self._take(entry)
+            except (AttributeError, KeyError, TypeError):
+                self._damaged(self.lines)
+        return self
+
+    def _take(self, entry: dict) -> None:
+        """One entry, by its kind; TypeError or KeyError where it is not one the engine writes."""
+        kind = entry.pop("type", None)
+        key = entry.get("key")
+        if key is not None and not isinstance(key, str):  # not a line the engine writes
+            if kind == Kind.RESULT:
+                raise TypeError("key is not a string")
+            return
+        when = entry.get("end", entry.get("time"))
+        if _is_time(when):
+            self.last = when if self.last is None else max(self.last, when)
+        if kind == Kind.HEADER:
+            self.header = entry
+        elif kind == Kind.RESULT:
+            record = _record(entry) if self.keep_records or self.strict else None
+            if record is not None and self.keep_records:
+                self.records[entry["key"]] = record
+            self.done.add(entry["key"])
+            self.failed.pop(entry["key"], None)
+        elif kind == Kind.START:  # a resumed run retries what failed before
+            if not isinstance(entry.get("layout", []), list):
+                raise TypeError("a start event's layout is a list of ranks")
+            self.starts.append(entry)
+            self.stops, self.failed = [], {}
+        elif kind == Kind.STOP:
+            self.stops.append(entry)
+        elif kind == Kind.FAILED and key is not None:
+            error = entry.get("error")
+            self.failed[key] = error if isinstance(error, str) else ""
+        elif kind == Kind.ATTEMPT_FAILED and self.keep_attempts:
+            self.attempts.append(entry)
+        elif kind == Kind.RANK_LOST:
+            self.lost[entry.get("rank")] = entry
+
+
+def read_journal(path: Path, starts: Optional[List[dict]] = None) -> Tuple[Optional[dict], Dict[str, Record]]:
+    """(header, finished records by key) from a journal, for ``--resume`` (strict: a damaged
+    journal is a UsageError); ``starts``, where given, gets each run's start event (its ranks'
+    layout), oldest first."""
+    reader = JournalReader(path, strict=True, records=True).update()
+    if starts is not None:
+        starts.extend(reader.starts)
+    return reader.header, reader.records
+
+
+def read_header(path: Path) -> Optional[dict]:
+    """The journal's first line (the run's header) without reading the rest; None where it cannot
+    be read or is not a header."""
+    try:
+        with open(path, "rb") as handle:
+            entry = parse_line(handle.readline(1 << 20))
+    except OSError:
+        return None
+    return entry if entry is not None and entry.pop("type", None) == Kind.HEADER else None
 
 
 #: a result line's engine fields by the type they hold (what the summary and the timeline compute with)
@@ -207,7 +318,7 @@ def _result_line(record: Record) -> bytes:
     seconds, start, end, result, params = record.seconds, record.start, record.end, record.result, record.params
     if not (-_INF < seconds < _INF and -_INF < start < _INF and -_INF < end < _INF):
         raise ValueError("not finite")
-    return (f'{{"type":"result","key":{_string(record.key)},'
+    return (f'{{"type":"{Kind.RESULT}","key":{_string(record.key)},'
             f'"result":{"null" if result is None else _app_value(result)},'
             f'"seconds":{_float(seconds)},"rank":{_int(record.rank)},"host":{_string(record.host)},'
             f'"device":{_string(record.device)},"worker":{_string(record.worker)},"start":{_float(start)},'
@@ -305,7 +416,7 @@ class Journal:
         self._last_place_check = time.monotonic()
         self._writer = _DiskWriter(self._fd, opened.st_size)  # st_size: where the last whole line ends
         if not existed:
-            self._write({"type": "header", **header, "format": FORMAT_VERSION})
+            self._write({"type": Kind.HEADER, **header, "format": FORMAT_VERSION})
         self.sync()
 
     def _mend_tail(self) -> None:
@@ -415,7 +526,7 @@ class Journal:
             return
         line = result_line(record)
         if line is None:  # an engine field of an unusual type: the general way
-            entry = {"type": "result"}
+            entry = {"type": Kind.RESULT}
             for name in _RECORD_FIELDS:
                 entry[name] = getattr(record, name)
             self._write(entry)

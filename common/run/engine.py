@@ -55,7 +55,7 @@ from common.ranks.scheduler import Scheduler
 from common.results.failures import WriteFailures, about_results, free_reserve, reserve_space
 from common.results.hold import Hold, check_free
 from common.results.journal import FORMAT_VERSION as JOURNAL_FORMAT
-from common.results.journal import Journal, describe_difference, parse_line, read_journal
+from common.results.journal import Journal, Kind, describe_difference, read_header, read_journal
 from common.results.layout import (
     ENGINE_OUTPUTS,
     GPU_USAGE_STEM,
@@ -293,12 +293,8 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
 def _other_run(journal_path: Path, fingerprint: dict, left_out: Dict[str, Any]) -> Optional[str]:
     """How the run whose journal this is differs from this one, from its header (the first line);
     None where it is the same run (or its header cannot be read: the resume says why)."""
-    try:
-        with open(journal_path, "rb") as handle:
-            header = parse_line(handle.readline(1 << 20))
-    except OSError:
-        return None
-    old = header.get("fingerprint") if isinstance(header, dict) else None
+    header = read_header(journal_path)
+    old = header.get("fingerprint") if header is not None else None
     if not isinstance(old, dict):
         return None
     # what a resume may take from the run, or judges later: not a difference of arguments
@@ -566,7 +562,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
             del resumed[key]
         journal = Journal(journal_path, {"fingerprint": fingerprint, "command": module_command(argv)},
                           write_failures=failures)
-        journal.add_event("start", time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
+        journal.add_event(Kind.START, time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
         reserve_space(results)  # room for the summary should the disk fill up
         log.info("%s: %s (%d already in the journal) on %s, %s: %s", app.name, counted(len(items), "item"),
                  len(resumed), counted(comm.size, "rank"), counted(total_capacity, "worker"), _placement(layout))

@@ -82,12 +82,20 @@ def command(system: str, spec: Path, out: Path, extra: List[str], baseline_app: 
     return [PY, "-m", "benchmarks.peers.run", system, str(spec), str(out)]
 
 
-def launch(cmd: List[str], cap: float, until: Optional[Any] = None, pythonpath: Path = REPO) -> Dict[str, Any]:
+#: the hung-worker workload: ours ends a worker silent this long (--worker-timeout), and so does
+#: every peer that can be set to (Dask's scheduler drops a worker silent for its worker-ttl)
+HUNG_TIMEOUT = 10.0
+HUNG_SETTINGS = {"dask": {"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": f"{HUNG_TIMEOUT:g}s"}}
+
+
+def launch(cmd: List[str], cap: float, until: Optional[Any] = None, pythonpath: Path = REPO,
+           settings: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Run ``cmd`` in its own session; kill the whole session after ``cap`` s, or (``until``) once
-    ``until()`` is true. Returns launch and exit times, the exit code and whether it was killed."""
+    ``until()`` is true. ``settings``: more environment. Returns launch and exit times, the exit
+    code and whether it was killed."""
     # the venv's bin first, as for a user who activated it (Parsl starts its interchange from there)
     env = {**os.environ, "PYTHONPATH": str(pythonpath), "RAY_DEDUP_LOGS": "0",
-           "PATH": os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", "")}
+           "PATH": os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""), **(settings or {})}
     launched = time.time()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -141,7 +149,9 @@ def measure(system: str, workload: str, folder: Path, cap: float, baseline: Opti
     spec_path.write_text(json.dumps(spec))
     ours = system.startswith(("ours", "base"))
     out = folder / ("results" if ours else "out.json")
-    extra = ["--worker-timeout", "10"] if workload == "stop" and ours else []
+    extra = ["--worker-timeout", f"{HUNG_TIMEOUT:g}"] if workload == "stop" and ours else []
+    # the hung worker: a peer that has a liveness setting of its own gets the same timeout as ours
+    settings = HUNG_SETTINGS.get(system, {}) if workload == "stop" else {}
     baseline_app = None
     if system.startswith("base"):  # our app, run as a script on the other checkout's engine
         baseline_app = folder / "app" / "ours.py"
@@ -149,7 +159,7 @@ def measure(system: str, workload: str, folder: Path, cap: float, baseline: Opti
         for name in ("ours.py", "work.py"):
             (baseline_app.parent / name).write_text((REPO / "benchmarks" / "peers" / name).read_text())
     run = launch(command(system, spec_path, out, extra, baseline_app), cap,
-                 pythonpath=baseline if system.startswith("base") and baseline else REPO)
+                 pythonpath=baseline if system.startswith("base") and baseline else REPO, settings=settings)
     got = results_of(system, out)
     rows = got["results"]
     n = len(spec["durations"])
@@ -281,10 +291,10 @@ def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, An
                               if s in resume else "not run (its checkpointing not set up)" for s in systems) + " |")
     versions = sorted({r["version"] for r in runs if r.get("version")})
     lines += ["", f"Medians of {rounds} interleaved round(s); in brackets the median ratio to ProcessPoolExecutor's "
-                  f"figure in the same round. The hung-worker row: one round, ours with --worker-timeout 10 "
-                  f"(default 300 s), every peer with its defaults (Dask's worker-ttl and the others' liveness "
-                  f"settings not tuned to match), each killed at {cap:.0f} s: it shows what a 10 s worker timeout "
-                  f"does, not that no peer can be set to catch a hung worker. The rerun row: the peers were run "
+                  f"figure in the same round. The hung-worker row: one round, ours with --worker-timeout "
+                  f"{HUNG_TIMEOUT:g} (default 300 s), Dask with its worker-ttl at the same {HUNG_TIMEOUT:g} s "
+                  f"(default 5 minutes), the other peers at their defaults (no setting of theirs that ends a "
+                  f"hung worker and reruns its item was found), each killed at {cap:.0f} s. The rerun row: the peers were run "
                   f"without their own checkpointing (Parsl's, joblib.Memory), so not at all.",
               f"Versions: {', '.join(versions)}.", f"Machine: {os.cpu_count()} CPUs ({cpu_model()})."]
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """mnist_svm: the reference's RBF-SVM grid search as an engine app.
 
-Items are single (C, gamma, fold) fits, so a 24x24 grid with 5 folds is 2,880 items that keep
-every GPU of every node busy; one last item refits the best pair on the whole training set and
+Items are single (C, gamma, fold) fits, so a 24x24 grid with 5 folds is 2,880 items, each handed
+to whichever GPU of any node is free; one last item refits the best pair on the whole training set and
 scores it on the test set. Rank 0 turns the results into the reference's outputs.
 """
 from __future__ import annotations

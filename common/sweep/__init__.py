@@ -11,7 +11,18 @@
 
 or ``python -m common.sweep my_module:fit --grid grid.json --minimise error``. Every engine flag
 works (``--gpu all``, ``--results``, ``--resume``, ``--dry-run``, ...); see docs/sweep.md.
+
+Importing this package imports nothing heavy (``main`` and ``SweepApp`` load on first use), so that
+``python -m common.sweep`` defers Ctrl-C before numpy loads.
 """
-from .app import SweepApp, main
+from typing import Any
 
 __all__ = ["SweepApp", "main"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from . import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -81,14 +81,16 @@ def _plain(value: Any, where: str) -> Any:
     return plain
 
 
-def grid_points(grid: Any) -> List[Dict[str, Any]]:
-    """Every combination of a grid's lists, the first parameter varying slowest."""
-    return grid_space(grid)[0]
+def _same(value: Any, text: str) -> Any:
+    """What two values listed twice share: the number itself for an int or float (1 and 1.0 are
+    one number; their keys, and so their seeds, differ), else the text of the key."""
+    return value if type(value) in (int, float) else text
 
 
 def grid_space(grid: Any, repeats: int = 1) -> Tuple[List[Dict[str, Any]], List[str]]:
-    """:func:`grid_points` and each point's :func:`point_key`, made from each value's text once
-    (the texts the check for a value listed twice makes) rather than once per point; refused
+    """Every combination of a grid's lists, the first parameter varying slowest, and each point's
+    :func:`point_key`, made from each value's text once (the texts the check for a value listed
+    twice makes) rather than once per point; refused
     before it is built where, with ``repeats``, it would be more than MAX_ITEMS items."""
     if not isinstance(grid, Mapping):
         raise UsageError(f"the grid must be an object of parameter -> list of values, got {kind_of(grid)}")
@@ -120,13 +122,18 @@ def grid_space(grid: Any, repeats: int = 1) -> Tuple[List[Dict[str, Any]], List[
         if not values:
             raise UsageError(f"the grid's {name!r} is an empty list: the grid would have no point")
         plain = [_plain(v, f"the grid's {name!r}") for v in values]
-        seen: Dict[str, None] = {}
+        seen: Dict[Any, str] = {}
         for value in plain:
             text = value_text(value)
-            if text in seen:
-                raise UsageError(f"the grid's {name!r} lists {text} twice")
-            seen[text] = None
-        axes.append((name, plain, [f"{name}={text}" for text in seen]))
+            same = _same(value, text)
+            if same in seen:
+                first = seen[same]
+                if first == text:
+                    raise UsageError(f"the grid's {name!r} lists {text} twice")
+                raise UsageError(f"the grid's {name!r} lists {first} and {text}: one number, which would be two "
+                                 f"items with two seeds; keep one")
+            seen[same] = text
+        axes.append((name, plain, [f"{name}={text}" for text in seen.values()]))
     check_count(math.prod(len(plain) for _, plain, _ in axes), repeats, "the grid")
     names = [name for name, _, _ in axes]
     points = [dict(zip(names, combo)) for combo in itertools.product(*[plain for _, plain, _ in axes])]
@@ -256,10 +263,13 @@ def point_key(point: Mapping[str, Any], repeat: int = 0) -> str:
 
 def check_unique(points: List[Dict[str, Any]]) -> List[str]:
     """Refuse a space where two points are the same (they would be one item); returns each point's key."""
-    seen: Dict[str, int] = {}
+    seen: Dict[Any, Tuple[int, str]] = {}
     for number, point in enumerate(points, 1):
         key = point_key(point)
-        if key in seen:
-            raise UsageError(f"point {number} ({key}) is the same as point {seen[key]}: each point must be listed once")
-        seen[key] = number
-    return list(seen)
+        same = tuple((name, _same(point[name], value_text(point[name]))) for name in sorted(point))
+        first = seen.setdefault(same, (number, key))
+        if first[0] != number:
+            numbers = "" if first[1] == key else f" in numbers ({first[1]})"
+            raise UsageError(f"point {number} ({key}) is the same as point {first[0]}{numbers}: each point must be "
+                             f"listed once")
+    return [key for _, key in seen.values()]

@@ -231,7 +231,10 @@ class MnistNN(App):
             return []
         earlier = summary.get("items_resumed") or 0
         since = resumed_note(summary["items_done"] - earlier, earlier, "items")
-        return [f"Time taken {summary['wall_seconds']} s{since}", f"ensemble test error: {summary['ensemble_test_error']}"]
+        from .report import partial_note
+
+        return [f"Time taken {summary['wall_seconds']} s{since}",
+                f"ensemble test error{partial_note(summary)}: {summary['ensemble_test_error']}"]
 
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         from .report import summary_markdown

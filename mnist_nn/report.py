@@ -97,7 +97,7 @@ def save_model(folder: Path, bootstrap: int, result: Mapping[str, Any], app: Any
               "seed": app.args.seed, "image_size": IMAGE_SIZE, "normalisation": result["normalisation"],
               "state_dict": pt.name, "sha256": weights["sha256"]}
     atomic_write_json(stem.with_suffix(".json"), params)
-    return {"bootstrap": bootstrap, "file": f"models/{pt.name}", "present": present}
+    return {"bootstrap": bootstrap, "file": f"{MODELS_DIR}/{pt.name}", "present": present}
 
 
 def majority_votes(probabilities: np.ndarray) -> np.ndarray:
@@ -128,7 +128,10 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
     atomic_write_text(folder / CV_RESULTS_CSV, csv_text(CV_COLUMNS, cv_rows(app, run, refits)))
     saved = [save_model(folder / MODELS_DIR, b, result, app) for b, result in sorted(refits.items())]
     missing = [s["file"] for s in saved if not s["present"]]
-    summary: Dict[str, Any] = {"models": len(refits), "chosen_models": models,
+    summary: Dict[str, Any] = {"models": len(refits), "bootstraps": args.n_bootstrap,
+                               # an ensemble of fewer models than asked for: their refit failed or was not run
+                               "bootstraps_without_model": [b for b in range(args.n_bootstrap) if b not in refits],
+                               "chosen_models": models,
                                "model_test_errors": [m["test_error"] for m in models],
                                "model_training_errors": [m["training_error"] for m in models],
                                "ensemble_test_error": None, "ensemble_test_error_mean_probability": None,
@@ -155,6 +158,23 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
     return summary
 
 
+def models_text(summary: Mapping[str, Any]) -> str:
+    """How many models the ensemble has, and which bootstraps have none (their refit failed)."""
+    without = summary.get("bootstraps_without_model") or []
+    if not without:
+        return str(summary["models"])
+    names = ", ".join(str(b) for b in without)
+    return (f"{summary['models']} of {summary.get('bootstraps', '?')} (bootstrap{'s' if len(without) > 1 else ''} "
+            f"{names} without one: its refit did not finish)")
+
+
+def partial_note(summary: Mapping[str, Any]) -> str:
+    """`` (of 1 of 2 models)`` where the ensemble lacks some, else nothing."""
+    if not summary.get("bootstraps_without_model"):
+        return ""
+    return f" (of {summary['models']} of {summary.get('bootstraps', '?')} models)"
+
+
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     errors = summary.get("model_test_errors") or []
     lines = ["## mnist_nn: bagged conv nets", ""]
@@ -164,9 +184,8 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
                   "fit that finished); the figure also as `.svg` and `.pdf`.", "",
                   "![training curves](training_curves.png)", ""]
         return "\n".join(lines) + "\n"
-    lines += [f"- models: {summary['models']}; test error of each: "
-              + ", ".join(f"{e:.4f}" for e in errors),
-              f"- ensemble test error: majority vote {summary['ensemble_test_error']:.4f}, "
+    lines += [f"- models: {models_text(summary)}; test error of each: " + ", ".join(f"{e:.4f}" for e in errors),
+              f"- ensemble test error{partial_note(summary)}: majority vote {summary['ensemble_test_error']:.4f}, "
               f"mean probability {summary['ensemble_test_error_mean_probability']:.4f} "
               f"(best single model {min(errors):.4f})", ""]
     lines += model_table(summary["chosen_models"])

@@ -268,3 +268,21 @@ def test_a_run_with_no_refit_still_lists_its_training_curves():
     text = summary_markdown({"ensemble_test_error": None, "model_test_errors": []})
     assert "No model was refitted: no ensemble." in text and "![training curves](training_curves.png)" in text
     assert "`training_log.csv`" in text and "`cv_results.csv`" in text and text.endswith("\n")
+
+
+def test_an_ensemble_without_some_bootstraps_says_so_beside_its_error():
+    """A refit that failed leaves its bootstrap without a model: the ensemble's error is then of
+    fewer models than asked for, and summary.md and the closing line say so (a user quoting "the
+    ensemble" error of 2 bootstraps was quoting a single model)."""
+    from mnist_nn.report import summary_markdown
+
+    summary = {"models": 1, "bootstraps": 2, "bootstraps_without_model": [0], "model_test_errors": [0.0511],
+               "ensemble_test_error": 0.0511, "ensemble_test_error_mean_probability": 0.0511, "chosen_models": [],
+               "wall_seconds": 3.0, "items_done": 21}
+    text = summary_markdown(summary)
+    assert "- models: 1 of 2 (bootstrap 0 without one: its refit did not finish); test error of each: 0.0511" in text
+    assert "- ensemble test error (of 1 of 2 models): majority vote 0.0511" in text
+    app = MnistNN.__new__(MnistNN)
+    assert app.headline(None, summary)[1] == "ensemble test error (of 1 of 2 models): 0.0511"
+    whole = {**summary, "models": 2, "bootstraps_without_model": [], "model_test_errors": [0.05, 0.06]}
+    assert "- models: 2; test error" in summary_markdown(whole) and "ensemble test error: majority" in summary_markdown(whole)

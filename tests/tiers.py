@@ -172,7 +172,7 @@ class _Visitor(ast.NodeVisitor):
         callee = self.classifier.resolve(node.func, self.scope)
         if callee is None:
             return
-        if id(callee) in self.classifier.spawners or getattr(callee, "__module__", "").startswith("multiprocessing"):
+        if id(callee) in self.classifier.spawners or (getattr(callee, "__module__", None) or "").startswith("multiprocessing"):
             self.found = max(self.found, PROCESSES)
             return
         if not own_code(callee):

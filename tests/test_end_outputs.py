@@ -164,6 +164,10 @@ def test_failed_items_say_how_to_run_them_again_and_a_resume_says_what_it_ran(tm
     command = " ".join(["python", TOY, *args[1:], "--fail-key", "item-0001", "--retries", "0", "--resume"])
     *_, closing, retry = error_lines(failed.stderr)
     assert closing.startswith("toy: failed: 5 of 6 items done, 1 failed, in "), failed.stderr
+    # the outputs' time apart from the items' (mnist_nn's figures took 18 s after 100%, said nowhere)
+    said = json.loads((results / "summary.json").read_text())
+    assert f"the items ended in {said['wall_seconds']:.1f} s; writing the outputs" in failed.stderr
+    assert f" s, the outputs {said['outputs_seconds']:.1f} s more; results in " in closing, closing
     assert retry == f"toy: run the failed items again with the same launcher and: {command}", failed.stderr
     assert f"1 item(s) failed. Run them again (after a fix, or for a failure of the moment) with:\n\n    {command}\n" \
         in (results / "summary.md").read_text()

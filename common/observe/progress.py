@@ -88,8 +88,8 @@ class Progress:
             self.failed += count
         if self.bar is None:
             return
-        if failed:
-            self.bar.set_postfix(failed=self.failed, refresh=False)
+        if failed:  # the bar counts items resolved: say how many of them failed
+            self.bar.set_postfix_str(f"{self.done - self.failed} ok, {self.failed} failed", refresh=False)
         self.bar.update(count)
 
     def write(self, message: str) -> None:

@@ -41,7 +41,7 @@ h1 { font-size: 1.6em; margin: 0.2em 0 0.6em; } h2 { font-size: 1.25em; margin-t
 table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.93em; }
 th, td { border: 1px solid #dde1e6; padding: 4px 9px; text-align: left; vertical-align: top; }
 th { background: #f0f2f5; } code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 0.9em; }
-pre { background: #f6f8fa; padding: 10px; overflow-x: auto; }
+pre { background: #f6f8fa; padding: 10px; white-space: pre-wrap; overflow-wrap: anywhere; }
 img { max-width: 100%; height: auto; display: block; margin: 10px 0; }
 figure { margin: 1em 0; } figcaption { color: #5a6570; font-size: 0.9em; }
 details { margin: 6px 0; } summary { cursor: pointer; }

@@ -52,7 +52,8 @@ def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first item started")
     counts = {kind: sum(1 for bar in bars if _outcome(bar) == kind) for kind in LABELS}
-    ax.set_title(f"{len(bars)} item runs on {len(workers)} workers"
+    # attempts, not items: an item retried is a bar per attempt (summary.md counts the items that failed for good)
+    ax.set_title(f"{len(bars)} attempts on {len(workers)} workers"
                  + "".join(f", {count} {LABELS[kind]}" for kind, count in counts.items() if count))
     ax.grid(axis="x", alpha=0.3)
     return save_figure(fig, path_without_suffix)

@@ -9,13 +9,14 @@ Layers, lowest first; a module imports its own layer and those below it, never o
                   and their handling), startup.py (stdout/stderr that cannot make a run fail),
                   clock.py (the clock loops are given), linux.py (prctl: children that die with
                   their parent), argtypes.py (argparse types: a number in a range, a folder),
-                  data.py (the apps' data sets)
+                  userfile.py (the JSON and YAML files users write), data.py (the apps' data sets)
   results/        the results folder: layout (every name in it), journal, hold, outputs, write
                   failures, status.json, safe reads of the run's own files
   observe/        what users see: progress, logs, GPU monitor and plot, timeline, report.html
-  workers/        a rank's spawned workers: pool, worker process, watchdog, placement, resource pools
+  workers/        a rank's spawned workers: pool, worker process, watchdog, placement, resource pools,
+                  what the app's code leaves running (leftovers), whether workers can import it (spawnable)
   ranks/          MPI ranks: the world, leader and followers, liveness, rank 0's scheduler
-  run/            the program: the engine's flags (cli) and main(AppClass) (runner)
+  run/            the program: the engine's flags (cli), main(AppClass) (runner) and the run itself (engine)
   on top          status.py (python -m common.status), pipeline/, sweep/, slurm/, testing/
 
 Importing the package imports nothing heavy (each name below is imported on first use), so

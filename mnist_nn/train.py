@@ -25,9 +25,6 @@ from .search import IMAGE_SIZE, TRAIN_BYTES_PER_WEIGHT, Candidate
 
 #: stop when an epoch's loss is above this share of the previous epoch's (the reference's rule)
 TOLERANCE = 0.8
-#: how an epoch's (and a validation fold's) loss is counted: the reference's sum of the batches'
-#: mean losses, or the mean over images (comparable between folds of different sizes)
-EPOCH_LOSSES = ("reference", "mean")
 #: ``on_epoch(entry)``: the log entry of the epoch that just ended
 EpochHook = Callable[[Dict[str, Any]], None]
 #: bytes of conv activations one evaluation batch may take
@@ -148,7 +145,8 @@ def fit(x: torch.Tensor, y: torch.Tensor, index: np.ndarray, candidate: Candidat
         epoch_loss: str = "reference") -> Tuple[Net, List[Dict[str, Any]]]:
     """Train a new net on ``x[index]``, ``y[index]``, walked in order ``batch_size`` at a time each
     epoch; returns the net (eval mode) and one log entry per epoch, each also given to ``on_epoch``.
-    ``epoch_loss``: see ``EPOCH_LOSSES``."""
+    ``epoch_loss``: how an epoch's (and a validation fold's) loss is counted: "reference", the sum of
+    the batches' mean losses, or "mean", over images (comparable between folds of different sizes)."""
     if x.device.type == "cuda":
         require_gpu_room(candidate, x.device)
     net = new_net(candidate, init_seed, x.device)

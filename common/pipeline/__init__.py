@@ -6,7 +6,8 @@ Run ``python -m common.pipeline DEFINITION``; the format is in docs/pipelines.md
 Modules: definition (parse and check), loops (which loops are bounded), flow (walking one
 pipeline), steps (one attempt of a step), proctree (a step's processes via /proc), container
 (apptainer command line), call (python steps), report (the summary table and the --dry-run plan),
-schema (the format as JSON Schema), nodelock (node-wide GPU slots), app (the engine app). The shipped examples are in examples/pipelines/.
+schema (the format as JSON Schema), nodelock (node-wide GPU slots), sizes (memory sizes as written),
+guard (the small program that ends a step with its worker), app (the engine app). The shipped examples are in examples/pipelines/.
 
 Importing the package imports nothing heavy (each name below on first use), so that ``python -m
 common.pipeline`` defers stop signals (``common.signals``) before the slow imports start.

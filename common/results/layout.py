@@ -163,10 +163,6 @@ class ResultsLayout:
     def shared_probe(self) -> Path:
         return self.logs / SHARED_PROBE
 
-    @property
-    def models(self) -> Path:
-        return self.root / MODELS_DIR
-
 
 def worker_log(logs_dir: Path, worker_name: str) -> Path:
     """A worker's log in the logs folder."""

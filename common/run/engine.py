@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -92,18 +93,29 @@ FILES_PER_RANK = 64
 FILES_PER_WORKER = 8
 
 
-def _agree(comm: Any, error: Optional[str]) -> Optional[str]:
-    """Every rank's error (or None) -> the first one, on every rank. An error that not every rank
-    has (a --data-dir one node cannot see) names the node and rank it comes from."""
-    host = socket.gethostname().split(".")[0]
-    reports = comm.allgather((host, error))
-    errors = [(rank, where, e) for rank, (where, e) in enumerate(reports) if e]
-    if not errors:
+@dataclass(frozen=True)
+class _Refusal:
+    """Why a rank will not run: a usage error's ``message``, or (``exit_code``) argparse's own
+    exit, as for --help. Sent between ranks as it is, so no rank parses another's text."""
+
+    message: str = ""
+    exit_code: Optional[int] = None
+    host: str = ""
+
+
+def _agree(comm: Any, refusal: Optional[_Refusal]) -> Optional[_Refusal]:
+    """Every rank's refusal (or None) -> the first one, on every rank. A usage error that not every
+    rank has (a --data-dir one node cannot see) names the node and rank it comes from."""
+    if refusal is not None:
+        refusal = replace(refusal, host=socket.gethostname().split(".")[0])
+    reports = comm.allgather(refusal)
+    refusals = [(rank, r) for rank, r in enumerate(reports) if r is not None]
+    if not refusals:
         return None
-    rank, where, first = errors[0]
-    if first.startswith("exit:") or len(errors) == len(reports):
+    rank, first = refusals[0]
+    if first.exit_code is not None or len(refusals) == len(reports):
         return first
-    return f"on {where} (rank {rank}): {first}"
+    return replace(first, message=f"on {first.host} (rank {rank}): {first.message}")
 
 
 def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
@@ -131,9 +143,9 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
         app.validate()
         return (app, devices, notice), None
     except UsageError as error:
-        return None, str(error)
+        return None, _Refusal(str(error))
     except SystemExit as exit_:  # --help
-        return None, f"exit:{exit_.code or 0}"
+        return None, _Refusal(exit_code=exit_.code if isinstance(exit_.code, int) else 0)
 
 
 def _check_open_files(workers: int, ranks: int) -> None:
@@ -402,13 +414,13 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
             print(f"{app_class.name}: error: {_world_mismatch(launched[0], comm.size)}", file=sys.stderr)
         return EXIT_USAGE
     setup_logging(comm.rank)
-    valid, error = _validate_everywhere(comm, app_class, argv)
-    error = _agree(comm, error)
-    if error:
-        if error.startswith("exit:"):
-            return int(error[5:])
+    valid, refusal = _validate_everywhere(comm, app_class, argv)
+    refusal = _agree(comm, refusal)
+    if refusal is not None:
+        if refusal.exit_code is not None:
+            return refusal.exit_code
         if comm.rank == 0:
-            print(f"{app_class.name}: error: {error}", file=sys.stderr)
+            print(f"{app_class.name}: error: {refusal.message}", file=sys.stderr)
         return EXIT_USAGE
     if any(comm.allgather(stop.why is not None)):  # asked to stop while starting: nothing is written
         if comm.rank == 0:

@@ -12,8 +12,9 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Dict, List, Optional, Set, TextIO
 
 from common.observe.progress import format_seconds
 from common.results.hold import last_refreshed, process_gone, read_hold, silent_for
@@ -82,7 +83,16 @@ def _number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}{unit}"
 
 
-def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optional[str]:
+@dataclass(frozen=True)
+class Gone:
+    """Why a job the status file says is running is not: ``certain`` where its rank 0's process
+    or hold says so, a guess from the status file's silence alone otherwise."""
+
+    why: str
+    certain: bool
+
+
+def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optional[Gone]:
     """Why a run the status file says is running (or stopping) is not, or None while it may be.
     The status file not refreshed for several of its periods: the job was probably killed (seen
     from anywhere). The hold it keeps on its results folder (the same rank 0 pid) says more: its
@@ -102,18 +112,19 @@ def gone(results: Path, status: Optional[Dict[str, Any]], now: float) -> Optiona
         rank_0 = f"(rank 0, pid {holder.get('pid')} on {holder.get('host')})"
         why = process_gone(holder)
         if why is not None:
-            return f"{why} {rank_0}"
+            return Gone(f"{why} {rank_0}", certain=True)
         silent = silent_for(holder, now)
         if silent is not None and status.get("state") == "finishing":
-            return f"its hold on the results folder has not been refreshed for {format_seconds(silent)} {rank_0}"
+            return Gone(f"its hold on the results folder has not been refreshed for {format_seconds(silent)} {rank_0}",
+                        certain=True)
     if status.get("state") == "finishing":
         return None
     every = float(status.get("every") or STATUS_SECONDS)
     quiet_since = float(status.get("updated") or 0) + STALE_INTERVALS * every + STALE_MARGIN_SECONDS
     if now <= quiet_since or (mine and last_refreshed(holder) > quiet_since and silent_for(holder, now) is None):
         return None
-    return (f"the status file has not been refreshed for {format_seconds(now - float(status.get('updated') or 0))} "
-            f"(every {every:g} s while the job runs)")
+    return Gone(f"the status file has not been refreshed for {format_seconds(now - float(status.get('updated') or 0))} "
+                f"(every {every:g} s while the job runs)", certain=False)
 
 
 _UNKNOWN = object()
@@ -148,10 +159,10 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     if why_gone is _UNKNOWN:
         why_gone = gone(results, status, now)
     lost = why_gone is not None  # what the file says of running items, the rate and the workers is stale
-    if why_gone is not None and why_gone.startswith("the status file"):
-        shown = f"GONE? {why_gone}: the job was probably killed; rerun it with --resume to finish"
+    if why_gone is not None and not why_gone.certain:
+        shown = f"GONE? {why_gone.why}: the job was probably killed; rerun it with --resume to finish"
     elif why_gone is not None:
-        shown = f"GONE: {why_gone}: the job was killed; rerun it with --resume to finish"
+        shown = f"GONE: {why_gone.why}: the job was killed; rerun it with --resume to finish"
     elif state == "finishing":
         shown = (f"finishing: writing the outputs (since {_ago(status.get('updated'), now)}; if this lasts for long, "
                  f"see logs/rank0.log: the job may have ended there)")
@@ -196,7 +207,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
         eta = status.get("eta_seconds")
         if not rate and done > counted:  # the file's rate is from before these
             rate = None
-        lines.append(f"rate     {_number(rate, ' items/s', 3)}, ETA {format_seconds(eta)}; "
+        until = "no ETA (stopping)" if state == "stopping" else f"ETA {format_seconds(eta)}"
+        lines.append(f"rate     {_number(rate, ' items/s', 3)}, {until}; "
                      f"started {_when(status.get('started'))}, {format_seconds(elapsed)} ago")
     # the summary's where it is this run's, else the status file's (a stop while the outputs were written
     # leaves no summary, or an earlier run's)
@@ -212,7 +224,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
 
     lines += _ranks(status, journal, every, now, lost)
     if state not in FINAL_STATES and not lost:
-        lines += _workers(status, now)
+        lines += _workers(status, now, journal.done | set(journal.failed))
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
         else _gpus(status, age if lost else None)
     lines += _failures(status.get("failures") or [{"key": k, "error": error_line(e)} for k, e in journal.failed.items()], failed)
@@ -261,7 +273,9 @@ def _ranks(status: dict, journal: JournalReader, every: float, now: float, gone:
     return [head] + [f"  {part}" for part in parts]
 
 
-def _workers(status: dict, now: float) -> List[str]:
+def _workers(status: dict, now: float, resolved: Set[str]) -> List[str]:
+    """The workers as the status file saw them; ``resolved``: keys the journal has since seen
+    finish or fail (the file is up to 5 s older than the journal: not shown as running)."""
     workers = status.get("workers") or []
     if not workers:
         return []
@@ -270,7 +284,9 @@ def _workers(status: dict, now: float) -> List[str]:
     width = max(len(w.get("worker", "")) for w in workers)
     for w in workers:
         where = f"{w.get('worker', '?'):<{width}}  {w.get('host', '?')}"
-        if w.get("state") == "running":
+        if w.get("state") == "running" and w.get("key") in resolved:
+            lines.append(f"  {where}  {w.get('key')} ended; what it runs next shows at the next refresh")
+        elif w.get("state") == "running":
             extra = f" (+{w['together'] - 1} run with it)" if w.get("together", 1) > 1 else ""
             attempt = f", attempt {w['attempt']}" if (w.get("attempt") or 1) > 1 else ""
             lines.append(f"  {where}  {w.get('key')}{extra} for {format_seconds(now - w['since'])}{attempt}")
@@ -321,7 +337,7 @@ def _failures(failures: List[dict], count: int) -> List[str]:
     return lines
 
 
-def exit_code(state: Optional[str], why_gone: Optional[str]) -> int:
+def exit_code(state: Optional[str], why_gone: Optional[Gone]) -> int:
     """The job's state as the code the job itself ends with, so that a script branches on it
     without reading the text: 0 running or complete, 1 failed, 75 stopped or gone (``--resume``
     finishes it; the code a Slurm script requeues on)."""

@@ -248,14 +248,15 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     (results / "hold.json").write_text(json.dumps(dict(hold, refreshed=quiet + 1)))
     os.utime(results / "hold.json", (quiet + 1, quiet + 1))
     assert gone(results, files, stale) is None  # its hold refreshed after the status file went quiet: alive
-    assert gone(results, files, stale + 3600).startswith("the status file has not been refreshed for")
+    assert gone(results, files, stale + 3600).why.startswith("the status file has not been refreshed for")
+    assert not gone(results, files, stale + 3600).certain  # the status file's silence alone: a guess
     # writing its outputs refreshes no status file, but its hold: from another host, a silent hold tells
     assert gone(results, dict(files, state="finishing"), stale) is None
-    assert gone(results, dict(files, state="finishing"), stale + 3600).startswith(
+    assert gone(results, dict(files, state="finishing"), stale + 3600).why.startswith(
         "its hold on the results folder has not been refreshed for 1h00m")
     (results / "hold.json").unlink()
     os.mkfifo(results / "hold.json")  # not a hold the engine wrote: never read (it would block), no traceback
-    assert gone(results, files, stale).startswith("the status file has not been refreshed for")
+    assert gone(results, files, stale).why.startswith("the status file has not been refreshed for")
     fifo = status(results)  # running or gone by now (the file's age), never a traceback
     assert fifo.returncode in (0, 75) and fifo.stderr == "", fifo.stderr
 
@@ -475,3 +476,25 @@ def test_the_status_file_is_rewritten_soon_after_the_start_then_every_period(tmp
         clock[0] = 1000.0 + tenth / 10
         writer.tick(leader)
     assert written == [0.0, 0.5, 1.5, 3.5, 7.5, 12.5, 17.5, 22.5, 27.5], written
+
+
+def test_an_item_the_journal_resolved_is_not_shown_running_and_a_stopping_job_has_no_eta(tmp_path):
+    """The status file is up to 5 s older than the journal: a worker it shows on x=3 "for 6s" while
+    the journal already lists x=3 as failed showed the item running and failed at once; and a job
+    that is stopping showed an ETA for the items it will not run."""
+    now = 1_000_000.0
+    worker = {"worker": "rank0-cpu0", "host": "vm", "state": "running", "key": "x=3", "since": now - 6.0}
+    other = {"worker": "rank0-cpu1", "host": "vm", "state": "running", "key": "x=4", "since": now - 1.0}
+    state = {"app": "sweep", "state": "running", "every": 5.0, "updated": now - 4.0, "started": now - 20.0,
+             "items_total": 10, "items_done": 2, "rate_per_second": 0.5, "eta_seconds": 16.0,
+             "workers": [worker, other]}
+    journal_file = tmp_path / "journal.jsonl"
+    journal_file.write_text(json.dumps({"type": "header"}) + "\n"
+                            + json.dumps({"type": "failed", "key": "x=3", "error": "ValueError: no"}) + "\n")
+    journal = JournalReader(journal_file).update()
+    text = describe(tmp_path, state, journal, now)
+    assert "rank0-cpu0  vm  x=3 ended; what it runs next shows at the next refresh" in text, text
+    assert "rank0-cpu1  vm  x=4 for 1s" in text and "  x=3: ValueError: no" in text, text
+    assert "ETA 16s" in text, text
+    stopping = describe(tmp_path, dict(state, state="stopping"), journal, now)
+    assert "no ETA (stopping)" in stopping and "ETA 16s" not in stopping, stopping

@@ -207,6 +207,12 @@ class App:
         stopped run, one with failed items, or ``--dry-run``."""
         return []
 
+    def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
+        """The run's answer in one line (markdown), shown right under summary.md's title, before
+        the run's facts: what a user opening the folder looks for first (the best point and its
+        error, say). ``summary`` is summary.json's content; None: no such line."""
+        return None
+
     def output_names(self) -> Tuple[str, ...]:
         """The names (``fnmatch`` patterns) of what ``finish`` and the workers write at the top of
         the results folder: files, and folders such as ``models``. A run without a journal to

@@ -236,6 +236,14 @@ class MnistNN(App):
         return [f"Time taken {summary['wall_seconds']} s{since}",
                 f"ensemble test error{partial_note(summary)}: {summary['ensemble_test_error']}"]
 
+    def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
+        from .report import partial_note
+
+        if summary.get("ensemble_test_error") is None:
+            return None
+        return (f"ensemble test error{partial_note(summary)}: {summary['ensemble_test_error'] * 100:.2f} % "
+                f"(majority vote of {summary['models']} models)")
+
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         from .report import summary_markdown
 

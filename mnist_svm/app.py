@@ -172,6 +172,12 @@ class MnistSvm(App):
         return timing + [f"Best penalty parameter: {refit['C']}", f"Best kernel parameter: {refit['gamma']}",
                          f"Test error: {refit['test_error'] * 100}%"]
 
+    def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
+        if summary.get("best_C") is None or summary.get("test_error") is None:
+            return None
+        return (f"best C {summary['best_C']:.4g}, gamma {summary['best_gamma']:.4g}: cross-validation error "
+                f"{summary['cv_error'] * 100:.2f} %, test error {summary['test_error'] * 100:.2f} %")
+
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         grid, folder = self.grid, run.results_dir
         results = run.results()

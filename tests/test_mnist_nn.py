@@ -73,6 +73,9 @@ def test_a_run_writes_every_output(clean_run):
     assert f"{fit_key(0, 0, 0)} epoch 1: loss " in worker_log and f"{refit_key(1)} epoch 1: loss " in worker_log
     markdown = (clean_run / "summary.md").read_text()
     assert "ensemble test error" in markdown
+    said = json.loads((clean_run / "summary.json").read_text())  # the answer first, under the title
+    assert markdown.splitlines()[2] == (f"**ensemble test error: {said['ensemble_test_error'] * 100:.2f} % "
+                                        f"(majority vote of 2 models)**"), markdown
     table = [line for line in markdown.splitlines() if line.startswith("| ") and "bootstrap" not in line]
     assert [line.split(" | ")[2] for line in table] == [r["n_conv_layer"] for r in rows], table
 

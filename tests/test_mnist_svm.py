@@ -65,6 +65,10 @@ def test_two_ranks_on_digits_write_every_output(two_rank_run):
     first = rows[0]
     assert table[int(first["fold"]), int(first["i_gamma"]), int(first["i_C"])] == pytest.approx(float(first["error"]), abs=1e-6)
     assert "| best C |" in (results / "summary.md").read_text()
+    said = json.loads((results / "summary.json").read_text())  # the answer first, under the title
+    assert (results / "summary.md").read_text().splitlines()[2] == (
+        f"**best C {said['best_C']:.4g}, gamma {said['best_gamma']:.4g}: cross-validation error "
+        f"{said['cv_error'] * 100:.2f} %, test error {said['test_error'] * 100:.2f} %**")
     # fits of one (gamma, fold) run together and share their group's time: counted once, not per fit
     results_ = [e for e in journal_entries(results) if e.get("type") == "result"]
     fits = [e for e in results_ if e["key"] != REFIT_KEY]

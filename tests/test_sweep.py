@@ -78,6 +78,7 @@ def test_a_grid_on_two_ranks_by_two_workers_equals_one_by_one(tmp_path, monkeypa
     assert best[0]["params"]["x"] == 3 and best == sorted(best, key=lambda e: e["mean"])
     assert many.stdout.startswith("best loss: ") and "x=3" in many.stdout
     assert "Best points by `loss`" in (tmp_path / "many" / "summary.md").read_text()
+    assert (tmp_path / "many" / "summary.md").read_text().splitlines()[2] == f"**{many.stdout.splitlines()[0]}**"
     assert "sweep.png" in (tmp_path / "many" / "summary.md").read_text()
 
 

@@ -986,8 +986,15 @@ def _closing(line: str) -> None:
 def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = True) -> str:
     """summary.md: the run's facts, then (``with_app_part``) the app's own part."""
     this_run = " (this run)" if summary["items_resumed"] else ""  # the times: a resume's own, not its earlier runs'
-    lines = [f"# {app.name}: {summary['status']}", "",
-             f"- command: `{summary['command']}`",
+    lines = [f"# {app.name}: {summary['status']}", ""]
+    try:  # the app's own code: a summary without the line rather than none
+        answer = app.answer(summary) if with_app_part else None
+    except Exception:
+        log_to_files(f"{app.name}: its answer line failed:\n{traceback.format_exc().rstrip()}")
+        answer = None
+    if answer:
+        lines += [f"**{answer}**", ""]
+    lines += [f"- command: `{summary['command']}`",
              f"- items: {summary['items_done']} of {summary['items_total']} done "
              f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",
              f"- ranks: {summary['ranks']}; workers: {_placement(summary['workers'])}",

@@ -435,6 +435,10 @@ class SweepApp(App):
     def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:
         return report.headline(summary.get("sweep") or {})
 
+    def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
+        best = report.headline(summary.get("sweep") or {})
+        return best[0] if best and best[0].startswith("best ") else None
+
 
 def checked_result(key: str, result: Any) -> Dict[str, Any]:
     """The function's return as JSON: a dict of JSON values (numpy scalars and arrays converted), or

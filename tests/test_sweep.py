@@ -555,8 +555,10 @@ def test_the_fast_paths_give_what_the_general_ones_gave():
         rows.append(Record(f"x={number}", {"seed": 7, "return": {"v": "é\n\"", "w": [1.5]}}, seconds, host=host))
     _, lines = report._tables(list(zip(items, rows)), ["x"], ["v"])
     assert lines.splitlines() == [json.dumps({"key": item.key, "point": item.params["point"], "repeat": 0, "seed": 7,
-                                              "result": record.result["return"], "seconds": round(record.seconds, 6),
-                                              "host": record.host, "device": ""})
+                                              "result": record.result["return"],
+                                              # strict JSON: a time that is not finite is null
+                                              "seconds": round(record.seconds, 6) if math.isfinite(record.seconds) else None,
+                                              "host": record.host, "device": ""}, allow_nan=False)
                                   for item, record in zip(items, rows)]
     # one parameter: its point written as {"x": value} for an int or str, json.dumps' way for the others
     items = [Item(f"x={number}", {"point": point, "repeat": 0}) for number, point in enumerate(
@@ -878,6 +880,14 @@ def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range
     assert summary(tmp_path / "n")["sweep"]["unranked"] == 2
     assert ("2 points returned no finite `loss` (NaN, infinite or missing) and are not ranked; results.csv has them."
             in (tmp_path / "n" / "summary.md").read_text())
+    # results.jsonl is strict JSON: an infinite value is null there (Infinity is not JSON), inf in results.csv
+    write(tmp_path / "inf.py", "def fit(params):\n    return {'loss': float('inf'), 'curve': [1.0, -float('inf')]}\n")
+    result = sweep("inf:fit", tmp_path / "i", "--grid", str(grid), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "i" / "results.jsonl").read_text().splitlines()
+    parsed = [json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in results.jsonl")) for line in lines]
+    assert [entry["result"] for entry in parsed] == [{"loss": None, "curve": [1.0, None]}] * 4
+    assert {row["loss"] for row in rows(tmp_path / "i")} == {"inf"}
 
 
 def test_an_integer_past_the_float_range_fails_its_item_and_is_not_taken_from_a_journal(tmp_path, monkeypatch):

@@ -121,9 +121,29 @@ def _json_chunks() -> Callable[[Any, int], Any]:
     plain = json.JSONEncoder()
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
-        return lambda value, _: (plain.encode(value),)
+        return lambda value, _: (json.JSONEncoder(allow_nan=False).encode(value),)
     return make({}, plain.default, json.encoder.encode_basestring_ascii, None, plain.key_separator,
-                plain.item_separator, False, False, True)
+                plain.item_separator, False, False, False)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is not finite (inf, -inf, NaN) as None: results.jsonl is
+    strict JSON (``Infinity`` is not JSON, and fails JSON.parse, jq and most readers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _strict_json(chunks: Callable[[Any, int], Any], value: Any) -> str:
+    """``json.dumps`` of ``value`` by ``chunks``, with a float that is not finite written as null."""
+    try:
+        return "".join(chunks(value, 0))
+    except ValueError:  # an inf or a NaN (the encoder refuses them)
+        return "".join(chunks(_finite(value), 0))
 
 
 # what json.dumps writes for a row's own fields: a str (TypeError on another type), an int, a finite float
@@ -165,15 +185,15 @@ def _tables(finished: List[Any], parameters: List[str], values: List[str]) -> Tu
                 point_text = join(chunks(point, 0))
             try:
                 line = (f'{{"key": {_string(key)}, "point": {point_text}, "repeat": {repeat_cell}, '
-                        f'"seed": {seed_cell}, "result": {join(chunks(returned, 0))}, '
+                        f'"seed": {seed_cell}, "result": {_strict_json(chunks, returned)}, '
                         f'"seconds": {seconds_cell}, "host": {_string(host)}, "device": {_string(device)}}}')
             except TypeError:  # a key, host or device not a str: as json.dumps writes the whole row
                 pass
         else:
             repeat_cell, seed_cell, seconds_cell = repeat, seed, seconds
-        lines.append(line or join(chunks({"key": key, "point": point, "repeat": repeat, "seed": seed,
-                                          "result": returned, "seconds": seconds, "host": host,
-                                          "device": device}, 0)))
+        lines.append(line or _strict_json(chunks, {"key": key, "point": point, "repeat": repeat, "seed": seed,
+                                                   "result": returned, "seconds": seconds, "host": host,
+                                                   "device": device}))
         if kind in _PLAIN:  # the one parameter's value (kind stays None without one)
             row = [key, value, repeat_cell, seed_cell]
         else:

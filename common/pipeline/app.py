@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import settings
 from ..app import App, RunInfo, finite_number
 from ..devices import Device
 from ..errors import ItemFailed, UsageError, error_line, quoted, short
@@ -187,7 +188,7 @@ class PipelineApp(App):
             try:  # where the node-wide GPU slots live (made now, as the first GPU step would): refused now
                 nodelock.lock_dir()
             except OSError as error:
-                raise UsageError(f"{nodelock.LOCK_DIR_ENV}: the node-wide GPU slots cannot live there: {error}") from None
+                raise UsageError(f"{settings.LOCK_DIR.name}: the node-wide GPU slots cannot live there: {error}") from None
 
     def plan_text(self) -> str:
         """What a run would do, for --dry-run (the engine has checked the results folder first):
@@ -379,9 +380,8 @@ class PipelineApp(App):
         capacity = getattr(self, "gpu_capacity", 1)
         # Node-wide: always a GPU; on a node without GPU only a gpu pool sized on purpose (--resource gpu=N)
         slots = nodelock.slot_names(gpu, gpus_here, capacity) if gpu is not None or self.explicit_gpu_pool else []
-        stop_asked = getattr(worker, "stop_requested", lambda: False)
         return WorkerState(gpu=gpu, acquire=worker.acquire, host=socket.gethostname().split(".")[0],
-                           node_slots=slots, stop_asked=stop_asked)
+                           node_slots=slots, stop_asked=worker.stop_requested)
 
     def run_item(self, state: WorkerState, item: Item, seed: np.random.SeedSequence) -> Dict[str, Any]:
         run_id, start = item.params["run_id"], item.params["start"]

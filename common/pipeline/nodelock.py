@@ -22,7 +22,6 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from .. import settings
 
-LOCK_DIR_ENV = "PIPELINE_LOCK_DIR"
 POLL_SECONDS = 0.1
 
 
@@ -44,7 +43,7 @@ def lock_dir() -> Path:
         folder = base / f"multinode-gpu-pipeline-{os.getuid()}"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     if folder.stat().st_uid != os.getuid():  # another user's folder: they could hold our slots for ever
-        raise OSError(f"{folder} belongs to another user; set {LOCK_DIR_ENV} to a folder of yours")
+        raise OSError(f"{folder} belongs to another user; set {settings.LOCK_DIR.name} to a folder of yours")
     return folder
 
 

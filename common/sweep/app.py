@@ -32,7 +32,16 @@ from ..app import App, RunInfo
 from ..errors import UsageError, kind_of, quoted
 from ..items import Item, item_seed
 from . import report
-from .space import check_count, check_unique, grid_space, list_points, load_file, point_key, sample_points
+from .space import (
+    check_count,
+    check_unique,
+    function_name,
+    grid_space,
+    list_points,
+    load_file,
+    point_key,
+    sample_points,
+)
 
 log = logging.getLogger("multinode_gpu")
 
@@ -72,16 +81,6 @@ class Plan:
     goal: str = "min"  # "min" or "max"
     wants: Tuple[str, ...] = field(default_factory=tuple)  # which of ARGUMENTS the function takes
     keys: List[str] = field(default_factory=list)  # point_key of each point (empty: made from the points)
-
-
-def function_name(function: Callable[..., Any]) -> str:
-    """``module:qualname``; a script's ``__main__`` is named by the script's file (``my_sweep:fit``),
-    as ``python -m common.sweep my_sweep:fit`` names it, so either front door resumes the other's run."""
-    module = function.__module__
-    if module in ("__main__", "__mp_main__"):
-        path = getattr(sys.modules.get(module), "__file__", None)
-        module = Path(path).stem if path else module
-    return f"{module}:{function.__qualname__}"
 
 
 def _points(kind: str, value: Any, args: Any) -> Tuple[List[Dict[str, Any]], Optional[List[str]]]:

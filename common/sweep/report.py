@@ -27,7 +27,7 @@ from common.errors import counted, kind_of, markdown_cell
 from common.results.layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, figure_names, png_name
 from common.results.outputs import atomic_write_text, new_figure, save_figure
 
-from .space import point_key, value_text
+from .space import function_name, point_key, value_text
 
 if TYPE_CHECKING:  # only for the annotations: app imports this module
     from ..app import RunInfo
@@ -295,7 +295,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         shared = _shared_seeds(finished)
     atomic_write_text(folder / RESULTS_CSV, table)
     atomic_write_text(folder / RESULTS_JSONL, lines)
-    sweep: Dict[str, Any] = {"function": _function_name(plan), "kind": plan.kind, "points": len(plan.points),
+    sweep: Dict[str, Any] = {"function": function_name(plan.function), "kind": plan.kind, "points": len(plan.points),
                              "repeats": plan.repeats, "parameters": parameters, "returned": values,
                              "metric": plan.metric, "goal": plan.goal if plan.metric else None,
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
@@ -350,12 +350,6 @@ def _remove_figure(folder: Path) -> None:
     """The sweep figure's files (PNG, SVG, PDF), where there are any."""
     for name in OUTPUT_NAMES[2:]:
         (folder / name).unlink(missing_ok=True)
-
-
-def _function_name(plan: "Plan") -> str:
-    from .app import function_name
-
-    return function_name(plan.function)
 
 
 def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, goal: str, path: Path) -> None:

@@ -15,7 +15,7 @@ import operator
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Tuple
 
 import numpy as np
 
@@ -273,3 +273,13 @@ def check_unique(points: List[Dict[str, Any]]) -> List[str]:
             raise UsageError(f"point {number} ({key}) is the same as point {first[0]}{numbers}: each point must be "
                              f"listed once")
     return [key for _, key in seen.values()]
+
+
+def function_name(function: Callable[..., Any]) -> str:
+    """``module:qualname``; a script's ``__main__`` is named by the script's file (``my_sweep:fit``),
+    as ``python -m common.sweep my_sweep:fit`` names it, so either front door resumes the other's run."""
+    module = function.__module__
+    if module in ("__main__", "__mp_main__"):
+        path = getattr(sys.modules.get(module), "__file__", None)
+        module = Path(path).stem if path else module
+    return f"{module}:{function.__qualname__}"

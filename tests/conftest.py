@@ -43,6 +43,25 @@ def _tier(item: pytest.Item, classifier: Classifier) -> None:
     item.add_marker(getattr(pytest.mark, tier))
 
 
+@pytest.fixture
+def fake_gpu_modules(monkeypatch: pytest.MonkeyPatch):
+    """tests/fake_gpu's cuML and CuPy importable in this process; taken out of sys.modules
+    afterwards, so no other test sees a cuML."""
+    monkeypatch.syspath_prepend(str(helpers.REPO / "tests" / "fake_gpu"))
+    yield
+    for name in [n for n in sys.modules if n.split(".")[0] in ("cuml", "cupy")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def private_node_slots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pipeline tests': node-wide GPU slots of this test only (other test runs on the machine hold
+    their own), and no image, agent or pool size from the caller's environment."""
+    monkeypatch.setenv("PIPELINE_LOCK_DIR", str(tmp_path / "locks"))
+    for name in ("PIPELINE_CONTAINER", "PIPELINE_AGENT", "SWARM_RESOURCE_gpu", "PIPELINE_RESOURCE_GPU"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(autouse=True)
 def mpi_jobs_only_in_their_tiers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test below the ``mpi`` tier that starts an MPI job through tests/helpers.py fails, saying

@@ -1,14 +1,16 @@
 """Running the project's programs for real in tests: plain, or under the venv's own mpiexec."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Sequence
+from typing import Any, Callable, List, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = str(REPO / "tests" / "toy_app.py")
@@ -37,6 +39,26 @@ def start(program: Sequence[str], ranks: int = 1, **kwargs) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(command(program, ranks), cwd=kwargs.pop("cwd", REPO), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+
+
+def status_of(results: Path, *flags: str) -> subprocess.CompletedProcess:
+    """``python -m common.status RESULTS [flags]``, run to its end."""
+    return subprocess.run([sys.executable, "-m", "common.status", str(results), *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def write_idx(path: Path, array: Any, *, compress: bool = False) -> Path:
+    """An IDX file as the format defines it (MNIST's): zero, zero, type, ndim, big-endian dims, data."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + array.astype("uint8").tobytes()
+    path.write_bytes(gzip.compress(payload) if compress else payload)
+    return path
+
+
+def pipeline_command(definition: Path, results: Path, *extra: str) -> List[str]:
+    """The pipeline command line's arguments (after python) on the CPU, a thread per worker, no bar."""
+    return ["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu", "--threads", "1",
+            "--no-progress", *extra]
 
 
 def journal_entries(results: Path) -> List[dict]:

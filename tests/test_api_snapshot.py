@@ -8,7 +8,6 @@ import functools
 import importlib.util
 import inspect
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -35,14 +34,6 @@ def signature(text: str) -> inspect.Signature:
 
 def recorded(package: str) -> list:
     return sorted(RECORDED[package].items())
-
-
-@pytest.fixture
-def fake_gpu_modules(monkeypatch):
-    monkeypatch.syspath_prepend(str(FAKE_GPU))
-    yield
-    for name in [n for n in sys.modules if n.split(".")[0] in ("cuml", "cupy")]:
-        del sys.modules[name]
 
 
 def test_the_snapshot_holds_both_pinned_cumls_and_every_name_the_project_uses():

@@ -22,17 +22,10 @@ from common.data import (
     resize_images,
 )
 from common.errors import UsageError
+from helpers import write_idx
 
 HAVE_DEBIAN_FASHION = all(
     (DEBIAN_FASHION_MNIST / f"{stem}.gz").is_file() for stem in IDX_FILES.values())
-
-
-def write_idx(path: Path, array: np.ndarray, *, compress: bool = False) -> Path:
-    """An IDX file as the format defines it: zero, zero, type, ndim, big-endian dims, data."""
-    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    payload = header + array.astype(np.uint8).tobytes()
-    path.write_bytes(gzip.compress(payload) if compress else payload)
-    return path
 
 
 def test_digits_is_the_real_data_set_split_75_25():

@@ -18,16 +18,6 @@ from benchmarks.gpu_check import FAKE_GPU, SVM_FLIPS  # make gpu-check's own tol
 from helpers import REPO
 
 
-@pytest.fixture
-def fake_gpu_modules(monkeypatch):
-    """The fakes importable in this process; taken out of sys.modules afterwards, so no other test
-    sees a cuML."""
-    monkeypatch.syspath_prepend(str(FAKE_GPU))
-    yield
-    for name in [n for n in sys.modules if n.split(".")[0] in ("cuml", "cupy")]:
-        del sys.modules[name]
-
-
 def svm_run(results: Path, gpu: str, *extra: str) -> subprocess.CompletedProcess:
     """mnist_svm on the digits subset; ``gpu`` "0" pretends one GPU (CUDA_VISIBLE_DEVICES=0, the
     fakes first on PYTHONPATH)."""

@@ -21,6 +21,7 @@ from helpers import (
     assert_usage_error,
     error_lines,
     start,
+    status_of,
     stop_signals_deferred,
     wait_for_results,
     wait_until,
@@ -320,11 +321,6 @@ def finished_run(tmp_path_factory) -> Path:
     proc = toy("3", "--gpu", "cpu", "--results", str(results), "--no-progress")
     assert proc.returncode == 0, proc.stderr
     return results
-
-
-def status_of(results: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "common.status", str(results), *flags], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("field, value", [("every", "often"), ("items_total", "many"), ("workers", "abc"),

@@ -6,17 +6,12 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import psutil
 
-from helpers import TOY, journal_entries, kill_frozen, rank_pids, run, start, wait_for_results
+from helpers import TOY, journal_entries, kill_frozen, rank_pids, run, start, values, wait_for_results
 
 TIMEOUT = 3  # --heartbeat-timeout
-
-
-def _values(results: Path) -> dict:
-    return json.loads((results / "values.json").read_text())
 
 
 def _freeze(pid: int) -> list:
@@ -56,7 +51,7 @@ def test_a_silent_rank_is_lost_its_items_run_elsewhere_and_the_run_completes(tmp
     assert "lost rank 2" in (results / "summary.md").read_text()
     assert err.count("lost rank 2") == 1, err  # once on stderr (it was twice, worded two ways)
     assert "lost rank 2 on " in (results / "logs" / "rank0.log").read_text()
-    assert _values(results) == _values(tmp_path / "clean")
+    assert values(results) == values(tmp_path / "clean")
 
 
 def test_followers_that_lose_rank_0_stop_by_themselves_and_resume_completes(tmp_path):
@@ -85,4 +80,4 @@ def test_followers_that_lose_rank_0_stop_by_themselves_and_resume_completes(tmp_
     resumed = run(args + ["--results", str(results), "--resume"])
     assert resumed.returncode == 0, resumed.stderr
     assert run(args + ["--results", str(tmp_path / "clean")]).returncode == 0
-    assert _values(results) == _values(tmp_path / "clean")
+    assert values(results) == values(tmp_path / "clean")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from common.items import Item
-from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run, summary
+from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run, summary, write_idx
 from mnist_svm.app import MnistSvm
 from mnist_svm.grid import REFIT_KEY, Grid, best_point, error_table, expected_cost, fit_key, grid_items
 
@@ -162,17 +162,12 @@ def test_a_journal_with_a_damaged_result_is_refused_and_left_as_it_was(two_rank_
     assert snapshot(results) == before
 
 
-def write_idx(path: Path, array: np.ndarray) -> None:
-    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
-
-
 def mnist_folder_with_corrupt_images(folder: Path) -> Path:
     folder.mkdir()
     rng = np.random.default_rng(0)
-    write_idx(folder / "train-labels-idx1-ubyte.gz", np.arange(50) % 10)
-    write_idx(folder / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (20, 28, 28)))
-    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.arange(20) % 10)
+    write_idx(folder / "train-labels-idx1-ubyte.gz", np.arange(50) % 10, compress=True)
+    write_idx(folder / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (20, 28, 28)), compress=True)
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.arange(20) % 10, compress=True)
     header = b"\x00\x00\x08\x03" + struct.pack(">3I", 50, 28, 28)
     (folder / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(header + b"\x00" * 1000))  # cut short
     return folder
@@ -322,10 +317,10 @@ def mnist_folder(folder: Path, seed: int) -> Path:
     """A small valid MNIST (60 training and 20 test images), its pixels drawn from ``seed``."""
     folder.mkdir()
     rng = np.random.default_rng(seed)
-    write_idx(folder / "train-images-idx3-ubyte.gz", rng.integers(0, 256, (60, 28, 28)))
-    write_idx(folder / "train-labels-idx1-ubyte.gz", np.arange(60) % 10)
-    write_idx(folder / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (20, 28, 28)))
-    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.arange(20) % 10)
+    write_idx(folder / "train-images-idx3-ubyte.gz", rng.integers(0, 256, (60, 28, 28)), compress=True)
+    write_idx(folder / "train-labels-idx1-ubyte.gz", np.arange(60) % 10, compress=True)
+    write_idx(folder / "t10k-images-idx3-ubyte.gz", rng.integers(0, 256, (20, 28, 28)), compress=True)
+    write_idx(folder / "t10k-labels-idx1-ubyte.gz", np.arange(20) % 10, compress=True)
     return folder
 
 

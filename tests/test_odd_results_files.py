@@ -6,16 +6,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from helpers import REPO, TOY, run
-
-
-def status_of(folder) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "common.status", str(folder)], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+from helpers import TOY, run, status_of
 
 
 def assert_one_line_refusal(proc: subprocess.CompletedProcess, *words: str) -> None:

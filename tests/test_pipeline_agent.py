@@ -19,21 +19,17 @@ from common.pipeline.definition import load_definition, parse_definition
 from common.pipeline.flow import PipelineRunner, RunLayout, RunStopping, read_progress
 from common.pipeline.report import summary_markdown
 from common.pipeline.schema import SCHEMA
-from helpers import REPO, assert_usage_error, rank_pids, run, snapshot, start, wait_until
+from helpers import REPO, assert_usage_error, pipeline_command, rank_pids, run, snapshot, start, wait_until
 
 EXAMPLES = REPO / "examples" / "pipelines"
 AGENT = f"{sys.executable} {EXAMPLES / 'scripted_agent.py'}"
 
 
-@pytest.fixture(autouse=True)
-def private_node_slots(tmp_path, monkeypatch):
-    """Node-wide GPU slots of this test only (other test runs on the machine hold their own)."""
-    monkeypatch.setenv("PIPELINE_LOCK_DIR", str(tmp_path / "locks"))
+pytestmark = pytest.mark.usefixtures("private_node_slots")
 
 
 def cli(definition: Path, results: Path, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return run(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu", "--threads", "1",
-                "--no-progress", *extra], timeout=timeout)
+    return run(pipeline_command(definition, results, *extra), timeout=timeout)
 
 
 def write(path: Path, data) -> Path:

@@ -19,6 +19,7 @@ from helpers import (
     alive,
     assert_usage_error,
     journal_entries,
+    pipeline_command,
     rank_pids,
     run,
     snapshot,
@@ -31,21 +32,16 @@ EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
 TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
 
 
-@pytest.fixture(autouse=True)
-def private_node_slots(tmp_path, monkeypatch):
-    """Node-wide GPU slots of this test only: other runs on the machine (other tests) hold their own."""
-    monkeypatch.setenv("PIPELINE_LOCK_DIR", str(tmp_path / "locks"))
+pytestmark = pytest.mark.usefixtures("private_node_slots")
 
 
 def pipeline_cli(definition: Path, results: Path, *extra: str, ranks: int = 1, timeout: float = 240):
-    return run(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu", "--threads", "1",
-                "--no-progress", *extra], ranks=ranks, timeout=timeout)
+    return run(pipeline_command(definition, results, *extra), ranks=ranks, timeout=timeout)
 
 
 def start_pipeline(definition: Path, results: Path, *extra: str):
     """The pipeline CLI in the background, on CPU (to signal it while it runs)."""
-    return start(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
-                  "--no-progress", *extra])
+    return start(pipeline_command(definition, results, *extra))
 
 
 def write(path: Path, data) -> Path:

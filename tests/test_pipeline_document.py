@@ -24,7 +24,7 @@ import mount_sandbox
 from common.errors import UsageError
 from common.pipeline.definition import parse_definition
 from common.pipeline.schema import SCHEMA
-from helpers import REPO, assert_usage_error, run, snapshot
+from helpers import REPO, assert_usage_error, pipeline_command, run, snapshot
 
 DATA = REPO / "tests" / "data"
 ML = DATA / "ml-training-pipeline.json"
@@ -37,12 +37,7 @@ AGENT = f"{sys.executable} {REPO / 'tests' / 'document_agent.py'}"
 RUN_ID = "ml-training-pipeline"
 
 
-@pytest.fixture(autouse=True)
-def private_node_slots(tmp_path, monkeypatch):
-    """Node-wide GPU slots of this test only; no image or apptainer from the caller's environment."""
-    monkeypatch.setenv("PIPELINE_LOCK_DIR", str(tmp_path / "locks"))
-    for name in ("PIPELINE_CONTAINER", "PIPELINE_AGENT", "SWARM_RESOURCE_gpu", "PIPELINE_RESOURCE_GPU"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("private_node_slots")
 
 
 @pytest.fixture
@@ -51,11 +46,6 @@ def image(tmp_path) -> Path:
     path = tmp_path / "pytorch.sif"
     path.write_bytes(b"a stand-in for a SIF image")
     return path
-
-
-def pipeline_cli(definition: Path, results: Path, *extra: str) -> List[str]:
-    return ["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu", "--threads", "1",
-            "--no-progress", *extra]
 
 
 class Sandbox:
@@ -70,7 +60,7 @@ class Sandbox:
         host = [str(SANDBOX), "host", "--report", str(report)]
         for inside, folder in binds.items():
             host += ["--bind", f"{folder}:{inside}"]
-        proc = run(host + ["--", sys.executable] + pipeline_cli(definition, self.tmp_path / "results", "--container",
+        proc = run(host + ["--", sys.executable] + pipeline_command(definition, self.tmp_path / "results", "--container",
                                                                str(self.image), "--agent", agent, *extra),
                    timeout=300)
         proc.new_top_level = json.loads(report.read_text())["new_top_level"] if report.exists() else None
@@ -180,7 +170,7 @@ def test_the_default_image_comes_from_the_step_the_pipeline_the_file_the_flag():
 def test_mounts_without_any_image_are_one_line_naming_the_three_ways(tmp_path, definition):
     results = tmp_path / "results"
     for extra in ([], ["--dry-run"]):
-        proc = run(pipeline_cli(definition, results, "--agent", AGENT, *extra))
+        proc = run(pipeline_command(definition, results, "--agent", AGENT, *extra))
         assert_usage_error(proc, "mounts need a container image and none is given", '"container"',
                            "--container IMAGE", "PIPELINE_CONTAINER")
         assert not results.exists()
@@ -192,7 +182,7 @@ def test_dry_run_plans_the_document_definitions(tmp_path, image, monkeypatch):
     apptainer.chmod(0o755)
     monkeypatch.setenv("PIPELINE_APPTAINER", str(apptainer))
     results = tmp_path / "results"
-    proc = run(pipeline_cli(ML, results, "--agent", AGENT, "--container", str(image), "--dry-run"))
+    proc = run(pipeline_command(ML, results, "--agent", AGENT, "--container", str(image), "--dry-run"))
     assert proc.returncode == 0, proc.stderr
     plan = proc.stdout
     assert "pipeline ml-training-pipeline; deadline 7200 s; budget 5" in plan
@@ -202,7 +192,7 @@ def test_dry_run_plans_the_document_definitions(tmp_path, image, monkeypatch):
     assert "4. report: prompt 'Read /shared/metrics.json" in plan and f"in {image}, shared/ bound at /shared" in plan
     # PIPELINE_CONTAINER is the third way; par's tasks are one-step pipelines
     monkeypatch.setenv("PIPELINE_CONTAINER", str(image))
-    proc = run(pipeline_cli(PAR, results, "--agent", AGENT, "--dry-run"))
+    proc = run(pipeline_command(PAR, results, "--agent", AGENT, "--dry-run"))
     assert proc.returncode == 0, proc.stderr
     assert "Dry run: 2 pipeline(s)" in proc.stdout and "pipeline task-1\n  1. task: prompt 'Train model A" in proc.stdout
     assert proc.stdout.count("mounts /data at /data (read-only), /output at /output") == 2
@@ -222,11 +212,11 @@ def test_a_dry_run_names_mount_folders_missing_on_this_node(tmp_path, image, mon
     definition.write_text(json.dumps({"name": "p", "container": str(image), "steps": [
         {"id": "a", "command": "true", "mounts": [{"host_path": str(here), "container_path": "/data"},
                                                  {"host_path": str(gone), "container_path": "/gone"}]}]}))
-    proc = run(pipeline_cli(definition, tmp_path / "results", "--dry-run"))
+    proc = run(pipeline_command(definition, tmp_path / "results", "--dry-run"))
     assert proc.returncode == 0, proc.stderr
     assert f"Not on this node ({os.uname().nodename}): {gone}; a step that mounts one fails" in proc.stdout
     gone.mkdir()
-    assert "Not on this node" not in run(pipeline_cli(definition, tmp_path / "results", "--dry-run")).stdout
+    assert "Not on this node" not in run(pipeline_command(definition, tmp_path / "results", "--dry-run")).stdout
 
 
 @pytest.mark.parametrize("separator", [":", ","])
@@ -238,11 +228,11 @@ def test_a_results_folder_apptainer_cannot_bind_is_refused_before_the_run(tmp_pa
     definition = tmp_path / "p.json"
     definition.write_text(json.dumps({"name": "p", "container": str(image), "steps": [{"id": "a", "command": "true"}]}))
     results = tmp_path / f"run{separator}1"
-    assert_usage_error(run(pipeline_cli(definition, results)), f"--results {results}: a step runs in a container",
+    assert_usage_error(run(pipeline_command(definition, results)), f"--results {results}: a step runs in a container",
                        "as separators")
     assert not results.exists()
     definition.write_text(json.dumps({"name": "p", "steps": [{"id": "a", "command": "true"}]}))  # no container: fine
-    assert run(pipeline_cli(definition, results)).returncode == 0
+    assert run(pipeline_command(definition, results)).returncode == 0
 
 
 # ----- run as written: the stand-in apptainer binds for real -----

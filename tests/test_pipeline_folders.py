@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 
 from common.pipeline.flow import read_cost_and_output
-from helpers import assert_usage_error, run, snapshot
+from helpers import assert_usage_error, pipeline_command, run, snapshot, summary
 
 DEFINITION = {"name": "p", "steps": [{"id": "a", "command": "echo A"}, {"id": "b", "command": "exit 3"}]}
 
 
 def pipeline_cli(definition: Path, results: Path, *extra: str):
-    return run(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu", "--no-progress",
-                *extra], timeout=120)
+    return run(pipeline_command(definition, results, *extra), timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +112,7 @@ def test_links_devices_and_names_the_run_does_not_write_are_let_be(failed_run, t
     proc = pipeline_cli(definition, results, "--resume")
     assert proc.returncode == 0, proc.stderr
     assert (scratch / "b.out").read_text().strip() == "B"
-    assert summary_of(results)["pipelines"]["p"]["status"] == "ok"
-
-
-def summary_of(results: Path) -> dict:
-    return json.loads((results / "summary.json").read_text())
+    assert summary(results)["pipelines"]["p"]["status"] == "ok"
 
 
 def test_every_status_a_run_writes_is_read_back(tmp_path):

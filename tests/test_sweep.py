@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, assert_usage_error, journal_entries, run, snapshot, start, stop_run
+from helpers import REPO, assert_usage_error, journal_entries, run, snapshot, start, stop_run, summary
 
 TESTS = REPO / "tests"
 ENGINE = ["--gpu", "cpu", "--threads", "1", "--no-progress"]
@@ -41,10 +41,6 @@ def rows(results: Path) -> list:
 def returns(results: Path) -> dict:
     """key -> the function's whole return, from results.jsonl."""
     return {entry["key"]: entry["result"] for entry in map(json.loads, (Path(results) / "results.jsonl").open())}
-
-
-def summary(results: Path) -> dict:
-    return json.loads((Path(results) / "summary.json").read_text())
 
 
 def marks(folder: Path) -> Counter:

@@ -146,10 +146,6 @@ def test_pipelines_on_three_nodes_equal_one_rank(vcluster, reference):
     assert len(hosts) >= 2, f"the pipelines ran on {hosts} only"
 
 
-def _slurm(vcluster):
-    vcluster.require_slurm()
-
-
 def test_the_harness_signals_a_nodes_processes_by_namespace_and_runs_batch_jobs(vcluster):
     sleeper = vcluster.popen("node2", ["sleep", "60"])
     try:
@@ -185,7 +181,7 @@ def generated_script(vcluster, nodes: int, program: list) -> Path:
 
 @pytest.mark.parametrize("which", ["mnist_svm", "mnist_nn", "pipelines"])
 def test_a_generated_slurm_script_on_two_nodes_equals_one_rank(vcluster, which, reference):
-    _slurm(vcluster)
+    vcluster.require_slurm()
     program = {"mnist_svm": SVM, "mnist_nn": NN}.get(which) or squares(vcluster)
     one = reference(program)
     results = vcluster.shared / f"slurm-{which}"
@@ -212,7 +208,7 @@ NETMOD_PROBE = ("import os, sys; sys.path.insert(0, %r); from common.ranks.mpi i
 def test_mpi_starts_every_time_under_srun_pmi2(vcluster):
     """Slurm's pmi2 plugin reads a PMI-1 request with one read() of 1024 bytes: MPICH's UCX
     address (nine long segments) made MPI_Init fail at random. The engine picks OFI there."""
-    _slurm(vcluster)
+    vcluster.require_slurm()
     for attempt in range(8):
         done = vcluster.run("node1", ["srun", "-N2", "--ntasks-per-node=1", "--gres=gpu:2", "--mpi=pmi2", PYTHON,
                                       "-c", NETMOD_PROBE], timeout=120)
@@ -226,7 +222,7 @@ def test_followers_hear_rank_0_all_the_while_it_writes_outputs_longer_than_the_t
     only while its sender calls into MPI. Rank 0's heartbeats while it wrote its outputs never did,
     so a follower gave rank 0 up after --heartbeat-timeout and the step ended abnormally (mnist_nn,
     whose outputs take 30 s here, was requeued again and again)."""
-    _slurm(vcluster)
+    vcluster.require_slurm()
     results = vcluster.shared / "slurm-slow-outputs"
     shutil.rmtree(results, ignore_errors=True)
     done = vcluster.run("node1", ["srun", "-N2", "--ntasks-per-node=1", "--mpi=pmi2", PYTHON, *TOY, "4", "--gpu", "cpu",
@@ -238,7 +234,7 @@ def test_followers_hear_rank_0_all_the_while_it_writes_outputs_longer_than_the_t
 
 
 def test_slurm_gres_pins_each_worker_to_its_own_fake_gpu(vcluster):
-    _slurm(vcluster)
+    vcluster.require_slurm()
     results = vcluster.shared / "slurm-gres"
     shutil.rmtree(results, ignore_errors=True)
     done = vcluster.run("node1", ["srun", "-N2", "--ntasks-per-node=1", "--gres=gpu:2", "--mpi=pmi2", PYTHON, *TOY, "8",

@@ -114,11 +114,6 @@ def test_hydra_a_node_whose_link_drops_is_lost_and_the_run_completes_without_it(
 
 
 # ----- Slurm (generated scripts, srun --mpi=pmi2) -----
-def _slurm(vcluster):
-    if vcluster.slurm_reason:
-        pytest.skip(vcluster.slurm_reason)
-
-
 def submit(vcluster, results: Path, nodes: int, *sbatch_args: str) -> str:
     vcluster.wait_nodes_up()  # an earlier fault may have left a node DOWN for a while
     script = generated_script(vcluster, nodes, [str(REPO / "tests" / "toy_app.py"), *ARGS])
@@ -155,7 +150,7 @@ def wait_job(vcluster, job: str, timeout: float) -> float:
 
 @pytest.mark.parametrize("fault", ["kill", "cut"])
 def test_slurm_a_lost_node_leaves_the_job_going_and_it_completes(vcluster, clean, fault):
-    _slurm(vcluster)
+    vcluster.require_slurm()
     results = fresh(vcluster, f"slurm-{fault}")
     job = submit(vcluster, results, 2)
     try:
@@ -186,7 +181,7 @@ def test_slurm_a_lost_node_leaves_the_job_going_and_it_completes(vcluster, clean
 
 
 def test_slurm_scancel_of_the_whole_job_then_resubmission_completes(vcluster, clean):
-    _slurm(vcluster)
+    vcluster.require_slurm()
     results = fresh(vcluster, "slurm-scancel")
     job = submit(vcluster, results, 2)
     first_results(vcluster, results, job)
@@ -202,7 +197,7 @@ def test_slurm_scancel_of_the_whole_job_then_resubmission_completes(vcluster, cl
 
 
 def test_slurm_a_batch_host_that_dies_with_its_slurmd_is_requeued_and_resumes(vcluster, clean):
-    _slurm(vcluster)
+    vcluster.require_slurm()
     results = fresh(vcluster, "slurm-node-death")
     job = submit(vcluster, results, 2, "--nodelist=node2,node3")
     try:

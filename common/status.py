@@ -224,7 +224,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
 
     lines += _ranks(status, journal, every, now, lost)
     if state not in FINAL_STATES and not lost:
-        lines += _workers(status, now, journal.done | set(journal.failed))
+        lines += _workers(status, now, journal.done_this_run | set(journal.failed))
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
         else _gpus(status, age if lost else None)
     lines += _failures(status.get("failures") or [{"key": k, "error": error_line(e)} for k, e in journal.failed.items()], failed)

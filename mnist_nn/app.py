@@ -241,8 +241,10 @@ class MnistNN(App):
 
         if summary.get("ensemble_test_error") is None:
             return None
-        return (f"ensemble test error{partial_note(summary)}: {summary['ensemble_test_error'] * 100:.2f} % "
-                f"(majority vote of {summary['models']} models)")
+        error = f"{summary['ensemble_test_error'] * 100:.2f} %"
+        if summary["models"] == 1 or partial_note(summary):  # one model is no vote; the note counts them
+            return f"ensemble test error{partial_note(summary)}: {error}"
+        return f"ensemble test error: {error} (majority vote of {summary['models']} models)"
 
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         from .report import summary_markdown

@@ -164,8 +164,9 @@ def models_text(summary: Mapping[str, Any]) -> str:
     if not without:
         return str(summary["models"])
     names = ", ".join(str(b) for b in without)
+    whose = "its refit" if len(without) == 1 else "their refits"
     return (f"{summary['models']} of {summary.get('bootstraps', '?')} (bootstrap{'s' if len(without) > 1 else ''} "
-            f"{names} without one: its refit did not finish)")
+            f"{names} without one: {whose} did not finish)")
 
 
 def partial_note(summary: Mapping[str, Any]) -> str:

@@ -91,3 +91,28 @@ def test_a_difference_in_an_argument_left_at_its_default_names_the_default():
     # what an app says a left-out value stands for (mnist_nn leaves out --draws keyed): not "the default"
     assert describe_difference({}, {"draws": "reference"}, {"draws": "keyed"}) == "draws 'keyed' (journal) vs 'reference' (now)"
     assert describe_difference({"draws": "reference"}, {}, {"draws": "keyed"}) == "draws 'reference' (journal) vs 'keyed' (now)"
+
+
+def test_the_one_reader_takes_odd_lines_as_each_of_its_three_readers_did(tmp_path):
+    """JournalReader replaced three readers: --resume's strict one, which reads the header, the
+    results and the starts only (a start's layout checked where the starts are wanted), and the
+    status command's and the report's lenient ones, which pass over a line whose key is not a string."""
+    from common.errors import UsageError
+    from common.results.journal import JournalReader
+
+    path = tmp_path / "journal.jsonl"
+    lines = [{"type": "header", "key": 7, "fingerprint": {"app": "toy"}},  # a key on the header: kept as before
+             {"type": "result", "key": "a", "result": 1, "seconds": 0.1, "end": 5.0},
+             {"type": "result", "key": None, "end": 6.0},  # not the engine's: skipped by the lenient readers
+             {"type": "rank_lost", "rank": [1], "items": []},  # damaged, but not read on resume
+             {"type": "start", "time": 7.0, "layout": "x"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines[:2] + lines[3:]))
+    header, records = read_journal(path)  # resume's look at what it skips: no starts wanted
+    assert header["fingerprint"] == {"app": "toy"} and list(records) == ["a"]
+    with pytest.raises(UsageError, match="line 4 is not a journal record"):  # the starts wanted: their layout read
+        read_journal(path, [])
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    lenient = JournalReader(path).update()
+    assert lenient.done == {"a"} and lenient.last == 7.0 and len(lenient.starts) == 1 and lenient.lost == {}
+    with pytest.raises(UsageError, match="line 3 is not a journal record"):
+        read_journal(path)

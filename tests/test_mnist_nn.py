@@ -287,5 +287,9 @@ def test_an_ensemble_without_some_bootstraps_says_so_beside_its_error():
     assert "- ensemble test error (of 1 of 2 models): majority vote 0.0511" in text
     app = MnistNN.__new__(MnistNN)
     assert app.headline(None, summary)[1] == "ensemble test error (of 1 of 2 models): 0.0511"
+    assert app.answer(summary) == "ensemble test error (of 1 of 2 models): 5.11 %"
+    assert app.answer({**summary, "bootstraps": 1, "bootstraps_without_model": []}) == "ensemble test error: 5.11 %"
+    several = {**summary, "bootstraps": 3, "bootstraps_without_model": [0, 2]}
+    assert "- models: 1 of 3 (bootstraps 0, 2 without one: their refits did not finish)" in summary_markdown(several)
     whole = {**summary, "models": 2, "bootstraps_without_model": [], "model_test_errors": [0.05, 0.06]}
     assert "- models: 2; test error" in summary_markdown(whole) and "ensemble test error: majority" in summary_markdown(whole)

@@ -359,6 +359,9 @@ def test_values_and_errors_with_markdowns_characters_stay_in_their_cells(tmp_pat
     assert "<b>x</b>" not in page  # text, not markup
     markdown = (tmp_path / "r" / "summary.md").read_text()
     assert "| 1 | a\\|b | 3 |  | 1 |" in markdown, markdown
+    # the answer under the title: the user's text escaped, and a failed run's said to be of what finished
+    assert markdown.splitlines()[2] == "**best loss: 3.0 at kind=a\\|b** (of the items that finished: 1 item failed)"
+    assert "<strong>best loss: 3.0 at kind=a|b</strong> (of the items that finished: 1 item failed)" in page
 
 def test_what_a_users_code_does_to_its_worker_fails_only_its_item_in_one_line(tmp_path):
     """A return pickle cannot send (it killed the worker, and the item was handed out again for
@@ -415,6 +418,8 @@ BAD_INPUTS = [
     ("sweep_functions:noisy", {"p.json": [{"x": 1}, {"x": 1.0}]}, ["--points", "p.json"],
      ["point 2 (x=1.0) is the same as point 1 in numbers (x=1)"]),
     ("sweep_functions:noisy", {"g.json": {"x": [1, 2, 1.0]}}, ["--grid", "g.json"], ["lists 1 and 1.0: one number"]),
+    ("sweep_functions:noisy", {"s.json": {"x": {"choice": [1, 2, 1.0]}}}, ["--space", "s.json", "--samples", "3"],
+     ["the space's 'x' (choice) lists 1 and 1.0: one number"]),
     ("sweep_functions:noisy", {"s.json": {"x": {"normal": [0, 1]}}}, ["--space", "s.json", "--samples", "2"],
      ["unknown distribution 'normal'"]),
     ("sweep_functions:noisy", {"s.json": {"x": {"uniform": [1, 0]}}}, ["--space", "s.json", "--samples", "2"],

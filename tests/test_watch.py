@@ -498,3 +498,31 @@ def test_an_item_the_journal_resolved_is_not_shown_running_and_a_stopping_job_ha
     assert "ETA 16s" in text, text
     stopping = describe(tmp_path, dict(state, state="stopping"), journal, now)
     assert "no ETA (stopping)" in stopping and "ETA 16s" not in stopping, stopping
+    # a resume runs an item again whose earlier result is in the journal (a refit after retried fits):
+    # only what ended since this run started counts
+    journal_file.write_text(json.dumps({"type": "header"}) + "\n"
+                            + json.dumps({"type": "result", "key": "x=4", "end": now - 60}) + "\n"
+                            + json.dumps({"type": "start", "time": now - 20}) + "\n")
+    rerun = describe(tmp_path, state, JournalReader(journal_file).update(), now)
+    assert "rank0-cpu1  vm  x=4 for 1s" in rerun, rerun
+
+
+def test_the_terminal_bar_says_how_many_of_its_items_failed_until_the_end():
+    """The bar counts items resolved (6/6); its postfix said "failed=1" and then, once it counted
+    the rest, kept "1 ok" from the moment of the failure: it follows every item now."""
+    import io
+
+    from common.observe.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    progress = Progress(6, 0, "toy", stream=Terminal())
+    progress.advance(1)
+    progress.advance(1, failed=True)
+    assert progress.bar.postfix == "1 ok, 1 failed"
+    for _ in range(4):
+        progress.advance(1)
+    assert progress.bar.n == 6 and progress.bar.postfix == "5 ok, 1 failed", progress.bar.postfix
+    progress.bar.close()

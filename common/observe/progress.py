@@ -88,7 +88,7 @@ class Progress:
             self.failed += count
         if self.bar is None:
             return
-        if failed:  # the bar counts items resolved: say how many of them failed
+        if self.failed:  # the bar counts items resolved: say how many of them failed (and so how many did not)
             self.bar.set_postfix_str(f"{self.done - self.failed} ok, {self.failed} failed", refresh=False)
         self.bar.update(count)
 

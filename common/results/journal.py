@@ -127,18 +127,14 @@ class JournalReader:
         self.lines = 0  # lines read (a line's number in messages)
         self.header: Optional[dict] = None
         self.done: set = set()  # keys of finished items
+        self.done_this_run: set = set()  # of them, those finished since the last start (a resume reruns some)
         self.records: Dict[str, Record] = {}  # with ``records``
         self.attempts: List[dict] = []  # with ``attempts``
         self.starts: List[dict] = []  # every run's start event, oldest first
-        self.stops: List[dict] = []  # the stops asked since the last start (this run's)
+        self.start_lines: List[int] = []  # the line of each
         self.failed: Dict[str, str] = {}  # key -> error, of this run's failed items not finished since
         self.lost: Dict[Any, dict] = {}  # rank -> its rank_lost event
         self.last: Optional[float] = None  # the latest time a line gives (an item's end, a start, a stop)
-
-    @property
-    def start(self) -> Optional[dict]:
-        """The last start event (this run's, on a resumed job)."""
-        return self.starts[-1] if self.starts else None
 
     def _damaged(self, number: int) -> None:
         if self.strict:
@@ -175,13 +171,17 @@ class JournalReader:
         return self
 
     def _take(self, entry: dict) -> None:
-        """One entry, by its kind; TypeError or KeyError where it is not one the engine writes."""
+        """One entry, by its kind; TypeError or KeyError where it is not one the engine writes.
+        Strict (``--resume``) reads only what a resume uses: the header, the results, the starts."""
         kind = entry.pop("type", None)
-        key = entry.get("key")
-        if key is not None and not isinstance(key, str):  # not a line the engine writes
-            if kind == Kind.RESULT:
-                raise TypeError("key is not a string")
+        if self.strict and kind not in (Kind.HEADER, Kind.RESULT, Kind.START):
             return
+        if "key" in entry and not isinstance(entry["key"], str):  # not a line the engine writes
+            if self.strict and kind == Kind.RESULT:
+                raise TypeError("key is not a string")
+            if not self.strict:
+                return
+        key = entry.get("key")
         when = entry.get("end", entry.get("time"))
         if _is_time(when):
             self.last = when if self.last is None else max(self.last, when)
@@ -192,14 +192,12 @@ class JournalReader:
             if record is not None and self.keep_records:
                 self.records[entry["key"]] = record
             self.done.add(entry["key"])
+            self.done_this_run.add(entry["key"])
             self.failed.pop(entry["key"], None)
         elif kind == Kind.START:  # a resumed run retries what failed before
-            if not isinstance(entry.get("layout", []), list):
-                raise TypeError("a start event's layout is a list of ranks")
             self.starts.append(entry)
-            self.stops, self.failed = [], {}
-        elif kind == Kind.STOP:
-            self.stops.append(entry)
+            self.start_lines.append(self.lines)
+            self.failed, self.done_this_run = {}, set()
         elif kind == Kind.FAILED and key is not None:
             error = entry.get("error")
             self.failed[key] = error if isinstance(error, str) else ""
@@ -214,7 +212,10 @@ def read_journal(path: Path, starts: Optional[List[dict]] = None) -> Tuple[Optio
     journal is a UsageError); ``starts``, where given, gets each run's start event (its ranks'
     layout), oldest first."""
     reader = JournalReader(path, strict=True, records=True).update()
-    if starts is not None:
+    if starts is not None:  # their layouts are read (a resume's --threads): each a list of ranks
+        for entry, line in zip(reader.starts, reader.start_lines):
+            if not isinstance(entry.get("layout", []), list):
+                raise UsageError(f"{quoted(path)}: line {line} is not a journal record; the journal is damaged")
         starts.extend(reader.starts)
     return reader.header, reader.records
 

@@ -145,7 +145,9 @@ def _validate_everywhere(comm: Any, app_class: type, argv: List[str]):
     except UsageError as error:
         return None, _Refusal(str(error))
     except SystemExit as exit_:  # --help
-        return None, _Refusal(exit_code=exit_.code if isinstance(exit_.code, int) else 0)
+        # as Python exits: 0 for None, the number, 1 for a message
+        code = exit_.code
+        return None, _Refusal(exit_code=0 if code is None else code if isinstance(code, int) else 1)
 
 
 def _check_open_files(workers: int, ranks: int) -> None:
@@ -773,6 +775,10 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         "gpu_usage": gpu,
         "lost_ranks": [{k: v for k, v in lost.items() if k != "told_to_end"} for lost in leader.lost.values()],
     }
+    if outcome != "stopped" and failures.first is None:
+        # the figures can take a while (mnist_nn's 100 certainty figures: about 20 s on a CPU): say so,
+        # rather than fall silent after 100%
+        log.info("%s: the items ended in %.1f s; writing the outputs", app.name, summary["wall_seconds"])
     bars = leader.timeline_bars()
     # the child draws the timeline while this process syncs the journal and writes the GPU figure and the
     # app's outputs
@@ -794,9 +800,6 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     run = None
     outputs_error = None
     if outcome != "stopped" and failures.first is None:
-        # the figures can take a while (mnist_nn's 100 certainty figures: about 20 s on a CPU): say so,
-        # rather than fall silent after 100%
-        log.info("%s: the items ended in %.1f s; writing the outputs", app.name, summary["wall_seconds"])
         run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
         try:
             summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
@@ -992,8 +995,10 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
     except Exception:
         log_to_files(f"{app.name}: its answer line failed:\n{traceback.format_exc().rstrip()}")
         answer = None
-    if answer:
-        lines += [f"**{answer}**", ""]
+    if answer:  # plain text (user values in it are escaped); a failed run's is of the items that finished
+        caveat = (f" (of the items that finished: {counted(len(summary['failed_items']), 'item')} failed)"
+                  if summary["failed_items"] else "")
+        lines += [f"**{markdown_cell(answer)}**{caveat}", ""]
     lines += [f"- command: `{summary['command']}`",
              f"- items: {summary['items_done']} of {summary['items_total']} done "
              f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",

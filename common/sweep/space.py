@@ -202,7 +202,15 @@ def check_space(space: Any) -> Dict[str, tuple]:
         if kind == "choice":
             if not isinstance(arguments, (list, tuple)) or not arguments:
                 raise UsageError(f"the space's {name!r} (choice) needs a non-empty list of values, got {arguments!r}")
-            checked[name] = (kind, [_plain(v, f"the space's {name!r}") for v in arguments])
+            values = [_plain(v, f"the space's {name!r}") for v in arguments]
+            seen: Dict[Any, str] = {}
+            for value in values:  # 1 and 1.0: one number drawn under two keys, with two seeds (a value
+                text = value_text(value)  # listed twice as written is a weight: it is drawn more often)
+                first = seen.setdefault(_same(value, text), text)
+                if first != text:
+                    raise UsageError(f"the space's {name!r} (choice) lists {first} and {text}: one number, which "
+                                     f"would be drawn as two items with two seeds; keep one")
+            checked[name] = (kind, values)
         else:
             checked[name] = (kind, _bounds(name, arguments, kind))
     return checked

@@ -960,3 +960,29 @@ def test_a_dry_run_refuses_what_the_run_would_and_lists_what_a_resume_would_run(
     wrong = run(["-m", "common.sweep", "sweep_functions:noisy", "--grid", str(grown), "--result", str(results),
                  "--dry-run", "--resum", *ENGINE], cwd=TESTS)
     assert_usage_error(wrong, "unrecognized arguments: --result", "--resum")
+
+
+def test_the_figure_draws_a_grid_with_0_on_a_log_axis_and_no_best_line_through_samples(monkeypatch):
+    """A grid with 0 (weight decay 0, 1e-5, ..., 1e-2) was drawn on a linear axis, four of its five
+    values on top of each other at 0; random samples had their "best" line join all 200 points."""
+    import random
+
+    from common.sweep import report
+
+    drawn = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: drawn.append(fig))
+    grid = [{"params": {"wd": w, "lr": lr}, "mean": w * 10 + lr, "n": 1} for w in [0, 1e-5, 1e-4, 1e-3, 1e-2]
+            for lr in [0.1, 0.01]]
+    draws = random.Random(1)
+    samples = [{"params": {"a": draws.random(), "b": draws.random()}, "mean": draws.random(), "n": 1} for _ in range(200)]
+    for entry in grid + samples:
+        entry["min"] = entry["max"] = entry["mean"]
+    report._figure(grid, ["wd", "lr"], "loss", "min", Path("unused"))
+    report._figure(samples, ["a", "b"], "loss", "min", Path("unused"))
+    (wd, lr), (a, b) = (fig.axes for fig in drawn)
+
+    def best_lines(ax):
+        return [line for line in ax.get_lines() if line.get_color() == "tab:red"]
+
+    assert wd.get_xscale() == "symlog" and lr.get_xscale() == "linear"
+    assert len(best_lines(wd)) == len(best_lines(lr)) == 1 and not best_lines(a) and not best_lines(b)

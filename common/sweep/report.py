@@ -40,6 +40,9 @@ OUTPUT_NAMES = (RESULTS_CSV, RESULTS_JSONL, *figure_names(FIGURE))
 BEST_ROWS = 5
 #: a numeric parameter whose values span this factor or more is drawn on a log axis
 LOG_SPAN = 100.0
+#: a parameter with more distinct values than this (random samples) gets no "best" line: joining
+#: a best per value would join every point, a zigzag that says nothing
+BEST_LINE_VALUES = 30
 
 
 #: a name no result has
@@ -354,7 +357,8 @@ def _remove_figure(folder: Path) -> None:
 
 def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, goal: str, path: Path) -> None:
     """One panel per parameter: each point's mean (repeats as a bar from their lowest to highest
-    value), and the best value at each of the parameter's values as a line."""
+    value), and the best value at each of the parameter's values as a line (where the values repeat
+    across points or are few: a grid's, not random samples')."""
     columns = min(3, len(parameters))
     rows = math.ceil(len(parameters) / columns)
     fig, axes = new_figure(4.2 * columns, 3.3 * rows, rows, columns, squeeze=False)
@@ -385,9 +389,15 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
         for x, mean in zip(positions, means):
             best[x] = pick(best.get(x, mean), mean)
         order = sorted(best)
-        ax.plot(order, [best[x] for x in order], "-", color="tab:red", lw=1.5, label=f"best ({'lowest' if goal == 'min' else 'highest'})")
-        if numeric and min(positions) > 0 and max(positions) / min(positions) >= LOG_SPAN:
-            ax.set_xscale("log")
+        if len(order) <= BEST_LINE_VALUES or len(parameters) == 1:
+            ax.plot(order, [best[x] for x in order], "-", color="tab:red", lw=1.5,
+                    label=f"best ({'lowest' if goal == 'min' else 'highest'})")
+        positive = [x for x in positions if x > 0] if numeric else []
+        if positive and min(positions) >= 0 and max(positive) / min(positive) >= LOG_SPAN:
+            if min(positions) > 0:
+                ax.set_xscale("log")
+            else:  # a grid with 0 (weight decay 0, 1e-5, ..., 1e-2): log beyond the smallest step, 0 kept
+                ax.set_xscale("symlog", linthresh=min(positive))
         ax.set_xlabel(name)
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)

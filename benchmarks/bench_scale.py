@@ -46,7 +46,7 @@ from common.ranks.distribute import Leader
 from common.ranks.liveness import FollowerWatch
 from common.ranks.scheduler import Scheduler
 from common.results.journal import Journal, result_line
-from common.results.layout import ResultsLayout
+from common.results.layout import ResultsLayout, worker_name
 from common.testing.inprocess import InProcessWorld, SimulatedPool
 
 TARGET_RESULTS_PER_SECOND = 100_000
@@ -63,7 +63,7 @@ class SimulatedRanks:
         self.comms = [world.comm(rank) for rank in range(1, world.size)]
         self.next = 0
         self.hosts = {comm.rank: f"node{comm.rank}" for comm in self.comms}
-        self.names = {comm.rank: f"rank{comm.rank}-cpu0" for comm in self.comms}
+        self.names = {comm.rank: worker_name(comm.rank, "cpu0") for comm in self.comms}
         self.seconds = 0.0  # spent here, not at rank 0
         self.cpu_seconds = 0.0  # the same in CPU time of this thread
         self.ended = 0

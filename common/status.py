@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Set, TextIO
 from common.observe.progress import format_seconds
 from common.results.hold import last_refreshed, process_gone, read_hold, silent_for
 from common.results.journal import JournalReader
-from common.results.layout import JOURNAL_NAME, LOGS_DIR, STATUS_NAME, ResultsLayout
+from common.results.layout import JOURNAL_NAME, RANK0_LOG, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
 from common.run.cli import Parser
@@ -165,7 +165,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
         shown = f"GONE: {why_gone.why}: the job was killed; rerun it with --resume to finish"
     elif state == "finishing":
         shown = (f"finishing: writing the outputs (since {_ago(status.get('updated'), now)}; if this lasts for long, "
-                 f"see logs/rank0.log: the job may have ended there)")
+                 f"see {RANK0_LOG}: the job may have ended there)")
     else:
         shown = state
         if state == "stopping" and status.get("stopping"):
@@ -216,7 +216,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
         or status.get("resume_command")
     crash = status.get("error") if state == "failed" and not lost else None
     if crash:  # rank 0 itself failed (a bug): what finished is journaled, and a resume goes on from it
-        lines.append(f"error    rank 0 failed: {crash} (the traceback is in {LOGS_DIR}/rank0.log)")
+        lines.append(f"error    rank 0 failed: {crash} (the traceback is in {RANK0_LOG})")
     if ((state == "stopped" or lost) or crash) and isinstance(resume, str) and resume:
         lines.append(f"resume   {'after a fix, ' if crash else ''}with the same launcher and: {resume}")
     elif state == "failed" and failed and isinstance(resume, str) and resume and not lost:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from common.observe.gpu_monitor import Sample
-from common.results.layout import GPU_USAGE_STEM, ResultsLayout, png_name
+from common.results.layout import GPU_USAGE_STEM, ResultsLayout, png_name, worker_name
 from common.results.outputs import atomic_write_text, new_figure, save_figure
 
 log = logging.getLogger("multinode_gpu")
@@ -25,7 +25,7 @@ def gathered_series(reports: List[Mapping[str, Any]]) -> Dict[str, Dict[str, Any
         for name, entry in (report.get("gpu_series") or {}).items():
             samples = [Sample(*values) for values in entry["samples"]]
             if samples:
-                series[f"rank{report['rank']}-{name}"] = {"host": report["host"], "physical": entry.get("physical"),
+                series[worker_name(report["rank"], name)] = {"host": report["host"], "physical": entry.get("physical"),
                                                           "samples": samples}
     return series
 

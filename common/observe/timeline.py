@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
+from common.results.layout import worker_rank_and_device
 from common.signals import DRAWER_IGNORED_SIGNALS
 
 #: bar colour by outcome: ``ok``, else the bar's ``why`` (common.messages.Failed.kind)
@@ -31,10 +32,10 @@ def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:
 
     def row_order(name: str) -> tuple:
         """rank0-cpu2 < rank0-cpu10 < rank1-gpu0.0 < rank1-gpu0.1 < rank1-gpu1.0 (--workers-per-gpu)."""
-        rank, _, device = name.partition("-")
+        rank, device = worker_rank_and_device(name)
         kind = device.rstrip("0123456789.")
         numbers = [int(part) for part in device[len(kind):].split(".") if part.isdigit()]
-        return (int(rank[4:]) if rank[4:].isdigit() else 0, kind, numbers)
+        return (rank, kind, numbers)
 
     workers = sorted({bar["worker"] for bar in bars}, key=row_order)
     rows = {name: index for index, name in enumerate(workers)}

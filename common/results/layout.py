@@ -153,7 +153,7 @@ class ResultsLayout:
         return self.root / LOGS_DIR
 
     def rank_log(self, rank: int) -> Path:
-        return self.logs / f"rank{rank}.log"
+        return self.logs / rank_log_name(rank)
 
     @property
     def reserve(self) -> Path:
@@ -162,6 +162,27 @@ class ResultsLayout:
     @property
     def shared_probe(self) -> Path:
         return self.logs / SHARED_PROBE
+
+
+def rank_log_name(rank: int) -> str:
+    """A rank's log's name in the logs folder (``rank0.log``)."""
+    return f"rank{rank}.log"
+
+
+#: where rank 0's log is, as messages name it (rank 0's tracebacks are there)
+RANK0_LOG = f"{LOGS_DIR}/{rank_log_name(0)}"
+
+
+def worker_name(rank: int, device: object) -> str:
+    """A worker's name, ``rank0-gpu1`` (``rank0-gpu1.2`` with --workers-per-gpu): its log's name,
+    its row in the timeline, its series in the GPU usage figure."""
+    return f"rank{rank}-{device}"
+
+
+def worker_rank_and_device(name: str) -> tuple:
+    """(rank, device) of a :func:`worker_name`; rank 0 where the name is not one."""
+    rank, _, device = name.partition("-")
+    return (int(rank[4:]) if rank.startswith("rank") and rank[4:].isdigit() else 0), device
 
 
 def worker_log(logs_dir: Path, worker_name: str) -> Path:

@@ -64,6 +64,7 @@ from common.results.layout import (
     JOURNAL_NAME,
     LOG_PATTERN,
     LOGS_DIR,
+    RANK0_LOG,
     RESERVE_NAME,
     STATUS_NAME,
     SUMMARY_JSON,
@@ -72,6 +73,7 @@ from common.results.layout import (
     WRITE_PROBE,
     ResultsLayout,
     png_name,
+    worker_name,
 )
 from common.results.outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
 from common.results.regular_file import in_place, refuse_unless_regular
@@ -752,7 +754,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     failed = [{"key": key, "error": error} for key, error in scheduler.failed.items()]
     final_items = [scheduler.items[item.key] for item in items]
     ended_at = time.time()
-    gpu = {f"rank{r['rank']}-{name}": stats for r in reports for name, stats in r["gpu"].items()}
+    gpu = {worker_name(r["rank"], name): stats for r in reports for name, stats in r["gpu"].items()}
     this_run = list(leader.records.values())
     busy = sum(record.own_seconds for record in this_run)
     summary: Dict[str, Any] = {
@@ -866,7 +868,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         return EXIT_STOPPED
     if outputs_error is not None:
         _closing(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
-                 f"{outputs_error} (traceback in {LOGS_DIR}/{files.rank_log(0).name}); every result is journaled: after "
+                 f"{outputs_error} (traceback in {RANK0_LOG}); every result is journaled: after "
                  f"a fix, write the outputs with the same launcher and: "
                  f"{_resume_command(app, argv)}")
         return EXIT_FAILED_ITEMS
@@ -876,7 +878,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         except Exception as error:  # the app's own code: its outputs are written; say so, in one line
             log_to_files(f"{app.name}: making its closing lines failed:\n{traceback.format_exc().rstrip()}")
             _closing(f"{app.name}: its closing lines could not be made: {error_line(described(error))} (the traceback "
-                     f"is in {LOGS_DIR}/{files.rank_log(0).name})")
+                     f"is in {RANK0_LOG})")
             headline = []
         for line in headline:
             print(line)
@@ -1046,9 +1048,9 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
     except Exception as error:  # the app's own code: the run's part of summary.md is written all the same
         log_to_files(f"{app.name}: making its part of summary.md failed:\n{traceback.format_exc().rstrip()}")
         print(f"{app.name}: its part of summary.md could not be made: {error_line(described(error))} (the traceback "
-              f"is in {LOGS_DIR}/rank0.log)", file=sys.stderr)
+              f"is in {RANK0_LOG})", file=sys.stderr)
         app_part = (f"**{app.name}'s own part of this summary could not be made**: "
-                    f"{markdown_cell(error_line(described(error)))} (the traceback is in `{LOGS_DIR}/rank0.log`).")
+                    f"{markdown_cell(error_line(described(error)))} (the traceback is in `{RANK0_LOG}`).")
     if app_part:
         lines += [app_part.rstrip(), ""]
     return "\n".join(lines)

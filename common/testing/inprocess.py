@@ -25,6 +25,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 from common.app import Record
 from common.items import Item
 from common.messages import Handout, PoolAnswer, Requester
+from common.results.layout import worker_name, worker_rank_and_device
 from common.workers.placement import pick_worker, room
 from common.workers.pool import Assigned, Event, WorkerCounts
 
@@ -232,7 +233,7 @@ class SimulatedPool(WorkerCounts):
         self.rank, self.clock, self.behave, self.turns, self.batch = rank, clock, behave, turns, batch
         self.host = host or f"node{rank}"
         self.workers: Dict[str, SimulatedWorker] = {
-            name: SimulatedWorker(name) for name in (f"rank{rank}-cpu{i}" for i in range(workers))}
+            name: SimulatedWorker(name) for name in (worker_name(rank, f"cpu{i}") for i in range(workers))}
         self.given_up: Dict[str, str] = {}
         self.on_poll = on_poll  # called at each poll (a benchmark steps its simulated ranks there)
         self.keep_ran = keep_ran  # False: a benchmark that must not count this list as rank 0's memory
@@ -296,7 +297,7 @@ class SimulatedPool(WorkerCounts):
                 worker.started = end
                 wall = self.clock.time() - (now - end)
                 record = Record(key=item.key, result=value if kind == "done" else None, seconds=seconds,
-                                rank=self.rank, host=self.host, device=worker.name.split("-")[-1],
+                                rank=self.rank, host=self.host, device=worker_rank_and_device(worker.name)[1],
                                 worker=worker.name, start=wall - seconds, end=wall, attempt=attempt)
                 if kind == "done":
                     events.append(Event("done", record))

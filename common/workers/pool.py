@@ -44,7 +44,7 @@ from common.messages import (
     Revoked,
     SetupFailed,
 )
-from common.results.layout import worker_log
+from common.results.layout import worker_log, worker_name
 from common.settings import without_launcher
 from common.signals import WORKER_IGNORED_SIGNALS, WORKER_TERMINATE_SIGNAL, signals_blocked, start_resource_tracker
 from common.workers.placement import pick_worker, room
@@ -234,7 +234,7 @@ class WorkerPool(WorkerCounts):
             self._spawn(device)
 
     def _spawn(self, device: Device) -> None:
-        name = f"rank{self.rank}-{device}"
+        name = worker_name(self.rank, device)
         parent_end, child_end = self.context.Pipe()
         log_path = worker_log(self.logs_dir, name)
         finished = self.context.RawValue("q", 0)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
 from common.results.layout import worker_rank_and_device
-from common.signals import DRAWER_IGNORED_SIGNALS
+from common.signals import DRAWER_IGNORED_SIGNALS, signals_blocked
 
 #: bar colour by outcome: ``ok``, else the bar's ``why`` (common.messages.Failed.kind)
 COLOURS = {"ok": "tab:blue", "failed": "tab:red", "timeout": "tab:orange", "silent": "tab:purple"}
@@ -117,15 +117,13 @@ class TimelineDrawer:
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         # the stop signals blocked in this thread meanwhile: the child inherits the block through fork and
         # exec, so one that reaches the whole job while it still imports waits until it ignores them
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, DRAWER_IGNORED_SIGNALS)
-        try:
-            self._process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid())], env=env,
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                             start_new_session=True, close_fds=True)
-        except OSError:
-            self._process = None  # drawn in the caller's process instead
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        with signals_blocked(DRAWER_IGNORED_SIGNALS):
+            try:
+                self._process = subprocess.Popen([sys.executable, "-m", __name__, str(os.getpid())], env=env,
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+            except OSError:
+                self._process = None  # drawn in the caller's process instead
         return self
 
     def draw(self, bars: List[Mapping], path_without_suffix: Path) -> bool:

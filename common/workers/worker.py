@@ -55,6 +55,7 @@ from common.signals import (
     early_stops,
     ignore_stop_signals,
     leave_stop_signals_to_rank,
+    signals_blocked,
 )
 from common.workers.leftovers import THREAD_GRACE_SECONDS, end_worker, threads_left
 
@@ -116,11 +117,8 @@ def _start_heartbeat(pipe: _Pipe, interval: float) -> threading.Event:
                 idle = 0.0
             wait = max(0.01, interval - idle)
 
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-    try:
+    with signals_blocked(signal.valid_signals()):  # the thread inherits the mask: every signal to the main thread
         threading.Thread(target=beat, name="heartbeat", daemon=True).start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     return done
 
 

@@ -241,7 +241,7 @@ class MnistNN(App):
 
         if summary.get("ensemble_test_error") is None:
             return None
-        error = f"{summary['ensemble_test_error'] * 100:.2f} %"
+        error = f"{summary['ensemble_test_error']:.4f}"  # a fraction, as the reference prints it and the tables below
         if summary["models"] == 1 or partial_note(summary):  # one model is no vote; the note counts them
             return f"ensemble test error{partial_note(summary)}: {error}"
         return f"ensemble test error: {error} (majority vote of {summary['models']} models)"

@@ -17,6 +17,7 @@ import numpy as np
 
 from common.app import RunInfo
 from common.data import load_dataset
+from common.errors import counted
 from common.results.layout import (
     CV_RESULTS_CSV,
     ENSEMBLE_ERROR_STEM,
@@ -208,7 +209,8 @@ def certainty_markdown(summary: Mapping[str, Any]) -> List[str]:
         return []
     shown = summary["certainty_figures"][:min(count, SUMMARY_CERTAINTY)]
     lines = ["### Certainty: each digit's probability over the models", "",
-             f"The first {count} test image(s) in `certainty/` (`test_image_<i>.png`, `.pdf`); {len(shown)} here.", ""]
+             f"{counted(count, 'figure')} in `certainty/`, one per test image from the first (`test_image_<i>.png`, "
+             f"`.pdf`); {'the first ' + str(len(shown)) + ' shown here' if len(shown) < count else 'shown here'}:", ""]
     lines += [f"![certainty, {name.rpartition('/')[2].replace('_', ' ')}]({name}.png)" for name in shown]
     if wrong is None:
         return lines + ["", "The ensemble's majority vote misclassifies no test image.", ""]

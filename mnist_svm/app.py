@@ -229,7 +229,7 @@ class MnistSvm(App):
             return "## Grid search\n\nNo fit finished, so there is no best (C, gamma).\n"
         pct = lambda value: "n/a" if value is None else f"{100 * value:.2f} %"  # noqa: E731
         lines = ["## Grid search", "",
-                 "| | |", "|---|---|",
+                 "| | value |", "|---|---|",
                  f"| data set | {summary['dataset']}"
                  + (f" ({summary['subsample']} training images)" if summary.get("subsample") else "") + " |",
                  f"| grid | {summary['n_tuning']} C x {summary['n_tuning']} gamma x {summary['folds']} folds "

@@ -74,7 +74,7 @@ def test_a_run_writes_every_output(clean_run):
     markdown = (clean_run / "summary.md").read_text()
     assert "ensemble test error" in markdown
     said = json.loads((clean_run / "summary.json").read_text())  # the answer first, under the title
-    assert markdown.splitlines()[2] == (f"**ensemble test error: {said['ensemble_test_error'] * 100:.2f} % "
+    assert markdown.splitlines()[2] == (f"**ensemble test error: {said['ensemble_test_error']:.4f} "
                                         f"(majority vote of 2 models)**"), markdown
     table = [line for line in markdown.splitlines() if line.startswith("| ") and "bootstrap" not in line]
     assert [line.split(" | ")[2] for line in table] == [r["n_conv_layer"] for r in rows], table
@@ -287,8 +287,8 @@ def test_an_ensemble_without_some_bootstraps_says_so_beside_its_error():
     assert "- ensemble test error (of 1 of 2 models): majority vote 0.0511" in text
     app = MnistNN.__new__(MnistNN)
     assert app.headline(None, summary)[1] == "ensemble test error (of 1 of 2 models): 0.0511"
-    assert app.answer(summary) == "ensemble test error (of 1 of 2 models): 5.11 %"
-    assert app.answer({**summary, "bootstraps": 1, "bootstraps_without_model": []}) == "ensemble test error: 5.11 %"
+    assert app.answer(summary) == "ensemble test error (of 1 of 2 models): 0.0511"
+    assert app.answer({**summary, "bootstraps": 1, "bootstraps_without_model": []}) == "ensemble test error: 0.0511"
     several = {**summary, "bootstraps": 3, "bootstraps_without_model": [0, 2]}
     assert "- models: 1 of 3 (bootstraps 0, 2 without one: their refits did not finish)" in summary_markdown(several)
     whole = {**summary, "models": 2, "bootstraps_without_model": [], "model_test_errors": [0.05, 0.06]}

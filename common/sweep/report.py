@@ -43,6 +43,8 @@ LOG_SPAN = 100.0
 #: a parameter with more distinct values than this (random samples) gets no "best" line: joining
 #: a best per value would join every point, a zigzag that says nothing
 BEST_LINE_VALUES = 30
+#: past this many points a panel's marks are drawn as pixels in the SVG and PDF (the axes stay vectors)
+RASTER_POINTS = 5000
 
 
 #: a name no result has
@@ -380,11 +382,12 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
             ax.set_xlim(-0.5, len(labels) - 0.5)
         means = [e["mean"] for e in entries]
         spread = np.array([[e["mean"] - e["min"] for e in entries], [e["max"] - e["mean"] for e in entries]])
+        many = len(entries) > RASTER_POINTS  # a vector mark each: a 30 MB SVG at 100,000 points
         if any(e["n"] > 1 for e in entries):
             ax.errorbar(positions, means, yerr=spread, fmt="o", ms=3, alpha=0.45, color="tab:blue", elinewidth=1,
-                        label="point (repeats: lowest to highest)")
+                        label="point (repeats: lowest to highest)", rasterized=many)
         else:
-            ax.plot(positions, means, "o", ms=3, alpha=0.45, color="tab:blue", label="point")
+            ax.plot(positions, means, "o", ms=3, alpha=0.45, color="tab:blue", label="point", rasterized=many)
         best: Dict[float, float] = {}
         for x, mean in zip(positions, means):
             best[x] = pick(best.get(x, mean), mean)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
@@ -132,7 +133,7 @@ class TimelineDrawer:
         process = self._process
         if process is None or process.poll() is not None:
             return False
-        request = pickle.dumps((bars, Path(path_without_suffix)), protocol=pickle.HIGHEST_PROTOCOL)
+        request = pickle.dumps(_Request(bars, Path(path_without_suffix)), protocol=pickle.HIGHEST_PROTOCOL)
 
         def send() -> None:
             try:
@@ -158,12 +159,11 @@ class TimelineDrawer:
         except (EOFError, OSError, pickle.UnpicklingError):
             answer = None
         self.close()
-        if answer is None:
+        if not isinstance(answer, _Answer):
             return None
-        status, value = answer
-        if status == "error":
-            raise value
-        return value
+        if answer.error is not None:
+            raise answer.error
+        return answer.paths
 
     def close(self) -> None:
         """Kill the child if it still runs, and reap it."""
@@ -181,6 +181,22 @@ class TimelineDrawer:
                 pass
         if self._sending is not None:
             self._sending.join()
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What the run hands its drawing process: the bars and where to write the figure."""
+
+    bars: List[Mapping]
+    path: Path
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What the drawing process answers: the paths written, or what the drawing raised."""
+
+    paths: Optional[List[Path]] = None
+    error: Optional[BaseException] = None
 
 
 def _warm_up_nicely(enough: threading.Event) -> None:
@@ -202,7 +218,7 @@ def _warm_up_nicely(enough: threading.Event) -> None:
 
 def _child(parent: int) -> int:
     """The drawing process: warm up, then draw the one timeline it is given on stdin and answer
-    ("ok", paths) or ("error", exception) on stdout. EOF on stdin (its parent ended): exit."""
+    an :class:`_Answer` on stdout. EOF on stdin (its parent ended): exit."""
     from common.linux import die_with_parent
 
     die_with_parent(signal.SIGKILL)
@@ -215,23 +231,25 @@ def _child(parent: int) -> int:
     warming = threading.Thread(target=_warm_up_nicely, args=(bars_came,), name="warm-up", daemon=True)
     warming.start()
     try:
-        bars, path = pickle.load(sys.stdin.buffer)
+        request = pickle.load(sys.stdin.buffer)
     except (EOFError, OSError, pickle.UnpicklingError):
         return 0
     bars_came.set()  # a warm-up still under way ends after its current step
     warming.join()  # matplotlib in one thread at a time
     try:
-        answer: Any = ("ok", plot_timeline(bars, path))
+        answer = _Answer(paths=plot_timeline(request.bars, request.path))
     except Exception as error:  # noqa: BLE001 -- raised again in the parent
-        answer = ("error", error)
+        answer = _Answer(error=error)
     try:
         data = pickle.dumps(answer)
-    except Exception:
-        data = pickle.dumps(("error", RuntimeError(f"the timeline: {answer[1]!r}")))
+    except Exception:  # an exception that does not pickle: its text
+        data = pickle.dumps(_Answer(error=RuntimeError(f"the timeline: {answer.error!r}")))
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(_child(int(sys.argv[1])))
+if __name__ == "__main__":  # run from the module proper, so that _Answer pickles as its parent reads it
+    from common.observe.timeline import _child as child
+
+    sys.exit(child(int(sys.argv[1])))

@@ -115,7 +115,7 @@ class Leader:
         self.progress, self.grace, self.stop_signal = progress, grace, stop_signal
         self.global_resources = ResourceBroker(global_pools or {})
         self.total_capacity = total_capacity
-        self.requests: Dict[int, Tuple[int, int]] = {}  # follower rank -> (need, prefetch)
+        self.requests: Dict[int, Request] = {}  # follower rank -> what it asked for last
         self.broken: Dict[int, str] = {}
         self.records: Dict[str, Record] = {}
         # for the timeline: failed attempts and results that came twice (the kept results' bars are
@@ -389,7 +389,7 @@ class Leader:
     def _on_message(self, source: int, message: Any) -> None:
         """One message from rank ``source`` (0: an event of this rank's own workers)."""
         if isinstance(message, Request):
-            self.requests[source] = (message.need, message.prefetch)
+            self.requests[source] = message
         elif isinstance(message, (Results, Result)):
             self._results(message)
         elif isinstance(message, Failed):
@@ -431,8 +431,9 @@ class Leader:
             handed = True
         # nothing ready: only the requests that ask for nothing are answered (an empty Items)
         requests = list(self.requests.items()) if self.scheduler.ready_count else \
-            [(rank, wanted) for rank, wanted in self.requests.items() if not wanted[0]]
-        for rank, (need, prefetch) in requests:
+            [(rank, wanted) for rank, wanted in self.requests.items() if not wanted.need]
+        for rank, wanted in requests:
+            need, prefetch = wanted.need, wanted.prefetch
             plenty = self.scheduler.ready_count > need + prefetch + self.total_capacity
             count = need + (prefetch if plenty else 0)
             batch, keys = self.scheduler.take_handed(count, self._chunk)  # bundles

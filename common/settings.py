@@ -28,6 +28,8 @@ DEFAULT_WORKER_TIMEOUT = 300.0
 #: a worker's setup (App.setup_worker: data loaded once, a model built) may take this long: its
 #: heartbeat goes on meanwhile, so a setup stuck on a dead filesystem or a lock is found by this alone
 DEFAULT_SETUP_TIMEOUT = 3600.0
+#: after a stop is asked, the items running may finish for this long (--grace) before their workers end
+DEFAULT_GRACE = 60.0
 TRUE_WORDS = ("1", "true")
 FALSE_WORDS = ("", "0", "false")
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 
 from common.argtypes import at_least, folder
 from common.errors import UsageError
-from common.settings import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_SETUP_TIMEOUT
+from common.settings import DEFAULT_GRACE, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_SETUP_TIMEOUT
 
 #: items derive their seeds with numpy's SeedSequence, which takes any non-negative integer; consumers
 #: that need a 32-bit seed (scikit-learn) derive one from it. The bound only keeps the journal readable.
@@ -82,7 +82,7 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
         engine.add_argument("--resume", action="store_true", help=resume_help)
     engine.add_argument("--retries", type=at_least(0), default=app_class.default_retries,
                         help="extra attempts for an item that fails")
-    engine.add_argument("--grace", type=at_least(0, float), default=60.0,
+    engine.add_argument("--grace", type=at_least(0, float), default=DEFAULT_GRACE,
                         help="seconds to let running items finish after SIGTERM/SIGUSR1")
     engine.add_argument("--heartbeat-timeout", type=at_least(1, float, maximum=MAX_HEARTBEAT_TIMEOUT),
                         default=DEFAULT_HEARTBEAT_TIMEOUT,

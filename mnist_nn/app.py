@@ -102,7 +102,7 @@ class MnistNN(App):
                                  "training set's own mean and standard deviation")
         parser.add_argument("--max-macs", type=at_least(MIN_MAX_MACS, float), default=None, metavar="N",
                             help="NOT the reference's search: draw only nets whose forward pass takes at most N "
-                                 "multiply-adds an image (so at most N weights; e.g. 1e6), redrawing bigger ones; "
+                                 "multiply-adds an image (so at most N weights; e.g. 3e5), redrawing bigger ones; "
                                  "for CPUs, where the reference's nets of hundreds of millions of weights take hours")
         parser.add_argument("--certainty-images", type=at_least(0), default=100, metavar="N",
                             help="a certainty figure (each digit's probability over the models, as the reference's) "
@@ -411,7 +411,7 @@ def warn_big_nets(candidates: Sequence[Candidate]) -> None:
             size = f"over {CPU_WARN_WEIGHTS // 10 ** 6}M weights, the biggest {top.n_weights / 1e6:.0f}M"
         rank_log.warning("%s %s (%s: about %.1f GiB to train); on a CPU each of %s fits takes minutes to hours. "
                          "--max-macs N draws only nets of at most N multiply-adds an image (not the reference's "
-                         "search; e.g. --max-macs 1e6)", which, size, top.describe(),
+                         "search; e.g. --max-macs 3e5)", which, size, top.describe(),
                          top.n_weights * TRAIN_BYTES_PER_WEIGHT / 2 ** 30, "its" if len(big) == 1 else "their")
 
 

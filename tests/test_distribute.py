@@ -355,7 +355,8 @@ def test_an_item_whose_output_finds_no_space_stops_the_run_by_its_errno_not_its_
 def test_a_stop_says_how_many_items_it_waits_for_and_none_when_none_runs(tmp_path, capsys):
     waiting = Sim(tmp_path / "a", items(12), behave={rank: sleeper(10.0) for rank in range(3)}, stop_at=0.5, grace=2.0)
     waiting.run()
-    assert "SIGTERM: handing out no more items; waiting up to 2 s for the 6 items handed out to finish or come back\n" in capsys.readouterr().err
+    assert ("SIGTERM: handing out no more items; waiting up to 2 s for the 6 items handed out to finish or come back "
+            "(the same signal again, 2 s or more later, ends the wait: they run again on --resume)\n") in capsys.readouterr().err
     at_once = Sim(tmp_path / "b", items(12), stop_at=0.0)  # before anything was handed out
     assert at_once.run()[0] == "stopped"
     assert "SIGTERM: handing out no more items; none is running\n" in capsys.readouterr().err

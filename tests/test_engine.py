@@ -684,3 +684,14 @@ def test_an_app_class_in_a_packages_main_is_one_line_before_any_worker_dies_of_i
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((results / "summary.json").read_text())["items_done"] == 3
+
+
+def test_a_resume_that_finds_no_journal_says_it_starts_from_the_beginning(tmp_path):
+    """A resume command with a relative --results pasted in another folder found no journal there
+    and ran everything again without a word (a Slurm job's first start passes --resume too)."""
+    results = tmp_path / "r"
+    fresh = run([TOY, "2", "--results", str(results), "--no-progress", "--resume"], timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    assert f"toy: --resume: no journal in {results}, so the run starts from the beginning" in fresh.stderr
+    again = run([TOY, "2", "--results", str(results), "--no-progress", "--resume"], timeout=120)
+    assert again.returncode == 0 and "no journal in" not in again.stderr, again.stderr

@@ -406,6 +406,8 @@ BAD_INPUTS = [
     ("sweep_functions:wrong_signature", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["takes 'x'"]),
     ("sweep_functions:awaited", {"g.json": {"x": [1]}}, ["--grid", "g.json"], ["'awaited' is defined with async def"]),
     ("sweep_functions:noisy", {"g.json": {}}, ["--grid", "g.json"], ["grid is empty"]),
+    ("sweep_functions:everything", {"g.json": {"x": [1]}}, ["--grid", "g.json"],  # it would be given None
+     ["'everything' takes 'state', what a setup function returns once per worker, but no setup is given"]),
     ("sweep_functions:noisy", {"g.json": {"x": 3}}, ["--grid", "g.json"], ["'x' must be a list of values, got an integer (3)"]),
     ("sweep_functions:noisy", {"g.json": {"x": {"loguniform": [1e-4, 0.1]}}}, ["--grid", "g.json"],  # a --space file
      ["the grid's 'x' is a distribution ({'loguniform': [0.0001, 0.1]}): a random space is given with --space"]),
@@ -941,8 +943,8 @@ def test_a_dry_run_refuses_what_the_run_would_and_lists_what_a_resume_would_run(
     grown = write(tmp_path / "g4.json", {"x": [1, 2, 3, 4]})
     assert_usage_error(sweep("sweep_functions:noisy", results, "--grid", str(grown), "--dry-run"),
                        "already holds the journal")
-    assert_usage_error(sweep("sweep_functions:everything", results, "--grid", str(grown), "--dry-run", "--resume"),
-                       "cannot resume", "other arguments")
+    assert_usage_error(sweep("sweep_functions:everything", results, "--grid", str(grown), "--setup", "setup",
+                             "--dry-run", "--resume"), "cannot resume", "other arguments")
     left = sweep("sweep_functions:noisy", results, "--grid", str(grown), "--dry-run", "--resume")
     assert left.returncode == 0, left.stderr
     assert [json.loads(line)["key"] for line in left.stdout.splitlines()] == ["x=4"]
@@ -959,7 +961,8 @@ def test_a_dry_run_refuses_what_the_run_would_and_lists_what_a_resume_would_run(
     # abbreviated flags are not taken for the flag they start (--resum for --resume, --result for --results)
     wrong = run(["-m", "common.sweep", "sweep_functions:noisy", "--grid", str(grown), "--result", str(results),
                  "--dry-run", "--resum", *ENGINE], cwd=TESTS)
-    assert_usage_error(wrong, "unrecognized arguments: --result", "--resum")
+    assert_usage_error(wrong, "unrecognized arguments: --result", "--resum",  # and what was meant, where it is close
+                       "(did you mean --results for --result, --resume for --resum?) (see --help)")
 
 
 def test_the_figure_draws_a_grid_with_0_on_a_log_axis_and_no_best_line_through_samples(monkeypatch):

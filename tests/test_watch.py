@@ -147,7 +147,8 @@ def test_a_stopped_job_says_how_to_finish_it(tmp_path, quick_status):
             job.wait()
     assert job.returncode == 75
     assert re.search(r"received SIGTERM: handing out no more items; waiting up to 5 s for the \d+ items? handed out to finish "
-                     r"or come back\n", err), err
+                     r"or come back \(the same signal again, 2 s or more later, ends the wait: they run again on "
+                     r"--resume\)\n", err), err
     last = [line for line in err.splitlines() if line.startswith("toy: ") and " items done " in line][-1]
     assert "ETA" not in last and " elapsed " in last, err  # a stopped run's last progress line gives no ETA
     shown = status(results)

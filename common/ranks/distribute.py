@@ -256,7 +256,8 @@ class Leader:
         self.deadline = self.clock.monotonic() + self.grace
         # in flight: running, or queued in a worker's inbox or a follower's (those are taken back at once)
         handed = len(self.scheduler.in_flight)
-        waiting = (f"waiting up to {self.grace:g} s for the {counted(handed, 'item')} handed out to finish or come back"
+        waiting = (f"waiting up to {self.grace:g} s for the {counted(handed, 'item')} handed out to finish or come back "
+                   f"(the same signal again, 2 s or more later, ends the wait: they run again on --resume)"
                    if handed else "none is running")
         said = f"{why}: handing out no more items; {waiting}"
         self.progress.write(f"{self.tag} {said}")

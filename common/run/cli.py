@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import shlex
 import shutil
@@ -47,7 +48,23 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see --help)")
+        raise UsageError(f"{message}{self._did_you_mean(message)} (see --help)")
+
+    def _did_you_mean(self, message: str) -> str:
+        """For a misspelt flag (``--result``, ``--gpus``), the flag it is closest to."""
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        known = [name for name in self._option_string_actions if name.startswith("--")]
+        guesses = []
+        for word in message[len(prefix):].split():
+            flag = word.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75) if flag.startswith("--") else []
+            if close:
+                guesses.append((flag, close[0]))
+        if len(guesses) == 1:
+            return f" (did you mean {guesses[0][1]}?)"
+        return f" (did you mean {', '.join(f'{right} for {wrong}' for wrong, right in guesses)}?)" if guesses else ""
 
     def _print_message(self, message: str, file: Any = None) -> None:
         if not self.quiet:
@@ -71,7 +88,8 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                         help="torch/BLAS threads per worker (default: the rank's cores / its workers / ranks sharing "
                              "them; a --resume keeps its run's)")
     engine.add_argument("--batch", type=at_least(1), default=None,
-                        help="replace a worker by a fresh process after this many items (frees leaked GPU memory)")
+                        help="replace a worker by a fresh process after this many items (frees leaked GPU memory; "
+                             "not a training batch size; default: never)")
     engine.add_argument("--seed", type=at_least(0, maximum=MAX_SEED), default=app_class.default_seed,
                         help="seed of every item's randomness (any non-negative integer)")
     resume_help = "continue the run in --results, skipping every item its journal holds"
@@ -83,7 +101,8 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
     engine.add_argument("--retries", type=at_least(0), default=app_class.default_retries,
                         help="extra attempts for an item that fails")
     engine.add_argument("--grace", type=at_least(0, float), default=DEFAULT_GRACE,
-                        help="seconds to let running items finish after SIGTERM/SIGUSR1")
+                        help="seconds to let running items finish after Ctrl-C (SIGINT), SIGTERM or SIGUSR1; "
+                             "a second one ends the wait")
     engine.add_argument("--heartbeat-timeout", type=at_least(1, float, maximum=MAX_HEARTBEAT_TIMEOUT),
                         default=DEFAULT_HEARTBEAT_TIMEOUT,
                         help="seconds of silence after which a rank is declared lost (its items go to the others; "

@@ -303,6 +303,10 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         if not getattr(args, "dry_run", False):
             log.info("%s: resuming with %d torch/BLAS thread(s) per worker, as the run being resumed (results "
                      "depend on the count)", app.name, kept_threads)
+    if args.resume and not journal_path.exists() and not getattr(args, "dry_run", False):
+        # a Slurm job's first start; or a relative --results pasted in another folder, which would
+        # otherwise start the run from nothing without a word
+        log.info("%s: --resume: no journal in %s, so the run starts from the beginning", app.name, folder.absolute())
     return fingerprint
 
 

@@ -336,6 +336,10 @@ class SweepApp(App):
                 raise UsageError(f"{what} {given.__qualname__!r} is defined with async def, and a worker calls it "
                                  f"as a plain function: define it with def (it may run asyncio.run(...) inside)")
         wants = _wanted(function)
+        if "state" in wants and setup is None:  # it would be given None, and fail every item (twice) on it
+            where = "--setup MODULE:FUNCTION" if self.preset is None else "setup= in sweep.main"
+            raise UsageError(f"{function.__qualname__!r} takes 'state', what a setup function returns once per "
+                             f"worker, but no setup is given: give {where}, or drop 'state'")
         _picklable(function, "the function")
         if setup is not None:
             _picklable(setup, "setup")

@@ -163,6 +163,15 @@ def check_workers_per_gpu(spec: Optional[str], per_gpu: int) -> None:
                          f"none; on the CPU, --workers N sets the workers")
 
 
+def check_workers_on_gpus(spec: Optional[str], workers: int) -> None:
+    """``--workers`` N > 1 with GPUs named by ``--gpu``: refused, as it would be silently ignored
+    (a worker per GPU; ``--workers-per-gpu`` puts several on each). The default ``--gpu`` keeps it:
+    a CPU command that falls back to the CPU where there is no GPU."""
+    if workers > 1 and spec is not None and spec.strip().lower() != "cpu":
+        raise UsageError(f"--workers {workers} with --gpu {spec}: on GPUs each worker has a GPU of its own "
+                         f"(--workers counts CPU workers); --workers-per-gpu N runs N workers on each GPU")
+
+
 def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]] = None, position: int = 0,
                     sharing: int = 1, per_gpu: int = 1) -> tuple:
     """The devices of this rank's workers, and a notice for the user (or ``None``).
@@ -189,6 +198,7 @@ def resolve_devices(spec: Optional[str], workers: int, gpus: Optional[List[str]]
     if indexes is None:
         check_workers_per_gpu(spec, per_gpu)
         return [Device("cpu", i) for i in range(workers)], notice
+    check_workers_on_gpus(spec, workers)
     if not gpus and slurm_gave_no_gpu():
         raise UsageError(f"--gpu {spec}: Slurm gave this job no GPU on {os.uname().nodename} "
                          "(CUDA_VISIBLE_DEVICES is unset); ask for them with --gpus-per-node or --gres=gpu:N, "

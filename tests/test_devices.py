@@ -32,6 +32,15 @@ def test_a_cuda_variable_that_hides_every_gpu_is_named_when_no_gpu_is_found(monk
     assert resolve_devices(None, 1)[1] == "no GPU found: running on CPU (use --gpu cpu to silence this)"
 
 
+def test_workers_with_gpus_named_are_refused_not_ignored():
+    """--gpu all --workers 4 ran one worker per GPU and dropped the 4 without a word; the default
+    --gpu keeps --workers (a CPU command that falls back to the CPU where there is no GPU)."""
+    with pytest.raises(UsageError, match=r"--workers 4 with --gpu all: on GPUs each worker has a GPU of its own"):
+        resolve_devices("all", 4, gpus=["5", "7"])
+    assert len(resolve_devices("cpu", 4, gpus=["5", "7"])[0]) == 4
+    assert resolve_devices(None, 4, gpus=["5", "7"])[0] == [Device("cuda", 0, "5")]
+
+
 def test_gpu_all_gives_one_worker_per_visible_gpu_numbered_as_the_user_sees_them():
     devices, notice = resolve_devices("all", 1, gpus=["5", "7"])
     assert devices == [Device("cuda", 0, "5"), Device("cuda", 1, "7")] and notice is None

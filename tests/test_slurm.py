@@ -90,6 +90,9 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--", "mnist_nn", "1", "1", "--max-epochs", "0"], "mnist_nn: argument --max-epochs"),
     (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--flods", "3"], "unrecognized arguments: --flods 3"),
     (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--gpu", "zero"], "--gpu 'zero'"),
+    # GPUs asked for and left idle, or a flag the GPUs would make the run ignore
+    (["--gpus-per-node", "4", "--", "mnist_nn", "12", "12", "--gpu", "cpu"], "--gpu cpu in a GPU job"),
+    (["--gpus-per-node", "4", "--", "mnist_svm", "4", "--workers", "8"], "--workers 8 with --gpu all: on GPUs"),
     (["--gpus-per-node", "1", "--", "mnist_svm", "4", "--help"], "the job would only print its help"),
     (["--gpus-per-node", "1", "--", "common.pipeline", "no-such.json"], "'no-such.json': no such pipeline definition"),
     (["--gpus-per-node", "1", "--", "common.pipeline", "README.md"], "README.md: not valid JSON"),
@@ -98,7 +101,7 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--cpu", "--", "mnist_svm", "4", "--gpu", "0"], "a CPU job (--cpu) is given no GPU"),
     (["--cpu", "--", "mnist_svm", "2", "--workers-per-gpu", "3"], "--workers-per-gpu 3 with --gpu cpu"),
     (["--gpus-per-node", "2", "--", "mnist_svm", "2", "--gpu", "cpu", "--workers-per-gpu", "3"],
-     "--workers-per-gpu 3 with --gpu cpu"),
+     "--gpu cpu in a GPU job"),  # its GPUs idle: refused before the workers it would put on none
     (["--gpus-per-node", "1", "--", "no_such_script.py"], "'no_such_script.py': no such file"),
     (["--gpus-per-node", "1", "--container", "no-such.sif", "--", "mnist_svm", "4"],
      "--container 'no-such.sif': no such image file"),

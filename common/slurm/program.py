@@ -61,7 +61,7 @@ def check_program(command: List[str], cpu_job: bool = False) -> None:
     (``cpu_job``), one told to use GPUs (its nodes have none for it)."""
     from common.run.cli import build_parser
 
-    from ..devices import check_workers_per_gpu, parse_gpu_spec
+    from ..devices import check_workers_on_gpus, check_workers_per_gpu, parse_gpu_spec
 
     target = command[0]
     if target.endswith(".py"):
@@ -83,8 +83,13 @@ def check_program(command: List[str], cpu_job: bool = False) -> None:
             parse_gpu_spec(args.gpu)  # the form only: the compute nodes' GPUs are not visible here
             if cpu_job and args.gpu.strip().lower() != "cpu":
                 raise UsageError(f"--gpu {args.gpu}: a CPU job (--cpu) is given no GPU; use --gpu cpu, or a GPU job")
-        # a CPU job's script adds --gpu cpu when it starts
+            if not cpu_job and args.gpu.strip().lower() == "cpu":
+                raise UsageError(f"--gpu {args.gpu} in a GPU job: the GPUs it asks for would sit idle; use --cpu for "
+                                 f"a CPU job, or --gpu all")
+        # a CPU job's script adds --gpu cpu when it starts, a GPU job's --gpu all
         check_workers_per_gpu("cpu" if cpu_job else args.gpu, getattr(args, "workers_per_gpu", 1))
+        if not cpu_job:
+            check_workers_on_gpus(args.gpu or "all", getattr(args, "workers", 1))
         app_class(args).check_arguments()
         if target == "common.pipeline":
             from ..pipeline.app import parse_resume_target

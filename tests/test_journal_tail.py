@@ -73,3 +73,39 @@ def test_status_counts_a_last_record_without_its_newline(tmp_path):
                            text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "4 done" in shown.stdout
+
+
+def _killed_holding(folder: Path) -> None:
+    """``folder``'s hold, taken by a process then SIGKILLed, as a run killed at its start leaves it."""
+    take = "import os, sys; from common.results.hold import Hold; Hold(sys.argv[1]).acquire(); os.kill(os.getpid(), 9)"
+    assert subprocess.run([sys.executable, "-c", take, str(folder)], cwd=REPO).returncode == -9
+
+
+def test_a_run_killed_before_its_journal_began_is_run_again(tmp_path):
+    """A SIGKILL in a run's first milliseconds leaves its hold and its rank's log, and perhaps an
+    empty journal (the writer had not put the header on disk): nothing finished, so a rerun, with or
+    without --resume, runs in that folder (both were refused: "holds files but no journal", "pass
+    --resume", then "its journal's first line is not a run's header"). The old log is kept."""
+    for name, empty_journal, extra in (("logs", False, []), ("empty", True, []), ("resume", True, ["--resume"])):
+        results = tmp_path / name
+        (results / "logs").mkdir(parents=True)
+        _killed_holding(results)
+        (results / "logs" / "rank0.log").write_text("killed at its start\n")
+        if empty_journal:
+            (results / "journal.jsonl").touch()
+        proc = run([TOY, "4", "--results", str(results), "--no-progress", *extra])
+        assert proc.returncode == 0, proc.stderr
+        assert journal_entries(results)[0]["type"] == "header"
+        assert len(_result_keys(results)) == 4
+        assert (results / "logs" / "rank0.log").read_text().startswith("killed at its start\n")
+
+
+def test_a_header_torn_by_a_kill_is_written_again(tmp_path):
+    from common.results.journal import Journal, JournalReader
+
+    path = tmp_path / "journal.jsonl"
+    path.write_text('{"type": "header", "finger')
+    journal = Journal(path, {"fingerprint": {"app": "toy"}})
+    journal.close()
+    reader = JournalReader(path, strict=True).update()
+    assert reader.header == {"fingerprint": {"app": "toy"}, "format": 1}

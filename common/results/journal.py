@@ -220,6 +220,16 @@ def read_journal(path: Path, starts: Optional[List[dict]] = None) -> Tuple[Optio
     return reader.header, reader.records
 
 
+def holds_journal(path: Path) -> bool:
+    """Whether ``path`` is a begun journal. An empty file is none: the run that made it was killed
+    before its writer put the header on disk (the first few milliseconds), and finished nothing;
+    a rerun starts afresh in it, with or without --resume, where it would otherwise be refused."""
+    try:
+        return os.stat(path).st_size > 0
+    except OSError:  # none there (a FIFO or a folder in its place is refused before)
+        return False
+
+
 def read_header(path: Path) -> Optional[dict]:
     """The journal's first line (the run's header) without reading the rest; None where it cannot
     be read or is not a header."""
@@ -404,9 +414,9 @@ class Journal:
         self._identity: Optional[Tuple[Tuple[int, int], Tuple[int, int]]] = None  # (folder's, journal's)
         self._last_place_check = 0.0
         refuse_unless_regular(self.path, "the journal")  # opening a FIFO to append would wait for a reader
-        existed = self.path.exists() and self.path.stat().st_size > 0
-        if existed:
+        if holds_journal(self.path):
             self._mend_tail()
+        existed = holds_journal(self.path)  # a header torn by a kill is mended away: written again
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
             opened = os.fstat(self._fd)

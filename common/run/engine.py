@@ -56,7 +56,7 @@ from common.ranks.scheduler import Scheduler
 from common.results.failures import WriteFailures, about_results, free_reserve, reserve_space
 from common.results.hold import Hold, check_free
 from common.results.journal import FORMAT_VERSION as JOURNAL_FORMAT
-from common.results.journal import Journal, Kind, describe_difference, read_header, read_journal
+from common.results.journal import Journal, Kind, describe_difference, holds_journal, read_header, read_journal
 from common.results.layout import (
     ENGINE_OUTPUTS,
     GPU_USAGE_STEM,
@@ -226,13 +226,15 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
     except OSError as error:  # a name over the filesystem's limit, a loop of links, no permission
         raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
     _check_writable(folder)  # found without writing: a dry run refuses it too
+    killed_run = False  # a hold left by a run that died (killed, or its node lost) without releasing it
     if folder.is_dir():
         for name, what in ((JOURNAL_NAME, "the journal"), (HOLD_NAME, "the results folder's hold"),
                            (STATUS_NAME, "the status file")):
             refuse_unless_regular(folder / name, what)  # a FIFO would make its reader wait for ever
         _check_logs_and_reserve(folder)
-        check_free(folder)  # read-only: a live run's hold is refused before anything else
-    if journal_path.exists():
+        killed_run = check_free(folder) is not None  # read-only: a live run's hold is refused before anything else
+    journaled = holds_journal(journal_path)  # an empty one: a run killed before its header, which finished nothing
+    if journaled:
         if not args.resume:
             other = _other_run(journal_path, fingerprint, app.fingerprint_left_out())
             if other:  # --resume would only be refused next (a shared default folder: results/sweep)
@@ -292,8 +294,11 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
                              f"{old_data} (journal) vs {data} (now): another --data-dir, or files that changed); use "
                              f"the same data or another --results")
         fingerprint[DATA_FINGERPRINT] = data
-    if not journal_path.exists():
-        clashes = [name for name in own if not (folder / name).is_dir() or any((folder / name).iterdir())]
+    if not journaled:  # a run killed at its start leaves its hold and logs (appended to) before its journal,
+        # or an empty journal before its header: not a clash (logs of nobody's hold are someone else's)
+        started = (JOURNAL_NAME, *([LOGS_DIR] if killed_run else []))
+        clashes = [name for name in own if name not in started
+                   and (not (folder / name).is_dir() or any((folder / name).iterdir()))]
         if clashes:  # someone's files named like ours, or results whose journal is gone: never overwrite them
             raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({', '.join(clashes[:3])}"
                              f"{', ...' if len(clashes) > 3 else ''}), which this run would overwrite; move them away "
@@ -303,7 +308,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         if not getattr(args, "dry_run", False):
             log.info("%s: resuming with %d torch/BLAS thread(s) per worker, as the run being resumed (results "
                      "depend on the count)", app.name, kept_threads)
-    if args.resume and not journal_path.exists() and not getattr(args, "dry_run", False):
+    if args.resume and not journaled and not getattr(args, "dry_run", False):
         # a Slurm job's first start; or a relative --results pasted in another folder, which would
         # otherwise start the run from nothing without a word
         log.info("%s: --resume: no journal in %s, so the run starts from the beginning", app.name, folder.absolute())

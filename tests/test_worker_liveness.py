@@ -205,3 +205,28 @@ def test_a_pipeline_past_the_item_timeout_is_ended_with_every_process_of_its_ste
     def step_gone() -> bool:
         return not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]
     assert wait_until(step_gone, timeout=5), "the step's child outlived its killed worker"
+
+
+def test_a_worker_whose_rank_died_while_it_imported_ends_before_its_setup(tmp_path, monkeypatch):
+    """Linux's parent-death signal, asked for once the app's module has imported, never comes for a
+    rank already dead: such a worker went on to its setup (loading data, a GPU context) for nothing."""
+    results = tmp_path / "r"
+    monkeypatch.setenv("TOY_IMPORT_SLEEP", "1.5")
+    rank = start([TOY, "4", "--gpu", "cpu", "--workers", "2", "--results", str(results), "--no-progress"])
+    try:
+        def workers():
+            try:
+                return [child for child in psutil.Process(rank.pid).children()
+                        if "spawn_main" in " ".join(child.cmdline())]
+            except psutil.Error:
+                return []
+        assert wait_until(lambda: len(workers()) == 2, 30), "no workers started"
+        importing = workers()
+        os.kill(rank.pid, signal.SIGKILL)
+        rank.wait(10)
+        assert wait_until(lambda: not any(alive(worker.pid) for worker in importing), 20)
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+    logs = [path for path in (results / "logs").iterdir() if path.name != "rank0.log"]
+    assert all("started" not in path.read_text() for path in logs), [path.read_text() for path in logs]

@@ -368,6 +368,10 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
     _current_inbox.set(inbox)
     early = early_stops()  # what came while the app's __main__ imported (read once our handlers are in)
     die_with_parent(WORKER_TERMINATE_SIGNAL)  # no worker outlives its rank
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the rank died while the app imported: Linux
+        beating.set()  # sends no signal for a parent already gone, and the setup would only be lost time
+        return
     # the rank keeps its workers daemonic (none outlives it), but an item may start processes of its own
     # (a DataLoader's num_workers, a multiprocessing Pool, scikit-learn's n_jobs), which Python refuses
     # to a daemonic process ("daemonic processes are not allowed to have children"); end_worker ends

@@ -57,6 +57,7 @@ class Sim:
     tick: float = 0.001
     batch: Optional[int] = None  # --batch
     write_failures: WriteFailures = field(default_factory=WriteFailures)  # rank 0's stop flag reads it
+    stop_after_failures: Optional[int] = None  # --stop-after-failures
 
     def __post_init__(self) -> None:
         self.clock = FakeClock()
@@ -85,7 +86,7 @@ class Sim:
         self.leader = Leader(self.world.comm(0), self.pools[0], self.scheduler, self.journal, progress=progress,
                              liveness=liveness, stop_signal=stop_signal, grace=self.grace,
                              total_capacity=self.ranks * self.workers, clock=self.time,
-                             write_failures=self.write_failures)
+                             write_failures=self.write_failures, stop_after_failures=self.stop_after_failures)
         self.followers = [Follower(self.world.comm(rank), self.pools[rank], lambda: None,
                                    PeerWatch(self.world.comm(rank), [0], self.follower_timeouts.get(rank, self.heartbeat_timeout),
                                              clock=self.time), clock=self.time)
@@ -173,6 +174,34 @@ def test_a_failing_attempt_is_retried_on_another_worker_then_failed_for_good(tmp
     assert sum(e["type"] == "attempt_failed" for e in entries) == 4
     assert sim.leader.code == EXIT_FAILED_ITEMS
     assert all(sim.sent_by_leader(End, rank) == [End("done", EXIT_FAILED_ITEMS)] for rank in (1, 2))
+
+
+def _broken(item: Item, attempt: int, worker: str):
+    """Every item fails (a bug in the function), after a simulated second."""
+    return "failed", f"RuntimeError: a bug ({item.key})", 1.0
+
+
+def test_stop_after_failures_stops_handing_out_items_once_that_many_failed_for_good(tmp_path):
+    """A bug that fails every item: the run stops after 3 failures (each after its retry), not after
+    all 300 items (the allocation spent); a failure during the grace is dropped (run on --resume),
+    not counted. It ends "stopped" with the failed items' exit code: Slurm does not requeue it."""
+    sim = Sim(tmp_path, items(300), retries=1, stop_after_failures=3, behave={rank: _broken for rank in range(3)})
+    assert sim.run() == ["stopped", "halt", "halt"]
+    assert sim.leader.gave_up and sim.leader.stopping == "3 items failed for good (--stop-after-failures 3)"
+    assert len(sim.scheduler.failed) == 3
+    assert len(sim.ran()) < 3 * 2 + 6 * 2  # the 3 failures' attempts, and at most two rounds of the 6 workers besides
+    entries = sim.journal_entries()
+    assert [e["why"] for e in entries if e["type"] == "stop"] == [sim.leader.stopping]
+
+
+def test_stop_after_failures_reached_by_the_last_item_ends_the_run_as_failed_not_stopped(tmp_path):
+    def last_fails(item: Item, attempt: int, worker: str):
+        return _broken(item, attempt, worker) if item.key == "i009" else ("done", item.key, 0.01)
+
+    sim = Sim(tmp_path, items(10), ranks=1, workers=1, retries=0, stop_after_failures=1,
+              behave={0: last_fails})
+    assert sim.run() == ["complete"]
+    assert not sim.leader.gave_up and sim.leader.code == EXIT_FAILED_ITEMS and len(sim.results()) == 9
 
 
 def test_a_later_wave_runs_after_what_it_waits_for_and_is_built_from_its_results(tmp_path):

@@ -286,6 +286,33 @@ def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_th
 
 
 
+def test_a_bug_that_fails_every_item_stops_the_run_early_and_a_resume_after_the_fix_finishes(tmp_path):
+    """--stop-after-failures: 40 points whose function always raises; the run stops after 2 failures
+    (exit 1, which a Slurm script does not requeue, unlike a stop's 75) and says so in one closing
+    line, in summary.md and status.json; after the fix, --resume runs every point."""
+    (tmp_path / "fit.py").write_text("import os\n\n\ndef fit(params):\n    if os.path.exists('bug'):\n"
+                                     "        raise ValueError('a bug')\n    return {'loss': params['x']}\n")
+    (tmp_path / "bug").touch()
+    grid = write(tmp_path / "grid.json", {"x": list(range(40))})
+    args = ("--grid", str(grid), "--retries", "0", "--stop-after-failures", "2")
+    stopped = sweep("fit:fit", tmp_path / "r", *args, cwd=tmp_path)
+    assert stopped.returncode == 1, stopped.stderr
+    closing = stopped.stderr.splitlines()[-1]
+    assert closing.startswith("sweep: failed: 2 items failed for good (--stop-after-failures 2): stopped with 0 of 40 "
+                              "items done; their errors are in "), closing
+    assert " --stop-after-failures 2 " in closing and closing.endswith(" --resume"), closing
+    facts = summary(tmp_path / "r")
+    assert (facts["status"], len(facts["failed_items"])) == ("failed", 2)
+    assert facts["stopped_because"] == "2 items failed for good (--stop-after-failures 2)"
+    assert "Stopped before the end. After a fix, finish with:" in (tmp_path / "r" / "summary.md").read_text()
+    assert json.loads((tmp_path / "r" / "status.json").read_text())["state"] == "failed"
+    assert len([e for e in journal_entries(tmp_path / "r") if e["type"] == "attempt_failed"]) < 40
+    (tmp_path / "bug").unlink()
+    fixed = sweep("fit:fit", tmp_path / "r", *args, "--resume", cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr
+    assert summary(tmp_path / "r")["items_done"] == 40 and len(rows(tmp_path / "r")) == 40
+
+
 def test_a_point_some_of_whose_repeats_diverged_ranks_after_those_whose_all_ran(tmp_path):
     """lr 1.0 returns NaN in some of its 6 repeats and 0.01 in the rest: it ranked first on its
     lucky repeats, and the headline read as if it were one run. Now it ranks last, said "k of 6"."""

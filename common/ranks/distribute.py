@@ -102,13 +102,14 @@ class Leader:
     def __init__(self, comm: Any, pool: WorkerPool, scheduler: Scheduler, journal: Journal, *, progress: Progress,
                  liveness: FollowerWatch, stop_signal: Callable[[], Optional[str]], grace: float, total_capacity: int,
                  global_pools: Optional[Dict[str, int]] = None, status: Optional[Any] = None,
-                 on_idle: Optional[Callable[[], None]] = None,
+                 on_idle: Optional[Callable[[], None]] = None, stop_after_failures: Optional[int] = None,
                  clock: Clock = SYSTEM_CLOCK, write_failures: Optional[WriteFailures] = None):
         """``liveness``: the watch over the other ranks; ``status``: status.json's writer
         (``common.results.status_file.StatusWriter``), or None; ``on_idle``: called once, the first time
         rank 0 has had nothing to do for IDLE_SECONDS after a result came (the runner warms the
         end-of-run figures up then, without slowing a busy rank 0); ``write_failures``: the run's,
-        where an item's output that found no space is noted."""
+        where an item's output that found no space is noted; ``stop_after_failures``: the run stops
+        once this many items have failed for good (None: never)."""
         self.comm, self.pool, self.scheduler, self.journal = comm, pool, scheduler, journal
         self.clock = clock
         self.write_failures = write_failures or WriteFailures()
@@ -123,6 +124,8 @@ class Leader:
         self.bars: List[dict] = []
         self._names: Dict[str, str] = {}  # one copy of each host, device and worker name
         self.stopping: Optional[str] = None
+        self.stop_after_failures = stop_after_failures
+        self.gave_up = False  # the stop is --stop-after-failures's: the run failed, it is not to be requeued
         self.deadline = 0.0
         self.pace = _ItemPace()
         self.liveness = liveness
@@ -256,8 +259,9 @@ class Leader:
         self.deadline = self.clock.monotonic() + self.grace
         # in flight: running, or queued in a worker's inbox or a follower's (those are taken back at once)
         handed = len(self.scheduler.in_flight)
+        again = "a stop signal" if self.gave_up else "the same signal again, 2 s or more later,"
         waiting = (f"waiting up to {self.grace:g} s for the {counted(handed, 'item')} handed out to finish or come back "
-                   f"(the same signal again, 2 s or more later, ends the wait: they run again on --resume)"
+                   f"({again} ends the wait: they run again on --resume)"
                    if handed else "none is running")
         said = f"{why}: handing out no more items; {waiting}"
         self.progress.write(f"{self.tag} {said}")
@@ -347,6 +351,10 @@ class Leader:
             self.journal.add_event(Kind.FAILED, key=key, error=error)
             self.progress.write(f"{self.tag} item {key} failed for good: {error_line(error)}")
             self.progress.advance(failed=True)
+        limit, failed = self.stop_after_failures, len(self.scheduler.failed)
+        if limit is not None and failed >= limit and not self.stopping and not self.scheduler.all_resolved():
+            self.gave_up = True
+            self._begin_stop(f"{counted(failed, 'item')} failed for good (--stop-after-failures {limit})")
 
     def _local_events(self, events: List[Event]) -> None:
         """What one poll of rank 0's own workers saw, in order; items finished one after the other

@@ -100,6 +100,10 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
         engine.add_argument("--resume", action="store_true", help=resume_help)
     engine.add_argument("--retries", type=at_least(0), default=app_class.default_retries,
                         help="extra attempts for an item that fails")
+    engine.add_argument("--stop-after-failures", type=at_least(1), default=None, metavar="N",
+                        help="stop the run once N items have failed for good (after their --retries) instead of "
+                             "trying every item: a bug that fails them all does not spend the allocation; after a "
+                             "fix, --resume runs the rest (default: never; exit code 1, not requeued)")
     engine.add_argument("--grace", type=at_least(0, float), default=DEFAULT_GRACE,
                         help="seconds to let running items finish after Ctrl-C (SIGINT), SIGTERM or SIGUSR1; "
                              "a second one ends the wait")

@@ -619,7 +619,8 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                 liveness = FollowerWatch(comm, args.heartbeat_timeout, hosts)
                 leader = Leader(comm, pool, scheduler, journal, progress=progress, liveness=liveness, stop_signal=stop,
                                 grace=args.grace, total_capacity=total_capacity, global_pools=global_pools,
-                                status=status, on_idle=preloading.start, write_failures=failures)
+                                status=status, on_idle=preloading.start, write_failures=failures,
+                                stop_after_failures=args.stop_after_failures)
                 try:
                     outcome = leader.run()
                 except Exception as error:  # a bug: the status file must not say "running" until it goes stale
@@ -840,6 +841,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["stopped_because"] = failure.describe()
         summary["no_space"] = failure.no_space
         summary["items_journaled"] = _journaled(journal.path, items)
+    if leader.gave_up and failure is None:  # said as a stop's reason, and the run failed: no requeue
+        summary["status"] = "failed"
+        summary["stopped_because"] = leader.stopping
     if outcome == "stopped":
         summary["resume_command"] = _resume_command(app, argv)
     elif failed:  # a resume runs the failed items again (after a fix, or for a failure of the moment)
@@ -871,6 +875,11 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                  f"{len(items)} items are safely journaled; {failure.remedy()}, then finish with the same launcher and: "
                  f"{summary['resume_command']}")
         return EXIT_STOPPED
+    if outcome == "stopped" and leader.gave_up:
+        _closing(f"{app.name}: failed: {leader.stopping}: stopped with {len(records)} of {len(items)} items done; "
+                 f"their errors are in {results}/summary.md; after a fix, finish with the same launcher and: "
+                 f"{summary['resume_command']}")
+        return EXIT_FAILED_ITEMS
     if outcome == "stopped":
         _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
                  f"finish with the same launcher and: {summary['resume_command']}")
@@ -1024,7 +1033,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         lines += [f"**Stopped{' for lack of space' if summary.get('no_space') else ''}**: "
                   f"{summary['stopped_because']}.", ""]
     if summary.get("resume_command"):
-        lines += ["Stopped before the end. Finish with:", "", f"    {summary['resume_command']}", ""]
+        fix = "After a fix, finish" if summary["status"] == "failed" else "Finish"  # --stop-after-failures
+        lines += [f"Stopped before the end. {fix} with:", "", f"    {summary['resume_command']}", ""]
     if summary.get("retry_command"):
         lines += [f"{len(summary['failed_items'])} item(s) failed. Run them again (after a fix, or for a failure of "
                   f"the moment) with:", "", f"    {summary['retry_command']}", ""]

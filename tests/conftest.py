@@ -1,6 +1,7 @@
 """Session fixtures shared by several test modules (one definition each, so one instance per session),
 and each test's tier marker (tests/tiers.py): ``make check`` runs ``-m "inprocess or processes"``."""
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -20,27 +21,73 @@ from vcluster import vcluster  # noqa: F401  (the virtual multi-node cluster)
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(sys.executable)), os.environ.get("PATH", "")])
 
 
+#: pytest's cache entry of the tiers tests/tiers.py read from the code (half of collection's time, in
+#: each pytest-xdist worker), with the stamp of the code they were read from
+TIER_CACHE = "multinode-gpu/tiers"
+#: the folders whose code a test's tier is read from
+CODE_FOLDERS = ("tests", "common", "mnist_nn", "mnist_svm", "benchmarks", "examples")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session: pytest.Session):
+    """pytest rewrites each test module's asserts as it imports it, and keeps the result in
+    tests/__pycache__ only where Python may write bytecode: where PYTHONDONTWRITEBYTECODE is set
+    (here, and in many images) every pytest process rewrote every module at every run (5 s of its
+    10 s collection). Bytecode is written while the test modules are collected, and only then:
+    the programs the tests start still see the variable (the project's own code is compiled by
+    make install)."""
+    before = sys.dont_write_bytecode
+    sys.dont_write_bytecode = False
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = before
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """Every test gets one tier marker (``_tier``)."""
-    classifier = Classifier()
+    """Every test gets one tier marker (``_tier``): as read from the code last time, where the code
+    has not changed since (pytest's cache), else read again."""
+    cache = getattr(config, "cache", None)
+    stamp = _code_stamp()
+    saved = cache.get(TIER_CACHE, None) if cache is not None else None
+    known: Dict[str, str] = saved["tiers"] if isinstance(saved, dict) and saved.get("stamp") == stamp else {}
+    classifier, found = None, {}
     for item in items:
-        _tier(item, classifier)
+        if any(item.get_closest_marker(tier) for tier in TIERS):
+            continue
+        tier = known.get(item.nodeid)
+        if tier not in TIERS:
+            classifier = classifier or Classifier()
+            tier = found[item.nodeid] = _tier(item, classifier)
+        item.add_marker(getattr(pytest.mark, tier))
+    if found and cache is not None:
+        cache.set(TIER_CACHE, {"stamp": stamp, "tiers": {**known, **found}})
 
 
-def _tier(item: pytest.Item, classifier: Classifier) -> None:
-    """Its tier marker: its own or its module's, else the one its code shows (tests/tiers.py)."""
-    if any(item.get_closest_marker(tier) for tier in TIERS):
-        return
+def _code_stamp() -> str:
+    """What changes when any code a tier is read from changes: each file's name, size and time."""
+    entries = []
+    for folder in CODE_FOLDERS:
+        for root, folders, files in os.walk(helpers.REPO / folder):
+            folders[:] = sorted(name for name in folders if name != "__pycache__")
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    status = os.stat(os.path.join(root, name))
+                    entries.append(f"{os.path.relpath(os.path.join(root, name), helpers.REPO)}:{status.st_size}:"
+                                   f"{status.st_mtime_ns}")
+    return hashlib.sha256("\n".join([sys.version, *entries]).encode()).hexdigest()
+
+
+def _tier(item: pytest.Item, classifier: Classifier) -> str:
+    """The tier its code shows (tests/tiers.py)."""
     function = getattr(item, "function", None)
     if function is None:  # not a Python test function: nothing to read, assume it starts programs
-        item.add_marker(pytest.mark.processes)
-        return
+        return "processes"
     fixture_info = getattr(item, "_fixtureinfo", None)
     definitions = fixture_info.name2fixturedefs.values() if fixture_info else ()
     fixtures = [chain[-1].func for chain in definitions if chain and own_code(chain[-1].func)]
     callspec = getattr(item, "callspec", None)
-    tier = classifier.tier(function, fixtures, dict(callspec.params) if callspec else {})
-    item.add_marker(getattr(pytest.mark, tier))
+    return classifier.tier(function, fixtures, dict(callspec.params) if callspec else {})
 
 
 @pytest.fixture

@@ -491,6 +491,22 @@ def test_a_signal_passed_on_twice_still_gives_running_items_their_grace(tmp_path
 
 
 
+def test_a_stop_before_any_running_item_could_finish_says_more_time_is_needed(tmp_path):
+    """Items longer than a Slurm job's time less its warning: each requeued start is stopped before
+    any finishes, and runs them again from their start (up to 20 times). The closing line says so."""
+    results, marks = tmp_path / "r", tmp_path / "marks"
+    marks.mkdir()
+    process = start([TOY, "4", "--sleep", "60", "--workers", "2", "--grace", "0.5", "--marker-dir", str(marks),
+                     "--results", str(results), "--no-progress"])
+    assert wait_until(lambda: len(list(marks.iterdir())) == 2, 60)
+    os.kill(rank_pids(results)[0], signal.SIGUSR1)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 75, err
+    closing = error_lines(err)[-1]
+    assert closing.startswith("toy: stopped (received SIGUSR1) with 0 of 4 items done; none finished in this run's "), closing
+    assert "the 2 items running were cut off" in closing and "give it more time; finish with" in closing, closing
+
+
 def test_a_stop_whose_grace_lets_every_item_finish_ends_complete(tmp_path):
     """Every item already handed out when the signal came: once they finish in their grace there is
     nothing left to resume, so the run writes its outputs and ends complete (exit 0) instead of

@@ -126,6 +126,7 @@ class Leader:
         self.stopping: Optional[str] = None
         self.stop_after_failures = stop_after_failures
         self.gave_up = False  # the stop is --stop-after-failures's: the run failed, it is not to be requeued
+        self.running_at_stop = 0  # items handed out when the stop came
         self.deadline = 0.0
         self.pace = _ItemPace()
         self.liveness = liveness
@@ -258,7 +259,7 @@ class Leader:
         self.stopping = why
         self.deadline = self.clock.monotonic() + self.grace
         # in flight: running, or queued in a worker's inbox or a follower's (those are taken back at once)
-        handed = len(self.scheduler.in_flight)
+        handed = self.running_at_stop = len(self.scheduler.in_flight)
         again = "a stop signal" if self.gave_up else "the same signal again, 2 s or more later,"
         waiting = (f"waiting up to {self.grace:g} s for the {counted(handed, 'item')} handed out to finish or come back "
                    f"({again} ends the wait: they run again on --resume)"

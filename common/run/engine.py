@@ -881,7 +881,13 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                  f"{summary['resume_command']}")
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
-        _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done; "
+        stalled = ""
+        if not leader.records and leader.running_at_stop:  # a requeued job with the same --time repeats this
+            stalled = (f"; none finished in this run's {summary['wall_seconds']:.0f} s and the "
+                       f"{counted(leader.running_at_stop, 'item')} running were cut off: stopped as soon again (a "
+                       f"Slurm job requeued with the same --time), a run would not finish them either; give it "
+                       f"more time")
+        _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done{stalled}; "
                  f"finish with the same launcher and: {summary['resume_command']}")
         return EXIT_STOPPED
     if outputs_error is not None:

@@ -138,3 +138,27 @@ def test_a_pasted_command_names_the_python_that_ran(tmp_path):
     spaced.mkdir(parents=True)
     assert python_command({"PATH": str(other)}, str(spaced / "python")) == f"'{spaced / 'python'}'"
 
+
+
+def test_a_flag_that_took_a_positional_argument_as_its_value_is_said(tmp_path, monkeypatch):
+    """The pipelines' ``--resume [RUN_ID/STEP_ID]`` before the definition took the definition as the
+    step to resume from, and the error said only "required: definition"; the status command's
+    ``--watch [S]`` before the folder said "invalid float value"."""
+    from common.pipeline.app import PipelineApp
+    from common.run.cli import build_parser
+    from common.status import _parser
+
+    with pytest.raises(UsageError) as error:
+        build_parser(PipelineApp, quiet=True).parse_args(["--resume", "defs.json"])
+    assert str(error.value) == ("the following arguments are required: definition (--resume took 'defs.json' as its "
+                                "RUN_ID/STEP_ID: give --resume after the positional arguments, or "
+                                "--resume=RUN_ID/STEP_ID for a value) (see --help)")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "r").mkdir(parents=True)
+    with pytest.raises(UsageError) as error:
+        _parser().parse_args(["--watch", "results/r"])
+    assert "(--watch took 'results/r' as its S: give --watch after the positional arguments" in str(error.value)
+    with pytest.raises(UsageError) as error:  # a number mistyped: no folder of that name, said as it was
+        _parser().parse_args(["r", "--watch", "2s"])
+    assert str(error.value) == "argument --watch: invalid float value: '2s' (see --help)"
+    assert build_parser(PipelineApp, quiet=True).parse_args(["defs.json", "--resume"]).resume is True

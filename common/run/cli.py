@@ -8,10 +8,10 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 from common.argtypes import at_least, folder
-from common.errors import UsageError
+from common.errors import UsageError, quoted
 from common.settings import DEFAULT_GRACE, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_SETUP_TIMEOUT
 
 #: items derive their seeds with numpy's SeedSequence, which takes any non-negative integer; consumers
@@ -44,11 +44,31 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, quiet: bool = False, **kwargs: Any):
         self.quiet = quiet
+        self._given: List[str] = []  # the arguments being parsed, for the hints of error()
         # no prefixes: --fold would be --folds, --resum --resume; a misspelt flag is told instead
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self._given = [str(arg) for arg in (sys.argv[1:] if args is None else args)]
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message}{self._did_you_mean(message)} (see --help)")
+        raise UsageError(f"{message}{self._did_you_mean(message) or self._swallowed(message)} (see --help)")
+
+    def _swallowed(self, message: str) -> str:
+        """For a flag whose value is optional (the pipelines' ``--resume [RUN_ID/STEP_ID]``, the status
+        command's ``--watch [S]``) given before a positional argument, which it took as its value."""
+        for flag, value in zip(self._given, self._given[1:]):
+            action = self._option_string_actions.get(flag)
+            if action is None or action.nargs != argparse.OPTIONAL or value.startswith("-"):
+                continue
+            # a value it could not take, where it names something that exists (the folder meant), or a
+            # positional argument left missing
+            if message.startswith("the following arguments are required") or (
+                    f"argument {flag}" in message and os.path.exists(value)):
+                return (f" ({flag} took {quoted(value)} as its {action.metavar or 'value'}: give {flag} after "
+                        f"the positional arguments, or {flag}={action.metavar or 'VALUE'} for a value)")
+        return ""
 
     def _did_you_mean(self, message: str) -> str:
         """For a misspelt flag (``--result``, ``--gpus``), the flag it is closest to."""

@@ -123,6 +123,11 @@ def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:
     return 0
 
 
+def in_slurm_job(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether this process runs inside a Slurm job (a batch script's, which requeues at the walltime)."""
+    return bool((os.environ if environ is None else environ).get("SLURM_JOB_ID"))
+
+
 def launcher_sizes(environ: Optional[Mapping[str, str]] = None) -> List[int]:
     """How many ranks this process's MPI launcher started, as each launcher's variable says it
     (Open MPI: OMPI_COMM_WORLD_SIZE; hydra's mpiexec and srun's pmi2: PMI_SIZE), in that order; empty

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Set, TextIO
 
 from common.observe.progress import format_seconds
 from common.results.hold import last_refreshed, process_gone, read_hold, silent_for
-from common.results.journal import JournalReader
+from common.results.journal import JournalReader, holds_journal
 from common.results.layout import JOURNAL_NAME, RANK0_LOG, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
@@ -135,6 +135,10 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     """The report as text: what ``python -m common.status`` prints. ``why_gone``: :func:`gone`'s
     answer where the caller has it (``--watch`` ends on the same answer it shows)."""
     if status is None and journal.header is None:
+        if not holds_journal(ResultsLayout(results).journal) and ResultsLayout(results).journal.exists() \
+                and not ResultsLayout(results).status.exists():
+            raise NotAResultsFolder(f"{quoted(results)}: its run was killed as it started (its {JOURNAL_NAME} is "
+                                    f"empty): nothing had finished; run it again")
         if ResultsLayout(results).status.exists() or ResultsLayout(results).journal.exists():
             raise NotAResultsFolder(f"{quoted(results)}: not the results folder of a run: its {STATUS_NAME} and "
                                     f"{JOURNAL_NAME} are not a run's (a pipeline step's folder? give the folder "
@@ -168,8 +172,10 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
                  f"see {RANK0_LOG}: the job may have ended there)")
     else:
         shown = state
-        if state == "stopping" and status.get("stopping"):
+        if state in ("stopping", "stopped") and status.get("stopping"):
             shown += f" ({status['stopping']})"
+        elif state == "failed" and status.get("stopping"):  # --stop-after-failures: the rest never ran
+            shown += f" (stopped: {status['stopping']})"
     lines.append(f"{status.get('app', '?')}: {shown}")
     lines.append(f"command  {status.get('command', '')}")
     lines.append(f"status   updated {_ago(status.get('updated'), now)} by rank 0 on {status.get('host', '?')} "
@@ -217,8 +223,9 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     crash = status.get("error") if state == "failed" and not lost else None
     if crash:  # rank 0 itself failed (a bug): what finished is journaled, and a resume goes on from it
         lines.append(f"error    rank 0 failed: {crash} (the traceback is in {RANK0_LOG})")
-    if ((state == "stopped" or lost) or crash) and isinstance(resume, str) and resume:
-        lines.append(f"resume   {'after a fix, ' if crash else ''}with the same launcher and: {resume}")
+    gave_up = state == "failed" and bool(status.get("stopping")) and not lost  # --stop-after-failures
+    if ((state == "stopped" or lost) or crash or gave_up) and isinstance(resume, str) and resume:
+        lines.append(f"resume   {'after a fix, ' if crash or gave_up else ''}with the same launcher and: {resume}")
     elif state == "failed" and failed and isinstance(resume, str) and resume and not lost:
         lines.append(f"retry    the failed items with the same launcher and: {resume}")
 

@@ -194,6 +194,29 @@ def test_stop_after_failures_stops_handing_out_items_once_that_many_failed_for_g
     assert [e["why"] for e in entries if e["type"] == "stop"] == [sim.leader.stopping]
 
 
+def test_a_signal_ends_the_wait_of_a_stop_after_failures_at_once(tmp_path):
+    """The stop line says "a stop signal ends the wait": the first one does (it was taken as the
+    first of two and ignored: the run waited out the items' 100 s)."""
+    def one_fails(item: Item, attempt: int, worker: str):
+        return _broken(item, attempt, worker) if item.key == "i000" else ("done", item.key, 100.0)
+
+    sim = Sim(tmp_path, items(30), ranks=1, workers=2, retries=0, stop_after_failures=1, grace=60.0, stop_at=5.0,
+              behave={0: one_fails})
+    assert sim.run() == ["stopped"]
+    assert sim.leader.gave_up and sim.ended_at[0] < 6.0 and sim.leader.cut_off == 1
+
+
+def test_stop_after_failures_with_nothing_left_to_hand_out_lets_the_run_end_as_it_would(tmp_path):
+    """The limit reached while the last items run: stopping would only leave the run without its
+    outputs (a stopped run writes none), so it ends failed, its outputs written."""
+    def first_fails(item: Item, attempt: int, worker: str):
+        return _broken(item, attempt, worker) if item.key == "i000" else ("done", item.key, 5.0)
+
+    sim = Sim(tmp_path, items(2), ranks=1, workers=2, retries=0, stop_after_failures=1, behave={0: first_fails})
+    assert sim.run() == ["complete"]
+    assert not sim.leader.gave_up and sim.leader.code == EXIT_FAILED_ITEMS and len(sim.results()) == 1
+
+
 def test_stop_after_failures_reached_by_the_last_item_ends_the_run_as_failed_not_stopped(tmp_path):
     def last_fails(item: Item, attempt: int, worker: str):
         return _broken(item, attempt, worker) if item.key == "i009" else ("done", item.key, 0.01)

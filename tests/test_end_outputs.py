@@ -185,3 +185,17 @@ def test_failed_items_say_how_to_run_them_again_and_a_resume_says_what_it_ran(tm
     assert json.loads((results / "summary.json").read_text())["timeline_plot"] is None
     assert "timeline.png" not in (results / "summary.md").read_text() + (results / "report.html").read_text()
 
+
+
+def test_a_run_stopped_after_failures_has_no_part_of_the_app_in_its_summary(tmp_path):
+    """--stop-after-failures ends a run "failed" without its outputs: the app's part of summary.md
+    (made from what its finish() returns) would speak of outputs not written, or an earlier run's."""
+    results = tmp_path / "r"
+    proc = run([TOY, "30", "--sleep", "0.2", "--fail-key", "item-0000", "--retries", "0", "--stop-after-failures", "1",
+                "--workers", "1", "--results", str(results), "--no-progress"])
+    assert proc.returncode == 1, proc.stderr
+    text = (results / "summary.md").read_text()
+    assert text.startswith("# toy: failed") and "**Stopped**: 1 item failed for good" in text, text
+    assert "## Toy values" not in text and not (results / "values.json").exists()
+    proc = run([TOY, "30", "--retries", "0", "--workers", "1", "--results", str(results), "--no-progress", "--resume"])
+    assert proc.returncode == 0 and "## Toy values" in (results / "summary.md").read_text()

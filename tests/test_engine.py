@@ -491,20 +491,30 @@ def test_a_signal_passed_on_twice_still_gives_running_items_their_grace(tmp_path
 
 
 
-def test_a_stop_before_any_running_item_could_finish_says_more_time_is_needed(tmp_path):
+def test_a_stop_before_any_running_item_could_finish_says_more_time_is_needed(tmp_path, monkeypatch):
     """Items longer than a Slurm job's time less its warning: each requeued start is stopped before
-    any finishes, and runs them again from their start (up to 20 times). The closing line says so."""
-    results, marks = tmp_path / "r", tmp_path / "marks"
-    marks.mkdir()
-    process = start([TOY, "4", "--sleep", "60", "--workers", "2", "--grace", "0.5", "--marker-dir", str(marks),
-                     "--results", str(results), "--no-progress"])
-    assert wait_until(lambda: len(list(marks.iterdir())) == 2, 60)
-    os.kill(rank_pids(results)[0], signal.SIGUSR1)
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == 75, err
-    closing = error_lines(err)[-1]
-    assert closing.startswith("toy: stopped (received SIGUSR1) with 0 of 4 items done; none finished in this run's "), closing
-    assert "the 2 items running were cut off" in closing and "give it more time; finish with" in closing, closing
+    any finishes, and runs them again from their start (up to 20 times). The closing line says so,
+    in a Slurm job; not outside one (a Ctrl-C seconds into a run says nothing of the kind)."""
+    for job in ("4242", None):
+        if job:
+            monkeypatch.setenv("SLURM_JOB_ID", job)
+        else:
+            monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+        results, marks = tmp_path / f"r{job}", tmp_path / f"marks{job}"
+        marks.mkdir()
+        process = start([TOY, "4", "--sleep", "60", "--workers", "2", "--grace", "0.5", "--marker-dir", str(marks),
+                         "--results", str(results), "--no-progress"])
+        assert wait_until(lambda marks=marks: len(list(marks.iterdir())) == 2, 60)
+        os.kill(rank_pids(results)[0], signal.SIGUSR1)
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 75, err
+        closing = error_lines(err)[-1]
+        assert closing.startswith("toy: stopped (received SIGUSR1) with 0 of 4 items done"), closing
+        clause = "; none finished in this run's "
+        assert (clause in closing) == bool(job), closing
+        if job:
+            assert ("the 2 items still running when --grace ended were cut off: a job requeued with the same --time "
+                    "would cut them off again; give it a longer --time; finish with") in closing, closing
 
 
 def test_a_stop_whose_grace_lets_every_item_finish_ends_complete(tmp_path):

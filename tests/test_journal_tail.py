@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import REPO, TOY, journal_entries, run
+from helpers import REPO, TOY, assert_usage_error, journal_entries, run, status_of
 
 
 def _result_keys(results: Path):
@@ -93,6 +93,7 @@ def test_a_run_killed_before_its_journal_began_is_run_again(tmp_path):
         (results / "logs" / "rank0.log").write_text("killed at its start\n")
         if empty_journal:
             (results / "journal.jsonl").touch()
+            assert_usage_error(status_of(results), "its run was killed as it started", "run it again")
         proc = run([TOY, "4", "--results", str(results), "--no-progress", *extra])
         assert proc.returncode == 0, proc.stderr
         assert journal_entries(results)[0]["type"] == "header"

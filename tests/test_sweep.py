@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, assert_usage_error, journal_entries, run, snapshot, start, stop_run, summary
+from helpers import REPO, assert_usage_error, journal_entries, run, snapshot, start, status_of, stop_run, summary
 
 TESTS = REPO / "tests"
 ENGINE = ["--gpu", "cpu", "--threads", "1", "--no-progress"]
@@ -305,8 +305,12 @@ def test_a_bug_that_fails_every_item_stops_the_run_early_and_a_resume_after_the_
     assert (facts["status"], len(facts["failed_items"])) == ("failed", 2)
     assert facts["stopped_because"] == "2 items failed for good (--stop-after-failures 2)"
     assert "Stopped before the end. After a fix, finish with:" in (tmp_path / "r" / "summary.md").read_text()
+    assert "(or with a larger --stop-after-failures, where such failures are expected)" in closing
     assert json.loads((tmp_path / "r" / "status.json").read_text())["state"] == "failed"
     assert len([e for e in journal_entries(tmp_path / "r") if e["type"] == "attempt_failed"]) < 40
+    shown = status_of(tmp_path / "r").stdout
+    assert "sweep: failed (stopped: 2 items failed for good (--stop-after-failures 2))" in shown, shown
+    assert "resume   after a fix, with the same launcher and: " in shown, shown
     (tmp_path / "bug").unlink()
     fixed = sweep("fit:fit", tmp_path / "r", *args, "--resume", cwd=tmp_path)
     assert fixed.returncode == 0, fixed.stderr

@@ -138,6 +138,9 @@ class ToyApp(App):
         atomic_write_json(run.results_dir / "values.json", values)
         return {"n_values": len(values)}
 
+    def summary_markdown(self, summary):
+        return f"## Toy values\n\n`values.json`: {summary.get('n_values')} values"
+
 
 def _runs(path):
     try:

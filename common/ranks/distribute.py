@@ -126,7 +126,7 @@ class Leader:
         self.stopping: Optional[str] = None
         self.stop_after_failures = stop_after_failures
         self.gave_up = False  # the stop is --stop-after-failures's: the run failed, it is not to be requeued
-        self.running_at_stop = 0  # items handed out when the stop came
+        self.cut_off = 0  # items a stop's wait ended before they finished (they run again on --resume)
         self.deadline = 0.0
         self.pace = _ItemPace()
         self.liveness = liveness
@@ -178,6 +178,10 @@ class Leader:
             why = self.stop_signal()
             if why and not self.stopping:
                 self._begin_stop(why)
+            elif why and self.gave_up and self.deadline:  # a signal during --stop-after-failures's wait ends it
+                self.deadline = 0.0
+                self.progress.write(f"{self.tag} {why}: not waiting for the items handed out (they run again on "
+                                    f"--resume)")
             if self.stopping and getattr(self.stop_signal, "urgent", False):
                 self.deadline = 0.0  # a second signal: do not wait for running items
             if not self.stopping:
@@ -189,6 +193,7 @@ class Leader:
             if self.scheduler.all_resolved() and (not self.stopping or self._nothing_to_resume()):
                 return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
             if self.stopping and (not self.scheduler.in_flight or self.clock.monotonic() > self.deadline):
+                self.cut_off = len(self.scheduler.in_flight)
                 return self._end("stopped", EXIT_STOPPED)
             if self.on_idle is not None and self.records:
                 now = self.clock.monotonic()
@@ -259,7 +264,7 @@ class Leader:
         self.stopping = why
         self.deadline = self.clock.monotonic() + self.grace
         # in flight: running, or queued in a worker's inbox or a follower's (those are taken back at once)
-        handed = self.running_at_stop = len(self.scheduler.in_flight)
+        handed = len(self.scheduler.in_flight)
         again = "a stop signal" if self.gave_up else "the same signal again, 2 s or more later,"
         waiting = (f"waiting up to {self.grace:g} s for the {counted(handed, 'item')} handed out to finish or come back "
                    f"({again} ends the wait: they run again on --resume)"
@@ -346,14 +351,17 @@ class Leader:
         self.report_failures()
 
     def report_failures(self) -> None:
-        """Journal and show each item that failed for good, once."""
+        """Journal and show each item that failed for good, once; begin the stop of
+        ``stop_after_failures`` when they are that many."""
         for key in self.scheduler.pop_new_failures():
             error = self.scheduler.failed[key]
             self.journal.add_event(Kind.FAILED, key=key, error=error)
             self.progress.write(f"{self.tag} item {key} failed for good: {error_line(error)}")
             self.progress.advance(failed=True)
         limit, failed = self.stop_after_failures, len(self.scheduler.failed)
-        if limit is not None and failed >= limit and not self.stopping and not self.scheduler.all_resolved():
+        left = self.scheduler.unresolved - len(self.scheduler.in_flight)  # not handed out yet
+        if limit is not None and failed >= limit and not self.stopping and left > 0:
+            # (with none left, the run ends as it would have, its outputs written)
             self.gave_up = True
             self._begin_stop(f"{counted(failed, 'item')} failed for good (--stop-after-failures {limit})")
 

@@ -860,7 +860,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["outputs_seconds"] = round(time.time() - ended_at, 3)
     _written(failures, results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
     _written(failures, results, SUMMARY_MD, files.summary_md,
-             lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary, summary["status"] != "stopped" or bool(where))))
+             lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary, outcome != "stopped" or bool(where))))
     late = failures.first if failure is None else None
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
         _closing(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
@@ -877,16 +877,15 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         return EXIT_STOPPED
     if outcome == "stopped" and leader.gave_up:
         _closing(f"{app.name}: failed: {leader.stopping}: stopped with {len(records)} of {len(items)} items done; "
-                 f"their errors are in {results}/summary.md; after a fix, finish with the same launcher and: "
-                 f"{summary['resume_command']}")
+                 f"their errors are in {results}/summary.md; after a fix (or with a larger --stop-after-failures, "
+                 f"where such failures are expected), finish with the same launcher and: {summary['resume_command']}")
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
         stalled = ""
-        if not leader.records and leader.running_at_stop:  # a requeued job with the same --time repeats this
-            stalled = (f"; none finished in this run's {summary['wall_seconds']:.0f} s and the "
-                       f"{counted(leader.running_at_stop, 'item')} running were cut off: stopped as soon again (a "
-                       f"Slurm job requeued with the same --time), a run would not finish them either; give it "
-                       f"more time")
+        if not leader.records and leader.cut_off and settings.in_slurm_job():  # a requeue would only repeat it
+            stalled = (f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the "
+                       f"{counted(leader.cut_off, 'item')} still running when --grace ended were cut off: a job "
+                       f"requeued with the same --time would cut them off again; give it a longer --time")
         _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done{stalled}; "
                  f"finish with the same launcher and: {summary['resume_command']}")
         return EXIT_STOPPED

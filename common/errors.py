@@ -29,6 +29,9 @@ EXIT_FAILED_ITEMS = 1
 EXIT_NOT_WRITTEN = EXIT_FAILED_ITEMS
 EXIT_USAGE = 2
 EXIT_STOPPED = 75  # stopped by a signal (walltime): rerun with --resume to finish
+#: stopped as for EXIT_STOPPED, in a Slurm job, with no item of the run finished and items cut off at the
+#: end of --grace: a requeue with the same --time would cut them off again (the batch scripts do not requeue)
+EXIT_NO_PROGRESS = 76
 
 
 def quoted(path: object) -> str:

@@ -277,6 +277,16 @@ def recorded_job(tmp_path: Path, srun: str) -> tuple:
     return script, env, calls
 
 
+def warned_once_started(script: Path, env: dict, calls: Path) -> tuple:
+    """Run the recorded job, send its shell the walltime warning once its step has started: (exit
+    code, what the script printed)."""
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert wait_until(lambda: calls.exists() and calls.read_text() == "started\n", timeout=20)
+    job.send_signal(signal.SIGUSR1)
+    out, _ = job.communicate(timeout=30)
+    return job.returncode, out
+
+
 def test_a_walltime_warning_while_the_step_is_down_starts_no_new_step_and_requeues(tmp_path):
     """The step ends abnormally (a rank lost), and Slurm's USR1 comes during the pause before it is
     started again: no new step (it would run into the walltime kill), exit 75 and a requeue, so the
@@ -292,6 +302,18 @@ def test_a_walltime_warning_while_the_step_is_down_starts_no_new_step_and_requeu
     assert job.returncode == 75, out
     assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], out
     assert "not starting it again" in out and "starting it again with --resume" not in out, out
+
+
+def test_a_run_whose_items_never_fit_the_time_is_not_requeued(tmp_path):
+    """The run exits 76: stopped by the walltime warning before any item of this start finished.
+    A requeue with the same --time would cut them off again, 20 times over: the job ends, says
+    why, and is not requeued."""
+    srun = 'trap \'echo stop >> "$CALLS"; exit 76\' USR1; echo started >> "$CALLS"; sleep 30 & wait'
+    code, out = warned_once_started(*recorded_job(tmp_path, srun))
+    assert code == 76, out
+    calls = tmp_path / "calls"
+    assert calls.read_text().splitlines() == ["started", "stop"], out
+    assert "before any item of this start finished" in out and "submit again with a longer --time" in out, out
 
 
 def test_a_walltime_warning_as_the_step_goes_down_ends_the_job_as_stopped(tmp_path):
@@ -311,13 +333,9 @@ def test_the_walltimes_term_after_its_warning_still_requeues(tmp_path):
     the chain of requeues ended, as for a job cancelled by hand)."""
     srun = ('sleep 30 & child=$!; trap \'trap "" USR1; echo stop >> "$CALLS"; kill -TERM $PPID; sleep 0.5; kill $child; '
             'exit 75\' USR1; echo started >> "$CALLS"; wait')
-    script, env, calls = recorded_job(tmp_path, srun)
-    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert wait_until(lambda: calls.exists() and calls.read_text() == "started\n", timeout=20)
-    job.send_signal(signal.SIGUSR1)
-    out, _ = job.communicate(timeout=30)
-    assert job.returncode == 75, out
-    assert calls.read_text().splitlines() == ["started", "stop", "scontrol requeue 7"], out
+    code, out = warned_once_started(*recorded_job(tmp_path, srun))
+    assert code == 75, out
+    assert (tmp_path / "calls").read_text().splitlines() == ["started", "stop", "scontrol requeue 7"], out
     assert "got SIGTERM" in out and "requeueing; the next start continues with --resume" in out, out
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from common import settings
-from common.errors import EXIT_OK, EXIT_STOPPED, error_line
+from common.errors import EXIT_NO_PROGRESS, EXIT_OK, EXIT_STOPPED, error_line
 from common.results.failures import WriteFailures
 from common.results.layout import ResultsLayout
 from common.results.outputs import atomic_write_json
@@ -149,7 +149,7 @@ class StatusWriter:
         failed (a bug of the engine or the app, whose traceback is in its log)."""
         if error:
             self.header["error"] = error
-        self.write(leader, {EXIT_OK: "complete", EXIT_STOPPED: "stopped"}.get(code, "failed"))
+        self.write(leader, {EXIT_OK: "complete", EXIT_STOPPED: "stopped", EXIT_NO_PROGRESS: "stopped"}.get(code, "failed"))
 
     def _workers(self, rank: int) -> List[Dict[str, Any]]:
         snapshot = self.snapshots[rank]

@@ -29,6 +29,7 @@ from common.app import App, RunInfo
 from common.devices import resolve_devices, visible_gpus
 from common.errors import (
     EXIT_FAILED_ITEMS,
+    EXIT_NO_PROGRESS,
     EXIT_NOT_WRITTEN,
     EXIT_OK,
     EXIT_STOPPED,
@@ -881,14 +882,13 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                  f"where such failures are expected), finish with the same launcher and: {summary['resume_command']}")
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
-        stalled = ""
-        if not leader.records and leader.cut_off and settings.in_slurm_job():  # a requeue would only repeat it
-            stalled = (f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the "
-                       f"{counted(leader.cut_off, 'item')} still running when --grace ended were cut off: a job "
-                       f"requeued with the same --time would cut them off again; give it a longer --time")
-        _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done{stalled}; "
+        stalled = not leader.records and leader.cut_off and settings.in_slurm_job()  # a requeue would repeat it
+        said = (f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the "
+                f"{counted(leader.cut_off, 'item')} still running when --grace ended were cut off: a job requeued "
+                f"with the same --time would cut them off again; give it a longer --time" if stalled else "")
+        _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done{said}; "
                  f"finish with the same launcher and: {summary['resume_command']}")
-        return EXIT_STOPPED
+        return EXIT_NO_PROGRESS if stalled else EXIT_STOPPED
     if outputs_error is not None:
         _closing(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
                  f"{outputs_error} (traceback in {RANK0_LOG}); every result is journaled: after "

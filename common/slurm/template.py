@@ -2,7 +2,8 @@
 
 The body runs the program under ``srun`` in the background, forwards Slurm's walltime warning
 (USR1, sent to the batch shell) to it, and when the engine reports "stopped, resume me" (exit
-75) requeues the job, whose next start continues with ``--resume``.
+75) requeues the job, whose next start continues with ``--resume``; not when it reports that no item
+of its start finished before the walltime cut them off (76: the requeue would do the same).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 import shlex
 from typing import List
 
-from ..errors import EXIT_STOPPED
+from ..errors import EXIT_NO_PROGRESS, EXIT_STOPPED
 from .spec import JobSpec
 
 _SLOT = re.compile(r"\{\{(\w+)\}\}")
@@ -108,7 +109,7 @@ while :; do
     while kill -0 "$step" 2>/dev/null; do wait "$step"; done
     wait "$step"
     rc=$?
-    case $rc in 0|1|2|{{exit_stopped}}) break ;; esac
+    case $rc in 0|1|2|{{exit_stopped}}|{{exit_no_progress}}) break ;; esac
     # A stop that came as the step went down, or while it is down: what finished is journaled, and
     # the job ends as stopped (requeued for the walltime warning), with no step started again.
     if [ -n "$stop_signal" ]; then
@@ -128,13 +129,17 @@ while :; do
     LAUNCH=({{relaunch}})
 done
 
-if [ "$rc" -eq {{exit_stopped}} ]; then
+if [ "$rc" -eq {{exit_stopped}} ] || [ "$rc" -eq {{exit_no_progress}} ]; then
     if [ "$stop_signal" = TERM ]; then
         log "stopped by SIGTERM (scancel, or scontrol requeue): not requeueing from here; submit again to" \
             "continue with --resume"
     elif [ -n "$cancelled" ]; then
         log "stopped by the walltime warning, then SIGTERM came $cancelled s before the time limit (scancel):" \
             "not requeueing; submit again to continue with --resume"
+    elif [ "$rc" -eq {{exit_no_progress}} ]; then  # the same --time would cut them off again, every time
+        log "stopped by the walltime warning before any item of this start finished (those running were cut" \
+            "off): a requeue with the same --time would cut them off again; not requeueing: submit again with" \
+            "a longer --time to continue with --resume"
     elif [ "$restarts" -ge {{max_requeues}} ]; then
         log "stopped, but this job was already requeued $restarts times: submit again to continue"
     else
@@ -255,6 +260,7 @@ def render(spec: JobSpec) -> str:
         "defaults": _defaults(spec),
         "warning": str(spec.warning),
         "exit_stopped": str(EXIT_STOPPED),
+        "exit_no_progress": str(EXIT_NO_PROGRESS),
         "max_requeues": str(spec.max_requeues),
         "checks": _checks(spec),
         "launch": _launch(spec),

@@ -96,6 +96,10 @@ class App:
     default_item_timeout: Optional[float] = None
     #: whether ``--resume`` may name a target (``--resume RUN_ID/STEP_ID`` for pipelines)
     resume_target: bool = False
+    #: whether an item cut off by a stop keeps part of its work for the resume (a pipeline's finished
+    #: steps): a run that finished no item may still have progressed, so it is not said to have
+    #: made none (exit 76, which the batch scripts do not requeue)
+    items_resume_part_way: bool = False
     #: what ``run_item``/``run_group`` get as each item's seed: "sequence", the item's own numpy
     #: SeedSequence (``item_seed``), or "int32", its first 32-bit word (``item_seed32`` of it, an
     #: int; what a sweep function gets), made in a quarter of the time: for items of microseconds

@@ -243,6 +243,23 @@ def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_p
     assert [(h["status"], h["reason"]) for h in status["history"]] == [("failed", "interrupted: the run was stopped")]
 
 
+def test_a_pipeline_cut_off_in_a_slurm_job_is_requeued_not_said_to_have_made_no_progress(tmp_path, monkeypatch):
+    """A run that finished no item, its items cut off, exits 76 in a Slurm job (not requeued): a
+    requeue would cut them off again. Not a pipeline run: its first step may have finished, and
+    the next start goes on from the second, so it exits 75 and is requeued."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    definition = write(tmp_path / "two.json", {"name": "two", "steps": [
+        {"id": "first", "command": "true"},
+        {"id": "second", "command": "touch $PIPELINE_SHARED/started; sleep 60"}]})
+    results = tmp_path / "results"
+    process = start_pipeline(definition, results, "--grace", "0.5")
+    assert wait_until((results / "two" / "shared" / "started").exists), "the second step did not start"
+    os.kill(rank_pids(results)[0], signal.SIGUSR1)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 75, err
+    assert "none finished in this run's" not in err, err
+
+
 def test_slurms_walltime_warning_to_every_process_lets_the_running_step_finish(tmp_path):
     """Slurm signals every process of a job step: the rank, its workers and the steps they run.
     A step must live through its --grace, not die of the USR1 meant for the rank."""

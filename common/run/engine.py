@@ -882,7 +882,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                  f"where such failures are expected), finish with the same launcher and: {summary['resume_command']}")
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
-        stalled = not leader.records and leader.cut_off and settings.in_slurm_job()  # a requeue would repeat it
+        # a requeue would repeat it (not where an item keeps part of its work: a pipeline's finished steps)
+        stalled = (not leader.records and leader.cut_off > 0 and settings.in_slurm_job()
+                   and not app.items_resume_part_way)
         said = (f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the "
                 f"{counted(leader.cut_off, 'item')} still running when --grace ended were cut off: a job requeued "
                 f"with the same --time would cut them off again; give it a longer --time" if stalled else "")

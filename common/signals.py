@@ -164,6 +164,7 @@ class StopFlag:
     def __init__(self, first_failure: Callable[[], Optional[Any]]) -> None:
         self.first_failure = first_failure
         self.why: Optional[str] = None
+        self.first: Optional[int] = None  # the first stop signal's number (the walltime's: WALLTIME_SIGNAL)
         self.count = 0
         self._last = -math.inf
         #: while rank 0 writes the outputs, a third Ctrl-C interrupts them (KeyboardInterrupt, which
@@ -182,6 +183,7 @@ class StopFlag:
         self._last = now
         self.count += 1
         self.why = self.why or f"received {signal.Signals(number).name}"
+        self.first = self.first or number
         if self.count >= 3 and number == signal.SIGINT and self.outputs_interruptible:
             self.outputs_interruptible = False
             raise KeyboardInterrupt  # Ctrl-C three times: the user insists

@@ -24,7 +24,7 @@ from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
 from common.run.cli import Parser
 
-from .errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, UsageError, error_line, quoted
+from .errors import EXIT_FAILED_ITEMS, EXIT_NO_PROGRESS, EXIT_OK, EXIT_STOPPED, UsageError, error_line, quoted
 
 #: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals, plus a
 #: margin for a shared filesystem's attribute caching and the nodes' clocks
@@ -344,10 +344,13 @@ def _failures(failures: List[dict], count: int) -> List[str]:
     return lines
 
 
-def exit_code(state: Optional[str], why_gone: Optional[Gone]) -> int:
+def exit_code(state: Optional[str], why_gone: Optional[Gone], no_progress: bool = False) -> int:
     """The job's state as the code the job itself ends with, so that a script branches on it
     without reading the text: 0 running or complete, 1 failed, 75 stopped or gone (``--resume``
-    finishes it; the code a Slurm script requeues on)."""
+    finishes it; the code a Slurm script requeues on), 76 stopped by the walltime before any of its
+    items finished (a requeue with the same --time would only repeat it)."""
+    if why_gone is None and state == "stopped" and no_progress:
+        return EXIT_NO_PROGRESS
     if why_gone is not None or state == "stopped":
         return EXIT_STOPPED
     return EXIT_FAILED_ITEMS if state == "failed" else EXIT_OK
@@ -357,7 +360,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m common.status",  # a bad argument: one line, exit 2, as the apps say it
                     description="What a job is doing, from its results folder (status.json and the journal that "
                                 "the job keeps current there). Exit code: 0 running or complete, 1 failed, 75 "
-                                "stopped or gone (rerun it with --resume), 2 not a run's results folder.")
+                                "stopped or gone (rerun it with --resume), 76 stopped before any item finished in "
+                                "the job's time (give it a longer --time), 2 not a run's results folder.")
     parser.add_argument("results", type=Path, help="the job's results folder (--results)")
     parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="S",
                         help="refresh every S seconds (default 2) until the job ends; Ctrl-C to leave")
@@ -426,7 +430,7 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             # ends with the job: done, stopped, failed, or gone without a word (killed); by its status
             # file alone (a summary.json may be an earlier run's while this one runs)
             if args.watch is None or (status or {}).get("state") in FINAL_STATES or why_gone is not None:
-                return exit_code(state, why_gone)
+                return exit_code(state, why_gone, bool((status or {}).get("no_progress")))
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0

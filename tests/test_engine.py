@@ -22,6 +22,7 @@ from helpers import (
     run,
     snapshot,
     start,
+    status_of,
     stop_run,
     summary,
     values,
@@ -496,25 +497,27 @@ def test_a_stop_before_any_running_item_could_finish_says_more_time_is_needed(tm
     any finishes, and would run them again from their start at each requeue. In a Slurm job the
     closing line says so and the exit code is 76, which the batch scripts do not requeue; outside
     one (a Ctrl-C seconds into a run) neither: 75, as for any stop."""
-    for job in ("4242", None):
+    for job, sig in (("4242", signal.SIGUSR1), ("4242", signal.SIGINT), (None, signal.SIGUSR1)):
         if job:
             monkeypatch.setenv("SLURM_JOB_ID", job)
         else:
             monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-        results, marks = tmp_path / f"r{job}", tmp_path / f"marks{job}"
+        stalled = bool(job) and sig == signal.SIGUSR1  # the walltime warning, not a Ctrl-C in salloc
+        results, marks = tmp_path / f"r{job}{sig}", tmp_path / f"marks{job}{sig}"
         marks.mkdir()
         process = start([TOY, "4", "--sleep", "60", "--workers", "2", "--grace", "0.5", "--marker-dir", str(marks),
                          "--results", str(results), "--no-progress"])
         assert wait_until(lambda marks=marks: len(list(marks.iterdir())) == 2, 60)
-        os.kill(rank_pids(results)[0], signal.SIGUSR1)
+        os.kill(rank_pids(results)[0], sig)
         out, err = process.communicate(timeout=120)
-        assert process.returncode == (76 if job else 75), err
+        assert process.returncode == (76 if stalled else 75), err
         closing = error_lines(err)[-1]
-        assert closing.startswith("toy: stopped (received SIGUSR1) with 0 of 4 items done"), closing
+        assert closing.startswith(f"toy: stopped (received {sig.name}) with 0 of 4 items done"), closing
         assert json.loads((results / "status.json").read_text())["state"] == "stopped"
+        assert status_of(results).returncode == (76 if stalled else 75)  # what a user's script branches on
         clause = "; none finished in this run's "
-        assert (clause in closing) == bool(job), closing
-        if job:
+        assert (clause in closing) == stalled, closing
+        if stalled:
             assert ("the 2 items still running when --grace ended were cut off: a job requeued with the same --time "
                     "would cut them off again; give it a longer --time; finish with") in closing, closing
 

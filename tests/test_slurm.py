@@ -316,6 +316,21 @@ def test_a_run_whose_items_never_fit_the_time_is_not_requeued(tmp_path):
     assert "before any item of this start finished" in out and "submit again with a longer --time" in out, out
 
 
+def test_a_step_started_again_that_finishes_nothing_is_still_requeued(tmp_path):
+    """A rank was lost late in the job and the step started again: it had what was left of the
+    job's time, not a whole start, so its 76 (nothing of it finished) is a stop like any other:
+    the job is requeued, and its next start has the whole --time."""
+    srun = ('if [ -e "$CALLS" ]; then trap \'echo stop >> "$CALLS"; exit 76\' USR1; echo again >> "$CALLS"; '
+            'sleep 30 & wait; else echo started >> "$CALLS"; exit 137; fi')
+    script, env, calls = recorded_job(tmp_path, srun)
+    job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert wait_until(lambda: calls.exists() and calls.read_text() == "started\nagain\n", timeout=30)
+    job.send_signal(signal.SIGUSR1)
+    out, _ = job.communicate(timeout=30)
+    assert job.returncode == 75, out
+    assert calls.read_text().splitlines() == ["started", "again", "stop", "scontrol requeue 7"], out
+
+
 def test_a_walltime_warning_as_the_step_goes_down_ends_the_job_as_stopped(tmp_path):
     """USR1 reaches the shell while the step is ending abnormally (srun ignores it here and exits
     137): stopped (75) and requeued, as in the pause after it, with no step started again."""

@@ -149,6 +149,8 @@ class StatusWriter:
         failed (a bug of the engine or the app, whose traceback is in its log)."""
         if error:
             self.header["error"] = error
+        if code == EXIT_NO_PROGRESS:  # stopped, and a requeue with the same --time would only repeat it
+            self.header["no_progress"] = True
         self.write(leader, {EXIT_OK: "complete", EXIT_STOPPED: "stopped", EXIT_NO_PROGRESS: "stopped"}.get(code, "failed"))
 
     def _workers(self, rank: int) -> List[Dict[str, Any]]:

@@ -80,7 +80,7 @@ from common.results.outputs import atomic_write_json, atomic_write_text, check_r
 from common.results.regular_file import in_place, refuse_unless_regular
 from common.results.status_file import RankReporter, StatusWriter
 from common.run.cli import MAX_THREADS, build_parser, module_command
-from common.signals import StopFlag, ignore_stop_signals, start_resource_tracker
+from common.signals import WALLTIME_SIGNAL, StopFlag, ignore_stop_signals, start_resource_tracker
 from common.workers.pool import PoolSettings, WorkerPool
 from common.workers.spawnable import module_beside_main, unreachable_from_workers
 from common.workers.watchdog import Watchdog
@@ -882,9 +882,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                  f"where such failures are expected), finish with the same launcher and: {summary['resume_command']}")
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
-        # a requeue would repeat it (not where an item keeps part of its work: a pipeline's finished steps)
-        stalled = (not leader.records and leader.cut_off > 0 and settings.in_slurm_job()
-                   and not app.items_resume_part_way)
+        stalled = _made_no_progress(app, leader)
         said = (f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the "
                 f"{counted(leader.cut_off, 'item')} still running when --grace ended were cut off: a job requeued "
                 f"with the same --time would cut them off again; give it a longer --time" if stalled else "")
@@ -1011,6 +1009,18 @@ def _closing(line: str) -> None:
     """How the run ended, on stderr and in rank 0's log (which otherwise ends at the start-up lines)."""
     print(line, file=sys.stderr)
     log_to_files(line, logging.INFO)
+
+
+def _made_no_progress(app: App, leader: Leader) -> bool:
+    """Whether a requeue of this Slurm job with the same --time would only repeat this start: the
+    walltime warning stopped it before any of its items finished, and items were still running
+    when --grace ended. Not where an attempt was started again in the run (a retry, a worker or a
+    rank lost: a full start might finish it), nor where an item keeps part of its work (a
+    pipeline's finished steps). The batch script does not requeue on it (exit 76); it also turns a
+    76 of a step it started again in the same job into a requeue."""
+    return (settings.in_slurm_job() and getattr(leader.stop_signal, "first", None) == WALLTIME_SIGNAL
+            and not leader.records and leader.cut_off > 0 and not leader.bars and not leader.lost
+            and not app.items_resume_part_way)
 
 
 def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = True) -> str:

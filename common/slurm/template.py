@@ -128,6 +128,9 @@ while :; do
     log "the run's step ended abnormally (exit $rc): starting it again with --resume ($attempt of {{step_restarts}})"
     LAUNCH=({{relaunch}})
 done
+# A step started again in this job had less than the job's time: that it finished nothing says
+# nothing of a whole start, which the requeue gives it.
+if [ "$rc" -eq {{exit_no_progress}} ] && [ "$attempt" -gt 0 ]; then rc={{exit_stopped}}; fi
 
 if [ "$rc" -eq {{exit_stopped}} ] || [ "$rc" -eq {{exit_no_progress}} ]; then
     if [ "$stop_signal" = TERM ]; then

@@ -225,7 +225,9 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
         lines.append(f"error    rank 0 failed: {crash} (the traceback is in {RANK0_LOG})")
     gave_up = state == "failed" and bool(status.get("stopping")) and not lost  # --stop-after-failures
     if ((state == "stopped" or lost) or crash or gave_up) and isinstance(resume, str) and resume:
-        lines.append(f"resume   {'after a fix, ' if crash or gave_up else ''}with the same launcher and: {resume}")
+        first = ("after a fix, " if crash or gave_up else
+                 "with a longer --time (no item finished in the job's time), " if status.get("no_progress") else "")
+        lines.append(f"resume   {first}with the same launcher and: {resume}")
     elif state == "failed" and failed and isinstance(resume, str) and resume and not lost:
         lines.append(f"retry    the failed items with the same launcher and: {resume}")
 

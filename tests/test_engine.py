@@ -514,12 +514,31 @@ def test_a_stop_before_any_running_item_could_finish_says_more_time_is_needed(tm
         closing = error_lines(err)[-1]
         assert closing.startswith(f"toy: stopped (received {sig.name}) with 0 of 4 items done"), closing
         assert json.loads((results / "status.json").read_text())["state"] == "stopped"
-        assert status_of(results).returncode == (76 if stalled else 75)  # what a user's script branches on
+        shown = status_of(results)
+        assert shown.returncode == (76 if stalled else 75), shown.stdout  # what a user's script branches on
+        assert ("resume   with a longer --time (no item finished in the job's time), " in shown.stdout) == stalled
         clause = "; none finished in this run's "
         assert (clause in closing) == stalled, closing
         if stalled:
             assert ("the 2 items still running when --grace ended were cut off: a job requeued with the same --time "
                     "would cut them off again; give it a longer --time; finish with") in closing, closing
+
+
+def test_an_item_started_again_in_the_run_is_not_taken_for_one_that_never_fits(tmp_path, monkeypatch):
+    """In a Slurm job, the walltime stops a run whose one item is in its second attempt (its first
+    worker was killed): nothing finished, but the attempt cut off had less than the whole start,
+    so a requeue may finish it: exit 75, not 76."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    results, marks = tmp_path / "r", tmp_path / "marks"
+    marks.mkdir()
+    process = start([TOY, "1", "--sleep", "60", "--kill-key", "item-0000", "--workers", "1", "--grace", "0.5",
+                     "--marker-dir", str(marks), "--results", str(results), "--no-progress"])
+    assert wait_until(lambda: len((marks / "item-0000").read_text().splitlines()) == 2
+                      if (marks / "item-0000").exists() else False, 60)
+    os.kill(rank_pids(results)[0], signal.SIGUSR1)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 75, err
+    assert "none finished in this run's" not in err, err
 
 
 def test_a_stop_whose_grace_lets_every_item_finish_ends_complete(tmp_path):

@@ -517,6 +517,9 @@ def test_a_stop_before_any_running_item_could_finish_says_more_time_is_needed(tm
         shown = status_of(results)
         assert shown.returncode == (76 if stalled else 75), shown.stdout  # what a user's script branches on
         assert ("resume   with a longer --time (no item finished in the job's time), " in shown.stdout) == stalled
+        assert summary(results).get("no_progress", False) == stalled
+        assert ("No item finished in the job's time: give the job a longer --time, then finish with:"
+                in (results / "summary.md").read_text()) == stalled
         clause = "; none finished in this run's "
         assert (clause in closing) == stalled, closing
         if stalled:

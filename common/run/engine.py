@@ -847,6 +847,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["stopped_because"] = leader.stopping
     if outcome == "stopped":
         summary["resume_command"] = _resume_command(app, argv)
+        if failure is None and not leader.gave_up and _made_no_progress(app, leader):
+            summary["no_progress"] = True  # exit 76: a requeue with the same --time would only repeat it
     elif failed:  # a resume runs the failed items again (after a fix, or for a failure of the moment)
         summary["retry_command"] = _resume_command(app, argv)
     # a run that wrote none of its outputs (stopped); one whose finish() failed part-way has said so itself
@@ -882,7 +884,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                  f"where such failures are expected), finish with the same launcher and: {summary['resume_command']}")
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
-        stalled = _made_no_progress(app, leader)
+        stalled = bool(summary.get("no_progress"))
         said = (f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the "
                 f"{counted(leader.cut_off, 'item')} still running when --grace ended were cut off: a job requeued "
                 f"with the same --time would cut them off again; give it a longer --time" if stalled else "")
@@ -1050,7 +1052,9 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         lines += [f"**Stopped{' for lack of space' if summary.get('no_space') else ''}**: "
                   f"{summary['stopped_because']}.", ""]
     if summary.get("resume_command"):
-        fix = "After a fix, finish" if summary["status"] == "failed" else "Finish"  # --stop-after-failures
+        fix = ("After a fix, finish" if summary["status"] == "failed"  # --stop-after-failures
+               else "No item finished in the job's time: give the job a longer --time, then finish"
+               if summary.get("no_progress") else "Finish")
         lines += [f"Stopped before the end. {fix} with:", "", f"    {summary['resume_command']}", ""]
     if summary.get("retry_command"):
         lines += [f"{len(summary['failed_items'])} item(s) failed. Run them again (after a fix, or for a failure of "

@@ -308,7 +308,8 @@ def test_a_run_whose_items_never_fit_the_time_is_not_requeued(tmp_path):
     """The run exits 76: stopped by the walltime warning before any item of this start finished.
     A requeue with the same --time would cut them off again, 20 times over: the job ends, says
     why, and is not requeued."""
-    srun = 'trap \'echo stop >> "$CALLS"; exit 76\' USR1; echo started >> "$CALLS"; sleep 30 & wait'
+    # the trap ends its sleep too: a child left holding the script's stdout would hold communicate() for 30 s
+    srun = 'trap \'echo stop >> "$CALLS"; kill $child; exit 76\' USR1; echo started >> "$CALLS"; sleep 30 & child=$!; wait'
     code, out = warned_once_started(*recorded_job(tmp_path, srun))
     assert code == 76, out
     calls = tmp_path / "calls"
@@ -320,8 +321,8 @@ def test_a_step_started_again_that_finishes_nothing_is_still_requeued(tmp_path):
     """A rank was lost late in the job and the step started again: it had what was left of the
     job's time, not a whole start, so its 76 (nothing of it finished) is a stop like any other:
     the job is requeued, and its next start has the whole --time."""
-    srun = ('if [ -e "$CALLS" ]; then trap \'echo stop >> "$CALLS"; exit 76\' USR1; echo again >> "$CALLS"; '
-            'sleep 30 & wait; else echo started >> "$CALLS"; exit 137; fi')
+    srun = ('if [ -e "$CALLS" ]; then trap \'echo stop >> "$CALLS"; kill $child; exit 76\' USR1; echo again >> "$CALLS"; '
+            'sleep 30 & child=$!; wait; else echo started >> "$CALLS"; exit 137; fi')
     script, env, calls = recorded_job(tmp_path, srun)
     job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert wait_until(lambda: calls.exists() and calls.read_text() == "started\nagain\n", timeout=30)

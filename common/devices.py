@@ -136,6 +136,11 @@ def node_gpus() -> List[str]:
     return []
 
 
+def names_cpu(spec: Optional[str]) -> bool:
+    """Whether ``--gpu`` says ``cpu`` (None, the default, does not)."""
+    return spec is not None and spec.strip().lower() == "cpu"
+
+
 def parse_gpu_spec(spec: Optional[str]) -> Optional[List[int]]:
     """Syntax check of ``--gpu``: ``None`` for cpu, ``[]`` for all, else the indexes."""
     if spec is None:
@@ -158,7 +163,7 @@ def check_workers_per_gpu(spec: Optional[str], per_gpu: int) -> None:
     """``--workers-per-gpu`` N > 1 with ``--gpu cpu``: refused, as it would be silently ignored
     (checked where the devices are decided, and by the job-script generator before the queue). The
     default ``--gpu``'s fallback to the CPU where there is no GPU keeps it: a GPU job's flag there."""
-    if per_gpu > 1 and spec is not None and spec.strip().lower() == "cpu":
+    if per_gpu > 1 and names_cpu(spec):
         raise UsageError(f"--workers-per-gpu {per_gpu} with --gpu {spec}: workers share GPUs, and there are "
                          f"none; on the CPU, --workers N sets the workers")
 
@@ -167,7 +172,7 @@ def check_workers_on_gpus(spec: Optional[str], workers: int) -> None:
     """``--workers`` N > 1 with GPUs named by ``--gpu``: refused, as it would be silently ignored
     (a worker per GPU; ``--workers-per-gpu`` puts several on each). The default ``--gpu`` keeps it:
     a CPU command that falls back to the CPU where there is no GPU."""
-    if workers > 1 and spec is not None and spec.strip().lower() != "cpu":
+    if workers > 1 and spec is not None and not names_cpu(spec):
         raise UsageError(f"--workers {workers} with --gpu {spec}: on GPUs each worker has a GPU of its own "
                          f"(--workers counts CPU workers); --workers-per-gpu N runs N workers on each GPU")
 

@@ -135,11 +135,12 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     """The report as text: what ``python -m common.status`` prints. ``why_gone``: :func:`gone`'s
     answer where the caller has it (``--watch`` ends on the same answer it shows)."""
     if status is None and journal.header is None:
-        if not holds_journal(ResultsLayout(results).journal) and ResultsLayout(results).journal.exists() \
-                and not ResultsLayout(results).status.exists():
+        files = ResultsLayout(results)
+        has_status, has_journal = files.status.exists(), files.journal.exists()
+        if has_journal and not has_status and not holds_journal(files.journal):  # an empty journal
             raise NotAResultsFolder(f"{quoted(results)}: its run was killed as it started (its {JOURNAL_NAME} is "
                                     f"empty): nothing had finished; run it again")
-        if ResultsLayout(results).status.exists() or ResultsLayout(results).journal.exists():
+        if has_status or has_journal:
             raise NotAResultsFolder(f"{quoted(results)}: not the results folder of a run: its {STATUS_NAME} and "
                                     f"{JOURNAL_NAME} are not a run's (a pipeline step's folder? give the folder "
                                     f"that --results named)")

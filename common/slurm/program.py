@@ -61,7 +61,7 @@ def check_program(command: List[str], cpu_job: bool = False) -> None:
     (``cpu_job``), one told to use GPUs (its nodes have none for it)."""
     from common.run.cli import build_parser
 
-    from ..devices import check_workers_on_gpus, check_workers_per_gpu, parse_gpu_spec
+    from ..devices import check_workers_on_gpus, check_workers_per_gpu, names_cpu, parse_gpu_spec
 
     target = command[0]
     if target.endswith(".py"):
@@ -81,9 +81,9 @@ def check_program(command: List[str], cpu_job: bool = False) -> None:
     try:
         if args.gpu is not None:
             parse_gpu_spec(args.gpu)  # the form only: the compute nodes' GPUs are not visible here
-            if cpu_job and args.gpu.strip().lower() != "cpu":
+            if cpu_job and not names_cpu(args.gpu):
                 raise UsageError(f"--gpu {args.gpu}: a CPU job (--cpu) is given no GPU; use --gpu cpu, or a GPU job")
-            if not cpu_job and args.gpu.strip().lower() == "cpu":
+            if not cpu_job and names_cpu(args.gpu):
                 raise UsageError(f"--gpu {args.gpu} in a GPU job: the GPUs it asks for would sit idle; use --cpu for "
                                  f"a CPU job, or --gpu all")
         # a CPU job's script adds --gpu cpu when it starts, a GPU job's --gpu all

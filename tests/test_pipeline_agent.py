@@ -388,6 +388,28 @@ def test_the_pipelines_table_has_as_many_cells_in_each_row_as_its_header():
         assert len({line.count("|") for line in lines}) == 1, lines
 
 
+def test_an_evaluation_failed_in_a_pipeline_that_went_on_is_named_with_its_resume():
+    """The format document: "if training completes but evaluation fails, resume from the evaluation
+    step". Its example's evaluate goes on to report when it fails, so the pipeline ends ok and a
+    plain --resume would not run it again: the answer, summary.md and the closing lines name it."""
+    from common.pipeline import report
+
+    pipelines = {"ml": {"status": "ok", "steps": {
+                     "train": {"status": "failed", "seconds": 1.0, "previous_run": True},
+                     "train-retry": {"status": "ok", "seconds": 1.0, "previous_run": True},
+                     "evaluate": {"status": "failed", "seconds": 1.0}, "report": {"status": "ok", "seconds": 1.0}}},
+                 "other": {"status": "ok", "steps": {"a": {"status": "timeout", "seconds": 3.0}}},
+                 "broken": {"status": "failed", "reason": "step 'a' failed", "steps": {"a": {"status": "failed"}}}}
+    assert report.handled_failures(pipelines) == ["ml/evaluate", "other/a"]  # not train: failed before this run
+    assert report.answer(pipelines) == ("3 pipelines: 2 ok, 1 failed; failed along the way (their pipeline "
+                                        "went on): ml/evaluate, other/a")
+    assert report.headline(pipelines)[1].endswith("the same command with --resume ml/evaluate")
+    assert "add `--resume ml/evaluate` (that step and those after it)" in report.summary_markdown(pipelines)
+    ok = {"ml": {"status": "ok", "steps": {"evaluate": {"status": "ok", "seconds": 1.0}}}}
+    assert report.headline(ok) == [] and report.answer(ok) == "1 pipeline: 1 ok"
+    assert "along the way" not in report.summary_markdown(ok)
+
+
 def test_a_lock_folder_that_cannot_be_made_is_refused_when_the_run_starts(tmp_path, monkeypatch):
     """PIPELINE_LOCK_DIR, where GPU steps take their node-wide slots: one line and exit 2 at the
     start, not a failure of every GPU step later."""

@@ -179,7 +179,7 @@ def test_memory_sizes():
 
 def test_unknown_pools_and_pools_too_small():
     [p] = parse_definition(pipeline(step("a", resources=["licence"]), step("b", resources={"disk": 3})))
-    with pytest.raises(UsageError, match="unknown pool 'licence'.*PIPELINE_RESOURCE_LICENCE"):
+    with pytest.raises(UsageError, match="unknown pool 'licence'.*PIPELINE_RESOURCE_LICENCE=N or the format document's SWARM_RESOURCE_licence=N"):
         check_pools([p], {"gpu": None, "disk": 4}, "def.json")
     with pytest.raises(UsageError, match="asks 3 of pool 'disk', which has capacity 2"):
         check_pools([p], {"gpu": None, "disk": 2, "licence": 1}, "def.json")

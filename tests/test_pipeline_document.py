@@ -273,6 +273,11 @@ def test_a_failing_train_falls_back_and_a_resume_from_evaluate_reuses_shared(san
     results = tmp_path / "results"
     proc = sandbox.run(ML, {"/data": host_data}, agent=f"{AGENT} --fail train")
     assert proc.returncode == 0, proc.stderr  # train's failure is handled by its on_fail
+    # the run is complete, and says which step failed on the way and how to run it again after a fix
+    assert f"failed and its pipeline went on (on_fail): {RUN_ID}/train" in proc.stdout, proc.stdout
+    assert f"the same command with --resume {RUN_ID}/train" in proc.stdout
+    assert f"**1 pipeline: 1 ok; failed along the way (their pipeline went on): {RUN_ID}/train**" in (
+        results / "summary.md").read_text()
     assert statuses(results, RUN_ID, ["train", "train-retry", "evaluate", "report"]) == {
         "train": "failed", "train-retry": "ok", "evaluate": "ok", "report": "ok"}
     assert "CUDA out of memory" in (results / RUN_ID / "train" / "stderr.log").read_text()
@@ -294,6 +299,7 @@ def test_a_failing_train_falls_back_and_a_resume_from_evaluate_reuses_shared(san
     assert evaluate["status"] == "ok" and len(evaluate["history"]) == 2  # the first run's attempt and this one
     assert read_lines(results / RUN_ID / "evaluate" / "output.md")["/shared/checkpoints/model_final.pt"] == sha256(checkpoint)
     assert proc.new_top_level == []
+    assert "along the way" not in (results / "summary.md").read_text() + proc.stdout  # train failed in the first run
 
 
 def par_run(sandbox: Sandbox, tmp_path: Path, monkeypatch, capacity: int, seconds: float):

@@ -21,7 +21,7 @@ from ..app import App, RunInfo, finite_number
 from ..devices import Device
 from ..errors import ItemFailed, UsageError, error_line, quoted, short
 from ..items import Item, item_seed, torch_seed
-from . import nodelock
+from . import nodelock, report
 from .container import CONTAINER_ENV, default_image, find_apptainer
 from .definition import POOL_PATTERN, Pipeline, breaks_bind, check_pools, load_definition, shown_path
 from .flow import STOPPING, PipelineRunner, RunLayout, RunStopping, read_progress
@@ -371,6 +371,12 @@ class PipelineApp(App):
 
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         return summary_markdown(summary.get("pipelines", {}))
+
+    def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:
+        return report.headline(summary.get("pipelines", {}))
+
+    def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
+        return report.answer(summary.get("pipelines", {}))
 
     # ----- worker -----
     def setup_worker(self, device: Device) -> WorkerState:

@@ -535,8 +535,9 @@ def check_pools(pipelines: List[Pipeline], capacities: Mapping[str, Optional[int
                 if pool not in capacities:
                     known = sorted(capacities)
                     hint = did_you_mean(pool, known)
-                    raise where.error(f"unknown pool {pool!r}{hint}; define it with --resource {pool}=N "
-                                      f"or PIPELINE_RESOURCE_{pool.upper()}=N (known: {', '.join(known)})")
+                    raise where.error(f"unknown pool {pool!r}{hint}; define it with --resource {pool}=N, "
+                                      f"PIPELINE_RESOURCE_{pool.upper()}=N or the format document's SWARM_RESOURCE_{pool}=N "
+                                      f"(known: {', '.join(known)})")
                 capacity = capacities[pool]
                 if capacity is not None and count > capacity:
                     raise where.error(f"asks {count} of pool {pool!r}, which has capacity {capacity}")

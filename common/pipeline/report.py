@@ -56,6 +56,43 @@ def _row(cells: List[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def handled_failures(pipelines: Mapping[str, Mapping[str, Any]]) -> List[str]:
+    """``RUN/STEP`` of each step that failed (or timed out) in this run in a pipeline that still ended
+    ok: its ``on_fail`` went on, so a plain ``--resume`` would not run it again, only ``--resume
+    RUN/STEP`` (the format document: "if training completes but evaluation fails, resume from the
+    evaluation step"). A step failed in an earlier run, before a resume from a later step, is not named."""
+    return [f"{run_id}/{step}" for run_id, run in pipelines.items() if run.get("status") == "ok"
+            for step, status in run.get("steps", {}).items()
+            if status.get("status") in ("failed", "timeout") and not status.get("previous_run")]
+
+
+def answer(pipelines: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
+    """summary.md's first line: how many pipelines ended how, and the steps failed along the way."""
+    if not pipelines:
+        return None
+    counts: Dict[str, int] = {}
+    for run in pipelines.values():
+        counts[str(run.get("status", "?"))] = counts.get(str(run.get("status", "?")), 0) + 1
+    line = f"{len(pipelines)} pipeline{'s' if len(pipelines) > 1 else ''}: " + ", ".join(
+        f"{count} {status}" for status, count in sorted(counts.items(), key=lambda pair: (pair[0] != "ok", pair[0])))
+    handled = handled_failures(pipelines)
+    if handled:
+        line += f"; failed along the way (their pipeline went on): {', '.join(handled)}"
+    return line
+
+
+def headline(pipelines: Mapping[str, Mapping[str, Any]]) -> List[str]:
+    """The closing lines of a complete run whose pipelines ended ok though a step failed: the run
+    says "complete", and these say which step to run again after a fix, and how."""
+    handled = handled_failures(pipelines)
+    if not handled:
+        return []
+    return [f"pipeline: {len(handled)} step{'s' if len(handled) > 1 else ''} failed and {'their' if len(handled) > 1 else 'its'} "
+            f"pipeline went on (on_fail): {', '.join(handled)}",
+            f"pipeline: to run one again after a fix, with the steps after it: the same command with "
+            f"--resume {handled[0]}"]
+
+
 def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     if not pipelines:
         return ""
@@ -67,6 +104,12 @@ def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
         lines += ["| pipeline | why it failed |", "|---|---|"]
         lines += [f"| {markdown_cell(run_id)} | {markdown_cell(error_line(reason))} |"  # a row: one line
                   for run_id, reason in problems] + [""]
+    handled = handled_failures(pipelines)
+    if handled:
+        lines += ["Failed along the way, their pipeline going on through `on_fail`: "
+                  + ", ".join(f"`{step}`" for step in handled) + ". A plain `--resume` does not run a pipeline "
+                  f"that ended ok again; after a fix, add `--resume {handled[0]}` (that step and those after it) "
+                  "to the command above.", ""]
     outputs = [(run_id, step, status) for run_id, run in pipelines.items()
                for step, status in run.get("steps", {}).items() if status.get("output")]
     if outputs:

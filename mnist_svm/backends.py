@@ -41,6 +41,22 @@ def _multiclass(svc: Any, multiclass: str) -> Any:
     return OneVsRestClassifier(svc) if multiclass == "ovr" else svc
 
 
+def last_argmax(scores: Any, xp: Any = np) -> Any:
+    """Per row, the index of the largest score, a tie going to the later column: the reference's
+    one-vs-rest (scikit-learn 1.3.1 under cuML 23.08, its requirements-pin.txt). scikit-learn has
+    since turned OneVsRestClassifier.predict's ties to the earlier class (1.9.1 here), and at large
+    gamma most test images tie (every kernel value 0: the decision values are the intercepts), so
+    the rule is ours, the same on every release and on the CPU and the GPU. ``xp``: numpy or CuPy."""
+    return scores.shape[1] - 1 - xp.argmax(scores[:, ::-1], axis=1)
+
+
+def _predicted(model: Any, x: np.ndarray) -> np.ndarray:
+    """``model``'s classes for ``x``; one-vs-rest over more than two classes by :func:`last_argmax`."""
+    if hasattr(model, "estimators_") and len(model.classes_) > 2:
+        return model.classes_[last_argmax(model.decision_function(x))]
+    return model.predict(x)
+
+
 def _support(model: Any) -> np.ndarray:
     """Training-row indexes of the support vectors (of every binary SVC, without repeats)."""
     if hasattr(model, "estimators_"):
@@ -115,11 +131,11 @@ class SklearnBackend:
 
         x = self._rows(split, rows)
         if not isinstance(model, PrecomputedModel):
-            return model.predict(x)
+            return _predicted(model, x)
         # libsvm reads only the support vectors' columns: compute those, leave the rest zero
         kernel = np.zeros((len(x), model.n_train))
         kernel[:, model.support] = rbf_kernel(x, model.support_x, gamma=model.gamma)
-        return model.svc.predict(kernel)
+        return _predicted(model.svc, kernel)
 
     def n_support(self, model: Any) -> int:
         """Distinct support vectors over the binary SVCs."""
@@ -187,9 +203,7 @@ class CumlBackend:
         scores = cp.stack([cp.asarray(svc.decision_function(x)).ravel() for svc in model.svcs], axis=1)
         if len(model.classes) == 2:
             return model.classes[cp.asnumpy(scores[:, 0] > 0).astype(np.int64)]
-        # scikit-learn's OneVsRestClassifier.predict gives a tie to the later class: argmax from the end
-        last = len(model.svcs) - 1 - cp.argmax(scores[:, ::-1], axis=1)
-        return model.classes[cp.asnumpy(last)]
+        return model.classes[cp.asnumpy(last_argmax(scores, cp))]  # a tie to the later class, as the reference
 
     def n_support(self, model: Any) -> int:
         """Distinct support vectors (row indexes into the fit's rows) over the binary SVCs; cuML's

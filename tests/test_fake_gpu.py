@@ -73,6 +73,30 @@ def test_one_vs_rest_on_the_device_predicts_as_scikit_learns_one_vs_rest(fake_gp
     assert 0 < gpu.n_support(model) <= len(rows)
 
 
+def test_ties_at_large_gamma_go_to_the_later_class_on_the_cpu_and_the_gpu(fake_gpu_modules):
+    """At gamma 10 every kernel value between distinct images underflows to 0: the decision values
+    are the intercepts and most test images tie. Both backends give a tie to the later class, as the
+    reference's scikit-learn 1.3.1 did (this scikit-learn's OneVsRestClassifier gives it to the earlier
+    one), so the CPU and the GPU agree on every image and the test error is the reference's."""
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.svm import SVC
+
+    from common.data import load_dataset
+    from mnist_svm.backends import CumlBackend, SklearnBackend, last_argmax, standardise
+
+    data = load_dataset("digits", subsample=400, seed=1)
+    rows, c, gamma = np.arange(300), 1e-3, 10.0
+    gpu, cpu = CumlBackend(data), SklearnBackend(data)
+    on_gpu, on_cpu = gpu.predict(gpu.fit(c, gamma, rows), "test"), cpu.predict(cpu.fit(c, gamma, rows), "test")
+    assert np.array_equal(on_gpu, on_cpu)
+    plain = OneVsRestClassifier(SVC(C=c, gamma=gamma)).fit(standardise(data.x_train[rows]), data.y_train[rows])
+    scores = plain.decision_function(standardise(data.x_test))
+    ties = scores.max(axis=1, keepdims=True) == scores
+    assert np.mean(ties.sum(axis=1) > 1) > 0.9  # the case this test is about: most images tie
+    assert np.array_equal(on_cpu, plain.classes_[last_argmax(scores)])
+    assert np.array_equal(last_argmax(np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 1.0, 0.0, 2.0]])), [2, 3])
+
+
 def test_cuml_fits_the_reference_float64_pixels_in_double_precision(fake_gpu_modules):
     """The reference hands cuML float64 pixels, which its SVC keeps (``check_dtype`` float32 or
     float64) and fits in double precision; float32 pixels could move a point across the margin."""

@@ -168,7 +168,8 @@ def test_synchronisations_are_watched_only_from_each_batch_loop_to_its_epochs_lo
 
     events = []
 
-    def set_sync_debug_mode(mode):
+    def set_sync_debug_mode(debug_mode):  # torch.cuda's own name for it (torch/cuda/__init__.py)
+        mode = debug_mode
         if mode != "default" and mode not in events:
             warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
                           "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)",

@@ -94,7 +94,7 @@ class SVC(BaseEstimator, ClassifierMixin):
         self._binary.fit(X, y, sample_weight=sample_weight)
         self.support_ = self._binary.support_.astype(np.int32)
         self.support_vectors_ = X[self.support_]
-        self.n_support_ = self._binary.n_support_
+        self.n_support_ = int(len(self.support_))  # cuML: the total (svm_base's support.shape[0]), not per class
         self.dual_coef_ = self._binary.dual_coef_
         self.intercept_ = self._binary.intercept_
         self.fit_status_ = 0

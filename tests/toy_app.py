@@ -48,6 +48,9 @@ class ToyApp(App):
         parser.add_argument("--wave", action="store_true", help="add a second wave: one sum per 4 items")
         parser.add_argument("--broken-setup", action="store_true", help="every worker fails to start")
         parser.add_argument("--crashing-setup", action="store_true", help="every worker dies (SIGKILL) while starting")
+        parser.add_argument("--swallowing-setup", type=float, default=0.0,
+                            help="every worker's set-up sleeps this long inside a bare except, as a library's "
+                                 "import may: a signal's exception raised there is swallowed")
         parser.add_argument("--broken-finish", action="store_true", help="rank 0's finish() raises")
         parser.add_argument("--finish-seconds", type=float, default=0.0,
                             help="rank 0's finish() takes this long (a slow figure) before it writes values.json")
@@ -91,6 +94,11 @@ class ToyApp(App):
             raise OSError("cannot load the toy data")
         if self.args.crashing_setup:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.args.swallowing_setup:
+            try:
+                time.sleep(self.args.swallowing_setup)
+            except:  # noqa: E722 - what the option stands for
+                pass
         return {"pid": os.getpid()}
 
     def run_item(self, state, item, seed):

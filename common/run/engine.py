@@ -602,7 +602,10 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
     pool = WorkerPool(app, devices, settings, watchdog, stop_asked=stop)
     monitor = GpuMonitor(devices)
     monitor.start()
-    pool.start()
+    # a resume of a run whose items are all journaled starts no worker here: each would import and
+    # set up its app (mnist_nn's torch and data: seconds of CPU) only to be ended at once
+    if comm.rank != 0 or not scheduler.all_resolved():
+        pool.start()
     # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
     # matplotlib too where rank 0 will draw: the app's figures, or the GPU usage figure
     preloading = preload_figures(app.draws_figures() or app.on_gpu()) if comm.rank == 0 else None

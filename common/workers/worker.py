@@ -226,8 +226,24 @@ def stop_requested() -> bool:
     return inbox.stopping
 
 
-def _on_terminate(signum: int, frame: Any) -> None:
-    raise _Terminated()
+class _Termination:
+    """The handler of WORKER_TERMINATE_SIGNAL: it raises :class:`_Terminated`, and notes that it
+    came. The note is what counts: the exception is raised wherever the main thread is, and code
+    there may swallow it (a bare ``except:`` in a library the app's set-up imports; seen in about
+    one mnist_nn start in three, whose worker then went on to say it was ready, and waited for
+    items until its rank killed it 10 s later)."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.asked = True
+        raise _Terminated()
+
+    def check(self) -> None:
+        """Raise :class:`_Terminated` if the signal came, whatever became of its first one."""
+        if self.asked:
+            raise _Terminated()
 
 
 def _set_threads(threads: int) -> None:
@@ -379,7 +395,8 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
     multiprocessing.current_process().daemon = False
     # The rank decides when work stops: Ctrl-C and Slurm's walltime warning go to it, not us.
     leave_stop_signals_to_rank()
-    signal.signal(WORKER_TERMINATE_SIGNAL, _on_terminate)
+    termination = _Termination()
+    signal.signal(WORKER_TERMINATE_SIGNAL, termination)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_IGNORED_SIGNALS)  # blocked since the pool started us
     if WORKER_TERMINATE_SIGNAL in early.numbers:  # the rank ended us while the app's __main__ imported
         beating.set()
@@ -406,6 +423,7 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
             seed_of = ItemSeeds(seed).maker(getattr(app, "seed_form", "sequence"))
             state = app.setup_worker(device)
             _set_threads(threads)
+            termination.check()  # ended by its rank while the set-up ran: not ready, gone
         except (Exception, SystemExit) as error:  # sys.exit() in the app's setup too: said as an item's would be
             trace = capped(traceback.format_exc())
             log.error("setup failed:\n%s", trace)
@@ -416,6 +434,7 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
             bundle = inbox.next_bundle(handler.write_held)  # no line waits while the worker does
             if bundle is None:
                 break
+            termination.check()  # the signal came while an item ran, and its code swallowed it
             entries, together = bundle
             _run_bundle(app, state, entries, together, seed_of, conn, finished, handler)
     except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):

@@ -85,6 +85,9 @@ def test_a_difference_in_an_argument_left_at_its_default_names_the_default():
     """Apps leave an argument at its default out of their fingerprint (older journals resume): the
     refusal says "the default" there, not None, which the user never gave."""
     assert describe_difference({"seed": 1}, {"seed": 2}) == "seed 1 (journal) vs 2 (now)"
+    # every difference at once, not the next one after the first is fixed
+    assert describe_difference({"folds": 5, "seed": 1, "x": 0}, {"folds": 3, "seed": 5, "x": 0}) == \
+        "folds 5 (journal) vs 3 (now), seed 1 (journal) vs 5 (now)"
     assert describe_difference({"draws": "reference"}, {}) == "draws 'reference' (journal) vs the default (now)"
     assert describe_difference({}, {"max_macs": 1e6}) == "max_macs the default (journal) vs 1000000.0 (now)"
     assert describe_difference({"subsample": None}, {"subsample": 300}) == "subsample None (journal) vs 300 (now)"

@@ -169,6 +169,8 @@ def test_placeholders_in_the_users_arguments_and_spaces_around_time_stay_as_give
     made = generate("--gpus-per-node", "1", "--time", " 02:00:00 ", "--", "mnist_svm", "24", "--results", "{{warning}}")
     assert made.returncode == 0, made.stderr
     assert "APP_ARGS=(24 --results '{{warning}}')" in made.stdout
+    # the script's example of other arguments names another folder, not a second --results
+    assert "#   sbatch THIS_SCRIPT 24 --results /scratch/me/run1\n" in made.stdout
     assert "#SBATCH --time=02:00:00\n" in made.stdout and "--time 02:00:00 --" in made.stdout
 
 

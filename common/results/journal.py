@@ -270,17 +270,17 @@ def _record(entry: dict) -> Record:
 
 
 def describe_difference(old: dict, new: dict, left_out: Optional[Mapping[str, Any]] = None) -> str:
-    """'seed 1 (journal) vs 2 (now)' for the first argument that differs; an argument a fingerprint
-    leaves out (so that older journals resume) is what ``left_out`` says it stands for, else "the default"."""
+    """'seed 1 (journal) vs 2 (now)' for each argument that differs (all of them: one at a time, a
+    user fixing the first was refused again for the next); an argument a fingerprint leaves out (so
+    that older journals resume) is what ``left_out`` says it stands for, else "the default"."""
     def shown(fingerprint: dict, name: str) -> str:
         if name in fingerprint:
             return repr(fingerprint[name])
         return repr(left_out[name]) if left_out and name in left_out else "the default"
 
-    for name in sorted(set(old) | set(new)):
-        if name not in old or name not in new or old[name] != new[name]:
-            return f"{name} {shown(old, name)} (journal) vs {shown(new, name)} (now)"
-    return "nothing"
+    differences = [f"{name} {shown(old, name)} (journal) vs {shown(new, name)} (now)"
+                   for name in sorted(set(old) | set(new)) if name not in old or name not in new or old[name] != new[name]]
+    return ", ".join(differences) or "nothing"
 
 
 class _PlainJson:

@@ -61,7 +61,7 @@ cd "${SLURM_SUBMIT_DIR:-.}" || exit 1
 # tasks would get none of the environment set up here (module load, the virtual environment)
 export SLURM_EXPORT_ENV=ALL
 {{setup}}# The program and its arguments; arguments given to sbatch after the script replace the defaults:
-#   sbatch THIS_SCRIPT {{app_args}} --results /scratch/me/run1
+#   sbatch THIS_SCRIPT {{example_args}}
 PROGRAM=({{program}})
 APP_ARGS=({{app_args}})
 if [ "$#" -gt 0 ]; then APP_ARGS=("$@"); fi
@@ -156,6 +156,18 @@ else
 fi
 exit "$rc"
 """
+
+
+def _example_args(app_args: List[str]) -> List[str]:
+    """The script's own arguments with another results folder: its --results (if any) replaced, not
+    given twice."""
+    kept, words = [], iter(app_args)
+    for word in words:
+        if word == "--results":
+            next(words, None)
+        elif not word.startswith("--results="):
+            kept.append(word)
+    return kept + ["--results", "/scratch/me/run1"]
 
 
 def _words(words: List[str]) -> str:
@@ -258,6 +270,7 @@ def render(spec: JobSpec) -> str:
     ]
     slots = {
         "app_args": _words(spec.app_args),
+        "example_args": _words(_example_args(spec.app_args)),
         "setup": _setup(spec),
         "program": _words(spec.python),
         "defaults": _defaults(spec),

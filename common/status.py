@@ -224,6 +224,12 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     crash = status.get("error") if state == "failed" and not lost else None
     if crash:  # rank 0 itself failed (a bug): what finished is journaled, and a resume goes on from it
         lines.append(f"error    rank 0 failed: {crash} (the traceback is in {RANK0_LOG})")
+    # the items ended but the app's outputs could not be written (its finish() raised): a resume writes them
+    outputs = summary.get("outputs_error") if state == "failed" and summary and _same_start(summary, status) else None
+    if isinstance(outputs, dict) and not crash:
+        crash = str(outputs.get("error") or "?")
+        lines.append(f"error    writing the outputs failed: {crash} (the traceback is in {RANK0_LOG}); every "
+                     f"result is journaled")
     gave_up = state == "failed" and bool(status.get("stopping")) and not lost  # --stop-after-failures
     if ((state == "stopped" or lost) or crash or gave_up) and isinstance(resume, str) and resume:
         first = ("after a fix, " if crash or gave_up else

@@ -437,6 +437,11 @@ def test_an_error_in_the_apps_finish_ends_every_rank_in_one_line_and_resume_writ
     assert "Traceback" in (tmp_path / "r" / "logs" / "rank0.log").read_text()
     assert json.loads((tmp_path / "r" / "status.json").read_text())["state"] == "failed"
     assert "could not be written" in (tmp_path / "r" / "summary.md").read_text()
+    # the status command says it too, and how to write them (it said "failed" and nothing more)
+    shown = status_of(tmp_path / "r")
+    assert shown.returncode == 1 and "\nerror    writing the outputs failed: RuntimeError: a bug in finish() (the " \
+        "traceback is in logs/rank0.log); every result is journaled\n" in shown.stdout, shown.stdout
+    assert "\nresume   after a fix, with the same launcher and: " in shown.stdout and " --resume\n" in shown.stdout
     again = run(args + ["--resume"], timeout=120)
     assert again.returncode == 0, again.stderr
     assert summary(tmp_path / "r")["items_this_run"] == 0 and (tmp_path / "r" / "values.json").is_file()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import threading
 import time
@@ -154,6 +155,15 @@ def held_signals(signals: Sequence[int]) -> Iterator[None]:
                 handler(signum, None)
 
 
+def _say(text: str) -> None:
+    """A line on stderr from a signal handler: one write to the file descriptor, as a print could
+    land inside another print to the same stream (a reentrant call, an error of its own)."""
+    try:
+        os.write(2, text.encode())
+    except OSError:  # stderr closed or full: the run goes on without the line
+        pass
+
+
 class StopFlag:
     """Set by a stop signal (:data:`RUN_STOP_SIGNALS`), or by a write to the results folder that
     failed (a full disk: ``first_failure`` returns it, :mod:`common.results.failures`); the
@@ -187,6 +197,12 @@ class StopFlag:
         if self.count >= 3 and number == signal.SIGINT and self.outputs_interruptible:
             self.outputs_interruptible = False
             raise KeyboardInterrupt  # Ctrl-C three times: the user insists
+        if self.outputs_interruptible:  # else the signal seems ignored while a long figure is drawn
+            left = 3 - self.count
+            more = (f"; Ctrl-C {'once more' if left == 1 else f'{left} more times'} stops now (--resume writes "
+                    f"them then)" if number == signal.SIGINT else "")
+            _say(f"received {signal.Signals(number).name} while writing the outputs: finishing them (every "
+                 f"result is journaled){more}\n")
 
     def take_over(self) -> None:
         """Install the handlers and count each stop noted while the program still imported."""

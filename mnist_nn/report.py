@@ -196,7 +196,8 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
                   f"({summary.get('models_missing_note', '')})", ""]
     lines += ["Files: `results.csv` (one row per model), `cv_results.csv` (every candidate's CV loss), "
               "`training_log.csv` (every epoch of every fit), `models/bootstrap-<i>.pt` + `.json`; each figure also as "
-              "`.svg` and `.pdf` (the certainty figures as `.pdf`).", "",
+              "`.svg` and `.pdf`" + (" (the certainty figures as `.pdf`)." if summary.get("certainty_figures") else
+                                      " (no certainty figures: `--certainty-images 0`)."), "",
               "![ensemble error](ensemble_error.png)", "", "![training curves](training_curves.png)", ""]
     lines += certainty_markdown(summary)
     return "\n".join(lines) + "\n"

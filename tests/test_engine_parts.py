@@ -162,3 +162,16 @@ def test_a_flag_that_took_a_positional_argument_as_its_value_is_said(tmp_path, m
         _parser().parse_args(["r", "--watch", "2s"])
     assert str(error.value) == "argument --watch: invalid float value: '2s' (see --help)"
     assert build_parser(PipelineApp, quiet=True).parse_args(["defs.json", "--resume"]).resume is True
+
+
+def test_nan_for_a_number_flag_is_said_to_be_no_number():
+    """``--grace nan`` said "must be at least 0, got nan"."""
+    import argparse
+
+    from common.argtypes import at_least
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^expected a number, got 'nan'$"):
+        at_least(0, float)("nan")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^must be at least 0, got -1$"):
+        at_least(0, float)("-1")
+    assert at_least(0, float)("inf") == float("inf") and at_least(1)("3") == 3

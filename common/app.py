@@ -96,6 +96,9 @@ class App:
     default_item_timeout: Optional[float] = None
     #: whether ``--resume`` may name a target (``--resume RUN_ID/STEP_ID`` for pipelines)
     resume_target: bool = False
+    #: whether ``answer`` counts the failed items itself (a pipeline's: "2 pipelines: 1 ok, 1 failed"); else
+    #: summary.md adds that a failed run's answer is of the items that finished
+    answer_counts_failures: bool = False
     #: whether an item cut off by a stop keeps part of its work for the resume (a pipeline's finished
     #: steps): a run that finished no item may still have progressed, so it is not said to have
     #: made none (exit 76, which the batch scripts do not requeue)

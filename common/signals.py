@@ -199,10 +199,9 @@ class StopFlag:
             raise KeyboardInterrupt  # Ctrl-C three times: the user insists
         if self.outputs_interruptible:  # else the signal seems ignored while a long figure is drawn
             left = 3 - self.count
-            more = (f"; Ctrl-C {'once more' if left == 1 else f'{left} more times'} stops now (--resume writes "
-                    f"them then)" if number == signal.SIGINT else "")
-            _say(f"received {signal.Signals(number).name} while writing the outputs: finishing them (every "
-                 f"result is journaled){more}\n")
+            more = (f"; Ctrl-C {'once more' if left == 1 else f'{left} more times, 2 s or more apart,'} stops now "
+                    f"(what finished is journaled: --resume goes on from it)" if number == signal.SIGINT else "")
+            _say(f"received {signal.Signals(number).name} while writing the outputs: finishing them{more}\n")
 
     def take_over(self) -> None:
         """Install the handlers and count each stop noted while the program still imported."""

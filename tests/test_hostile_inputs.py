@@ -136,10 +136,10 @@ def test_a_third_ctrl_c_while_writing_outputs_is_one_line_and_resume_writes_them
     # the first two were said at once, not seemingly ignored for as long as the outputs took (the first
     # may come just before the outputs begin, "finishing" already in the status file: counted, not said)
     heard = [line.split("; ")[-1] for line in err.splitlines()
-             if line.startswith("received SIGINT while writing the outputs: finishing them (every result is journaled)")]
-    assert heard in (["Ctrl-C 2 more times stops now (--resume writes them then)",
-                      "Ctrl-C once more stops now (--resume writes them then)"],
-                     ["Ctrl-C once more stops now (--resume writes them then)"]), err
+             if line.startswith("received SIGINT while writing the outputs: finishing them; ")]
+    said = "stops now (what finished is journaled: --resume goes on from it)"
+    assert heard in ([f"Ctrl-C 2 more times, 2 s or more apart, {said}", f"Ctrl-C once more {said}"],
+                     [f"Ctrl-C once more {said}"]), err
     assert not (results / "values.json").exists()
     assert state_of(results) == "stopped"
     assert not (results / "hold.json").exists()

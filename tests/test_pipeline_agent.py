@@ -394,17 +394,22 @@ def test_an_evaluation_failed_in_a_pipeline_that_went_on_is_named_with_its_resum
     plain --resume would not run it again: the answer, summary.md and the closing lines name it."""
     from common.pipeline import report
 
-    pipelines = {"ml": {"status": "ok", "steps": {
+    pipelines = {"ml": {"status": "ok", "steps": {  # resumed now from evaluate: train failed before it
                      "train": {"status": "failed", "seconds": 1.0, "previous_run": True},
                      "train-retry": {"status": "ok", "seconds": 1.0, "previous_run": True},
                      "evaluate": {"status": "failed", "seconds": 1.0}, "report": {"status": "ok", "seconds": 1.0}}},
                  "other": {"status": "ok", "steps": {"a": {"status": "timeout", "seconds": 3.0}}},
+                 "old": {"status": "ok", "steps": {  # ended in an earlier run: still named
+                     "x": {"status": "failed", "previous_run": True}, "y": {"status": "ok", "previous_run": True}}},
                  "broken": {"status": "failed", "reason": "step 'a' failed", "steps": {"a": {"status": "failed"}}}}
-    assert report.handled_failures(pipelines) == ["ml/evaluate", "other/a"]  # not train: failed before this run
-    assert report.answer(pipelines) == ("3 pipelines: 2 ok, 1 failed; failed along the way (their pipeline "
-                                        "went on): ml/evaluate, other/a")
-    assert report.headline(pipelines)[1].endswith("the same command with --resume ml/evaluate")
-    assert "add `--resume ml/evaluate` (that step and those after it)" in report.summary_markdown(pipelines)
+    assert report.handled_failures(pipelines) == ["ml/evaluate", "other/a", "old/x"]
+    assert report.answer(pipelines) == ("4 pipelines: 3 ok, 1 failed; failed along the way (their pipeline "
+                                        "went on): ml/evaluate, other/a, old/x")
+    assert report.headline(pipelines)[1].endswith("the same command with --resume RUN/STEP (one of those: "
+                                                  "--resume ml/evaluate, ...)")
+    one = {"ml": pipelines["ml"]}
+    assert report.headline(one)[1].endswith("the same command with --resume ml/evaluate")
+    assert "add `--resume ml/evaluate` (that step and those after it)" in report.summary_markdown(one)
     ok = {"ml": {"status": "ok", "steps": {"evaluate": {"status": "ok", "seconds": 1.0}}}}
     assert report.headline(ok) == [] and report.answer(ok) == "1 pipeline: 1 ok"
     assert "along the way" not in report.summary_markdown(ok)

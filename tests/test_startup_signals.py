@@ -101,6 +101,24 @@ def test_a_worker_whose_setup_swallows_the_rank_s_signal_still_ends(tmp_path):
     assert "stopping" in (results / "logs" / "rank0-cpu0.log").read_text()
 
 
+def test_a_worker_whose_item_swallows_the_rank_s_signal_ends_after_the_item(tmp_path):
+    """The same for an item's code: past --grace the rank ends the busy worker with the signal; the
+    item's bare except swallowed it, and the worker sent its answer and waited for the next item
+    until the rank killed it 10 s later. It ends as the item returns."""
+    results = tmp_path / "results"
+    process = start([TOY, "2", "--workers", "1", "--swallow-key", "item-0000", "--slow-seconds", "60", "--grace", "1",
+                     "--results", str(results), "--no-progress"])
+    assert wait_until(lambda: worker_starts(results) == 1, timeout=60, every=0.02)
+    time.sleep(1.0)  # the item is in its sleep
+    asked = time.monotonic()
+    os.kill(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    took = time.monotonic() - asked
+    assert process.returncode == STOP_CODE, err
+    assert took < 6, took  # the grace (1 s) and the item's end; was 11 s: the rank's SIGKILL
+    assert "stopping" in (results / "logs" / "rank0-cpu0.log").read_text()
+
+
 def test_no_worker_is_started_again_once_a_stop_was_asked(tmp_path):
     """A worker that dies during the stop's grace period (here SIGKILLed) is not replaced: its item
     runs again on --resume; the other running item finishes."""

@@ -51,10 +51,22 @@ class ToyApp(App):
         parser.add_argument("--swallowing-setup", type=float, default=0.0,
                             help="every worker's set-up sleeps this long inside a bare except, as a library's "
                                  "import may: a signal's exception raised there is swallowed")
+        parser.add_argument("--swallow-key", default=None,
+                            help="this item sleeps --slow-seconds inside a bare except, as an item's library may: "
+                                 "its rank's signal to end the worker is swallowed")
+        parser.add_argument("--spawn-markers", type=Path, default=None,
+                            help="the rank touches a file here each time it pickles the app for a worker it spawns")
         parser.add_argument("--broken-finish", action="store_true", help="rank 0's finish() raises")
         parser.add_argument("--finish-seconds", type=float, default=0.0,
                             help="rank 0's finish() takes this long (a slow figure) before it writes values.json")
         parser.add_argument("--group", type=int, default=0, help="items i // GROUP form a group run together")
+
+    def __getstate__(self):
+        # pickled by the rank for each worker it spawns (the spawn start method): counted where asked
+        if self.args.spawn_markers is not None:
+            self.args.spawn_markers.mkdir(parents=True, exist_ok=True)
+            (self.args.spawn_markers / f"{os.getpid()}-{time.monotonic_ns()}").touch()
+        return self.__dict__
 
     def validate(self):
         from common.errors import UsageError
@@ -109,6 +121,11 @@ class ToyApp(App):
         if item.key == self.args.kill_key and not (self.args.marker_dir and _runs(self.args.marker_dir / item.key) > 1):
             time.sleep(0.2)
             os.kill(os.getpid(), signal.SIGKILL)
+        if item.key == self.args.swallow_key:
+            try:
+                time.sleep(self.args.slow_seconds)
+            except:  # noqa: E722 - what the option stands for
+                pass
         if item.key == self.args.gil_key and not (self.args.marker_dir and _runs(self.args.marker_dir / item.key) > 1):
             # no thread of this process runs meanwhile. libc's sleep returns early when a handled signal
             # comes (the rank's dump signal, before it kills a silent worker); a hung native call

@@ -138,6 +138,7 @@ class PipelineApp(App):
     default_retries = 0  # steps have their own max_retries and on_fail; --retries N reruns whole pipelines
     items_resume_part_way = True  # a pipeline cut off goes on from its first unfinished step
     resume_target = True  # --resume RUN_ID/STEP_ID
+    answer_counts_failures = True  # "2 pipelines: 1 ok, 1 failed"
     description = ("Run pipelines of steps (train -> evaluate -> report) with GPU and other resource pools, "
                    "fallbacks, retries and resume; the pipelines of a file spread over every GPU of every node.")
 

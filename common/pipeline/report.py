@@ -57,13 +57,19 @@ def _row(cells: List[str]) -> str:
 
 
 def handled_failures(pipelines: Mapping[str, Mapping[str, Any]]) -> List[str]:
-    """``RUN/STEP`` of each step that failed (or timed out) in this run in a pipeline that still ended
-    ok: its ``on_fail`` went on, so a plain ``--resume`` would not run it again, only ``--resume
-    RUN/STEP`` (the format document: "if training completes but evaluation fails, resume from the
-    evaluation step"). A step failed in an earlier run, before a resume from a later step, is not named."""
-    return [f"{run_id}/{step}" for run_id, run in pipelines.items() if run.get("status") == "ok"
-            for step, status in run.get("steps", {}).items()
-            if status.get("status") in ("failed", "timeout") and not status.get("previous_run")]
+    """``RUN/STEP`` of each step that failed (or timed out) in a pipeline that still ended ok: its
+    ``on_fail`` went on, so a plain ``--resume`` would not run it again, only ``--resume RUN/STEP``
+    (the format document: "if training completes but evaluation fails, resume from the
+    evaluation step"). A pipeline that ended in an earlier run keeps its names; one resumed now from a
+    later step names only the steps that ran now (the earlier failure was before the step resumed from)."""
+    named = []
+    for run_id, run in pipelines.items():
+        steps = run.get("steps", {})
+        resumed_now = any(not status.get("previous_run") for status in steps.values())
+        if run.get("status") == "ok":
+            named += [f"{run_id}/{step}" for step, status in steps.items() if status.get("status") in ("failed", "timeout")
+                      and not (resumed_now and status.get("previous_run"))]
+    return named
 
 
 def answer(pipelines: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
@@ -89,8 +95,13 @@ def headline(pipelines: Mapping[str, Mapping[str, Any]]) -> List[str]:
         return []
     return [f"pipeline: {len(handled)} step{'s' if len(handled) > 1 else ''} failed and {'their' if len(handled) > 1 else 'its'} "
             f"pipeline went on (on_fail): {', '.join(handled)}",
-            f"pipeline: to run one again after a fix, with the steps after it: the same command with "
-            f"--resume {handled[0]}"]
+            "pipeline: to run one again after a fix, with the steps after it: the same command with "
+            + _resume_words(handled)]
+
+
+def _resume_words(handled: List[str]) -> str:
+    """``--resume RUN/STEP`` for the one step, or for one of several."""
+    return f"--resume {handled[0]}" if len(handled) == 1 else f"--resume RUN/STEP (one of those: --resume {handled[0]}, ...)"
 
 
 def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
@@ -108,7 +119,7 @@ def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     if handled:
         lines += ["Failed along the way, their pipeline going on through `on_fail`: "
                   + ", ".join(f"`{step}`" for step in handled) + ". A plain `--resume` does not run a pipeline "
-                  f"that ended ok again; after a fix, add `--resume {handled[0]}` (that step and those after it) "
+                  f"that ended ok again; after a fix, add `{_resume_words(handled)}` (that step and those after it) "
                   "to the command above.", ""]
     outputs = [(run_id, step, status) for run_id, run in pipelines.items()
                for step, status in run.get("steps", {}).items() if status.get("output")]

@@ -1039,7 +1039,7 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         answer = None
     if answer:  # plain text (user values in it are escaped); a failed run's is of the items that finished
         caveat = (f" (of the items that finished: {counted(len(summary['failed_items']), 'item')} failed)"
-                  if summary["failed_items"] else "")
+                  if summary["failed_items"] and not app.answer_counts_failures else "")
         lines += [f"**{markdown_cell(answer)}**{caveat}", ""]
     lines += [f"- command: `{summary['command']}`",
              f"- items: {summary['items_done']} of {summary['items_total']} done "

@@ -431,10 +431,10 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
             return
         conn.send(Ready())
         while True:
+            termination.check()  # the signal came while an item ran, and its code swallowed it
             bundle = inbox.next_bundle(handler.write_held)  # no line waits while the worker does
             if bundle is None:
                 break
-            termination.check()  # the signal came while an item ran, and its code swallowed it
             entries, together = bundle
             _run_bundle(app, state, entries, together, seed_of, conn, finished, handler)
     except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):

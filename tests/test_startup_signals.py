@@ -84,9 +84,9 @@ def test_ctrl_c_while_workers_start_restarts_none_and_prints_no_traceback(tmp_pa
 
 def test_a_worker_whose_setup_swallows_the_rank_s_signal_still_ends(tmp_path):
     """The rank ends a worker still in its set-up with WORKER_TERMINATE_SIGNAL, whose handler raises
-    an exception wherever the worker is; a bare ``except:`` there (one in a library the set-up imports
-    did so in about one mnist_nn start in three) swallowed it, and the worker went on to say it was
-    ready and wait for items until the rank killed it 10 s later. The handler's note is checked once
+    an exception wherever the worker is; code there that swallows it (here a bare ``except:``; in
+    mnist_nn, something in its set-up's imports, in about one start in three) left the worker to say
+    it was ready and wait for items until the rank killed it 10 s later. The handler's note is checked once
     the set-up returns: the worker ends then, saying so in its log."""
     results = tmp_path / "results"
     process = start([TOY, "2", "--workers", "1", "--swallowing-setup", "30", "--results", str(results),

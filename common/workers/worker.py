@@ -229,9 +229,10 @@ def stop_requested() -> bool:
 class _Termination:
     """The handler of WORKER_TERMINATE_SIGNAL: it raises :class:`_Terminated`, and notes that it
     came. The note is what counts: the exception is raised wherever the main thread is, and code
-    there may swallow it (a bare ``except:`` in a library the app's set-up imports; seen in about
-    one mnist_nn start in three, whose worker then went on to say it was ready, and waited for
-    items until its rank killed it 10 s later)."""
+    there may swallow it (a bare ``except:``, an ``except BaseException`` that goes on). Seen in
+    mnist_nn's set-up, in its imports of scikit-learn and SciPy, in about one start in three that a
+    resume ended at once: the worker went on to say it was ready, and waited for items until its
+    rank killed it 10 s later."""
 
     def __init__(self) -> None:
         self.asked = False

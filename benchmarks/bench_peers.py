@@ -83,7 +83,8 @@ def command(system: str, spec: Path, out: Path, extra: List[str], baseline_app: 
 
 
 #: the hung-worker workload: ours ends a worker silent this long (--worker-timeout), and so does
-#: every peer that can be set to (Dask's scheduler drops a worker silent for its worker-ttl)
+#: Dask (its scheduler drops a worker silent for its worker-ttl); no such setting was found for the
+#: other peers, which stay at their defaults
 HUNG_TIMEOUT = 10.0
 HUNG_SETTINGS = {"dask": {"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": f"{HUNG_TIMEOUT:g}s"}}
 

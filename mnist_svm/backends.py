@@ -45,7 +45,8 @@ def last_argmax(scores: Any, xp: Any = np) -> Any:
     """Per row, the index of the largest score, a tie going to the later column: the reference's
     one-vs-rest (scikit-learn 1.3.1 under cuML 23.08, its requirements-pin.txt). scikit-learn has
     since turned OneVsRestClassifier.predict's ties to the earlier class (1.9.1 here), and at large
-    gamma most test images tie (every kernel value 0: the decision values are the intercepts), so
+    gamma most test images may tie (kernel values between distinct images of 1e-200 and less vanish
+    beside the intercepts, which are then the decision values, often equal), so
     the rule is ours, the same on every release and on the CPU and the GPU. ``xp``: numpy or CuPy."""
     return scores.shape[1] - 1 - xp.argmax(scores[:, ::-1], axis=1)
 

@@ -74,8 +74,8 @@ def test_one_vs_rest_on_the_device_predicts_as_scikit_learns_one_vs_rest(fake_gp
 
 
 def test_ties_at_large_gamma_go_to_the_later_class_on_the_cpu_and_the_gpu(fake_gpu_modules):
-    """At gamma 10 every kernel value between distinct images underflows to 0: the decision values
-    are the intercepts and most test images tie. Both backends give a tie to the later class, as the
+    """At gamma 10 the kernel values between distinct images (1e-200 and less) vanish beside the
+    intercepts, which are then the decision values: here most test images tie. Both backends give a tie to the later class, as the
     reference's scikit-learn 1.3.1 did (this scikit-learn's OneVsRestClassifier gives it to the earlier
     one), so the CPU and the GPU agree on every image and the test error is the reference's."""
     from sklearn.multiclass import OneVsRestClassifier

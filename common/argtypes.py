@@ -20,7 +20,7 @@ def at_least(minimum: float, kind: Callable = int, maximum: float = math.inf) ->
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, got {text!r}") from None
-        if value != value:  # nan: no number, rather than a number too small
+        if math.isnan(value):  # no number, rather than a number too small
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
         if not value >= minimum:
             raise argparse.ArgumentTypeError(f"must be at least {_plain(minimum)}, got {text}")

@@ -226,13 +226,13 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
         lines.append(f"error    rank 0 failed: {crash} (the traceback is in {RANK0_LOG})")
     # the items ended but the app's outputs could not be written (its finish() raised): a resume writes them
     outputs = summary.get("outputs_error") if state == "failed" and summary and _same_start(summary, status) else None
-    if isinstance(outputs, dict) and not crash:
-        crash = str(outputs.get("error") or "?")
-        lines.append(f"error    writing the outputs failed: {crash} (the traceback is in {RANK0_LOG}); every "
-                     f"result is journaled")
+    outputs_failed = isinstance(outputs, dict) and not crash
+    if outputs_failed:
+        lines.append(f"error    writing the outputs failed: {outputs.get('error') or '?'} (the traceback is in "
+                     f"{RANK0_LOG}); every result is journaled")
     gave_up = state == "failed" and bool(status.get("stopping")) and not lost  # --stop-after-failures
-    if ((state == "stopped" or lost) or crash or gave_up) and isinstance(resume, str) and resume:
-        first = ("after a fix, " if crash or gave_up else
+    if ((state == "stopped" or lost) or crash or outputs_failed or gave_up) and isinstance(resume, str) and resume:
+        first = ("after a fix, " if crash or outputs_failed or gave_up else
                  "with a longer --time (no item finished in the job's time), " if status.get("no_progress") else "")
         lines.append(f"resume   {first}with the same launcher and: {resume}")
     elif state == "failed" and failed and isinstance(resume, str) and resume and not lost:

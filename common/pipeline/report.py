@@ -3,6 +3,7 @@ plan that ``--dry-run`` prints."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -76,9 +77,7 @@ def answer(pipelines: Mapping[str, Mapping[str, Any]]) -> Optional[str]:
     """summary.md's first line: how many pipelines ended how, and the steps failed along the way."""
     if not pipelines:
         return None
-    counts: Dict[str, int] = {}
-    for run in pipelines.values():
-        counts[str(run.get("status", "?"))] = counts.get(str(run.get("status", "?")), 0) + 1
+    counts = Counter(str(run.get("status", "?")) for run in pipelines.values())
     line = f"{len(pipelines)} pipeline{'s' if len(pipelines) > 1 else ''}: " + ", ".join(
         f"{count} {status}" for status, count in sorted(counts.items(), key=lambda pair: (pair[0] != "ok", pair[0])))
     handled = handled_failures(pipelines)

@@ -14,11 +14,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, TextIO
+from typing import Any, Dict, List, Mapping, Optional, Set, TextIO
 
 from common.observe.progress import format_seconds
 from common.results.hold import last_refreshed, process_gone, read_hold, silent_for
-from common.results.journal import JournalReader, holds_journal
+from common.results.journal import JournalReader, WorkerTally, holds_journal
 from common.results.layout import JOURNAL_NAME, RANK0_LOG, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
@@ -240,7 +240,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
 
     lines += _ranks(status, journal, every, now, lost)
     if state not in FINAL_STATES and not lost:
-        lines += _workers(status, now, journal.done_this_run | set(journal.failed))
+        lines += _workers(status, now, journal.done_this_run | set(journal.failed), journal.workers)
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
         else _gpus(status, age if lost else None)
     lines += _failures(status.get("failures") or [{"key": k, "error": error_line(e)} for k, e in journal.failed.items()], failed)
@@ -289,9 +289,11 @@ def _ranks(status: dict, journal: JournalReader, every: float, now: float, gone:
     return [head] + [f"  {part}" for part in parts]
 
 
-def _workers(status: dict, now: float, resolved: Set[str]) -> List[str]:
+def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str, WorkerTally]) -> List[str]:
     """The workers as the status file saw them; ``resolved``: keys the journal has since seen
-    finish or fail (the file is up to 5 s older than the journal: not shown as running)."""
+    finish or fail (the file is up to 5 s older than the journal: not shown as running);
+    ``tallies``: each worker's items finished in this run, from the journal, which give a worker
+    whose items take less than a refresh its pace rather than an item that ended."""
     workers = status.get("workers") or []
     if not workers:
         return []
@@ -300,17 +302,28 @@ def _workers(status: dict, now: float, resolved: Set[str]) -> List[str]:
     width = max(len(w.get("worker", "")) for w in workers)
     for w in workers:
         where = f"{w.get('worker', '?'):<{width}}  {w.get('host', '?')}"
+        tally = tallies.get(w.get("worker", ""))
         if w.get("state") == "running" and w.get("key") in resolved:
-            lines.append(f"  {where}  {w.get('key')} ended; what it runs next shows at the next refresh")
+            if tally is None or tally.last_end is None:
+                lines.append(f"  {where}  {w.get('key')} ended; what it runs next shows at the next refresh")
+            else:
+                lines.append(f"  {where}  busy: {tally.items} done in this run, {_pace(tally.seconds / tally.items)} "
+                             f"each, the last ended {_pace(max(0.0, now - tally.last_end))} ago")
         elif w.get("state") == "running":
             extra = f" (+{w['together'] - 1} run with it)" if w.get("together", 1) > 1 else ""
             attempt = f", attempt {w['attempt']}" if (w.get("attempt") or 1) > 1 else ""
-            lines.append(f"  {where}  {w.get('key')}{extra} for {format_seconds(now - w['since'])}{attempt}")
+            done = f"; {tally.items} done in this run" if tally is not None else ""
+            lines.append(f"  {where}  {w.get('key')}{extra} for {format_seconds(now - w['since'])}{attempt}{done}")
         elif w.get("state") == "given up":
             lines.append(f"  {where}  given up: {w.get('error', '')}")
         else:
             lines.append(f"  {where}  {w.get('state', '?')}")
     return lines
+
+
+def _pace(seconds: float) -> str:
+    """Seconds as :func:`format_seconds` gives them, with a tenth below 10 s (items of a second)."""
+    return f"{seconds:.1f}s" if seconds < 10 else format_seconds(seconds)
 
 
 def _gpus(status: dict, stale_for: Optional[float] = None) -> List[str]:

@@ -28,7 +28,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -103,6 +103,23 @@ def _is_time(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
+@dataclass
+class WorkerTally:
+    """One worker's finished items in the current run, as its result lines say: how many, their
+    seconds in all, and when the latest ended (the status command shows a busy worker's pace with
+    them where the status file, rewritten every few seconds, lags behind items of a second)."""
+
+    items: int = 0
+    seconds: float = 0.0
+    last_end: Optional[float] = None
+
+    def add(self, seconds: Any, end: Any) -> None:
+        self.items += 1
+        self.seconds += seconds if _is_time(seconds) and seconds > 0 else 0.0
+        if _is_time(end):
+            self.last_end = end if self.last_end is None else max(self.last_end, end)
+
+
 class JournalReader:
     """The one reader of a journal, for ``--resume``, the status command and report.html: whole
     lines by the rule of :func:`whole_lines`, read incrementally (``--watch`` rereads only what was
@@ -133,6 +150,7 @@ class JournalReader:
         self.starts: List[dict] = []  # every run's start event, oldest first
         self.start_lines: List[int] = []  # the line of each
         self.failed: Dict[str, str] = {}  # key -> error, of this run's failed items not finished since
+        self.workers: Dict[str, WorkerTally] = {}  # worker name -> its items finished since the last start
         self.lost: Dict[Any, dict] = {}  # rank -> its rank_lost event
         self.last: Optional[float] = None  # the latest time a line gives (an item's end, a start, a stop)
 
@@ -194,10 +212,13 @@ class JournalReader:
             self.done.add(entry["key"])
             self.done_this_run.add(entry["key"])
             self.failed.pop(entry["key"], None)
+            worker = entry.get("worker")
+            if isinstance(worker, str):
+                self.workers.setdefault(worker, WorkerTally()).add(entry.get("seconds"), entry.get("end"))
         elif kind == Kind.START:  # a resumed run retries what failed before
             self.starts.append(entry)
             self.start_lines.append(self.lines)
-            self.failed, self.done_this_run = {}, set()
+            self.failed, self.done_this_run, self.workers = {}, set(), {}
         elif kind == Kind.FAILED and key is not None:
             error = entry.get("error")
             self.failed[key] = error if isinstance(error, str) else ""

@@ -86,9 +86,11 @@ def cuda_visible_devices(value: str) -> List[str]:
     ``_parse_visible_devices`` copies them), so that workers are pinned to the GPUs CUDA would show:
     each entry read like ``strtoul`` (``1gpu`` is 1); a negative or unreadable entry ends the list
     (``-1``, ``""``, ``NoDevFiles``: no GPU; ``0,-1,1``: GPU 0 only); a list of UUIDs ends at the
-    first entry without the first one's ``GPU-``/``MIG-`` prefix; a repeated entry gives no GPU."""
-    entries = [entry.strip() for entry in value.split(",")]
-    prefix = next((p for p in ("GPU-", "MIG-") if entries[0].startswith(p)), None)
+    first entry without the first one's ``GPU-``/``MIG-`` prefix, spaces included (``GPU-a, GPU-b`` is
+    GPU-a alone, `` GPU-a`` none: torch 2.7.1 strips the numbers' entries only); a repeated entry
+    gives no GPU."""
+    prefix = next((p for p in ("GPU-", "MIG-") if value.startswith(p)), None)
+    entries = value.split(",") if prefix else [entry.strip() for entry in value.split(",")]
     gpus: List[str] = []
     for entry in entries:
         if prefix is None:

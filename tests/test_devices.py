@@ -5,7 +5,7 @@ from common.devices import Device, resolve_devices, visible_gpus
 from common.errors import UsageError
 
 
-@pytest.mark.parametrize("value, gpus", [("2,3", ["2", "3"]), ("GPU-8932f937, GPU-1c2d", ["GPU-8932f937", "GPU-1c2d"]),
+@pytest.mark.parametrize("value, gpus", [("2,3", ["2", "3"]), ("GPU-8932f937,GPU-1c2d", ["GPU-8932f937", "GPU-1c2d"]),
                                          ("", []), ("-1", []), ("NoDevFiles", [])])
 def test_cuda_visible_devices_names_the_gpus(monkeypatch, value, gpus):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
@@ -14,11 +14,13 @@ def test_cuda_visible_devices_names_the_gpus(monkeypatch, value, gpus):
 
 @pytest.mark.parametrize("value, gpus", [("0,-1,1", ["0"]), ("0,,1", ["0"]), ("0,0", []), ("1gpu,2ampere", ["1", "2"]),
                                          ("+3", ["3"]), ("GPU-8932f937,1", ["GPU-8932f937"]), ("MIG-a,MIG-a", []),
-                                         ("none", [])])
+                                         ("none", []), (" 2, 3", ["2", "3"]), ("GPU-8932f937, GPU-1c2d", ["GPU-8932f937"]),
+                                         (" GPU-8932f937", [])])
 def test_cuda_visible_devices_is_read_by_cudas_rules(monkeypatch, value, gpus):
-    """As torch 2.7.1's ``_parse_visible_devices`` copies CUDA: a negative or unreadable entry ends the
-    list, a repeated one hides every GPU, an entry is read like strtoul, UUIDs end at the first entry
-    without their prefix. Workers are pinned to the GPUs CUDA itself would show, no others."""
+    """As torch 2.7.1's ``_parse_visible_devices`` copies CUDA (torch/cuda/__init__.py of its wheel,
+    lines 698-767): a negative or unreadable entry ends the list, a repeated one hides every GPU, an
+    entry is read like strtoul after its spaces are stripped, UUIDs end at the first entry without
+    their prefix, spaces not stripped. Workers are pinned to the GPUs CUDA itself would show, no others."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     assert visible_gpus() == gpus
 

@@ -95,6 +95,12 @@ BAD = {
     "bad env": (pipeline(step("a", env={"A B": "1"})), ["not a valid variable name"]),
     "mounts without a container": (pipeline(step("a", mounts=[])), [
         "mounts need a container image and none is given", '"container"', "--container IMAGE", "PIPELINE_CONTAINER"]),
+    "a prompt naming /shared with no image (the node's own folder, every run's)": (
+        pipeline({"id": "train", "prompt": "Save the checkpoint to /shared/checkpoints/model_final.pt."}),
+        ["step 'train'", "its prompt names /shared, which is this pipeline's shared folder only in a container",
+         '"container"', "--container IMAGE", "PIPELINE_CONTAINER", "$PIPELINE_SHARED"]),
+    "a command naming /shared with no image": (pipeline(step("a", command="cp out.pt /shared")),
+                                               ["its command names /shared", "$PIPELINE_SHARED"]),
     "mounts of an image that does not exist": (pipeline(step("a", container="/x", mounts=[{"host_path": "/d", "container_path": "d"}])),
                                 ["container_path must be an absolute path"]),
     "container image that does not exist": (pipeline(step("a", container="/no/such/image.sif")),
@@ -119,6 +125,24 @@ def test_each_bad_definition_is_one_clear_line(case):
     message = problem(data)
     for fragment in fragments:
         assert fragment in message, message
+
+
+def test_shared_is_refused_only_where_no_container_binds_it(tmp_path):
+    """The format's /shared is the pipeline's own folder only in a container (bound at /shared); on
+    the node it is the node's, so a prompt or command naming it needs an image, from the step, its
+    pipeline, the file or --container. Another folder that ends in /shared, or $PIPELINE_SHARED, is
+    not it."""
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"sif")
+    prompt = {"id": "train", "prompt": "Save the checkpoint to /shared/checkpoints/model_final.pt."}
+    for data, default in [(pipeline(dict(prompt, container=str(image))), None),
+                          (pipeline(prompt, container=str(image)), None),
+                          ({"container": str(image), "pipelines": [pipeline(prompt)]}, None),
+                          (pipeline(prompt), str(image))]:
+        [parsed] = parse_definition(data, "def.json", tmp_path, default_image=default)
+        assert parsed.steps[0].container == str(image)
+    for text in ["cp out.pt $PIPELINE_SHARED/", "cp out.pt ${PIPELINE_SHARED}/x", "ls /home/me/shared /shared.old ~/shared"]:
+        parse_definition(pipeline(step("a", command=text)), "def.json", tmp_path)
 
 
 def test_a_mount_container_path_must_be_absolute(tmp_path):

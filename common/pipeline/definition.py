@@ -48,6 +48,9 @@ SHARED_IN_CONTAINER = "/shared"
 TASK_STEP = "task"
 #: the ways to give steps with mounts an image, named when none is given
 IMAGE_WAYS = "pass --container IMAGE, or set PIPELINE_CONTAINER"
+#: /shared as a path of its own (not .../x/shared): the format's file-passing folder, which only a
+#: container binds to the pipeline's own RUN_ID/shared
+SHARED_PATH = re.compile(r"(?<![\w.~$}/-])/shared(?![\w-]|\.\w)")
 
 
 @dataclass(frozen=True)
@@ -331,10 +334,16 @@ def _step(data: Dict[str, Any], base: Path, where: _Where, default_image: Option
     except ValueError as error:
         raise where.error(str(error)) from None
     container = _image(data.get("container"), base, where) or default_image
+    owners = "the task or the file" if where.task else "the step, its pipeline or the file"
     if "mounts" in data and container is None:
-        owners = "the task or the file" if where.task else "the step, its pipeline or the file"
         raise where.error(f"mounts need a container image and none is given: give {owners} a \"container\", "
                           f"{IMAGE_WAYS}")
+    named = next((what for what, text in (("prompt", prompt), ("command", command)) if text and SHARED_PATH.search(text)),
+                 None)
+    if named and container is None:  # on the node, /shared is a folder of the node's, every run's and pipeline's
+        raise where.error(f"its {named} names /shared, which is this pipeline's shared folder only in a container, "
+                          f"and no container image is given: give {owners} a \"container\", {IMAGE_WAYS}; or, "
+                          f"to run on the node, write $PIPELINE_SHARED in its place")
     return Step(id=data["id"], command=command, python=python, prompt=prompt, model=data.get("model"),
                 tools=_tools(data.get("tools"), where), gpu=gpu, resources=resources,
                 timeout=_number(data, "timeout", where), on_fail=data.get("on_fail"),

@@ -283,14 +283,23 @@ def _child_main(argv: List[str]) -> int:
     if argv[0] == "mirrors":
         print(json.dumps(list(getattr(dataset_class, "mirrors", None) or [])))
         return 0
-    try:
-        dataset_class(root=argv[2], train=True, download=True)
-        dataset_class(root=argv[2], train=False, download=True)
-    except Exception as error:
-        print(f"download failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
-              file=sys.stderr)
-        return 1
-    return 0
+    # one mirror at a time, in torchvision's order: torchvision 0.22 (requirements-cu11.txt) goes on to its
+    # next mirror only where one cannot be reached, and ends its download where a mirror serves a file
+    # that fails its MD5 (a proxy's page); 0.29 goes on in both cases. Files already verified are kept.
+    mirrors = list(getattr(dataset_class, "mirrors", None) or [])
+    failure: Optional[BaseException] = None
+    for index in range(max(1, len(mirrors))):
+        if mirrors:
+            dataset_class.mirrors = mirrors[index:index + 1]
+        try:
+            dataset_class(root=argv[2], train=True, download=True)
+            dataset_class(root=argv[2], train=False, download=True)
+            return 0
+        except Exception as error:  # noqa: BLE001 -- the next mirror, then one line
+            failure = error
+    text = str(failure).splitlines()[0] if str(failure) else ""
+    print(f"download failed: {type(failure).__name__}: {text}", file=sys.stderr)
+    return 1
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:

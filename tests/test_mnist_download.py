@@ -10,6 +10,7 @@ install-torchvision adds it). A torchvision that is installed but does not impor
 another torch: 'operator torchvision::nms does not exist') fails it."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
@@ -17,13 +18,15 @@ import http.server
 import importlib.util
 import os
 import struct
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import run
+from helpers import REPO, run
 
 if importlib.util.find_spec("torchvision") is None:
     pytest.skip("torchvision is not installed (make install-torchvision)", allow_module_level=True)
@@ -60,7 +63,15 @@ def mirror(tmp_path):
     served = tmp_path / "mirror"
     served.mkdir()
     sums = served_files(served)
-    requested = []
+    requested: list = []
+    with serving(served, requested) as url:
+        yield url, sums, requested
+
+
+@contextlib.contextmanager
+def serving(served: Path, requested: list):
+    """A real HTTP server on 127.0.0.1 serving the folder ``served``; yields its URL, and appends
+    each path asked for to ``requested``."""
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def log_message(self, format, *args):  # noqa: A002  (http.server's own name)
@@ -74,7 +85,7 @@ def mirror(tmp_path):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", sums, requested
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
         server.shutdown()
         server.server_close()
@@ -156,3 +167,59 @@ def test_an_unreachable_mirror_is_one_line_naming_what_is_missing(tmp_path, monk
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "cannot be downloaded" in lines[0] and "Traceback" not in result.stderr
     assert not (tmp_path / "r").exists()
+
+
+#: torchvision 0.22.1's MNIST.download (requirements-cu11.txt's pin; datasets/mnist.py of its wheel),
+#: rewritten: it goes on to the next mirror only after a URLError; a file that fails its MD5 raises
+#: RuntimeError out of download_and_extract_archive, which ends the download (0.29, installed here,
+#: catches both)
+DOWNLOAD_0_22_1 = """import os
+from urllib.error import URLError
+
+
+def _download_0_22_1(self):
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    if self._check_exists():
+        return
+    os.makedirs(self.raw_folder, exist_ok=True)
+    for filename, md5 in self.resources:
+        errors = []
+        for mirror in self.mirrors:
+            try:
+                download_and_extract_archive(mirror + filename, download_root=self.raw_folder, filename=filename, md5=md5)
+            except URLError as error:
+                errors.append(error)
+                continue
+            break
+        else:
+            raise RuntimeError("Error downloading " + filename + ": " + repr(errors))
+"""
+
+
+def test_a_mirror_serving_corrupt_files_is_passed_over_as_torchvision_0_22_does_not(tmp_path, mirror, monkeypatch):
+    """The first mirror answers with files that fail their MD5 (a proxy's page, a truncated copy):
+    torchvision 0.22.1 raises at the first one and never tries its next mirror; the download child
+    tries the mirrors one at a time, so the good second mirror still gives all four files."""
+    url, sums, requested = mirror
+    bad = tmp_path / "bad-mirror"
+    bad.mkdir()
+    for name in sums:
+        (bad / name).write_bytes(b"<html>proxy error</html>")
+    resources = sorted(sums.items())
+    asked_bad: list = []
+    with serving(bad, asked_bad) as bad_url:
+        site = tmp_path / "site"
+        site.mkdir()
+        changes = (f"module.MNIST.mirrors = {[bad_url, url]!r}; module.MNIST.resources = {resources!r}; "
+                   f"module.MNIST.download = _download_0_22_1")
+        (site / "sitecustomize.py").write_text(DOWNLOAD_0_22_1 + SITECUSTOMIZE.replace("CHANGES", changes))
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+        child = subprocess.run([sys.executable, "-m", "common.data", "download", "mnist", str(tmp_path / "data")],
+                               cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr
+    assert asked_bad and requested, (asked_bad, requested)  # the bad one first, then the good one
+    raw = tmp_path / "data" / "MNIST" / "raw"
+    for name, md5 in resources:
+        assert hashlib.md5((raw / name).read_bytes()).hexdigest() == md5, name
+        assert (raw / name.removesuffix(".gz")).is_file(), name

@@ -32,9 +32,11 @@ class PeerApp(App):
     def items(self):
         spec = json.loads(self.args.spec.read_text())
         fault_index = spec.get("fault_index", -1)
-        # cost: the duration the user knows (a hint, longest first), as for a grid of fits
+        # cost: the duration the user knows (a hint: longest first), as for a grid of fits, where the peers
+        # are given the items longest first too; else all alike (the items in their order)
+        known = bool(spec.get("longest_first"))
         return [Item(f"{i:05d}", {"i": i, "seconds": s, "fault": spec["fault"] if i == fault_index else "",
-                                  "marker_dir": spec["marker_dir"]}, cost=max(s, 1e-9))
+                                  "marker_dir": spec["marker_dir"]}, cost=max(s, 1e-9) if known else 1.0)
                 for i, s in enumerate(spec["durations"])]
 
     def draws_figures(self):

@@ -240,7 +240,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
 
     lines += _ranks(status, journal, every, now, lost)
     if state not in FINAL_STATES and not lost:
-        lines += _workers(status, now, journal.done_this_run | set(journal.failed), journal.workers)
+        lines += _workers(status, now, journal.done_this_run | set(journal.failed), journal.workers, every)
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
         else _gpus(status, age if lost else None)
     lines += _failures(status.get("failures") or [{"key": k, "error": error_line(e)} for k, e in journal.failed.items()], failed)
@@ -289,9 +289,10 @@ def _ranks(status: dict, journal: JournalReader, every: float, now: float, gone:
     return [head] + [f"  {part}" for part in parts]
 
 
-def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str, WorkerTally]) -> List[str]:
+def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str, WorkerTally],
+             every: float) -> List[str]:
     """The workers as the status file saw them; ``resolved``: keys the journal has since seen
-    finish or fail (the file is up to 5 s older than the journal: not shown as running);
+    finish or fail (the file is up to ``every`` s older than the journal: not shown as running);
     ``tallies``: each worker's items finished in this run, from the journal, which give a worker
     whose items take less than a refresh its pace rather than an item that ended."""
     workers = status.get("workers") or []
@@ -304,7 +305,8 @@ def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str,
         where = f"{w.get('worker', '?'):<{width}}  {w.get('host', '?')}"
         tally = tallies.get(w.get("worker", ""))
         if w.get("state") == "running" and w.get("key") in resolved:
-            if tally is None or tally.last_end is None:
+            # busy: an item ended since the file's last refresh (else the worker may have had no more)
+            if tally is None or tally.last_end is None or now - tally.last_end > every:
                 lines.append(f"  {where}  {w.get('key')} ended; what it runs next shows at the next refresh")
             else:
                 lines.append(f"  {where}  busy: {tally.items} done in this run, {_pace(tally.seconds / tally.items)} "
@@ -322,7 +324,10 @@ def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str,
 
 
 def _pace(seconds: float) -> str:
-    """Seconds as :func:`format_seconds` gives them, with a tenth below 10 s (items of a second)."""
+    """Seconds as :func:`format_seconds` gives them, with a tenth below 10 s (items of a second)
+    and in milliseconds below 0.1 s."""
+    if seconds < 0.1:
+        return f"{seconds * 1000:.0f}ms"
     return f"{seconds:.1f}s" if seconds < 10 else format_seconds(seconds)
 
 

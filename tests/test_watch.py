@@ -508,33 +508,46 @@ def test_an_item_the_journal_resolved_is_not_shown_running_and_a_stopping_job_ha
     assert "rank0-cpu1  vm  x=4 for 1s" in rerun, rerun
 
 
-
 def test_a_worker_whose_items_are_shorter_than_a_refresh_shows_its_pace_from_the_journal(tmp_path):
     """Items of under a second and a status file rewritten every 5 s: the item the file shows a worker
     on has nearly always ended, and every worker read "ended; what it runs next shows at the next
-    refresh". The journal's result lines of this run give each worker's count, seconds per item and
-    last end instead; a worker still on its item shows its count beside it."""
+    refresh". The journal's result lines of this run give each worker's count, seconds per item (a
+    group's time shared by its items) and last end instead; a worker still on its item shows its count
+    beside it; one whose last item ended longer than a refresh ago may have had no more: not "busy"."""
     now = 1_000_000.0
-    quick = {"worker": "rank0-gpu0", "host": "n1", "state": "running", "key": "x=7", "since": now - 3.0}
-    slow = {"worker": "rank1-gpu0", "host": "n2", "state": "running", "key": "x=8", "since": now - 2.0}
-    state = {"app": "sweep", "state": "running", "every": 5.0, "updated": now - 3.0, "started": now - 60.0,
-             "items_total": 100, "items_done": 6, "workers": [quick, slow]}
 
-    def result(key: str, worker: str, seconds: float, end: float) -> str:
-        return json.dumps({"type": "result", "key": key, "worker": worker, "seconds": seconds, "end": end}) + "\n"
+    def running(worker: str, key: str, since: float) -> dict:
+        return {"worker": worker, "host": "n1", "state": "running", "key": key, "since": now - since}
+
+    workers = [running("rank0-gpu0", "x=7", 3.0), running("rank1-gpu0", "x=8", 2.0), running("rank1-gpu1", "g=3", 3.0),
+               running("rank2-gpu0", "f=2", 4.0), running("rank3-gpu0", "z=1", 8.0)]
+    state = {"app": "sweep", "state": "running", "every": 5.0, "updated": now - 3.0, "started": now - 60.0,
+             "items_total": 100, "items_done": 6, "workers": workers}
+
+    def result(key: str, worker: str, seconds: float, end: float, **more) -> str:
+        return json.dumps({"type": "result", "key": key, "worker": worker, "seconds": seconds, "end": end, **more}) + "\n"
 
     journal_file = tmp_path / "journal.jsonl"
     earlier_run = result("x=1", "rank0-gpu0", 30.0, now - 500) + result("x=2", "rank0-gpu0", 30.0, now - 400)
     journal_file.write_text(json.dumps({"type": "header"}) + "\n" + earlier_run
                             + json.dumps({"type": "start", "time": now - 60}) + "\n"
                             + "".join(result(f"x={i}", "rank0-gpu0", 0.5 + 0.2 * i, now - 6.0 + 0.6 * i) for i in range(3, 8))
-                            + result("x=2", "rank1-gpu0", 40.0, now - 2.0))
+                            + result("x=2", "rank1-gpu0", 40.0, now - 2.0)
+                            # a group of 4 run together: each item's line has the group's 2 s
+                            + "".join(result(f"g={i}", "rank1-gpu1", 2.0, now - 1.0, group_size=4) for i in range(4))
+                            + "".join(result(f"f={i}", "rank2-gpu0", 0.004, now - 0.5) for i in range(3))
+                            + result("z=1", "rank3-gpu0", 1.0, now - 7.0))
     text = describe(tmp_path, state, JournalReader(journal_file).update(), now)
     # 5 items of this run (not the earlier run's 2), 0.5 + 0.2 i s for i = 3..7 on average, the last
     # (x=7) at now - 6.0 + 4.2
     assert "rank0-gpu0  n1  busy: 5 done in this run, 1.5s each, the last ended 1.8s ago" in text, text
-    assert "rank1-gpu0  n2  x=8 for 2s; 1 done in this run" in text, text
-    assert "ended; what it runs next" not in text, text
+    assert "rank1-gpu0  n1  x=8 for 2s; 1 done in this run" in text, text
+    assert "rank1-gpu1  n1  busy: 4 done in this run, 0.5s each, the last ended 1.0s ago" in text, text
+    assert "rank2-gpu0  n1  busy: 3 done in this run, 4ms each, the last ended 0.5s ago" in text, text
+    # its last item ended 7 s ago, more than a refresh: it may have had no more (the end of a run)
+    assert "rank3-gpu0  n1  z=1 ended; what it runs next shows at the next refresh" in text, text
+    assert text.count("ended; what it runs next") == 1, text
+
 
 def test_the_terminal_bar_says_how_many_of_its_items_failed_until_the_end():
     """The bar counts items resolved (6/6); its postfix said "failed=1" and then, once it counted

@@ -113,9 +113,12 @@ class WorkerTally:
     seconds: float = 0.0
     last_end: Optional[float] = None
 
-    def add(self, seconds: Any, end: Any) -> None:
+    def add(self, seconds: Any, end: Any, group_size: Any = 1) -> None:
+        """One result line: ``seconds`` is its group's (each item of a group has a line of its own
+        with the group's time), so an item's share is ``seconds / group_size``, as ``Record.own_seconds``."""
         self.items += 1
-        self.seconds += seconds if _is_time(seconds) and seconds > 0 else 0.0
+        share = max(1, group_size) if isinstance(group_size, int) and not isinstance(group_size, bool) else 1
+        self.seconds += seconds / share if _is_time(seconds) and seconds > 0 else 0.0
         if _is_time(end):
             self.last_end = end if self.last_end is None else max(self.last_end, end)
 
@@ -213,8 +216,9 @@ class JournalReader:
             self.done_this_run.add(entry["key"])
             self.failed.pop(entry["key"], None)
             worker = entry.get("worker")
-            if isinstance(worker, str):
-                self.workers.setdefault(worker, WorkerTally()).add(entry.get("seconds"), entry.get("end"))
+            if isinstance(worker, str) and not self.strict:  # a resume has no use for them
+                self.workers.setdefault(worker, WorkerTally()).add(entry.get("seconds"), entry.get("end"),
+                                                                   entry.get("group_size", 1))
         elif kind == Kind.START:  # a resumed run retries what failed before
             self.starts.append(entry)
             self.start_lines.append(self.lines)

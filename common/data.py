@@ -283,23 +283,48 @@ def _child_main(argv: List[str]) -> int:
     if argv[0] == "mirrors":
         print(json.dumps(list(getattr(dataset_class, "mirrors", None) or [])))
         return 0
-    # one mirror at a time, in torchvision's order: torchvision 0.22 (requirements-cu11.txt) goes on to its
-    # next mirror only where one cannot be reached, and ends its download where a mirror serves a file
-    # that fails its MD5 (a proxy's page); 0.29 goes on in both cases. Files already verified are kept.
-    mirrors = list(getattr(dataset_class, "mirrors", None) or [])
-    failure: Optional[BaseException] = None
-    for index in range(max(1, len(mirrors))):
-        if mirrors:
-            dataset_class.mirrors = mirrors[index:index + 1]
-        try:
-            dataset_class(root=argv[2], train=True, download=True)
-            dataset_class(root=argv[2], train=False, download=True)
-            return 0
-        except Exception as error:  # noqa: BLE001 -- the next mirror, then one line
-            failure = error
-    text = str(failure).splitlines()[0] if str(failure) else ""
+    failure = _download_from_any_mirror(dataset_class, Path(argv[2]))
+    if failure is None:
+        return 0
+    lines = [line.strip() for line in str(failure).splitlines() if line.strip()]
+    # torchvision's "Error downloading NAME:" is followed by each mirror's reason on the next lines
+    text = " ".join(lines[:3]) if lines and lines[0].endswith(":") else (lines[0] if lines else "")
     print(f"download failed: {type(failure).__name__}: {text}", file=sys.stderr)
     return 1
+
+
+def _download_from_any_mirror(dataset_class: Any, root: Path) -> Optional[BaseException]:
+    """Both splits of ``dataset_class`` into ``root``; None, or the last failure.
+
+    torchvision's own loop first (0.29, installed here, and 0.28 try the next mirror for each file
+    that fails); then each mirror alone, because 0.22 (requirements-cu11.txt) goes on to the next
+    only after a URLError and ends the download where a mirror serves a file that fails its MD5 (a
+    proxy's error page). Passes repeat while one unpacks a file more: torchvision skips the files
+    already verified, so mirrors that each lack some file still give all four between them."""
+    mirrors = list(getattr(dataset_class, "mirrors", None) or [])
+    tries = [mirrors] + ([[mirror] for mirror in mirrors] if len(mirrors) > 1 else [])
+    raw = root / dataset_class.__name__ / "raw"
+
+    def unpacked() -> int:
+        try:
+            return sum(1 for entry in raw.iterdir() if entry.suffix != ".gz")
+        except OSError:
+            return 0
+
+    failure: Optional[BaseException] = None
+    before = -1
+    while unpacked() > before:
+        before = unpacked()
+        for chosen in tries:
+            if mirrors:
+                dataset_class.mirrors = chosen
+            try:
+                dataset_class(root=str(root), train=True, download=True)
+                dataset_class(root=str(root), train=False, download=True)
+                return None
+            except Exception as error:  # noqa: BLE001 -- the next try, then one line
+                failure = error
+    return failure
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:

@@ -197,28 +197,35 @@ def _download_0_22_1(self):
 """
 
 
-def test_a_mirror_serving_corrupt_files_is_passed_over_as_torchvision_0_22_does_not(tmp_path, mirror, monkeypatch):
-    """The first mirror answers with files that fail their MD5 (a proxy's page, a truncated copy):
-    torchvision 0.22.1 raises at the first one and never tries its next mirror; the download child
-    tries the mirrors one at a time, so the good second mirror still gives all four files."""
+def test_mirrors_that_each_fail_a_file_give_all_four_between_them_even_on_torchvision_0_22(tmp_path, mirror,
+                                                                                          monkeypatch):
+    """The first mirror answers with a file that fails its MD5 (a proxy's page, a truncated copy), the
+    second lacks another file. torchvision 0.22.1 raises at the corrupt file and never tries its next
+    mirror; the download child then tries each mirror alone, and again while a pass unpacks a file
+    more, so the two mirrors still give all four files."""
     url, sums, requested = mirror
-    bad = tmp_path / "bad-mirror"
-    bad.mkdir()
-    for name in sums:
-        (bad / name).write_bytes(b"<html>proxy error</html>")
     resources = sorted(sums.items())
+    corrupt, lacking = resources[0][0], resources[2][0]
+    bad, partial = tmp_path / "bad-mirror", tmp_path / "partial-mirror"
+    for folder in (bad, partial):
+        folder.mkdir()
+        for name, _ in resources:
+            (folder / name).write_bytes((tmp_path / "mirror" / name).read_bytes())
+    (bad / corrupt).write_bytes(b"<html>proxy error</html>")
+    (partial / lacking).unlink()
     asked_bad: list = []
-    with serving(bad, asked_bad) as bad_url:
+    asked_partial: list = []
+    with serving(bad, asked_bad) as bad_url, serving(partial, asked_partial) as partial_url:
         site = tmp_path / "site"
         site.mkdir()
-        changes = (f"module.MNIST.mirrors = {[bad_url, url]!r}; module.MNIST.resources = {resources!r}; "
+        changes = (f"module.MNIST.mirrors = {[bad_url, partial_url]!r}; module.MNIST.resources = {resources!r}; "
                    f"module.MNIST.download = _download_0_22_1")
         (site / "sitecustomize.py").write_text(DOWNLOAD_0_22_1 + SITECUSTOMIZE.replace("CHANGES", changes))
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
         child = subprocess.run([sys.executable, "-m", "common.data", "download", "mnist", str(tmp_path / "data")],
                                cwd=REPO, capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr
-    assert asked_bad and requested, (asked_bad, requested)  # the bad one first, then the good one
+    assert f"/{corrupt}" in asked_bad and f"/{lacking}" in asked_partial, (asked_bad, asked_partial)
     raw = tmp_path / "data" / "MNIST" / "raw"
     for name, md5 in resources:
         assert hashlib.md5((raw / name).read_bytes()).hexdigest() == md5, name

@@ -98,9 +98,10 @@ BAD = {
     "a prompt naming /shared with no image (the node's own folder, every run's)": (
         pipeline({"id": "train", "prompt": "Save the checkpoint to /shared/checkpoints/model_final.pt."}),
         ["step 'train'", "its prompt names /shared, which is this pipeline's shared folder only in a container",
-         '"container"', "--container IMAGE", "PIPELINE_CONTAINER", "$PIPELINE_SHARED"]),
-    "a command naming /shared with no image": (pipeline(step("a", command="cp out.pt /shared")),
-                                               ["its command names /shared", "$PIPELINE_SHARED"]),
+         '"container"', "--container IMAGE", "PIPELINE_CONTAINER", '"the shared folder" without a path',
+         "$PIPELINE_SHARED"]),
+    "a prompt quoting /shared in JSON with no image": (pipeline({"id": "e", "prompt": 'Write {"out": "/shared/m.json"}'}),
+                                                        ["step 'e'", "its prompt names /shared"]),
     "mounts of an image that does not exist": (pipeline(step("a", container="/x", mounts=[{"host_path": "/d", "container_path": "d"}])),
                                 ["container_path must be an absolute path"]),
     "container image that does not exist": (pipeline(step("a", container="/no/such/image.sif")),
@@ -129,9 +130,10 @@ def test_each_bad_definition_is_one_clear_line(case):
 
 def test_shared_is_refused_only_where_no_container_binds_it(tmp_path):
     """The format's /shared is the pipeline's own folder only in a container (bound at /shared); on
-    the node it is the node's, so a prompt or command naming it needs an image, from the step, its
-    pipeline, the file or --container. Another folder that ends in /shared, or $PIPELINE_SHARED, is
-    not it."""
+    the node it is the node's, so a prompt naming it needs an image, from the step, its pipeline, the
+    file or --container. Another folder that ends in /shared is not it; commands (this runner's own
+    kind of step, given $PIPELINE_SHARED) are not checked: a /shared there may be the cluster's own
+    file system, or a folder inside a container the command starts itself."""
     image = tmp_path / "image.sif"
     image.write_bytes(b"sif")
     prompt = {"id": "train", "prompt": "Save the checkpoint to /shared/checkpoints/model_final.pt."}
@@ -141,7 +143,12 @@ def test_shared_is_refused_only_where_no_container_binds_it(tmp_path):
                           (pipeline(prompt), str(image))]:
         [parsed] = parse_definition(data, "def.json", tmp_path, default_image=default)
         assert parsed.steps[0].container == str(image)
-    for text in ["cp out.pt $PIPELINE_SHARED/", "cp out.pt ${PIPELINE_SHARED}/x", "ls /home/me/shared /shared.old ~/shared"]:
+    for text in ["Read /home/me/shared/x, /shared.old, /shared-data and ~/shared", "Write to the shared folder",
+                 'Run mkdir -p "$PIPELINE_STEP_DIR"/shared and $(pwd)/shared', "Copy it to node2:/shared/x",
+                 "Fetch http://host/shared/x"]:
+        parse_definition(pipeline({"id": "a", "prompt": text}), "def.json", tmp_path)
+    for text in ["cp out.pt /shared/x", "python train.py --data /shared/datasets/mnist",
+                 "apptainer exec --bind $PIPELINE_SHARED:/shared img.sif python /shared/train.py"]:
         parse_definition(pipeline(step("a", command=text)), "def.json", tmp_path)
 
 

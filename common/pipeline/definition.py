@@ -48,9 +48,10 @@ SHARED_IN_CONTAINER = "/shared"
 TASK_STEP = "task"
 #: the ways to give steps with mounts an image, named when none is given
 IMAGE_WAYS = "pass --container IMAGE, or set PIPELINE_CONTAINER"
-#: /shared as a path of its own (not .../x/shared): the format's file-passing folder, which only a
-#: container binds to the pipeline's own RUN_ID/shared
-SHARED_PATH = re.compile(r"(?<![\w.~$}/-])/shared(?![\w-]|\.\w)")
+#: /shared as a path of its own: the format's file-passing folder, which only a container binds to the
+#: pipeline's own RUN_ID/shared. Not the end of another path (x/shared, ~/shared, $HOME/shared,
+#: "$DIR"/shared, $(pwd)/shared, host:/shared), nor /shared.old or /shared-data
+SHARED_PATH = re.compile(r"(?<![\w.~$}/)`:-])(?<![^\s=:(\[{,][\"'])/shared(?![\w-]|\.\w)")
 
 
 @dataclass(frozen=True)
@@ -338,12 +339,15 @@ def _step(data: Dict[str, Any], base: Path, where: _Where, default_image: Option
     if "mounts" in data and container is None:
         raise where.error(f"mounts need a container image and none is given: give {owners} a \"container\", "
                           f"{IMAGE_WAYS}")
-    named = next((what for what, text in (("prompt", prompt), ("command", command)) if text and SHARED_PATH.search(text)),
-                 None)
-    if named and container is None:  # on the node, /shared is a folder of the node's, every run's and pipeline's
-        raise where.error(f"its {named} names /shared, which is this pipeline's shared folder only in a container, "
-                          f"and no container image is given: give {owners} a \"container\", {IMAGE_WAYS}; or, "
-                          f"to run on the node, write $PIPELINE_SHARED in its place")
+    # the format's prompts name /shared, which only a container binds to the pipeline's own folder: on the
+    # node it is the node's, every run's and pipeline's. Commands and python steps (this runner's own) are
+    # given $PIPELINE_SHARED, and a /shared there may be the cluster's own file system, or inside their
+    # own container: not checked.
+    if prompt and container is None and SHARED_PATH.search(prompt):
+        raise where.error(f"its prompt names /shared, which is this pipeline's shared folder only in a container, "
+                          f"and no container image is given: give {owners} a \"container\", {IMAGE_WAYS}; or, to "
+                          f"run it on the node, have the prompt say \"the shared folder\" without a path (the "
+                          f"agent command is given its path as $PIPELINE_SHARED)")
     return Step(id=data["id"], command=command, python=python, prompt=prompt, model=data.get("model"),
                 tools=_tools(data.get("tools"), where), gpu=gpu, resources=resources,
                 timeout=_number(data, "timeout", where), on_fail=data.get("on_fail"),

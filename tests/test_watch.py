@@ -464,17 +464,17 @@ def test_the_status_file_is_rewritten_soon_after_the_start_then_every_period(tmp
     The first rewrites now come after 0.5, 1, 2 and 4 s, then every period."""
     import types
 
-    from common.results import status_file as module
+    from common.results.status_file import StatusWriter
+    from common.testing.inprocess import FakeClock, fake_time
 
-    clock = [1000.0]
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
-    writer = module.StatusWriter(tmp_path, app="toy", command="python toy", layout=[{"rank": 0, "host": "h"}],
-                                 items_total=1, items_resumed=0, started_at=0.0, pool=None, monitor=None, every=5.0)
+    clock = FakeClock(1000.0)
+    writer = StatusWriter(tmp_path, app="toy", command="python toy", layout=[{"rank": 0, "host": "h"}], items_total=1,
+                          items_resumed=0, started_at=0.0, pool=None, monitor=None, every=5.0, clock=fake_time(clock))
     written = []
-    monkeypatch.setattr(writer, "write", lambda leader, state: written.append(round(clock[0] - 1000.0, 1)))
+    monkeypatch.setattr(writer, "write", lambda leader, state: written.append(round(clock.monotonic() - 1000.0, 1)))
     leader = types.SimpleNamespace(stopping=None)
     for tenth in range(300):  # the loop's ticks, every 0.1 s for 30 s
-        clock[0] = 1000.0 + tenth / 10
+        clock.now = 1000.0 + tenth / 10
         writer.tick(leader)
     assert written == [0.0, 0.5, 1.5, 3.5, 7.5, 12.5, 17.5, 22.5, 27.5], written
 

@@ -8,12 +8,12 @@ same pace, from its distribution loop (so a file that stops changing means rank 
 from __future__ import annotations
 
 import os
-import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from common import settings
+from common.clock import SYSTEM_CLOCK, Clock
 from common.errors import EXIT_NO_PROGRESS, EXIT_OK, EXIT_STOPPED, error_line
 from common.results.failures import WriteFailures
 from common.results.layout import ResultsLayout
@@ -36,7 +36,7 @@ def status_seconds() -> float:
     return settings.seconds(settings.STATUS_SECONDS)
 
 
-def rank_snapshot(pool: Any, monitor: Any) -> Dict[str, Any]:
+def rank_snapshot(pool: Any, monitor: Any, clock: Clock = SYSTEM_CLOCK) -> Dict[str, Any]:
     """This rank's workers (the item each runs and since when) and its GPUs' recent use."""
     workers = []
     for name, worker in sorted(pool.workers.items()):
@@ -49,27 +49,27 @@ def rank_snapshot(pool: Any, monitor: Any) -> Dict[str, Any]:
             view.update(key=entry.item.key, attempt=entry.attempt, since=max(entry.handed, worker.running_wall),
                         together=len(running.entries) if running.together else 1)
         workers.append(view)
-    return {"rank": pool.rank, "host": pool.host, "time": time.time(), "workers": workers,
+    return {"rank": pool.rank, "host": pool.host, "time": clock.time(), "workers": workers,
             "given_up": dict(pool.given_up), "gpus": monitor.recent()}
 
 
 class RankReporter:
     """A follower's side: its loop asks ``due()`` and, when it is, sends ``snapshot()`` to rank 0."""
 
-    def __init__(self, pool: Any, monitor: Any, every: Optional[float] = None):
-        self.pool, self.monitor = pool, monitor
+    def __init__(self, pool: Any, monitor: Any, every: Optional[float] = None, clock: Clock = SYSTEM_CLOCK):
+        self.pool, self.monitor, self.clock = pool, monitor, clock
         self.every = every or status_seconds()
         self._next = 0.0
 
     def due(self) -> bool:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now < self._next:
             return False
         self._next = now + self.every
         return True
 
     def snapshot(self) -> Dict[str, Any]:
-        return rank_snapshot(self.pool, self.monitor)
+        return rank_snapshot(self.pool, self.monitor, self.clock)
 
 
 class StatusWriter:
@@ -77,10 +77,11 @@ class StatusWriter:
 
     def __init__(self, results: Path, *, app: str, command: str, layout: List[dict], items_total: int,
                  items_resumed: int, started_at: float, pool: Any, monitor: Any, every: Optional[float] = None,
-                 write_failures: Optional[WriteFailures] = None, resume_command: str = ""):
+                 write_failures: Optional[WriteFailures] = None, resume_command: str = "", clock: Clock = SYSTEM_CLOCK):
         """``write_failures``: the run's (no status file once the results folder was moved away);
         ``resume_command``: what finishes the run, for a stopped or gone one whose summary was not
-        written (a stop while the outputs were written)."""
+        written (a stop while the outputs were written); ``clock``: when it is due and what it says."""
+        self.clock = clock
         self.path = ResultsLayout(Path(results)).status
         self.write_failures = write_failures or WriteFailures()
         self.every = every or status_seconds()
@@ -99,11 +100,11 @@ class StatusWriter:
     def absorb(self, rank: int, snapshot: Dict[str, Any]) -> None:
         """A follower's snapshot (its "status" message)."""
         self.snapshots[rank] = snapshot
-        self.heard[rank] = time.time()
+        self.heard[rank] = self.clock.time()
 
     def tick(self, leader: Any) -> None:
         """From rank 0's loop: rewrite the file when it is due."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now >= self._next:
             self._next = now + min(self._gap, self.every)
             self._gap *= 2
@@ -113,8 +114,8 @@ class StatusWriter:
         failure = self.write_failures.first
         if failure is not None and failure.moved_away:  # never a status file in a folder made again by someone
             return
-        now = time.time()
-        self.snapshots[0] = rank_snapshot(self.pool, self.monitor)
+        now = self.clock.time()
+        self.snapshots[0] = rank_snapshot(self.pool, self.monitor, self.clock)
         self.heard[0] = now
         scheduler = leader.scheduler
         this_run = len(leader.records)

@@ -343,11 +343,12 @@ class PipelineApp(App):
                 summary = {"run_id": run_id, "status": "stopped" if done else "not started", "reason": "",
                            "steps": steps}
             elif item is not None:  # failed: its result never reached the journal; read its steps from disk
-                error = (errors.get(item.key) or "not run").strip()
-                ours = f"{PipelineFailed.__name__}: pipeline {run_id}: "  # the walk's reason, whole
-                error = error[len(ours):] if error.startswith(ours) else error_line(error)
                 steps = _steps_on_disk(layout, pipeline, item)
                 progress = read_progress(layout) or {}
+                walked = progress.get("reason") if progress.get("state") == "failed" else None
+                # the walk's reason, whole, as the runner recorded it; else (its worker killed, the runner's
+                # own error) the item's error line
+                error = walked if isinstance(walked, str) else error_line((errors.get(item.key) or "not run").strip())
                 running = progress.get("resume_at") if progress.get("state") == "running" else None
                 if isinstance(running, str) and running not in steps:  # killed with its worker (--item-timeout)
                     steps[running] = {"status": "failed", "reason": error, "attempts": 1, "ended_with_worker": True}

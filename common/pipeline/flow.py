@@ -502,10 +502,12 @@ class PipelineRunner:
         return f"budget {self.pipeline.budget:g} passed: the steps reported {walk.spent:g}"
 
     def _write_progress(self, walk: _Walk, state: str, current: Optional[str]) -> None:
-        """Where a plain --resume starts again: the first unhandled failure, else the current step."""
+        """Where a plain --resume starts again: the first unhandled failure, else the current step;
+        for a failed walk, its reason (the run's summary reads it here, not from the item's error)."""
         atomic_write_json(self.layout.progress_path, {
             "pipeline": self.pipeline.name, "state": state, "resume_at": walk.resume_at or current,
-            "spent": round(walk.spent, 6), "run_started": self.run_started, "updated": time.time()})
+            "spent": round(walk.spent, 6), "run_started": self.run_started, "updated": time.time(),
+            **({"reason": walk.reason} if state == "failed" else {})})
 
     # ----- the walk -----
     def run(self, start: Optional[str] = None, keep_shared: bool = False) -> Dict[str, Any]:

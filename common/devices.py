@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import List, Optional
 
+from . import settings
 from .errors import UsageError
 
 
@@ -50,11 +51,7 @@ def slurm_gave_no_gpu() -> bool:
     CUDA_VISIBLE_DEVICES (:func:`slurm_gpus_without_cuda_variable` tells the two apart): Slurm sets
     it for every job it gives GPUs unless gres.conf says not to, so unset there means the node's
     GPUs (which NVML still lists where devices are not constrained) are not this job's to take."""
-    return "SLURM_JOB_ID" in os.environ and "CUDA_VISIBLE_DEVICES" not in os.environ
-
-
-#: what Slurm sets where it gives a job or step GPUs, whether or not it sets CUDA_VISIBLE_DEVICES
-SLURM_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
+    return settings.in_slurm_job() and "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
 def slurm_gpus_without_cuda_variable() -> Optional[str]:
@@ -62,13 +59,9 @@ def slurm_gpus_without_cuda_variable() -> Optional[str]:
     CUDA_VISIBLE_DEVICES for them (gres.conf ``Flags=no_gpu_env``, or GPUs configured without
     ``File=``); None otherwise. Which of the node's GPUs they are cannot be told safely then
     (Slurm's ids are the node's, CUDA's may be renumbered by a device cgroup)."""
-    if "SLURM_JOB_ID" not in os.environ or "CUDA_VISIBLE_DEVICES" in os.environ:
+    if not settings.in_slurm_job() or "CUDA_VISIBLE_DEVICES" in os.environ:
         return None
-    for name in SLURM_GPU_VARIABLES:
-        value = os.environ.get(name, "").strip()
-        if value and value not in ("0", "(null)", "N/A"):
-            return f"{name}={value}"
-    return None
+    return settings.slurm_gpus()
 
 
 def visible_gpus() -> List[str]:

@@ -4,12 +4,14 @@ Each is read when it is needed, never at import, and every run checks them all a
 (:func:`check_environment`): a value that is not what the variable takes is refused in one line
 naming it (exit 2) instead of being silently replaced by the default or raising later in a
 thread. Booleans take ``1``/``true`` (on) and ``0``/``false``/empty (off); seconds are finite,
-positive and below a stated bound; an empty text setting means its default. The README's table
+positive and below a stated bound; an empty seconds or text setting means its default. The README's table
 of environment variables lists the same.
 
-The pipeline app's own variables of a family (``PIPELINE_RESOURCE_<NAME>``, ``PIPELINE_AGENT``,
-``PIPELINE_QUEUE_TIMEOUT``) are checked where the pipeline app reads its definition
-(``common.pipeline.app``), because what is valid there depends on the definition.
+The pipeline app's variables whose validity depends on the definition (the family
+``PIPELINE_RESOURCE_<NAME>``/``SWARM_RESOURCE_<name>``, and ``PIPELINE_AGENT``, needed only by
+prompt steps) are checked where the pipeline app reads its definition (``common.pipeline.app``).
+The launcher's, Slurm's and CUDA's own variables are read by the functions below and by
+``common.devices`` (CUDA_VISIBLE_DEVICES, which it also sets for each worker).
 """
 from __future__ import annotations
 
@@ -62,10 +64,17 @@ APPTAINER = Setting("PIPELINE_APPTAINER", "text", None,
                     "the apptainer program for steps with a container (default apptainer or singularity on PATH)")
 CONTAINER = Setting("PIPELINE_CONTAINER", "text", None,
                     "the Apptainer image of pipeline steps whose definition names none (--container wins)")
+#: a year: longer waits are no limit at all, and past ~1e11 s the clock's arithmetic overflows
+MAX_QUEUE_TIMEOUT = 365 * 24 * 3600
+QUEUE_TIMEOUT = Setting("PIPELINE_QUEUE_TIMEOUT", "seconds", None,
+                        "the longest a pipeline step waits for its pools (--queue-timeout wins; default: no limit)",
+                        MAX_QUEUE_TIMEOUT)
+SWARM_QUEUE_TIMEOUT = Setting("SWARM_QUEUE_TIMEOUT", "seconds", None,
+                              "the pipeline format's own name for PIPELINE_QUEUE_TIMEOUT (which wins)", MAX_QUEUE_TIMEOUT)
 
 #: every variable a run reads, checked when it starts (the README's table lists the same)
 ALL: Tuple[Setting, ...] = (NO_MPI, HOLD_SECONDS, PROGRESS_SECONDS, STATUS_SECONDS, KILL_GRACE, LOCK_DIR, APPTAINER,
-                            CONTAINER)
+                            CONTAINER, QUEUE_TIMEOUT, SWARM_QUEUE_TIMEOUT)
 
 
 def _shown(text: str) -> str:
@@ -87,6 +96,8 @@ def value(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Unio
             return False
         raise UsageError(f"{setting.name}={_shown(text)}: expected 1 or true (on), 0, false or empty (off)")
     if setting.kind == "seconds":
+        if not text.strip():  # empty: the default, as unset (a job script's VAR= to clear it)
+            return setting.default
         try:
             seconds = float(text)
         except ValueError:
@@ -125,7 +136,28 @@ def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:
 
 def in_slurm_job(environ: Optional[Mapping[str, str]] = None) -> bool:
     """Whether this process runs inside a Slurm job (a batch script's, which requeues at the walltime)."""
-    return bool((os.environ if environ is None else environ).get("SLURM_JOB_ID"))
+    return slurm_job(environ)[0] is not None
+
+
+def slurm_job(environ: Optional[Mapping[str, str]] = None) -> Tuple[Optional[str], Optional[str]]:
+    """(SLURM_JOB_ID, SLURM_RESTART_COUNT) of this process's Slurm job, None where unset (or empty):
+    a requeued job keeps its id and counts its restarts."""
+    environ = os.environ if environ is None else environ
+    return environ.get("SLURM_JOB_ID") or None, environ.get("SLURM_RESTART_COUNT")
+
+
+#: what Slurm sets where it gives a job or step GPUs, whether or not it sets CUDA_VISIBLE_DEVICES
+SLURM_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
+
+
+def slurm_gpus(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``NAME=value`` of the first of ``SLURM_GPU_VARIABLES`` that says this job was given GPUs, else None."""
+    environ = os.environ if environ is None else environ
+    for name in SLURM_GPU_VARIABLES:
+        text = environ.get(name, "").strip()
+        if text and text not in ("0", "(null)", "N/A"):
+            return f"{name}={text}"
+    return None
 
 
 def launcher_sizes(environ: Optional[Mapping[str, str]] = None) -> List[int]:

@@ -414,6 +414,26 @@ def test_a_deleted_working_folder_is_one_line_and_writes_nothing(tmp_path, progr
     assert not (tmp_path / "results").exists()
 
 
+def test_the_queue_timeout_and_slurm_variables_are_read_by_the_settings_module():
+    """Every variable of ours is a setting checked as a run starts (the pipeline's queue timeout too,
+    under both its names, ours winning); an empty seconds setting is its default, as unset (a job
+    script's VAR=); Slurm's job, restart count and GPU variables are read in one place."""
+    from common import settings
+    from common.errors import UsageError
+    from common.pipeline.app import queue_timeout
+
+    assert settings.QUEUE_TIMEOUT in settings.ALL and settings.SWARM_QUEUE_TIMEOUT in settings.ALL
+    assert queue_timeout(None, {"SWARM_QUEUE_TIMEOUT": "12", "PIPELINE_QUEUE_TIMEOUT": ""}) == 12.0
+    assert settings.value(settings.HOLD_SECONDS, {"MULTINODE_GPU_HOLD_SECONDS": " "}) == 20.0
+    for bad in ("soon", "0", "nan", "1e12"):
+        with pytest.raises(UsageError, match=f"SWARM_QUEUE_TIMEOUT='{bad}': "):
+            settings.check_environment({"SWARM_QUEUE_TIMEOUT": bad})
+    assert settings.slurm_job({"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2"}) == ("77", "2")
+    assert settings.slurm_job({"SLURM_JOB_ID": ""}) == (None, None) and not settings.in_slurm_job({})
+    assert settings.slurm_gpus({"SLURM_JOB_GPUS": "(null)", "SLURM_GPUS_ON_NODE": "2"}) == "SLURM_GPUS_ON_NODE=2"
+    assert settings.slurm_gpus({"SLURM_STEP_GPUS": "0", "SLURM_JOB_GPUS": "N/A"}) is None
+
+
 def test_open_mpis_own_variables_win_over_those_an_outer_launcher_left():
     """mpirun inside `srun --pty bash` (MpiDefault=pmi2): each rank also sees the PMI_SIZE=1 and
     PMI_RANK=0 the outer srun left. The world check accepts the size Open MPI gave, and only its

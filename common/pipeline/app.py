@@ -28,13 +28,9 @@ from .flow import STOPPING, PipelineRunner, RunLayout, RunStopping, read_progres
 from .report import plan_text, statuses_on_disk, summary_markdown
 
 RESOURCE_ENV_PREFIX = "PIPELINE_RESOURCE_"
-QUEUE_TIMEOUT_ENV = "PIPELINE_QUEUE_TIMEOUT"
-#: the names the pipeline format itself uses, read beside ours (ours win where both are set)
+#: the name the pipeline format itself uses, read beside ours (ours wins where both are set)
 SWARM_RESOURCE_PREFIX = "SWARM_RESOURCE_"
-SWARM_QUEUE_TIMEOUT_ENV = "SWARM_QUEUE_TIMEOUT"
 AGENT_ENV = "PIPELINE_AGENT"
-#: a year: longer waits are no limit at all, and past ~1e11 s the clock's arithmetic overflows
-MAX_QUEUE_TIMEOUT = 365 * 24 * 3600
 GPU_POOL = "gpu"
 
 
@@ -75,17 +71,15 @@ def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> D
 
 def queue_timeout(flag: Optional[float], environ: Mapping[str, str]) -> Optional[float]:
     """Seconds a step may wait for its pools: ``--queue-timeout``, else ``PIPELINE_QUEUE_TIMEOUT``,
-    else ``SWARM_QUEUE_TIMEOUT``."""
-    where = "--queue-timeout"
-    variable = next((name for name in (QUEUE_TIMEOUT_ENV, SWARM_QUEUE_TIMEOUT_ENV) if environ.get(name)), None)
-    if flag is None and variable:
-        where, text = variable, environ[variable]
-        try:
-            flag = float(text)
-        except ValueError:
-            raise UsageError(f"{variable}={short(text)}: expected a number of seconds") from None
-    if flag is not None and not (0 < flag <= MAX_QUEUE_TIMEOUT):  # also refuses nan
-        raise UsageError(f"{where}: must be a positive number of seconds up to {MAX_QUEUE_TIMEOUT:,}, got {flag:g}")
+    else ``SWARM_QUEUE_TIMEOUT`` (common.settings checks both); None: no limit."""
+    if flag is None:
+        for setting in (settings.QUEUE_TIMEOUT, settings.SWARM_QUEUE_TIMEOUT):
+            seconds = settings.value(setting, environ)
+            if seconds is not None:
+                return float(seconds)
+    if flag is not None and not (0 < flag <= settings.MAX_QUEUE_TIMEOUT):  # also refuses nan
+        raise UsageError(f"--queue-timeout: must be a positive number of seconds up to {settings.MAX_QUEUE_TIMEOUT:,}, "
+                         f"got {flag:g}")
     return flag
 
 

@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from common import settings
 from common.errors import UsageError, quoted
 from common.results.layout import HOLD_NAME, ResultsLayout
 from common.results.outputs import atomic_write_json
@@ -91,9 +92,10 @@ def _process_started(pid: int) -> Optional[float]:
 
 def _me(refresh: float) -> Dict[str, Any]:
     now = time.time()
+    job, restarts = settings.slurm_job()
     return {"host": socket.gethostname(), "pid": os.getpid(), "process_started": _process_started(os.getpid()),
             "boot_id": _boot_id(), "pid_namespace": _pid_namespace(),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT"),
+            "slurm_job_id": job, "slurm_restart_count": restarts,
             "since": now, "refreshed": now, "refresh_seconds": refresh, "token": uuid.uuid4().hex}
 
 
@@ -184,9 +186,8 @@ def stale_because(holder: Dict[str, Any], now: Optional[float] = None) -> Option
     gone = process_gone(holder)
     if gone is not None:
         return gone
-    job = os.environ.get("SLURM_JOB_ID")  # as _me records it, without looking at this process again
-    if job and holder.get("slurm_job_id") == job and holder.get("slurm_restart_count") != os.environ.get(
-            "SLURM_RESTART_COUNT"):
+    job, restarts = settings.slurm_job()  # as _me records them, without looking at this process again
+    if job and holder.get("slurm_job_id") == job and holder.get("slurm_restart_count") != restarts:
         return "it was an earlier run of this Slurm job, which was requeued"
     silent = silent_for(holder, now)
     return None if silent is None else f"not refreshed for {silent:.0f} s"

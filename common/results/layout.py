@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Tuple
+from typing import List, Tuple
 
 #: the suffixes every figure is written with (matplotlib, one file each)
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -36,6 +36,20 @@ SHARED_PROBE = ".shared-check"
 def figure_names(stem: str) -> Tuple[str, ...]:
     """A figure's file names: ``stem.png``, ``stem.svg``, ``stem.pdf``."""
     return tuple(stem + suffix for suffix in FIGURE_SUFFIXES)
+
+
+#: an atomic write goes through a hidden file beside its target, ``.NAME.<random>.tmp``, renamed over it
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def temporary_prefix(name: str) -> str:
+    """The start of the temporary file's name of an atomic write of ``name``."""
+    return f".{name}."
+
+
+def temporary_files(folder: Path, stem: str) -> List[Path]:
+    """The temporary files that atomic writes of ``stem.*`` left in ``folder`` (their writer killed)."""
+    return sorted(folder.glob(f"{temporary_prefix(stem)}*{TEMPORARY_SUFFIX}"))
 
 
 def png_name(stem: str) -> str:

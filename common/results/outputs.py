@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Optional, Sequence
 
 from common.errors import UsageError, quoted
+from common.results.layout import TEMPORARY_SUFFIX, temporary_prefix
 
 
 def _current_umask() -> int:
@@ -37,7 +38,7 @@ def atomic_write_with(path: Path, write: Callable[[BinaryIO], Any], *, parents: 
     path = Path(path)
     if parents:
         path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name), suffix=TEMPORARY_SUFFIX)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for the whole group to read
         with os.fdopen(fd, "wb") as handle:

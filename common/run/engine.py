@@ -74,6 +74,7 @@ from common.results.layout import (
     WRITE_PROBE,
     ResultsLayout,
     png_name,
+    temporary_files,
     worker_name,
 )
 from common.results.outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
@@ -957,7 +958,7 @@ def _start_drawer() -> TimelineDrawer:
 
 def _remove_temporary(folder: Path, stem: str) -> None:
     """The temporary files of ``stem``'s figures that a killed drawing left (``atomic_write_bytes``'s)."""
-    for leftover in folder.glob(f".{stem}.*.tmp"):
+    for leftover in temporary_files(folder, stem):
         try:
             leftover.unlink()
         except OSError:

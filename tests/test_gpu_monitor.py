@@ -14,7 +14,7 @@ import pytest
 
 from common.devices import Device
 from common.observe import gpu_monitor
-from common.observe.gpu_monitor import GpuMonitor, Sample, nvml_handle, usage_report
+from common.observe.gpu_monitor import GpuMonitor, Sample, nvml_handle
 from common.observe.gpu_usage import write_gpu_usage
 
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml" / "pynvml.py"
@@ -46,6 +46,15 @@ def test_an_unknown_uuid_or_index_is_not_matched(monkeypatch):
 
 def sample(util, memory, temperature=None, power=None, at=0.0):
     return Sample(at, util, memory, 40960.0, temperature, power)
+
+
+def usage_report(samples):
+    """What the monitor reports of one GPU that gave ``samples`` (its own accumulation, as its
+    sampling thread feeds it)."""
+    monitor = GpuMonitor([])
+    for one in samples:
+        monitor._add("gpu0", one)
+    return monitor.report()["gpu0"]
 
 
 def test_a_measure_nvml_cannot_give_is_reported_as_none_and_the_others_still_are():

@@ -61,8 +61,8 @@ def test_an_engine_field_of_another_type_takes_the_general_way(tmp_path, odd):
     with pytest.raises((TypeError, ValueError)):
         _result_line(Record(key="k", result=None, **odd))
     journal = Journal(tmp_path / "journal.jsonl", {"fingerprint": {}})
-    journal.add_result(Record(key="odd", result={"x": 1}, **odd))
-    journal.add_result(Record(key="plain", result=[1, 2]))
+    journal.append_result(Record(key="odd", result={"x": 1}, **odd))
+    journal.append_result(Record(key="plain", result=[1, 2]))
     journal.close()
     _, records = read_journal(tmp_path / "journal.jsonl")
     assert records["plain"].result == [1, 2] and records["odd"].result == {"x": 1}

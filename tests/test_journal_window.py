@@ -22,7 +22,8 @@ from common.results.journal import Journal
 journal = Journal(Path(sys.argv[1]), {"fingerprint": {}})
 n = 0
 while True:
-    journal.add_result(Record(key=f"k{n:06d}", result={"n": n}))
+    journal.append_result(Record(key=f"k{n:06d}", result={"n": n}))
+    journal.maybe_sync()
     print(n, time.monotonic(), flush=True)
     n += 1
     time.sleep(0.0005)

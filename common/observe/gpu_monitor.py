@@ -173,6 +173,10 @@ class GpuMonitor:
             self._nvml.nvmlShutdown()
         except Exception:
             pass
+        return self.report()
+
+    def report(self) -> Dict[str, Dict[str, Optional[float]]]:
+        """Each GPU's mean and peak of each measure, over the samples that have it (None where none has)."""
         with self._lock:
             return {name: _report(totals) for name, totals in self._totals.items()}
 
@@ -185,15 +189,6 @@ def _report(totals: Dict[str, list]) -> Dict[str, Optional[float]]:
         report[f"{prefix}_mean_{unit}"] = total / count if count else None
         report[f"{prefix}_peak_{unit}"] = peak
     return report
-
-
-def usage_report(samples: List[Sample]) -> Dict[str, Optional[float]]:
-    """Mean and peak of each measure over the samples that have it (None where none has)."""
-    totals: Dict[str, list] = {"samples": [len(samples)]}
-    for measure in MEASURES:
-        values = [getattr(sample, measure) for sample in samples if getattr(sample, measure) is not None]
-        totals[measure] = [sum(values), len(values), max(values) if values else None]
-    return _report(totals)
 
 
 def _temperature(nvml: Any, handle: Any) -> Any:

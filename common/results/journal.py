@@ -363,7 +363,7 @@ def _result_line(record: Record) -> bytes:
 
 
 def result_line(record: Record) -> Optional[bytes]:
-    """A result's journal line, as :meth:`Journal.add_result` writes it; None where it must be made
+    """A result's journal line, as :meth:`Journal.append_result` writes it; None where it must be made
     the general way (an engine field of an unusual type). A follower makes its results' lines, so
     that rank 0 does not encode every result of the run (:meth:`Journal.append_line`)."""
     try:
@@ -550,14 +550,10 @@ class Journal:
             os.close(self._fd)
             self._fd = None
 
-    def add_result(self, record: Record) -> None:
-        self.append_result(record)
-        self.maybe_sync()
-
     def append_result(self, record: Record) -> None:
-        """:meth:`add_result` without the look at the batch's age: for a caller that adds many
-        results at once (rank 0, a :class:`common.messages.Results` message) and then calls
-        :meth:`maybe_sync` once. A full batch still goes to the writer at once."""
+        """A result's line into the batch; the caller (rank 0, which adds a
+        :class:`common.messages.Results` message's many at once) then calls :meth:`maybe_sync` once.
+        A full batch still goes to the writer at once."""
         if self._fd is None:
             return
         line = result_line(record)

@@ -52,6 +52,10 @@ class Requester(NamedTuple):
     pid: int
     request: int = -1  # -1: the whole worker (a "gone")
 
+    def process(self) -> Tuple[int, str, int]:
+        """The worker process that asked: a "gone" frees whatever its requests hold or await."""
+        return (self.rank, self.worker, self.pid)
+
 
 # ----- follower -> leader -----
 @dataclass

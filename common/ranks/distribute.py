@@ -244,7 +244,7 @@ class Leader:
         self.liveness.forget(rank)
         self.requests.pop(rank, None)
         self.broken.pop(rank, None)
-        for _, who in self.global_resources.release_all((rank,)):
+        for _, who in self.global_resources.release_all(lambda requester: requester.rank == rank):
             self._pool_reply(who, PoolAnswer("granted", who.request))
         host = self.liveness.note_lost(rank, why, len(keys))
         self.journal.add_event(Kind.RANK_LOST, rank=rank, host=host, why=why, items=keys, time=self.clock.time())
@@ -532,7 +532,7 @@ class Follower:
                 return ending
             silent = self.liveness.silent()
             if silent:
-                self.silence = silent[0][1]
+                self.silence = silent[0].seconds
                 return "lost"
             if self.liveness.due():
                 self._send(Heartbeat())
@@ -564,7 +564,7 @@ class Follower:
             if incoming is None:
                 silent = self.liveness.silent()
                 if silent:
-                    self.silence = silent[0][1]
+                    self.silence = silent[0].seconds
                     return None
                 self.clock.sleep(0.005)
                 continue

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from common.clock import SYSTEM_CLOCK, Clock
 from common.messages import Bye, Heartbeat, Result, Results
@@ -53,6 +53,13 @@ class Liveness:
         return [peer for peer, at in self.heard.items() if now - at > self.timeout]
 
 
+class Silence(NamedTuple):
+    """A peer not heard from: its rank, and the seconds since it last was."""
+
+    rank: int
+    seconds: float
+
+
 class PeerWatch:
     """One rank's links to its peers: every send through it counts as a sign of life, heartbeats go
     to the peers nothing went to for a while, and it tells which peers fell silent."""
@@ -85,10 +92,10 @@ class PeerWatch:
         for rank in self.due():
             self.send(Heartbeat(), rank)
 
-    def silent(self) -> List[Tuple[int, float]]:
-        """(peer, seconds since it was last heard from) of each peer silent for ``timeout`` seconds."""
+    def silent(self) -> List[Silence]:
+        """Each peer silent for ``timeout`` seconds, and for how long."""
         now = self.clock.monotonic()
-        return [(rank, now - self.table.heard[rank]) for rank in self.table.silent(now)]
+        return [Silence(rank, now - self.table.heard[rank]) for rank in self.table.silent(now)]
 
 
 class FollowerWatch(PeerWatch):

@@ -190,7 +190,7 @@ class Scheduler:
                 break
             bundles.append(bundle)
             for entry in bundle:
-                add(entry[0].key)
+                add(entry.item.key)
         self.in_flight.update(keys)
         return bundles, keys
 

@@ -7,16 +7,23 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Hashable, List, Tuple
+from typing import Callable, Deque, Dict, Hashable, List, NamedTuple, Tuple
 
 from common.messages import PoolAnswer, Requester
+
+
+class Waiting(NamedTuple):
+    """A request queued for a pool's slots."""
+
+    requester: Hashable
+    count: int
 
 
 @dataclass
 class Pool:
     capacity: int
     held: Dict[Hashable, int] = field(default_factory=dict)
-    waiting: Deque[Tuple[Hashable, int]] = field(default_factory=deque)
+    waiting: Deque[Waiting] = field(default_factory=deque)
 
     @property
     def free(self) -> int:
@@ -34,7 +41,7 @@ class ResourceBroker:
         pool = self.pools[name]
         if not 1 <= count <= pool.capacity:
             raise ValueError(f"pool {name!r} has capacity {pool.capacity}; {count} slot(s) cannot be granted")
-        pool.waiting.append((requester, count))
+        pool.waiting.append(Waiting(requester, count))
         return self._grant(name)
 
     def cancel(self, name: str, requester: Hashable) -> Tuple[bool, List[Hashable]]:
@@ -42,7 +49,7 @@ class ResourceBroker:
         queue), or (False, []) if it was already granted (the requester then releases it)."""
         pool = self.pools[name]
         for entry in list(pool.waiting):
-            if entry[0] == requester:
+            if entry.requester == requester:
                 pool.waiting.remove(entry)
                 return True, self._grant(name)
         return False, []
@@ -52,14 +59,13 @@ class ResourceBroker:
         pool.held.pop(requester, None)
         return self._grant(name)
 
-    def release_all(self, owner_prefix: Tuple) -> List[Tuple[str, Hashable]]:
-        """Free everything held or awaited by requesters whose id starts with ``owner_prefix``
-        (a worker that died); returns the (pool, requester) pairs granted as a result."""
+    def release_all(self, whose: Callable[[Hashable], bool]) -> List[Tuple[str, Hashable]]:
+        """Free everything held or awaited by the requesters ``whose`` picks (those of a worker that
+        died, of a rank that was lost); returns the (pool, requester) pairs granted as a result."""
         granted = []
-        width = len(owner_prefix)
         for name, pool in self.pools.items():
-            pool.waiting = deque(e for e in pool.waiting if tuple(e[0][:width]) != owner_prefix)
-            for requester in [r for r in pool.held if tuple(r[:width]) == owner_prefix]:
+            pool.waiting = deque(entry for entry in pool.waiting if not whose(entry.requester))
+            for requester in [r for r in pool.held if whose(r)]:
                 del pool.held[requester]
             granted += [(name, r) for r in self._grant(name)]
         return granted
@@ -67,8 +73,9 @@ class ResourceBroker:
     def handle(self, verb: str, name: str, requester: Requester, count: int = 0) -> List[Tuple[Requester, PoolAnswer]]:
         """One worker message (acquire/cancel/release) or "gone" -> the (requester, reply) pairs to deliver."""
         if verb == "gone":  # whatever the worker process asked for, whichever request
-            owner = (requester.rank, requester.worker, requester.pid)
-            return [(who, PoolAnswer("granted", who.request)) for _, who in self.release_all(owner)]
+            gone = requester.process()
+            return [(who, PoolAnswer("granted", who.request))
+                    for _, who in self.release_all(lambda asked: asked.process() == gone)]
         if name not in self.pools:
             return [(requester, PoolAnswer("refused", requester.request, f"unknown resource pool {name!r}"))]
         replies = []
@@ -87,7 +94,7 @@ class ResourceBroker:
 
     def _grant(self, name: str) -> List[Hashable]:
         pool, granted = self.pools[name], []
-        while pool.waiting and pool.waiting[0][1] <= pool.free:
+        while pool.waiting and pool.waiting[0].count <= pool.free:
             requester, count = pool.waiting.popleft()
             pool.held[requester] = count
             granted.append(requester)

@@ -9,6 +9,10 @@ pipeline), steps (one attempt of a step), proctree (a step's processes via /proc
 schema (the format as JSON Schema), nodelock (node-wide GPU slots), sizes (memory sizes as written),
 guard (the small program that ends a step with its worker), app (the engine app). The shipped examples are in examples/pipelines/.
 
+On top of the engine: may import every layer below it (the package root, results/, observe/,
+workers/, ranks/, run/); nothing below imports it, and of the other packages on top only slurm/
+does (the pipeline definitions a batch script runs).
+
 Importing the package imports nothing heavy (each name below on first use), so that ``python -m
 common.pipeline`` defers stop signals (``common.signals``) before the slow imports start.
 """

@@ -14,6 +14,9 @@ works (``--gpu all``, ``--results``, ``--resume``, ``--dry-run``, ...); see docs
 
 Importing this package imports nothing heavy (``main`` and ``SweepApp`` load on first use), so that
 ``python -m common.sweep`` defers Ctrl-C before numpy loads.
+
+On top of the engine: may import every layer below it (the package root, results/, observe/,
+workers/, ranks/, run/), not the other packages on top; nothing imports it.
 """
 from typing import Any
 

@@ -61,6 +61,24 @@ def pipeline_command(definition: Path, results: Path, *extra: str) -> List[str]:
             "--no-progress", *extra]
 
 
+def write_json(path: Path, value: Any) -> Path:
+    """``value`` as JSON in ``path`` (a string as it is: a definition or grid written by hand)."""
+    path.write_text(value if isinstance(value, str) else json.dumps(value))
+    return path
+
+
+def pipeline_cli(definition: Path, results: Path, *extra: str, ranks: int = 1,
+                 timeout: float = 240) -> subprocess.CompletedProcess:
+    """The pipeline command line (:func:`pipeline_command`) run to its end."""
+    return run(pipeline_command(definition, results, *extra), ranks=ranks, timeout=timeout)
+
+
+def generate_script(*args: str, **kwargs: Any) -> subprocess.CompletedProcess:
+    """``python -m common.slurm ARGS`` (the batch script generator) run to its end."""
+    return subprocess.run([sys.executable, "-m", "common.slurm", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
 def journal_entries(results: Path) -> List[dict]:
     path = Path(results) / "journal.jsonl"
     if not path.exists():
@@ -79,7 +97,7 @@ def values(results: Path) -> dict:
     return json.loads((Path(results) / "values.json").read_text())
 
 
-def summary(results: Path) -> dict:
+def read_summary(results: Path) -> dict:
     """A run's ``summary.json`` in ``results``."""
     return json.loads((Path(results) / "summary.json").read_text())
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, TOY, assert_usage_error, error_lines, run, snapshot, start, wait_for_results
+from helpers import REPO, TOY, assert_usage_error, error_lines, read_summary, run, snapshot, start, wait_for_results
 
 STOP_CODE = 75
 
@@ -155,7 +155,6 @@ def test_failed_items_say_how_to_run_them_again_and_a_resume_says_what_it_ran(tm
     """A failed run said nowhere that --resume runs its failed items again; a resume said "6 of 6
     items in 0.1 s" with nothing to tell that 5 came from the run before; and a resume with nothing
     left to run listed the earlier run's timeline as its own."""
-    import json
 
     results = tmp_path / "r"
     args = [TOY, "6", "--gpu", "cpu", "--workers", "2", "--results", str(results), "--no-progress"]
@@ -165,7 +164,7 @@ def test_failed_items_say_how_to_run_them_again_and_a_resume_says_what_it_ran(tm
     *_, closing, retry = error_lines(failed.stderr)
     assert closing.startswith("toy: failed: 5 of 6 items done, 1 failed, in "), failed.stderr
     # the outputs' time apart from the items' (mnist_nn's figures took 18 s after 100%, said nowhere)
-    said = json.loads((results / "summary.json").read_text())
+    said = read_summary(results)
     assert f"the items ended in {said['wall_seconds']:.1f} s; writing the outputs" in failed.stderr
     assert f" s, the outputs {said['outputs_seconds']:.1f} s more; results in " in closing, closing
     assert retry == f"toy: run the failed items again with the same launcher and: {command}", failed.stderr
@@ -180,13 +179,13 @@ def test_failed_items_say_how_to_run_them_again_and_a_resume_says_what_it_ran(tm
     assert len(list((tmp_path / "spawned-first").iterdir())) == 2  # one item to run: its 2 workers started
     assert "- wall time: " in (results / "summary.md").read_text() and " s (this run); item time" in \
         (results / "summary.md").read_text()
-    assert json.loads((results / "summary.json").read_text())["timeline_plot"] == "timeline.png"  # its one item
+    assert read_summary(results)["timeline_plot"] == "timeline.png"  # its one item
     # nothing left: the outputs written again, no timeline of its own, and no worker started only to be
     # ended (mnist_nn's imported torch and its data first; one whose set-up had begun took 10 s to end)
     again = run(args + ["--resume", "--spawn-markers", str(tmp_path / "spawned")])
     assert again.returncode == 0 and "6 of 6 items (6 from an earlier run)" in again.stderr, again.stderr
     assert not (tmp_path / "spawned").exists()
-    assert json.loads((results / "summary.json").read_text())["timeline_plot"] is None
+    assert read_summary(results)["timeline_plot"] is None
     assert "timeline.png" not in (results / "summary.md").read_text() + (results / "report.html").read_text()
 
 

@@ -19,12 +19,12 @@ from helpers import (
     error_lines,
     journal_entries,
     rank_pids,
+    read_summary,
     run,
     snapshot,
     start,
     status_of,
     stop_run,
-    summary,
     values,
     wait_for_results,
     wait_until,
@@ -44,7 +44,7 @@ def test_one_by_one_and_two_ranks_by_two_workers_give_identical_results(tmp_path
     assert many.returncode == 0, many.stderr
     assert len(values(tmp_path / "one")) == 24 + 6
     assert values(tmp_path / "one") == values(tmp_path / "many")
-    layout = summary(tmp_path / "many")["workers"]
+    layout = read_summary(tmp_path / "many")["workers"]
     assert [len(rank["devices"]) for rank in layout] == [2, 2]
     ranks_used = {e["rank"] for e in journal_entries(tmp_path / "many") if e.get("type") == "result"}
     assert ranks_used == {0, 1}, "both ranks must have run items"
@@ -124,7 +124,7 @@ def test_a_worker_killed_mid_item_is_replaced_and_the_run_completes(tmp_path, n_
     failed_attempts = [e["key"] for e in journal_entries(tmp_path / "r") if e.get("type") == "attempt_failed"]
     assert failed_attempts == [killed], "only the item that was running counts as failed"
     assert "SIGKILL (out of memory?" in proc.stderr  # the likeliest cause, named
-    assert summary(tmp_path / "r")["failed_items"] == []
+    assert read_summary(tmp_path / "r")["failed_items"] == []
 
 
 def test_an_item_that_always_raises_is_retried_then_reported_with_exit_code_1(tmp_path):
@@ -134,7 +134,7 @@ def test_an_item_that_always_raises_is_retried_then_reported_with_exit_code_1(tm
                 "--results", str(tmp_path / "r"), "--no-progress"], ranks=2)
     assert proc.returncode == 1, proc.stderr
     assert markers(marks)["item-0003"] == 3  # first attempt + 2 retries
-    failed = summary(tmp_path / "r")["failed_items"]
+    failed = read_summary(tmp_path / "r")["failed_items"]
     assert [f["key"] for f in failed] == ["item-0003"]
     assert "always fails" in failed[0]["error"]
     assert "item-0003" in (tmp_path / "r" / "summary.md").read_text()
@@ -156,7 +156,7 @@ def test_stopped_run_resumes_to_the_same_results_without_recomputing(tmp_path, s
     stopped = stop_run(start(args, ranks=2), tmp_path / "r", after=6, sig=sig, every_rank=every_rank)
     assert stopped.returncode == 75, stopped.stderr
     assert "--resume" in stopped.stderr
-    assert summary(tmp_path / "r")["status"] == "stopped"
+    assert read_summary(tmp_path / "r")["status"] == "stopped"
     done_before = {e["key"] for e in journal_entries(tmp_path / "r") if e.get("type") == "result"}
     assert 6 <= len(done_before) < 38
     resumed = run(args + ["--resume"], ranks=2)
@@ -233,10 +233,10 @@ def test_a_torn_last_journal_line_is_tolerated_on_resume(tmp_path):
     proc = run(args + ["--resume"])
     assert proc.returncode == 0, proc.stderr
     assert len(values(tmp_path / "r")) == 10
-    assert summary(tmp_path / "r")["items_resumed"] == 5
+    assert read_summary(tmp_path / "r")["items_resumed"] == 5
     again = run(args + ["--resume"])  # the torn line was cut off, not left in the middle
     assert again.returncode == 0, again.stderr
-    assert summary(tmp_path / "r")["items_resumed"] == 10
+    assert read_summary(tmp_path / "r")["items_resumed"] == 10
 
 
 def test_batch_replaces_workers_after_n_items(tmp_path):
@@ -409,7 +409,7 @@ def test_workers_that_cannot_start_fail_the_run_instead_of_hanging(tmp_path):
     proc = run([TOY, "5", "--workers", "2", "--broken-setup", "--results", str(tmp_path / "r"), "--no-progress"],
                ranks=2, timeout=120)
     assert proc.returncode == 1, proc.stderr
-    failed = summary(tmp_path / "r")["failed_items"]
+    failed = read_summary(tmp_path / "r")["failed_items"]
     assert len(failed) == 5 and "cannot load the toy data" in failed[0]["error"]
     assert "cannot load the toy data" in (tmp_path / "r" / "logs" / "rank1-cpu0.log").read_text()
 
@@ -418,7 +418,7 @@ def test_workers_that_die_while_starting_are_given_up(tmp_path):
     proc = run([TOY, "3", "--crashing-setup", "--results", str(tmp_path / "r"), "--no-progress"], timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "giving up" in proc.stderr
-    assert len(summary(tmp_path / "r")["failed_items"]) == 3
+    assert len(read_summary(tmp_path / "r")["failed_items"]) == 3
 
 
 def test_an_error_in_the_apps_finish_ends_every_rank_in_one_line_and_resume_writes_the_outputs(tmp_path):
@@ -431,7 +431,7 @@ def test_an_error_in_the_apps_finish_ends_every_rank_in_one_line_and_resume_writ
     lines = [line for line in error_lines(proc.stderr) if not line.startswith("[rank ")]  # its log lines aside
     assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
     assert "writing the outputs failed: RuntimeError: a bug in finish()" in lines[0] and "--resume" in lines[0]
-    done = summary(tmp_path / "r")
+    done = read_summary(tmp_path / "r")
     assert done["status"] == "failed" and done["items_done"] == 4 and not done["failed_items"]
     assert done["outputs_error"]["error"] == "RuntimeError: a bug in finish()"
     assert "Traceback" in (tmp_path / "r" / "logs" / "rank0.log").read_text()
@@ -444,7 +444,7 @@ def test_an_error_in_the_apps_finish_ends_every_rank_in_one_line_and_resume_writ
     assert "\nresume   after a fix, with the same launcher and: " in shown.stdout and " --resume\n" in shown.stdout
     again = run(args + ["--resume"], timeout=120)
     assert again.returncode == 0, again.stderr
-    assert summary(tmp_path / "r")["items_this_run"] == 0 and (tmp_path / "r" / "values.json").is_file()
+    assert read_summary(tmp_path / "r")["items_this_run"] == 0 and (tmp_path / "r" / "values.json").is_file()
     # finish() failing part-way beside an earlier run's outputs: it may have written some of them, so
     # the summary does not call them the earlier run's (as a stopped run's does)
     broken = run(args + ["--resume", "--broken-finish"], timeout=120)
@@ -467,7 +467,7 @@ def test_sigterm_to_the_whole_process_group_stops_cleanly_without_failures(tmp_p
     assert process.returncode == 75, err
     entries = journal_entries(tmp_path / "r")
     assert not [e for e in entries if e.get("type") in ("attempt_failed", "failed")], err
-    assert summary(tmp_path / "r")["failed_items"] == []
+    assert read_summary(tmp_path / "r")["failed_items"] == []
     # Running items were given their grace period: the journal holds more than the first result.
     assert sum(1 for e in entries if e.get("type") == "result") >= 3
 
@@ -522,7 +522,7 @@ def test_a_stop_before_any_running_item_could_finish_says_more_time_is_needed(tm
         shown = status_of(results)
         assert shown.returncode == (76 if stalled else 75), shown.stdout  # what a user's script branches on
         assert ("resume   with a longer --time (no item finished in the job's time), " in shown.stdout) == stalled
-        assert summary(results).get("no_progress", False) == stalled
+        assert read_summary(results).get("no_progress", False) == stalled
         assert ("No item finished in the job's time: give the job a longer --time, then finish with:"
                 in (results / "summary.md").read_text()) == stalled
         clause = "; none finished in this run's "
@@ -562,7 +562,7 @@ def test_a_stop_whose_grace_lets_every_item_finish_ends_complete(tmp_path):
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
     assert "received SIGTERM: handing out no more items" in err and "toy: complete: 2 of 2 items" in err, err
-    assert summary(results)["status"] == "complete" and values(results)
+    assert read_summary(results)["status"] == "complete" and values(results)
     assert [e["why"] for e in journal_entries(results) if e.get("type") == "stop"] == ["received SIGTERM"]
     # the rank's log tells the same story, and stderr says each line once
     log = (results / "logs" / "rank0.log").read_text()
@@ -741,7 +741,7 @@ def test_an_app_class_in_a_packages_main_is_one_line_before_any_worker_dies_of_i
     proc = subprocess.run([sys.executable, "-m", "myapp", "--gpu", "cpu", "--results", str(results), "--no-progress"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((results / "summary.json").read_text())["items_done"] == 3
+    assert read_summary(results)["items_done"] == 3
 
 
 def test_a_resume_that_finds_no_journal_says_it_starts_from_the_beginning(tmp_path):

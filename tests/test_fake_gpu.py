@@ -5,7 +5,6 @@ pinned cuML does not take fails as it would on a GPU."""
 from __future__ import annotations
 
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks.gpu_check import FAKE_GPU, SVM_FLIPS  # make gpu-check's own tolerance for cuML
-from helpers import REPO
+from helpers import REPO, read_summary
 
 
 def svm_run(results: Path, gpu: str, *extra: str) -> subprocess.CompletedProcess:
@@ -40,7 +39,7 @@ def cpu_and_gpu(tmp_path_factory):
 
 def test_the_gpu_branch_runs_end_to_end_and_equals_the_cpu_branch(cpu_and_gpu):
     folder, runs = cpu_and_gpu
-    summaries = {kind: json.loads((folder / kind / "summary.json").read_text()) for kind in runs}
+    summaries = {kind: read_summary(folder / kind) for kind in runs}
     assert summaries["gpu"]["backend"] == "cuml" and summaries["cpu"]["backend"] == "sklearn"
     with open(folder / "gpu" / "fits.csv") as handle:
         fits = list(csv.DictReader(handle))

@@ -2,7 +2,6 @@
 PDF, mnist_nn's certainty figures (``--certainty-images``) and mnist_svm's box plot per gamma."""
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import NN_SMALL, assert_usage_error, run, snapshot
+from helpers import NN_SMALL, assert_usage_error, read_summary, run, snapshot
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SVM_TUNING = 3
@@ -42,7 +41,7 @@ def test_mnist_nn_writes_every_figure_as_pdf_too(nn_run):
 
 
 def test_certainty_images_3_gives_3_test_images_and_the_first_misclassified(nn_run):
-    summary = json.loads((nn_run / "summary.json").read_text())
+    summary = read_summary(nn_run)
     wrong = summary["certainty_first_misclassified"]
     names = [f"test_image_{index}.{form}" for index in range(3) for form in ("pdf", "png")]
     if wrong is not None:
@@ -69,7 +68,7 @@ def test_resume_with_certainty_images_0_is_accepted_and_leaves_none(nn_run, tmp_
     proc = run(["-m", "mnist_nn", *NN_SMALL, "--certainty-images", "0", "--results", str(copy), "--resume"],
                timeout=240)
     assert proc.returncode == 0, proc.stderr
-    summary = json.loads((copy / "summary.json").read_text())
+    summary = read_summary(copy)
     assert summary["certainty_figures"] == [] and summary["certainty_first_misclassified"] is None
     assert certainty_files(copy) == []
     text = (copy / "summary.md").read_text()
@@ -122,7 +121,7 @@ def test_mnist_svm_writes_one_box_plot_per_gamma_and_every_figure_as_pdf(tmp_pat
         f"validation_error_{i}.{form}" for i in range(SVM_TUNING) for form in ("png", "pdf"))
     for i in range(SVM_TUNING):
         assert_figure(folder / f"validation_error_{i}", ("png", "pdf"))
-    summary = json.loads((results / "summary.json").read_text())
+    summary = read_summary(results)
     assert summary["per_gamma_figures"] == [f"validation_error_by_gamma/validation_error_{i}" for i in range(SVM_TUNING)]
     assert "validation_error_by_gamma/validation_error_<i>.png" in (results / "summary.md").read_text()
 

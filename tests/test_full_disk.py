@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from common.results.journal import read_journal
-from helpers import REPO, TOY, run, start, summary, values, wait_for_results
+from helpers import REPO, TOY, read_summary, run, start, values, wait_for_results
 
 
 @contextlib.contextmanager
@@ -73,7 +73,7 @@ def test_a_disk_that_fills_mid_run_stops_it_in_one_line_and_resume_finishes(tmp_
         assert 20 <= len(journaled) < 200
         # Nothing but the notice of the stop and, where a worker's log filled up, one line per log.
         assert all(line.startswith(("[rank 0", "cannot write the worker log ")) for line in lines[:-1]), err
-        report = summary(results)  # the reserve made room for it
+        report = read_summary(results)  # the reserve made room for it
         assert report["status"] == "stopped" and report["no_space"] is True
         assert report["items_journaled"] == len(journaled)
         assert "Stopped for lack of space" in (results / "summary.md").read_text()
@@ -128,7 +128,7 @@ def test_an_item_whose_output_finds_no_space_stops_the_run_instead_of_failing(tm
         _, journaled = read_journal(results / "journal.jsonl")
         assert last.startswith("toy: stopped: cannot write an output of item item-00"), last
         assert "(No space left on device)" in last and f"; {len(journaled)} of 60 items are safely journaled;" in last
-        report = summary(results)
+        report = read_summary(results)
         assert report["failed_items"] == [] and report["no_space"] is True
         filler.unlink()
         resumed = run(args + ["--resume"])

@@ -20,6 +20,8 @@ from helpers import (
     TOY,
     assert_usage_error,
     error_lines,
+    generate_script,
+    read_summary,
     start,
     status_of,
     stop_signals_deferred,
@@ -111,7 +113,7 @@ def test_sigusr2_stops_a_run_like_sigusr1(tmp_path):
     _, err = process.communicate(timeout=120)
     assert process.returncode == STOP_CODE, err
     assert "received SIGUSR2" in err and "Traceback" not in err, err
-    assert json.loads((results / "summary.json").read_text())["status"] == "stopped"
+    assert read_summary(results)["status"] == "stopped"
     assert not (results / "hold.json").exists()
     resumed = toy("12", "--sleep", "0.5", "--workers", "2", "--results", str(results), "--no-progress", "--resume")
     assert resumed.returncode == 0, resumed.stderr
@@ -196,7 +198,7 @@ def test_a_complete_run_with_stdout_closed_or_full_exits_0(tmp_path, where):
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert state_of(results) == "complete"
-    assert json.loads((results / "summary.json").read_text())["status"] == "complete"
+    assert read_summary(results)["status"] == "complete"
     assert not (results / ".space-reserve").exists()
     # stdout closed: the journal must not have taken descriptor 1 and received the headline
     assert "Best penalty parameter" not in (results / "journal.jsonl").read_text()
@@ -247,7 +249,7 @@ def test_no_mpi_off_values_leave_mpi_on(tmp_path, value):
                           capture_output=True, text=True, timeout=240,
                           env=dict(os.environ, MULTINODE_GPU_NO_MPI=value))
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((results / "summary.json").read_text())["ranks"] == 2
+    assert read_summary(results)["ranks"] == 2
 
 
 def test_garbage_no_mpi_under_mpiexec_is_one_line_from_rank_0(tmp_path):
@@ -371,30 +373,27 @@ def test_status_watch_with_an_absurd_period_is_one_line(finished_run, period):
 
 # ----- item 15: the Slurm script generator -----------------------------------------------------
 
-def generate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "common.slurm", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
 
 
 @pytest.mark.parametrize("walltime", ["\u0661\u0662:00:00", "01:\uff10\uff10:00", "\u0967-00:00:00"])
 def test_slurm_time_with_non_ascii_digits_is_refused(walltime):
     """Python's \\d takes Arabic-Indic or full-width digits; sbatch refuses them only after submission."""
-    assert_usage_error(generate("--gpus-per-node", "1", "--time", walltime, "--", "mnist_svm", "2"), "--time")
+    assert_usage_error(generate_script("--gpus-per-node", "1", "--time", walltime, "--", "mnist_svm", "2"), "--time")
 
 
 @pytest.mark.parametrize("count", [str(10 ** 30), "1001", "-1"])
 def test_slurm_max_requeues_is_bounded(count):
-    assert_usage_error(generate("--gpus-per-node", "1", "--max-requeues", count, "--", "mnist_svm", "2"),
+    assert_usage_error(generate_script("--gpus-per-node", "1", "--max-requeues", count, "--", "mnist_svm", "2"),
                        "--max-requeues")
 
 
 def test_slurm_container_takes_an_apptainer_sandbox_folder(tmp_path):
     sandbox = tmp_path / "sandbox"
     (sandbox / ".singularity.d").mkdir(parents=True)
-    made = generate("--gpus-per-node", "1", "--container", str(sandbox), "--", "mnist_svm", "2")
+    made = generate_script("--gpus-per-node", "1", "--container", str(sandbox), "--", "mnist_svm", "2")
     assert made.returncode == 0 and made.stdout.startswith("#!/bin/bash"), made.stderr
     assert str(sandbox) in made.stdout
-    assert_usage_error(generate("--gpus-per-node", "1", "--container", str(tmp_path), "--", "mnist_svm", "2"),
+    assert_usage_error(generate_script("--gpus-per-node", "1", "--container", str(tmp_path), "--", "mnist_svm", "2"),
                        "--container", "not an Apptainer sandbox")
 
 

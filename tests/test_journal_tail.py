@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import REPO, TOY, assert_usage_error, journal_entries, run, status_of
+from helpers import REPO, TOY, assert_usage_error, journal_entries, read_summary, run, status_of
 
 
 def _result_keys(results: Path):
@@ -33,11 +33,11 @@ def test_a_last_record_without_its_newline_is_kept_through_two_resumes(tmp_path)
         proc = run(args + ["--resume"])
         assert proc.returncode == 0, proc.stderr
         assert kept_key in _result_keys(results), "the record without its newline left the journal"
-        assert json.loads((results / "summary.json").read_text())["items_done"] == 10
+        assert read_summary(results)["items_done"] == 10
     assert not (marks / kept_key).exists(), f"{kept_key} was run again"
     keys = _result_keys(results)
     assert len(keys) == len(set(keys)) == 10
-    assert json.loads((results / "summary.json").read_text())["items_resumed"] == 10
+    assert read_summary(results)["items_resumed"] == 10
     assert all(line.endswith("\n") for line in journal.read_text().splitlines(keepends=True))
 
 

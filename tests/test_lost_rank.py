@@ -2,14 +2,13 @@
 network dropped) never holds the run. The same on several nodes: tests/test_vcluster_faults.py."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 
 import psutil
 
-from helpers import TOY, journal_entries, kill_frozen, rank_pids, run, start, values, wait_for_results
+from helpers import TOY, journal_entries, kill_frozen, rank_pids, read_summary, run, start, values, wait_for_results
 
 TIMEOUT = 3  # --heartbeat-timeout
 
@@ -42,7 +41,7 @@ def test_a_silent_rank_is_lost_its_items_run_elsewhere_and_the_run_completes(tmp
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 0, err
     lost = [e for e in journal_entries(results) if e.get("type") == "rank_lost"]
-    summary = json.loads((results / "summary.json").read_text())
+    summary = read_summary(results)
     print(f"rank 2 declared lost {summary['lost_ranks'][0]['time'] - frozen_at:.1f} s after it fell silent "
           f"(--heartbeat-timeout {TIMEOUT}); the run ended {ended:.1f} s after")
     assert summary["status"] == "complete" and summary["items_done"] == summary["items_total"]

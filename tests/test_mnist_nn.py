@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
-import json
 import re
 import signal
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from common.data import load_dataset
 from common.devices import Device
 from common.items import Item
-from helpers import NN_SMALL, assert_usage_error, journal_entries, run, snapshot, start, stop_run
+from helpers import NN_SMALL, assert_usage_error, journal_entries, read_summary, run, snapshot, start, stop_run
 from mnist_nn.app import MnistNN, cv_scores, fit_key, refit_key
 from mnist_nn.model import load_saved_model
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
@@ -58,7 +57,7 @@ def test_a_run_writes_every_output(clean_run):
     log = list(csv.DictReader((clean_run / "training_log.csv").open()))
     assert {r["item"] for r in log} == {fit_key(b, 0, f) for b in range(2) for f in range(3)} | {refit_key(0), refit_key(1)}
     assert all(float(r["samples_per_s"]) > 0 and float(r["lr"]) > 0 for r in log)
-    summary = json.loads((clean_run / "summary.json").read_text())
+    summary = read_summary(clean_run)
     assert summary["failed_items"] == []
     assert summary["model_test_errors"] == [float(r["test_error"]) for r in rows]
     assert 0 <= summary["ensemble_test_error"] <= 1
@@ -73,7 +72,7 @@ def test_a_run_writes_every_output(clean_run):
     assert f"{fit_key(0, 0, 0)} epoch 1: loss " in worker_log and f"{refit_key(1)} epoch 1: loss " in worker_log
     markdown = (clean_run / "summary.md").read_text()
     assert "ensemble test error" in markdown
-    said = json.loads((clean_run / "summary.json").read_text())  # the answer first, under the title
+    said = read_summary(clean_run)  # the answer first, under the title
     assert markdown.splitlines()[2] == (f"**ensemble test error: {said['ensemble_test_error']:.4f} "
                                         f"(majority vote of 2 models)**"), markdown
     table = [line for line in markdown.splitlines() if line.startswith("| ") and "bootstrap" not in line]
@@ -108,7 +107,7 @@ def test_a_run_stopped_in_the_first_wave_resumes_to_the_same_results(clean_run, 
     # no certainty figures (outputs only, which --resume may change): the results compared are the same
     resumed = mnist_nn(results, "--resume", "--certainty-images", "0")
     assert resumed.returncode == 0, resumed.stderr
-    summary = json.loads((results / "summary.json").read_text())
+    summary = read_summary(results)
     assert summary["items_resumed"] == len(done) and summary["items_this_run"] == FIRST_WAVE + 2 - len(done)
     # the reference's "Time taken" is this run's wall time, and says so on a resume
     assert resumed.stdout.splitlines()[0] == (f"Time taken {summary['wall_seconds']} s (this run's "

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from common.items import Item
-from helpers import assert_usage_error, journal_entries, run, snapshot, start, stop_run, summary, write_idx
+from helpers import assert_usage_error, journal_entries, read_summary, run, snapshot, start, stop_run, write_idx
 from mnist_svm.app import MnistSvm
 from mnist_svm.grid import REFIT_KEY, Grid, best_point, error_table, expected_cost, fit_key, grid_items
 
@@ -65,7 +65,7 @@ def test_two_ranks_on_digits_write_every_output(two_rank_run):
     first = rows[0]
     assert table[int(first["fold"]), int(first["i_gamma"]), int(first["i_C"])] == pytest.approx(float(first["error"]), abs=1e-6)
     assert "| best C |" in (results / "summary.md").read_text()
-    said = json.loads((results / "summary.json").read_text())  # the answer first, under the title
+    said = read_summary(results)  # the answer first, under the title
     assert (results / "summary.md").read_text().splitlines()[2] == (
         f"**best C {said['best_C']:.4g}, gamma {said['best_gamma']:.4g}: cross-validation error "
         f"{said['cv_error'] * 100:.2f} %, test error {said['test_error'] * 100:.2f} %**")
@@ -75,7 +75,7 @@ def test_two_ranks_on_digits_write_every_output(two_rank_run):
     groups = {(e["start"], e["end"], e["worker"]) for e in fits}
     busy = sum(end - start for start, end, _ in groups) + sum(e["seconds"] for e in results_ if e["key"] == REFIT_KEY)
     assert max(e["group_size"] for e in fits) > 1
-    assert summary(results)["item_seconds_total"] == pytest.approx(busy, rel=0.01, abs=0.01)
+    assert read_summary(results)["item_seconds_total"] == pytest.approx(busy, rel=0.01, abs=0.01)
     assert sum(float(row["seconds"]) for row in rows) == pytest.approx(sum(end - start for start, end, _ in groups),
                                                                        rel=0.01, abs=0.01 * len(rows))
 
@@ -93,7 +93,7 @@ def test_plots_are_valid_png_files(two_rank_run):
 
 
 def test_best_pair_on_digits_is_accurate_and_refit_on_the_test_set(two_rank_run):
-    result = summary(two_rank_run)
+    result = read_summary(two_rank_run)
     table = np.load(two_rank_run / "validation_error.npy")
     assert result["failed_items"] == []
     assert result["cv_error"] < 0.05 and result["cv_folds"] == 5
@@ -125,8 +125,8 @@ def test_stopped_run_resumes_to_the_same_results_as_other_layouts(two_rank_run, 
     for folder in (clean, resumed):
         np.testing.assert_array_equal(np.load(folder / "validation_error.npy"), reference)
         for field in ("best_C", "best_gamma", "cv_error", "test_error", "confusion_matrix"):
-            assert summary(folder)[field] == summary(two_rank_run)[field], field
-    assert summary(resumed)["items_resumed"] == len(done_before)
+            assert read_summary(folder)[field] == read_summary(two_rank_run)[field], field
+    assert read_summary(resumed)["items_resumed"] == len(done_before)
     # the reference's timing line covers this run's fits only, and says so on a resume
     earlier = len(done_before - {REFIT_KEY})
     assert (f" s (this run's {5 * N_TUNING ** 2 - earlier} of {5 * N_TUNING ** 2} fits; the rest ran in an earlier one)"

@@ -19,7 +19,18 @@ from common.pipeline.definition import load_definition, parse_definition
 from common.pipeline.flow import PipelineRunner, RunLayout, RunStopping, read_progress
 from common.pipeline.report import summary_markdown
 from common.pipeline.schema import SCHEMA
-from helpers import REPO, assert_usage_error, pipeline_command, rank_pids, run, snapshot, start, wait_until
+from helpers import (
+    REPO,
+    assert_usage_error,
+    pipeline_command,
+    rank_pids,
+    read_summary,
+    run,
+    snapshot,
+    start,
+    wait_until,
+    write_json,
+)
 
 EXAMPLES = REPO / "examples" / "pipelines"
 AGENT = f"{sys.executable} {EXAMPLES / 'scripted_agent.py'}"
@@ -32,9 +43,6 @@ def cli(definition: Path, results: Path, *extra: str, timeout: float = 120) -> s
     return run(pipeline_command(definition, results, *extra), timeout=timeout)
 
 
-def write(path: Path, data) -> Path:
-    path.write_text(json.dumps(data))
-    return path
 
 
 def run_pipeline(tmp_path: Path, data: dict, **runner):
@@ -47,7 +55,7 @@ def test_the_shipped_agent_example_runs_with_the_scripted_agent(tmp_path):
     results = tmp_path / "results"
     proc = cli(EXAMPLES / "agent.json", results, "--agent", AGENT)
     assert proc.returncode == 0, proc.stderr
-    runs = json.loads((results / "summary.json").read_text())["pipelines"]
+    runs = read_summary(results)["pipelines"]
     assert sorted(runs) == ["agent-digits-lr0_02", "agent-digits-lr50"]  # one pipeline per matrix value
     assert {s: v["status"] for s, v in runs["agent-digits-lr0_02"]["steps"].items()} == {
         "train": "ok", "train-retry": "skipped", "evaluate": "ok", "report": "ok"}
@@ -78,7 +86,7 @@ def test_a_prompt_step_without_an_agent_is_refused_before_anything_runs(tmp_path
     assert cli(EXAMPLES / "ml.json", results, "--dry-run").returncode == 0  # no prompt step: no agent needed
     # PIPELINE_AGENT configures it as well as --agent
     monkeypatch.setenv("PIPELINE_AGENT", "cat")
-    definition = write(tmp_path / "echo.json", {"name": "echo", "steps": [{"id": "ask", "prompt": "hello agent"}]})
+    definition = write_json(tmp_path / "echo.json", {"name": "echo", "steps": [{"id": "ask", "prompt": "hello agent"}]})
     proc = cli(definition, results)
     assert proc.returncode == 0, proc.stderr
     assert (results / "echo" / "ask" / "output.md").read_text() == "hello agent"
@@ -188,7 +196,7 @@ def test_no_retry_and_no_step_starts_once_a_stop_is_asked(tmp_path):
 
 def test_sigterm_ends_a_step_retrying_at_once_instead_of_retrying_through_the_grace(tmp_path):
     """issue 22: a step with many retries kept retrying through a stop's grace period."""
-    definition = write(tmp_path / "retry.json", {"name": "retry", "steps": [
+    definition = write_json(tmp_path / "retry.json", {"name": "retry", "steps": [
         {"id": "flaky", "command": "echo x >> $PIPELINE_SHARED/runs; sleep 0.2; exit 1", "max_retries": 1000}]})
     results = tmp_path / "results"
     process = start(["-m", "common.pipeline", str(definition), "--results", str(results), "--gpu", "cpu",
@@ -213,7 +221,7 @@ def test_max_retries_has_a_documented_maximum():
 
 def test_a_plain_resume_goes_on_from_the_first_unfinished_step(tmp_path):
     flag = tmp_path / "fixed"
-    definition = write(tmp_path / "p.json", {"pipelines": [
+    definition = write_json(tmp_path / "p.json", {"pipelines": [
         {"name": "exp", "steps": [
             {"id": "prepare", "command": "echo $$ >> $PIPELINE_SHARED/prepared.txt"},
             {"id": "train", "command": f"echo trying >&2; test -e {flag} && touch $PIPELINE_SHARED/trained"},
@@ -226,13 +234,13 @@ def test_a_plain_resume_goes_on_from_the_first_unfinished_step(tmp_path):
     flag.touch()
     second = cli(definition, results, "--resume")
     assert second.returncode == 0, second.stderr
-    run_summary = json.loads((results / "summary.json").read_text())["pipelines"]["exp"]
+    run_summary = read_summary(results)["pipelines"]["exp"]
     assert run_summary["status"] == "ok" and run_summary["resumed_from"] == "train"
     assert len((results / "exp" / "shared" / "prepared.txt").read_text().split()) == 1  # not run again
     assert not (results / "exp" / "shared.previous-1").exists()  # the shared folder was reused
     assert len((results / "fine" / "shared" / "runs").read_text().split()) == 1  # finished: skipped
     # ... and its row in the summary says so, as the kept steps of exp do
-    pipelines = json.loads((results / "summary.json").read_text())["pipelines"]
+    pipelines = read_summary(results)["pipelines"]
     assert pipelines["fine"]["steps"]["only"]["previous_run"] is True
     assert pipelines["exp"]["steps"]["prepare"]["previous_run"] is True and "previous_run" not in pipelines["exp"]["steps"]["train"]
     row = next(line for line in (results / "summary.md").read_text().splitlines() if line.startswith("| fine |"))
@@ -308,7 +316,7 @@ def test_node_wide_slots_are_taken_by_one_process_at_a_time_and_freed_when_it_di
 
 
 def test_two_separate_runs_on_one_node_share_its_gpu_capacity(tmp_path):
-    definition = write(tmp_path / "hold.json", {"name": "p", "steps": [
+    definition = write_json(tmp_path / "hold.json", {"name": "p", "steps": [
         {"id": "hold", "gpu": True, "command": "sleep 5"}]})  # 5 s: the two runs may start seconds apart here
     base = ["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--no-progress", "--resource", "gpu=1"]
     runs = [start(base + ["--results", str(tmp_path / f"r{i}")]) for i in range(2)]
@@ -345,7 +353,7 @@ def test_a_results_folder_left_by_a_dry_run_is_untouched(tmp_path):
 
 def test_a_dry_run_refuses_what_the_run_would_and_says_what_a_resume_skips(tmp_path):
     results = tmp_path / "results"
-    definition = write(tmp_path / "two.json", {"pipelines": [
+    definition = write_json(tmp_path / "two.json", {"pipelines": [
         {"name": "fine", "steps": [{"id": "a", "command": "true"}]},
         {"name": "broken", "steps": [{"id": "a", "command": "true"}, {"id": "b", "command": "exit 3"}]}]})
     assert cli(definition, results).returncode == 1

@@ -19,13 +19,15 @@ from helpers import (
     alive,
     assert_usage_error,
     journal_entries,
+    pipeline_cli,
     pipeline_command,
     rank_pids,
+    read_summary,
     run,
     snapshot,
     start,
-    summary,
     wait_until,
+    write_json,
 )
 
 EXAMPLE = REPO / "examples" / "pipelines" / "ml.json"
@@ -35,8 +37,6 @@ TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
 pytestmark = pytest.mark.usefixtures("private_node_slots")
 
 
-def pipeline_cli(definition: Path, results: Path, *extra: str, ranks: int = 1, timeout: float = 240):
-    return run(pipeline_command(definition, results, *extra), ranks=ranks, timeout=timeout)
 
 
 def start_pipeline(definition: Path, results: Path, *extra: str):
@@ -44,9 +44,6 @@ def start_pipeline(definition: Path, results: Path, *extra: str):
     return start(pipeline_command(definition, results, *extra))
 
 
-def write(path: Path, data) -> Path:
-    path.write_text(json.dumps(data))
-    return path
 
 
 def step_status(results: Path, run_id: str, step: str) -> dict:
@@ -70,13 +67,13 @@ def test_the_shipped_example_end_to_end_with_its_fallbacks(tmp_path):
     diverges = tiny_example("diverges", LEARNING_RATE="50")  # loss becomes NaN: train-retry takes over
     bad_eval = tiny_example("bad-eval")
     bad_eval["steps"][2]["env"]["DATASET"] = "no-such-dataset"  # evaluation fails: the report explains
-    definition = write(tmp_path / "ml.json", {"pipelines": [good, diverges, bad_eval]})
+    definition = write_json(tmp_path / "ml.json", {"pipelines": [good, diverges, bad_eval]})
     results = tmp_path / "results"
     proc = pipeline_cli(definition, results, "--workers", "2", "--retries", "0")
     assert proc.returncode == 1, proc.stderr  # bad-eval failed
-    runs = summary(results)["pipelines"]
+    runs = read_summary(results)["pipelines"]
     assert {name: run["status"] for name, run in runs.items()} == {"good": "ok", "diverges": "ok", "bad-eval": "failed"}
-    assert [f["key"] for f in summary(results)["failed_items"]] == ["bad-eval"]
+    assert [f["key"] for f in read_summary(results)["failed_items"]] == ["bad-eval"]
 
     shared = results / "good" / "shared"
     state = torch.load(shared / "checkpoints" / "model_final.pt", weights_only=True)
@@ -111,7 +108,7 @@ def test_the_shipped_example_end_to_end_with_its_fallbacks(tmp_path):
 def test_a_resume_with_another_seed_or_threads_is_refused(tmp_path):
     """The engine fingerprints its own arguments for every app: a pipelines run resumed under
     another --seed (or --threads) would finish with mixed seeds."""
-    definition = write(tmp_path / "p.json", {"name": "exp", "steps": [{"id": "a", "command": "echo $PIPELINE_SEED"}]})
+    definition = write_json(tmp_path / "p.json", {"name": "exp", "steps": [{"id": "a", "command": "echo $PIPELINE_SEED"}]})
     results = tmp_path / "results"
     first = pipeline_cli(definition, results, "--seed", "1")
     assert first.returncode == 0, first.stderr
@@ -135,7 +132,7 @@ def intervals(results: Path, count: int) -> list:
 
 
 def test_gpu_pool_of_capacity_1_serialises_gpu_steps_and_2_lets_them_overlap(tmp_path):
-    definition = write(tmp_path / "two.json", sleepers(2, 1.5))
+    definition = write_json(tmp_path / "two.json", sleepers(2, 1.5))
     one = pipeline_cli(definition, tmp_path / "one", "--workers", "2", "--resource", "gpu=1")
     assert one.returncode == 0, one.stderr
     (a_start, a_end), (b_start, b_end) = intervals(tmp_path / "one", 2)
@@ -149,7 +146,7 @@ def test_gpu_pool_of_capacity_1_serialises_gpu_steps_and_2_lets_them_overlap(tmp
 
 
 def test_a_step_that_waits_longer_than_the_queue_timeout_fails(tmp_path):
-    definition = write(tmp_path / "two.json", {"pipelines": [
+    definition = write_json(tmp_path / "two.json", {"pipelines": [
         {"name": f"p{i}", "steps": [{"id": "hold", "resources": ["licence"], "command": "sleep 3"}]} for i in range(2)]})
     results = tmp_path / "r"
     proc = pipeline_cli(definition, results, "--workers", "2", "--retries", "0", "--resource", "licence=1",
@@ -164,7 +161,7 @@ def test_a_step_that_waits_longer_than_the_queue_timeout_fails(tmp_path):
 
 def test_resume_from_a_step_skips_earlier_steps_and_sees_their_shared_files(tmp_path):
     flag = tmp_path / "fixed"
-    definition = write(tmp_path / "p.json", {"name": "exp", "steps": [
+    definition = write_json(tmp_path / "p.json", {"name": "exp", "steps": [
         {"id": "prepare", "command": "echo $$ >> $PIPELINE_SHARED/prepared.txt"},
         {"id": "train", "command": f"test -e {flag} && cp $PIPELINE_SHARED/prepared.txt $PIPELINE_SHARED/trained.txt"},
         {"id": "report", "command": "cat $PIPELINE_SHARED/trained.txt"}]})
@@ -178,7 +175,7 @@ def test_resume_from_a_step_skips_earlier_steps_and_sees_their_shared_files(tmp_
     # from train again, failing again: the summary marks prepare, which it kept, as the earlier run's
     again = pipeline_cli(definition, results, "--resume", "exp/train", "--retries", "0")
     assert again.returncode == 1, again.stderr
-    failed = summary(results)["pipelines"]["exp"]
+    failed = read_summary(results)["pipelines"]["exp"]
     assert failed["status"] == "failed" and failed["steps"]["prepare"]["previous_run"] is True, failed
     assert "previous_run" not in failed["steps"]["train"], failed
     row = next(line for line in (results / "summary.md").read_text().splitlines() if line.startswith("| exp |"))
@@ -191,19 +188,19 @@ def test_resume_from_a_step_skips_earlier_steps_and_sees_their_shared_files(tmp_
     assert step_status(results, "exp", "prepare") == prepare_status
     assert (results / "exp" / "shared" / "trained.txt").read_text() == prepared
     assert step_status(results, "exp", "report")["status"] == "ok"
-    run_summary = summary(results)["pipelines"]["exp"]
+    run_summary = read_summary(results)["pipelines"]["exp"]
     assert run_summary["status"] == "ok" and run_summary["resumed_from"] == "train"
     assert run_summary["steps"]["prepare"]["previous_run"] is True
 
     # Plain --resume now skips the pipeline: it finished (through the resume).
     third = pipeline_cli(definition, results, "--resume")
     assert third.returncode == 0, third.stderr
-    assert summary(results)["items_this_run"] == 0
+    assert read_summary(results)["items_this_run"] == 0
     assert (results / "exp" / "shared" / "prepared.txt").read_text() == prepared
 
 
 def test_four_pipelines_over_two_ranks_by_two_workers(tmp_path):
-    definition = write(tmp_path / "four.json", {"pipelines": [
+    definition = write_json(tmp_path / "four.json", {"pipelines": [
         {"name": f"p{i}", "steps": [
             {"id": "train", "gpu": True, "command": "sleep 1.5; echo $PIPELINE_RUN_ID > $PIPELINE_SHARED/model.txt"},
             {"id": "evaluate", "command": "cp $PIPELINE_SHARED/model.txt $PIPELINE_SHARED/metrics.txt"}]}
@@ -211,19 +208,19 @@ def test_four_pipelines_over_two_ranks_by_two_workers(tmp_path):
     results = tmp_path / "results"
     proc = pipeline_cli(definition, results, "--workers", "2", ranks=2)
     assert proc.returncode == 0, proc.stderr
-    runs = summary(results)["pipelines"]
+    runs = read_summary(results)["pipelines"]
     assert sorted(runs) == ["p0", "p1", "p2", "p3"] and all(r["status"] == "ok" for r in runs.values())
     for i in range(4):
         assert (results / f"p{i}" / "shared" / "metrics.txt").read_text() == f"p{i}\n"
     ranks = {e["rank"] for e in journal_entries(results) if e.get("type") == "result"}
     assert ranks == {0, 1}
-    assert [len(rank["devices"]) for rank in summary(results)["workers"]] == [2, 2]
+    assert [len(rank["devices"]) for rank in read_summary(results)["workers"]] == [2, 2]
 
 
 def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_path):
     # The step and its child ignore SIGTERM: only the SIGKILL after the step's kill grace (5 s)
     # ends them, still before the engine kills the worker (10 s), so the status gets written.
-    definition = write(tmp_path / "long.json", {"name": "long", "steps": [
+    definition = write_json(tmp_path / "long.json", {"name": "long", "steps": [
         {"id": "hold", "command": "trap '' TERM; sleep 300 & echo $! > $PIPELINE_SHARED/child.pid; wait"}]})
     results = tmp_path / "results"
     process = start_pipeline(definition, results, "--grace", "1")
@@ -248,7 +245,7 @@ def test_a_pipeline_cut_off_in_a_slurm_job_is_requeued_not_said_to_have_made_no_
     requeue would cut them off again. Not a pipeline run: its first step may have finished, and
     the next start goes on from the second, so it exits 75 and is requeued."""
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    definition = write(tmp_path / "two.json", {"name": "two", "steps": [
+    definition = write_json(tmp_path / "two.json", {"name": "two", "steps": [
         {"id": "first", "command": "true"},
         {"id": "second", "command": "touch $PIPELINE_SHARED/started; sleep 60"}]})
     results = tmp_path / "results"
@@ -263,7 +260,7 @@ def test_a_pipeline_cut_off_in_a_slurm_job_is_requeued_not_said_to_have_made_no_
 def test_slurms_walltime_warning_to_every_process_lets_the_running_step_finish(tmp_path):
     """Slurm signals every process of a job step: the rank, its workers and the steps they run.
     A step must live through its --grace, not die of the USR1 meant for the rank."""
-    definition = write(tmp_path / "warned.json", {"name": "warned", "steps": [
+    definition = write_json(tmp_path / "warned.json", {"name": "warned", "steps": [
         {"id": "work", "command": "touch $PIPELINE_SHARED/started; sleep 3; echo ok > $PIPELINE_SHARED/done"}]})
     results = tmp_path / "results"
     process = start_pipeline(definition, results, "--grace", "60")
@@ -282,7 +279,7 @@ def test_a_stopped_run_says_in_its_summary_where_each_pipeline_stands(tmp_path):
     """Stopped (walltime, a signal), the summary lists every pipeline: the one whose next step the
     stop kept from starting is "stopped" with its done step, the others "not started"; none of
     them "failed". The resume then finishes all of them."""
-    definition = write(tmp_path / "three.json", {"name": "p", "matrix": {"n": ["0", "1", "2"]}, "steps": [
+    definition = write_json(tmp_path / "three.json", {"name": "p", "matrix": {"n": ["0", "1", "2"]}, "steps": [
         {"id": "first", "command": "touch $PIPELINE_SHARED/started; sleep 3"}, {"id": "second", "command": "true"}]})
     results = tmp_path / "results"
     process = start_pipeline(definition, results, "--workers", "1", "--threads", "1")
@@ -290,19 +287,19 @@ def test_a_stopped_run_says_in_its_summary_where_each_pipeline_stands(tmp_path):
     os.kill(rank_pids(results)[0], signal.SIGUSR1)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 75, err
-    runs = summary(results)["pipelines"]
+    runs = read_summary(results)["pipelines"]
     running = next(path.parent.parent.name for path in results.glob("p-n*/shared/started"))
     assert {name: run["status"] for name, run in runs.items()} == {
         name: "stopped" if name == running else "not started" for name in ("p-n0", "p-n1", "p-n2")}, runs
     assert {step: status["status"] for step, status in runs[running]["steps"].items()} == {
         "first": "ok", "second": "missing"}
-    assert runs[running]["reason"] == "" and summary(results)["failed_items"] == []
+    assert runs[running]["reason"] == "" and read_summary(results)["failed_items"] == []
     markdown = (results / "summary.md").read_text()
     assert f"| {running} | stopped | ok " in markdown and "| not started | - | - |" in markdown, markdown
     assert "why it failed" not in markdown, markdown
     resumed = pipeline_cli(definition, results, "--workers", "1", "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    assert {run["status"] for run in summary(results)["pipelines"].values()} == {"ok"}
+    assert {run["status"] for run in read_summary(results)["pipelines"].values()} == {"ok"}
 
 
 @pytest.mark.parametrize("damage", [b"\x00\xff garbage", b"[]", b'{"state": "failed", "resume_at": "zz"}'],
@@ -310,7 +307,7 @@ def test_a_stopped_run_says_in_its_summary_where_each_pipeline_stands(tmp_path):
 def test_a_damaged_progress_file_is_refused_instead_of_starting_the_pipeline_again(tmp_path, damage):
     """progress.json says where a plain --resume goes on; damaged, the pipeline silently ran again
     from its first step and set its shared/ aside. Now one line naming the file and the ways on."""
-    definition = write(tmp_path / "f.json", {"name": "f", "steps": [
+    definition = write_json(tmp_path / "f.json", {"name": "f", "steps": [
         {"id": "a", "command": "echo a > $PIPELINE_SHARED/a"}, {"id": "b", "command": "exit 3"}]})
     results = tmp_path / "results"
     assert pipeline_cli(definition, results).returncode == 1
@@ -328,7 +325,7 @@ def test_a_damaged_step_status_counts_as_not_run_and_the_summary_is_still_writte
     """A status.json that is no step status (edited by hand) made the report fail with a KeyError
     and a "failed" summary; one with a field of the wrong type made it, and every later --resume,
     end in a traceback. The step now counts as not run."""
-    definition = write(tmp_path / "f.json", {"name": "f", "steps": [
+    definition = write_json(tmp_path / "f.json", {"name": "f", "steps": [
         {"id": "a", "command": "true"}, {"id": "b", "command": "exit 3"}]})
     results = tmp_path / "results"
     assert pipeline_cli(definition, results).returncode == 1
@@ -336,25 +333,25 @@ def test_a_damaged_step_status_counts_as_not_run_and_the_summary_is_still_writte
     status.write_text(json.dumps(edit if "history" in edit else {**json.loads(status.read_text()), **edit}))
     again = pipeline_cli(definition, results, "--resume")  # goes on at b, which fails again
     assert again.returncode == 1 and "writing the outputs failed" not in again.stderr, again.stderr
-    steps = summary(results)["pipelines"]["f"]["steps"]
+    steps = read_summary(results)["pipelines"]["f"]["steps"]
     assert steps["a"]["status"] == "missing" and steps["b"]["status"] == "failed", steps
 
 
 def test_the_summary_shows_every_pipeline_with_its_newest_run(tmp_path):
-    definition = write(tmp_path / "two.json", {"pipelines": [
+    definition = write_json(tmp_path / "two.json", {"pipelines": [
         {"name": name, "steps": [{"id": "prepare", "command": "true"}, {"id": "work", "command": "true"}]}
         for name in ("a", "b")]})
     results = tmp_path / "results"
     assert pipeline_cli(definition, results).returncode == 0
     resumed = pipeline_cli(definition, results, "--resume", "a/work")
     assert resumed.returncode == 0, resumed.stderr
-    runs = summary(results)["pipelines"]
+    runs = read_summary(results)["pipelines"]
     assert sorted(runs) == ["a", "b"] and runs["a"]["resumed_from"] == "work" and runs["b"]["status"] == "ok"
     assert "| b | ok |" in (results / "summary.md").read_text()
     again = pipeline_cli(definition, results, "--resume")
     assert again.returncode == 0, again.stderr
-    assert summary(results)["items_this_run"] == 0
-    runs = summary(results)["pipelines"]
+    assert read_summary(results)["items_this_run"] == 0
+    runs = read_summary(results)["pipelines"]
     assert runs["a"]["resumed_from"] == "work", "the newer record, from the resume, is the one that counts"
     assert runs["b"]["resumed_from"] is None
 
@@ -365,7 +362,7 @@ def test_a_plain_resume_after_a_failed_resume_from_a_step_goes_on_from_it(tmp_pa
     the pipeline counts as unfinished, goes on from the failed step and ends with its real outcome;
     PIPELINE_SEED stays the pipeline's (from --seed and its name) whichever step a run starts from."""
     flag = tmp_path / "fail-check"
-    definition = write(tmp_path / "p.json", {"name": "p", "steps": [
+    definition = write_json(tmp_path / "p.json", {"name": "p", "steps": [
         {"id": "make", "command": f'echo "$PIPELINE_SEED" > {tmp_path}/seed-make'},
         {"id": "check", "command": f'echo "$PIPELINE_SEED" >> {tmp_path}/seed-check; test ! -e {flag} && '
                                    f'echo checked > "$PIPELINE_RUN_DIR/check/output.md"'}]})
@@ -375,7 +372,7 @@ def test_a_plain_resume_after_a_failed_resume_from_a_step_goes_on_from_it(tmp_pa
     failed = pipeline_cli(definition, results, "--resume", "p/check")
     assert failed.returncode == 1, failed.stderr
     # the output.md of the run before is not the failed step's (it was listed as if it were)
-    assert summary(results)["pipelines"]["p"]["steps"]["check"].get("output") is None
+    assert read_summary(results)["pipelines"]["p"]["steps"]["check"].get("output") is None
     assert "p/check/output.md" not in (results / "summary.md").read_text()
     planned = pipeline_cli(definition, results, "--resume", "--dry-run")  # says what the resume then does
     assert planned.returncode == 0 and "--resume goes on at step 'check'" in planned.stdout, planned.stdout
@@ -383,17 +380,17 @@ def test_a_plain_resume_after_a_failed_resume_from_a_step_goes_on_from_it(tmp_pa
     closing = next(line for line in reversed(again.stderr.splitlines())
                    if line.startswith(("pipeline: complete: ", "pipeline: failed: ", "pipeline: stopped")))
     assert again.returncode == 1 and closing.startswith("pipeline: failed: "), again.stderr
-    assert summary(results)["pipelines"]["p"]["status"] == "failed", summary(results)["pipelines"]["p"]
+    assert read_summary(results)["pipelines"]["p"]["status"] == "failed", read_summary(results)["pipelines"]["p"]
     assert "| p | failed |" in (results / "summary.md").read_text()
     flag.unlink()
     fixed = pipeline_cli(definition, results, "--resume")
     assert fixed.returncode == 0, fixed.stderr
-    runs = summary(results)["pipelines"]["p"]
+    runs = read_summary(results)["pipelines"]["p"]
     assert runs["status"] == "ok" and runs["resumed_from"] == "check", runs
     assert runs["steps"]["check"]["output"] == "p/check/output.md"  # written again by this attempt
-    assert summary(results)["items_this_run"] == 1
+    assert read_summary(results)["items_this_run"] == 1
     assert pipeline_cli(definition, results, "--resume").returncode == 0  # finished now: nothing runs
-    assert summary(results)["items_this_run"] == 0
+    assert read_summary(results)["items_this_run"] == 0
     seeds = (tmp_path / "seed-check").read_text().split()
     assert len(seeds) == 4 and len(set(seeds)) == 1, seeds
     assert seeds[0] == (tmp_path / "seed-make").read_text().strip()
@@ -403,7 +400,7 @@ def test_a_stopped_resume_from_a_step_says_a_command_that_finishes_it(tmp_path):
     """Its finish command kept the target after dropping --resume ("... p/work --grace 1 --resume"),
     which the parser refuses as an unknown positional argument. Now it is the plain --resume, which
     goes on from the step the stop left, and finishes the pipeline."""
-    definition = write(tmp_path / "p.json", {"name": "p", "steps": [
+    definition = write_json(tmp_path / "p.json", {"name": "p", "steps": [
         {"id": "make", "command": "true"},
         # long only while the file 'hold' is there: the stop always finds it running, the other runs pass quickly
         {"id": "work", "command": f"touch {tmp_path}/started; if [ -e {tmp_path}/hold ]; then sleep 60; fi"},
@@ -417,7 +414,7 @@ def test_a_stopped_resume_from_a_step_says_a_command_that_finishes_it(tmp_path):
     os.kill(rank_pids(results)[0], signal.SIGTERM)
     out, err = process.communicate(timeout=60)
     assert process.returncode == 75, err
-    command = summary(results)["resume_command"]
+    command = read_summary(results)["resume_command"]
     assert command.endswith(" --grace 0 --resume") and "p/work" not in command, command
     assert command in err, err
     words = command.split()
@@ -425,7 +422,7 @@ def test_a_stopped_resume_from_a_step_says_a_command_that_finishes_it(tmp_path):
     (tmp_path / "hold").unlink()
     finished = run(words[1:], timeout=120)
     assert finished.returncode == 0, finished.stderr
-    runs = summary(results)["pipelines"]["p"]
+    runs = read_summary(results)["pipelines"]["p"]
     assert runs["status"] == "ok" and runs["resumed_from"] == "work", runs
 
 
@@ -433,12 +430,12 @@ def test_a_failed_pipeline_still_reports_what_its_steps_cost(tmp_path):
     """A pipeline failed by its budget (or by a step) had no cost in summary.json and no "Reported
     costs" line, the one case where the cost is the reason; it is what its steps reported."""
     spend = "echo '{\"pipeline_cost\": 0.6}'"
-    definition = write(tmp_path / "p.json", {"name": "p", "budget": 1, "steps": [
+    definition = write_json(tmp_path / "p.json", {"name": "p", "budget": 1, "steps": [
         {"id": "a", "command": spend}, {"id": "b", "command": spend}, {"id": "c", "command": "true"}]})
     results = tmp_path / "results"
     ran = pipeline_cli(definition, results)
     assert ran.returncode == 1, ran.stderr
-    failed = summary(results)["pipelines"]["p"]
+    failed = read_summary(results)["pipelines"]["p"]
     assert failed["status"] == "failed" and failed["reason"] == "budget 1 passed: the steps reported 1.2", failed
     assert failed["cost"] == 1.2 and failed["budget"] == 1, failed
     assert "Reported costs: p 1.2 (**over its budget of 1**)" in (results / "summary.md").read_text()

@@ -24,7 +24,7 @@ import mount_sandbox
 from common.errors import UsageError
 from common.pipeline.definition import parse_definition
 from common.pipeline.schema import SCHEMA
-from helpers import REPO, assert_usage_error, pipeline_command, run, snapshot
+from helpers import REPO, assert_usage_error, pipeline_command, read_summary, run, snapshot
 
 DATA = REPO / "tests" / "data"
 ML = DATA / "ml-training-pipeline.json"
@@ -281,7 +281,7 @@ def test_a_failing_train_falls_back_and_a_resume_from_evaluate_reuses_shared(san
     assert statuses(results, RUN_ID, ["train", "train-retry", "evaluate", "report"]) == {
         "train": "failed", "train-retry": "ok", "evaluate": "ok", "report": "ok"}
     assert "CUDA out of memory" in (results / RUN_ID / "train" / "stderr.log").read_text()
-    summary = json.loads((results / "summary.json").read_text())["pipelines"][RUN_ID]
+    summary = read_summary(results)["pipelines"][RUN_ID]
     assert summary["order"] == ["train", "train-retry", "evaluate", "report"]
     checkpoint = results / RUN_ID / "shared" / "checkpoints" / "model_final.pt"
     written = checkpoint.read_bytes()
@@ -291,7 +291,7 @@ def test_a_failing_train_falls_back_and_a_resume_from_evaluate_reuses_shared(san
 
     proc = sandbox.run(ML, {"/data": host_data}, "--resume", f"{RUN_ID}/evaluate")
     assert proc.returncode == 0, proc.stderr
-    summary = json.loads((results / "summary.json").read_text())["pipelines"][RUN_ID]
+    summary = read_summary(results)["pipelines"][RUN_ID]
     assert summary["order"] == ["evaluate", "report"] and summary["resumed_from"] == "evaluate"
     assert checkpoint.read_bytes() == written and not list((results / RUN_ID).glob("shared.previous-*"))
     assert (results / RUN_ID / "train-retry" / "status.json").read_text() == retry_status

@@ -13,13 +13,11 @@ from pathlib import Path
 import pytest
 
 from common.pipeline.flow import read_cost_and_output
-from helpers import assert_usage_error, pipeline_command, run, snapshot, summary
+from helpers import assert_usage_error, pipeline_cli, read_summary, snapshot
 
 DEFINITION = {"name": "p", "steps": [{"id": "a", "command": "echo A"}, {"id": "b", "command": "exit 3"}]}
 
 
-def pipeline_cli(definition: Path, results: Path, *extra: str):
-    return run(pipeline_command(definition, results, *extra), timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +110,7 @@ def test_links_devices_and_names_the_run_does_not_write_are_let_be(failed_run, t
     proc = pipeline_cli(definition, results, "--resume")
     assert proc.returncode == 0, proc.stderr
     assert (scratch / "b.out").read_text().strip() == "B"
-    assert summary(results)["pipelines"]["p"]["status"] == "ok"
+    assert read_summary(results)["pipelines"]["p"]["status"] == "ok"
 
 
 def test_every_status_a_run_writes_is_read_back(tmp_path):
@@ -150,7 +148,7 @@ def test_a_fifo_a_step_leaves_where_a_later_steps_log_goes_fails_the_pipeline_in
         {"id": "a", "command": "mkdir -p ../b && mkfifo ../b/stderr.log"}, {"id": "b", "command": "echo B"}]}))
     proc = pipeline_cli(definition, tmp_path / "results")
     assert proc.returncode == 1, proc.stderr
-    reason = json.loads((tmp_path / "results" / "summary.json").read_text())["pipelines"]["f"]["reason"]
+    reason = read_summary(tmp_path / "results")["pipelines"]["f"]["reason"]
     assert "stderr.log' (a step's log) is a FIFO, not a regular file" in reason, reason
 
 

@@ -14,7 +14,7 @@ import pytest
 from common.data import find_idx_files, load_dataset
 from common.errors import UsageError
 from common.results.layout import ENGINE_OUTPUTS, HOLD_NAME, LOGS_DIR
-from helpers import assert_usage_error, run, snapshot
+from helpers import assert_usage_error, read_summary, run, snapshot
 from mnist_nn.app import MnistNN
 from mnist_svm.app import MnistSvm
 from test_data import idx_folder
@@ -50,7 +50,7 @@ def test_mnist_svm_in_a_reference_users_folder(tmp_path):
     mine = {name: data for name, data in snapshot(folder).items() if not name.startswith("MNIST")}
     done = run(SVM, cwd=folder, timeout=300)
     assert done.returncode == 0, done.stderr
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = read_summary(folder)
     assert summary["status"] == "complete" and summary["n_test"] == 40 and summary["n_train"] == 150
     assert not (folder / "data").exists()  # found in ./MNIST/raw, not downloaded
     assert (folder / "validation_error.npy").is_file() and (folder / "journal.jsonl").is_file()
@@ -94,7 +94,7 @@ def test_mnist_nn_headline_and_declared_outputs(nn_small_run):
     """The reference's 'Time taken T s' and 'ensemble test error: F' (a fraction), from summary.json;
     in a user's folder with ``--results .`` (the session's NN_SMALL run, tests/conftest.py)."""
     folder = nn_small_run.results
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = read_summary(folder)
     assert 0 <= summary["ensemble_test_error"] <= 1
     assert nn_small_run.stdout == [f"Time taken {summary['wall_seconds']} s",
                                    f"ensemble test error: {summary['ensemble_test_error']}"]

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from common.observe.report_html import write_report
-from helpers import REPO, TOY, run
+from helpers import REPO, TOY, read_summary, run
 
 FAKE_NVML = str(REPO / "tests" / "fake_nvml")
 
@@ -60,7 +60,7 @@ def test_the_report_opens_in_a_real_browser_with_every_figure_and_the_counts(tmp
         assert complete and width > 200 and height > 100, (alt, complete, width, height)
     assert fetched == [], fetched
     assert "11 of 12" in counts and "failed" in counts, counts
-    summary = json.loads((results / "summary.json").read_text())
+    summary = read_summary(results)
     assert summary["items_done"] == 11 and len(summary["failed_items"]) == 1
     assert "item-0003" in text and "RuntimeError: item item-0003 always fails" in text
     assert "rank0-gpu0" in text and "rank0-gpu1" in text  # the GPU table

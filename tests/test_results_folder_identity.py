@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import journal_entries, run, start, wait_until
+from helpers import journal_entries, read_summary, run, start, wait_until
 
 #: --threads 1: numpy's second thread would mostly spin on a shared CPU; the property does not depend on it
 SVM = ["-m", "mnist_svm", "8", "--dataset", "digits", "--subsample", "200", "--folds", "2", "--gpu", "cpu",
@@ -71,7 +71,7 @@ def test_mnist_svm_stops_when_its_results_folder_goes_away(tmp_path, how):
         moved.rename(results)
         again = run([*SVM, "--results", str(results), "--resume"])
         assert again.returncode == 0, again.stderr
-        summary = json.loads((results / "summary.json").read_text())
+        summary = read_summary(results)
         assert summary["status"] == "complete" and summary["items_resumed"] == kept
 
 

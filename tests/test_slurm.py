@@ -21,14 +21,12 @@ import numpy as np
 import pytest
 
 from common.slurm.shipped import SHIPPED, shipped_scripts
-from helpers import REPO, TOY, journal_entries, run, wait_for_results, wait_until
+from helpers import REPO, TOY, generate_script, journal_entries, read_summary, run, wait_for_results, wait_until
 from slurm_cluster import slurm  # noqa: F401  (the session's Slurm, a fixture)
 
 GENERATOR = [sys.executable, "-m", "common.slurm"]
 
 
-def generate(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([*GENERATOR, *args], cwd=REPO, capture_output=True, text=True, timeout=60, **kwargs)
 
 
 # ----- the generator and the shipped scripts (no Slurm needed) -----
@@ -113,7 +111,7 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--shipped", "slurm", "--", "mnist_svm", "4"], "--shipped takes no other options (got -- mnist_svm 4)"),
 ])
 def test_bad_combination_is_a_one_line_error(args, word):
-    done = generate(*args)
+    done = generate_script(*args)
     assert done.returncode == 2
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
@@ -123,7 +121,7 @@ def test_bad_combination_is_a_one_line_error(args, word):
 def test_a_typed_gpu_request_goes_to_sbatch_and_srun_as_slurm_takes_it():
     """--gpus-per-node a100:4 (clusters with several GPU types): the #SBATCH line and the step ask
     for that type, each rank gets 4 CPUs per GPU, and the script's own command line says it."""
-    made = generate("--nodes", "2", "--gpus-per-node", "a100:4", "--", "mnist_nn", "1", "1")
+    made = generate_script("--nodes", "2", "--gpus-per-node", "a100:4", "--", "mnist_nn", "1", "1")
     assert made.returncode == 0, made.stderr
     assert "#SBATCH --gpus-per-node=a100:4\n" in made.stdout and "#SBATCH --cpus-per-task=16\n" in made.stdout
     assert made.stdout.count('--gpus-per-node="${SLURM_GPUS_PER_NODE:-a100:4}"') == 2  # the step and its restart
@@ -138,7 +136,7 @@ def test_programs_that_pass_their_own_checks_get_a_script():
                     ["common.pipeline", "examples/pipelines/ml.json", "--resume", "digits-cnn/train"],
                     ["tests/toy_app.py", "3"],
                     ["common.status", "results"]):
-        made = generate("--gpus-per-node", "1", "--", *program)
+        made = generate_script("--gpus-per-node", "1", "--", *program)
         assert made.returncode == 0 and made.stdout.startswith("#!/bin/bash"), made.stderr
 
 
@@ -166,7 +164,7 @@ def test_a_sweep_from_the_shell_is_checked_before_the_queue(tmp_path):
 
 
 def test_placeholders_in_the_users_arguments_and_spaces_around_time_stay_as_given():
-    made = generate("--gpus-per-node", "1", "--time", " 02:00:00 ", "--", "mnist_svm", "24", "--results", "{{warning}}")
+    made = generate_script("--gpus-per-node", "1", "--time", " 02:00:00 ", "--", "mnist_svm", "24", "--results", "{{warning}}")
     assert made.returncode == 0, made.stderr
     assert "APP_ARGS=(24 --results '{{warning}}')" in made.stdout
     # the script's example of other arguments names another folder, not a second --results
@@ -179,7 +177,7 @@ def container_job(tmp_path: Path, bind: str):
     replaced by a recorder of its arguments (apptainer cannot run here): (generator's result, run)."""
     image = tmp_path / "img.sif"
     image.write_bytes(b"")  # the generator checks that the image exists
-    made = generate("--nodes", "2", "--gpus-per-node", "2", "--time", "01:00:00", "--container", str(image),
+    made = generate_script("--nodes", "2", "--gpus-per-node", "2", "--time", "01:00:00", "--container", str(image),
                     "--bind", bind, "--", "mnist_nn", "1", "1")
     assert made.returncode == 0, made.stderr
     script = tmp_path / "job.sbatch"
@@ -231,13 +229,13 @@ def test_pmix_with_the_mpich_wheel_is_written_with_a_note(tmp_path):
         wheel_here = False
     for where, container in (("the project's images carry", ["--container", str(image)]),
                              ("this environment's mpi4py runs on", [])):
-        made = generate("--gpus-per-node", "1", *container, "--mpi", "pmix", "--", "mnist_nn", "1", "1")
+        made = generate_script("--gpus-per-node", "1", *container, "--mpi", "pmix", "--", "mnist_nn", "1", "1")
         assert made.returncode == 0 and "srun --mpi=pmix " in made.stdout, made.stderr
         noted = [f"python -m common.slurm: note: --mpi pmix: {where} the mpich wheel, built without PMIx, whose "
                  f"ranks would each start as a world of size 1; keep pmix only for an Open MPI build (docs/slurm.md), "
                  f"else use --mpi pmi2"]
         assert made.stderr.splitlines() == (noted if container or wheel_here else []), made.stderr
-    assert generate("--gpus-per-node", "1", "--container", str(image), "--", "mnist_nn", "1", "1").stderr == ""
+    assert generate_script("--gpus-per-node", "1", "--container", str(image), "--", "mnist_nn", "1", "1").stderr == ""
 
 
 def test_a_bind_source_missing_on_the_node_ends_the_job_in_one_line_before_srun(tmp_path):
@@ -263,7 +261,7 @@ def recorded_job(tmp_path: Path, srun: str) -> tuple:
     """A generated CPU script whose ``srun`` runs ``srun`` (bash), whose ``scontrol`` records its
     arguments and whose ``squeue`` says the job's time left as $SQUEUE_LEFT (unset: nothing, as
     where squeue cannot answer): (the script, its environment, the file of calls)."""
-    made = generate("--nodes", "2", "--cpu", "--time", "01:00:00", "--", "mnist_nn", "1", "1")
+    made = generate_script("--nodes", "2", "--cpu", "--time", "01:00:00", "--", "mnist_nn", "1", "1")
     assert made.returncode == 0, made.stderr
     script = tmp_path / "job.sbatch"
     script.write_text(made.stdout)
@@ -451,13 +449,13 @@ def test_cpu_script_runs_two_ranks_with_the_results_of_a_plain_run(slurm, tmp_pa
     log = job_log(tmp_path)
     assert done.returncode == 0, done.stderr + log
     assert "finished" in log
-    summary = json.loads((in_slurm / "summary.json").read_text())
+    summary = read_summary(in_slurm)
     assert summary["ranks"] == 2  # srun --mpi=none would have made two worlds of size 1
     assert summary["failed_items"] == [] and summary["items_done"] == summary["items_total"]
 
     reference = run(["-m", "mnist_svm", *args, "--gpu", "cpu", "--results", str(plain)])
     assert reference.returncode == 0, reference.stderr
-    expected = json.loads((plain / "summary.json").read_text())
+    expected = read_summary(plain)
     assert np.array_equal(np.load(in_slurm / "validation_error.npy"), np.load(plain / "validation_error.npy"))
     for key in ("best_C", "best_gamma", "cv_error", "test_error", "confusion_matrix"):
         assert summary[key] == expected[key], key
@@ -506,7 +504,7 @@ def test_walltime_signal_requeues_the_job_which_resumes_without_recomputing(slur
     assert len(keys) == n_items and len(set(keys)) == n_items  # every item journaled once
     runs = {path.name: len(path.read_text().splitlines()) for path in markers.iterdir()}
     assert runs == {key: 1 for key in keys}  # and computed once: finished items were not redone
-    summary = json.loads((results / "summary.json").read_text())
+    summary = read_summary(results)
     assert summary["items_resumed"] >= 4 and summary["ranks"] == 2
 
     plain = run([TOY, str(n_items), "--gpu", "cpu", "--no-progress", "--results", str(reference)])
@@ -523,7 +521,7 @@ def test_sigterm_to_the_batch_shell_stops_the_run_gracefully_without_requeueing(
     assert submit.returncode == 75, log
     assert "got SIGTERM" in log and "not requeueing" in log, log
     assert int(slurm.job_field(job, "Restarts")) == 0
-    summary = json.loads((results / "summary.json").read_text())
+    summary = read_summary(results)
     assert summary["status"] == "stopped" and summary["failed_items"] == []
     journaled = {entry["key"] for entry in journal_entries(results) if entry.get("type") == "result"}
     started = {path.name for path in markers.iterdir()}

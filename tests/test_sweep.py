@@ -17,7 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, assert_usage_error, journal_entries, run, snapshot, start, status_of, stop_run, summary
+from helpers import (
+    REPO,
+    assert_usage_error,
+    journal_entries,
+    read_summary,
+    run,
+    snapshot,
+    start,
+    status_of,
+    stop_run,
+    write_json,
+)
 
 TESTS = REPO / "tests"
 ENGINE = ["--gpu", "cpu", "--threads", "1", "--no-progress"]
@@ -28,9 +39,6 @@ def sweep(target: str, results: Path, *extra: str, ranks: int = 1, workers: int 
                ranks=ranks, cwd=cwd, **kwargs)
 
 
-def write(path: Path, value) -> Path:
-    path.write_text(value if isinstance(value, str) else json.dumps(value))
-    return path
 
 
 def rows(results: Path) -> list:
@@ -48,7 +56,7 @@ def marks(folder: Path) -> Counter:
 
 
 def test_a_grid_on_two_ranks_by_two_workers_equals_one_by_one(tmp_path, monkeypatch):
-    grid = write(tmp_path / "grid.json", {"x": [1, 2, 3, 4, 5], "kind": ["a", "b"]})
+    grid = write_json(tmp_path / "grid.json", {"x": [1, 2, 3, 4, 5], "kind": ["a", "b"]})
     one = sweep("sweep_functions:noisy", tmp_path / "one", "--grid", str(grid), "--minimise", "loss", workers=1)
     assert one.returncode == 0, one.stderr
     monkeypatch.setenv("SWEEP_SLEEP", "0.3")  # items long enough that both ranks get some, however loaded the machine
@@ -70,7 +78,7 @@ def test_a_grid_on_two_ranks_by_two_workers_equals_one_by_one(tmp_path, monkeypa
     for name in ("summary.md", "report.html", "sweep.png", "sweep.svg", "sweep.pdf", "timeline.png"):
         assert (tmp_path / "many" / name).exists(), name
     assert (tmp_path / "many" / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    best = summary(tmp_path / "many")["sweep"]["best"]
+    best = read_summary(tmp_path / "many")["sweep"]["best"]
     assert best[0]["params"]["x"] == 3 and best == sorted(best, key=lambda e: e["mean"])
     assert many.stdout.startswith("best loss: ") and "x=3" in many.stdout
     assert "Best points by `loss`" in (tmp_path / "many" / "summary.md").read_text()
@@ -82,7 +90,7 @@ def test_items_sharing_a_32_bit_seed_are_named_and_rng_is_each_items_own(tmp_pat
     """Two keys' hashes meet in 32 bits now and then (x=30668 and x=46775 under --seed 0): their
     ``seed`` gives the same draws, which summary.md, summary.json and the closing lines now say;
     ``rng`` (the item's whole 128-bit-keyed stream) differs, and is the same on 1 worker or 2."""
-    points = write(tmp_path / "points.json", [{"x": 30668}, {"x": 46775}, {"x": 1}])
+    points = write_json(tmp_path / "points.json", [{"x": 30668}, {"x": 46775}, {"x": 1}])
     one = sweep("sweep_functions:draws", tmp_path / "one", "--points", str(points), "--seed", "0", workers=1)
     two = sweep("sweep_functions:draws", tmp_path / "two", "--points", str(points), "--seed", "0", workers=2)
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
@@ -90,12 +98,12 @@ def test_items_sharing_a_32_bit_seed_are_named_and_rng_is_each_items_own(tmp_pat
     assert got == returns(tmp_path / "two")
     assert got["x=30668"]["from_seed"] == got["x=46775"]["from_seed"] != got["x=1"]["from_seed"]
     assert len({entry["from_rng"] for entry in got.values()}) == 3
-    assert summary(tmp_path / "one")["sweep"]["shared_seeds"] == {"items": 2, "groups": [[3950628448, ["x=30668", "x=46775"]]]}
+    assert read_summary(tmp_path / "one")["sweep"]["shared_seeds"] == {"items": 2, "groups": [[3950628448, ["x=30668", "x=46775"]]]}
     line = "2 items share a 32-bit seed with another (x=30668 and x=46775: 3950628448), so their `seed` gives the same draws"
     assert f"note: {line}" in one.stdout
     assert line in (tmp_path / "one" / "summary.md").read_text()
     plain = sweep("sweep_functions:draws", tmp_path / "plain", "--points", str(points), "--seed", "1")
-    assert "shared_seeds" not in summary(tmp_path / "plain")["sweep"] and "share a 32-bit seed" not in plain.stdout
+    assert "shared_seeds" not in read_summary(tmp_path / "plain")["sweep"] and "share a 32-bit seed" not in plain.stdout
 
 
 def test_rng_goes_to_a_function_that_names_it_not_to_its_kwargs():
@@ -113,7 +121,7 @@ def test_rng_goes_to_a_function_that_names_it_not_to_its_kwargs():
 
 
 def test_a_list_of_points_in_yaml_with_repeats_and_every_argument(tmp_path):
-    points = write(tmp_path / "points.yaml", "- {x: 1}\n- {x: 2.5, kind: rbf}\n- {kind: \"1\"}\n")
+    points = write_json(tmp_path / "points.yaml", "- {x: 1}\n- {x: 2.5, kind: rbf}\n- {kind: \"1\"}\n")
     result = sweep("sweep_functions:everything", tmp_path / "r", "--points", str(points), "--repeats", "3",
                    "--setup", "setup", ranks=2)
     assert result.returncode == 0, result.stderr
@@ -124,12 +132,12 @@ def test_a_list_of_points_in_yaml_with_repeats_and_every_argument(tmp_path):
     assert len({r["seed"] for r in got.values()}) == 9, "each repeat has its own seed"
     assert {r["device"] for r in got.values()} == {"cpu"}
     assert all(r["state_pid"] == r["pid"] for r in got.values()), "setup ran in the worker that runs the item"
-    assert summary(tmp_path / "r")["sweep"]["figure"] is None  # no --minimise: nothing to draw
+    assert read_summary(tmp_path / "r")["sweep"]["figure"] is None  # no --minimise: nothing to draw
     assert not (tmp_path / "r" / "sweep.png").exists()
 
 
 def test_random_samples_stay_in_their_space_and_more_samples_keep_the_first(tmp_path):
-    space = write(tmp_path / "space.json", {"lr": {"loguniform": [1e-4, 1e-1]}, "drop": {"uniform": [0, 0.5]},
+    space = write_json(tmp_path / "space.json", {"lr": {"loguniform": [1e-4, 1e-1]}, "drop": {"uniform": [0, 0.5]},
                                             "layers": {"int": [1, 3]}, "kind": {"choice": ["a", "b", "c"]}})
 
     def planned(samples: int, seed: str = "7") -> list:
@@ -155,7 +163,7 @@ def test_random_samples_stay_in_their_space_and_more_samples_keep_the_first(tmp_
                   "--maximise", "draw", workers=1)
     assert alone.returncode == 0, alone.stderr
     assert returns(tmp_path / "alone") == returns(tmp_path / "r")
-    best = summary(tmp_path / "r")["sweep"]["best"]
+    best = read_summary(tmp_path / "r")["sweep"]["best"]
     assert best == sorted(best, key=lambda e: -e["mean"])
 
 
@@ -167,16 +175,16 @@ def test_a_script_with_sweep_main_takes_every_engine_flag(tmp_path):
     result = run([script, *ENGINE, "--workers", "2", "--results", str(tmp_path / "r")], ranks=2)
     assert result.returncode == 0, result.stderr
     assert len(returns(tmp_path / "r")) == 16
-    assert summary(tmp_path / "r")["fingerprint"]["function"] == "sweep_script:fit"
+    assert read_summary(tmp_path / "r")["fingerprint"]["function"] == "sweep_script:fit"
     assert result.stdout.startswith("best loss: ") and "(mean of 2 repeats) at x=3" in result.stdout
     again = run([script, *ENGINE, "--results", str(tmp_path / "r"), "--resume", "--maximise", "seed_seen"])
     assert again.returncode == 0, again.stderr  # the command line's --maximise replaces the script's minimise
-    assert summary(tmp_path / "r")["items_this_run"] == 0
-    assert (summary(tmp_path / "r")["sweep"]["metric"], summary(tmp_path / "r")["sweep"]["goal"]) == ("seed_seen", "max")
+    assert read_summary(tmp_path / "r")["items_this_run"] == 0
+    assert (read_summary(tmp_path / "r")["sweep"]["metric"], read_summary(tmp_path / "r")["sweep"]["goal"]) == ("seed_seen", "max")
 
 
 def test_sigterm_then_resume_runs_only_the_rest(tmp_path, monkeypatch):
-    grid = write(tmp_path / "grid.json", {"x": list(range(16))})
+    grid = write_json(tmp_path / "grid.json", {"x": list(range(16))})
     (tmp_path / "marks").mkdir()
     monkeypatch.setenv("SWEEP_MARKS", str(tmp_path / "marks"))
     monkeypatch.setenv("SWEEP_SLEEP", "0.8")  # about 3 s in all: the SIGTERM after the 4th result finds items left
@@ -191,7 +199,7 @@ def test_sigterm_then_resume_runs_only_the_rest(tmp_path, monkeypatch):
     resumed = run(args + ["--resume"], ranks=2, cwd=TESTS)
     assert resumed.returncode == 0, resumed.stderr
     assert len(returns(tmp_path / "r")) == 16
-    assert summary(tmp_path / "r")["items_resumed"] == len(done)
+    assert read_summary(tmp_path / "r")["items_resumed"] == len(done)
     counts = marks(tmp_path / "marks")
     assert len(counts) == 16 and all(n == 1 for n in counts.values()), counts
 
@@ -200,13 +208,13 @@ def test_a_stopped_resume_says_the_files_beside_its_summary_are_an_earlier_runs(
     """results.csv of a complete run stays when a --resume with more points is stopped: summary.md
     (and report.html) say whose it is, a second stopped run still does, and the run that ends writes
     the files again and drops the note."""
-    grid = write(tmp_path / "grid.json", {"x": [1, 2]})
+    grid = write_json(tmp_path / "grid.json", {"x": [1, 2]})
     args = ["-m", "common.sweep", "sweep_functions:noisy", "--grid", str(grid), *ENGINE, "--workers", "1",
             "--results", str(tmp_path / "r")]
     first = run(args, cwd=TESTS)
     assert first.returncode == 0, first.stderr
-    started = summary(tmp_path / "r")["started"]
-    write(grid, {"x": list(range(1, 9))})
+    started = read_summary(tmp_path / "r")["started"]
+    write_json(grid, {"x": list(range(1, 9))})
     monkeypatch.setenv("SWEEP_SLEEP", "1")  # points left at each stop, however late it comes
     note = f"**The app's files in this folder are an earlier run's** (started {started}, 2 of 2 items)"
     for _ in range(2):  # the second stop finds the note in the summary it replaces
@@ -217,7 +225,7 @@ def test_a_stopped_resume_says_the_files_beside_its_summary_are_an_earlier_runs(
         host = socket.gethostname().split(".")[0]  # the stop's line begins as every line of rank 0 does
         assert f"[rank 0 {host}] received SIGUSR1: handing out no more items" in stopped.stderr, stopped.stderr
         assert note in (tmp_path / "r" / "summary.md").read_text()
-        assert summary(tmp_path / "r")["earlier_outputs"] == {"started": started, "items_done": 2, "items_total": 2}
+        assert read_summary(tmp_path / "r")["earlier_outputs"] == {"started": started, "items_done": 2, "items_total": 2}
         assert "are an earlier run" in (tmp_path / "r" / "report.html").read_text()
         assert len(rows(tmp_path / "r")) == 2
     monkeypatch.setenv("SWEEP_SLEEP", "0")
@@ -225,31 +233,31 @@ def test_a_stopped_resume_says_the_files_beside_its_summary_are_an_earlier_runs(
     assert finished.returncode == 0, finished.stderr
     assert len(rows(tmp_path / "r")) == 8
     assert "earlier run's" not in (tmp_path / "r" / "summary.md").read_text()
-    assert "earlier_outputs" not in summary(tmp_path / "r")
+    assert "earlier_outputs" not in read_summary(tmp_path / "r")
 
 
 def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path, monkeypatch):
     (tmp_path / "marks").mkdir()
     monkeypatch.setenv("SWEEP_MARKS", str(tmp_path / "marks"))
     grid = tmp_path / "grid.json"
-    write(grid, {"x": [1, 2, 3]})
+    write_json(grid, {"x": [1, 2, 3]})
     first = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid), "--minimise", "loss")
     assert first.returncode == 0, first.stderr
     before = returns(tmp_path / "r")
-    write(grid, {"x": [1, 2, 3, 4, 5]})
+    write_json(grid, {"x": [1, 2, 3, 4, 5]})
     again = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid), "--minimise", "loss", "--resume",
                   ranks=2)
     assert again.returncode == 0, again.stderr
     after = returns(tmp_path / "r")
     assert sorted(after) == [f"x={x}" for x in range(1, 6)]
     assert all(after[key] == value for key, value in before.items())
-    assert summary(tmp_path / "r")["items_this_run"] == 2
+    assert read_summary(tmp_path / "r")["items_this_run"] == 2
     assert sum(marks(tmp_path / "marks").values()) == 5, "each point ran once"
-    write(grid, {"x": [4, 5]})
+    write_json(grid, {"x": [4, 5]})
     fewer = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid), "--resume")
     assert fewer.returncode == 0, fewer.stderr
     assert sorted(returns(tmp_path / "r")) == ["x=4", "x=5"] and len(rows(tmp_path / "r")) == 2
-    assert summary(tmp_path / "r")["items_this_run"] == 0
+    assert read_summary(tmp_path / "r")["items_this_run"] == 0
     assert not (tmp_path / "r" / "sweep.png").exists()  # no --minimise this time: the old figure is gone
     other = sweep("sweep_functions:raises", tmp_path / "r", "--grid", str(grid), "--resume")
     assert_usage_error(other, "other arguments", "function")
@@ -262,14 +270,14 @@ def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path
 
 
 def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_the_item(tmp_path):
-    grid = write(tmp_path / "grid.json", {"x": [1, 2, 3]})
+    grid = write_json(tmp_path / "grid.json", {"x": [1, 2, 3]})
     raised = sweep("sweep_functions:raises", tmp_path / "raises", "--grid", str(grid), "--retries", "1")
     assert raised.returncode == 1, raised.stderr
     *_, closing, retry = raised.stderr.splitlines()
     assert "sweep: failed: 2 of 3 items done, 1 failed, in " in closing, raised.stderr
     assert retry.startswith("sweep: run the failed items again with the same launcher and: python -m common.sweep ") \
         and " --retries 1 " in retry and retry.endswith(" --resume"), raised.stderr
-    failed = summary(tmp_path / "raises")["failed_items"]
+    failed = read_summary(tmp_path / "raises")["failed_items"]
     assert [f["key"] for f in failed] == ["x=2"] and "ValueError: x=2 is not allowed here" in failed[0]["error"]
     attempts = [e for e in journal_entries(tmp_path / "raises") if e.get("key") == "x=2" and e["type"] == "attempt_failed"]
     assert len(attempts) == 2 and all(e["traceback"].startswith("Traceback") for e in attempts)
@@ -277,12 +285,12 @@ def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_th
     assert len(rows(tmp_path / "raises")) == 2
     bad = sweep("sweep_functions:not_json", tmp_path / "json", "--grid", str(grid), "--retries", "0")
     assert bad.returncode == 1, bad.stderr
-    (failure,) = summary(tmp_path / "json")["failed_items"]
+    (failure,) = read_summary(tmp_path / "json")["failed_items"]
     assert failure["key"] == "x=1"
     assert failure["error"] == 'TypeError: item x=1 returned a value that is not JSON at ["model"]: a set'
     scalar = sweep("sweep_functions:not_a_dict", tmp_path / "scalar", "--grid", str(grid), "--retries", "0")
     assert scalar.returncode == 1
-    assert "returned a float, not a dict" in summary(tmp_path / "scalar")["failed_items"][0]["error"]
+    assert "returned a float, not a dict" in read_summary(tmp_path / "scalar")["failed_items"][0]["error"]
 
 
 
@@ -293,7 +301,7 @@ def test_a_bug_that_fails_every_item_stops_the_run_early_and_a_resume_after_the_
     (tmp_path / "fit.py").write_text("import os\n\n\ndef fit(params):\n    if os.path.exists('bug'):\n"
                                      "        raise ValueError('a bug')\n    return {'loss': params['x']}\n")
     (tmp_path / "bug").touch()
-    grid = write(tmp_path / "grid.json", {"x": list(range(40))})
+    grid = write_json(tmp_path / "grid.json", {"x": list(range(40))})
     args = ("--grid", str(grid), "--retries", "0", "--stop-after-failures", "2")
     stopped = sweep("fit:fit", tmp_path / "r", *args, cwd=tmp_path)
     assert stopped.returncode == 1, stopped.stderr
@@ -301,7 +309,7 @@ def test_a_bug_that_fails_every_item_stops_the_run_early_and_a_resume_after_the_
     assert closing.startswith("sweep: failed: 2 items failed for good (--stop-after-failures 2): stopped with 0 of 40 "
                               "items done; their errors are in "), closing
     assert " --stop-after-failures 2 " in closing and closing.endswith(" --resume"), closing
-    facts = summary(tmp_path / "r")
+    facts = read_summary(tmp_path / "r")
     assert (facts["status"], len(facts["failed_items"])) == ("failed", 2)
     assert facts["stopped_because"] == "2 items failed for good (--stop-after-failures 2)"
     assert "Stopped before the end. After a fix, finish with:" in (tmp_path / "r" / "summary.md").read_text()
@@ -314,17 +322,17 @@ def test_a_bug_that_fails_every_item_stops_the_run_early_and_a_resume_after_the_
     (tmp_path / "bug").unlink()
     fixed = sweep("fit:fit", tmp_path / "r", *args, "--resume", cwd=tmp_path)
     assert fixed.returncode == 0, fixed.stderr
-    assert summary(tmp_path / "r")["items_done"] == 40 and len(rows(tmp_path / "r")) == 40
+    assert read_summary(tmp_path / "r")["items_done"] == 40 and len(rows(tmp_path / "r")) == 40
 
 
 def test_a_point_some_of_whose_repeats_diverged_ranks_after_those_whose_all_ran(tmp_path):
     """lr 1.0 returns NaN in some of its 6 repeats and 0.01 in the rest: it ranked first on its
     lucky repeats, and the headline read as if it were one run. Now it ranks last, said "k of 6"."""
-    grid = write(tmp_path / "grid.json", {"lr": [0.001, 0.01, 1.0]})
+    grid = write_json(tmp_path / "grid.json", {"lr": [0.001, 0.01, 1.0]})
     ran = sweep("sweep_functions:diverges", tmp_path / "r", "--grid", str(grid), "--repeats", "6", "--seed", "3",
                 "--minimise", "loss")
     assert ran.returncode == 0, ran.stderr
-    best = summary(tmp_path / "r")["sweep"]["best"]
+    best = read_summary(tmp_path / "r")["sweep"]["best"]
     assert [entry["params"]["lr"] for entry in best] == [0.001, 0.01, 1.0]
     assert [(entry["n"], entry["repeats"]) for entry in best[:2]] == [(6, 6), (6, 6)]
     assert (best[2]["n"], best[2]["repeats"], best[2]["mean"]) == (3, 6, 0.01)  # seed 3: three odd seeds
@@ -334,7 +342,7 @@ def test_a_point_some_of_whose_repeats_diverged_ranks_after_those_whose_all_ran(
     raised = sweep("sweep_functions:raises_mostly", tmp_path / "raised", "--grid", str(grid), "--repeats", "6", "--seed",
                    "3", "--minimise", "loss", "--retries", "0")
     assert raised.returncode == 1, raised.stderr
-    ranked = summary(tmp_path / "raised")["sweep"]["best"]
+    ranked = read_summary(tmp_path / "raised")["sweep"]["best"]
     assert [(entry["params"]["lr"], entry["n"], entry["repeats"]) for entry in ranked] == [
         (0.001, 6, 6), (0.01, 6, 6), (1.0, 3, 6)]
     from common.sweep.report import headline  # where every point lost repeats, the best one says so
@@ -375,7 +383,7 @@ def test_values_and_errors_with_markdowns_characters_stay_in_their_cells(tmp_pat
     """A | in a value started a new cell of summary.md's tables, so the numbers stood under the
     wrong headers (in report.html too), and `, * and _ became code and emphasis: each shows as written."""
     kinds = ["a|b", "`t`", "*b* _c_", "[l](u)", "fail | <b>x</b>"]
-    grid = write(tmp_path / "grid.json", {"kind": kinds})
+    grid = write_json(tmp_path / "grid.json", {"kind": kinds})
     ran = sweep("sweep_functions:raises_its_text", tmp_path / "r", "--grid", str(grid), "--retries", "0",
                 "--minimise", "loss")
     assert ran.returncode == 1, ran.stderr
@@ -398,11 +406,11 @@ def test_what_a_users_code_does_to_its_worker_fails_only_its_item_in_one_line(tm
     """A return pickle cannot send (it killed the worker, and the item was handed out again for
     ever), sys.exit, an exception whose message cannot be made: each fails its item and the worker
     goes on. A message of several lines (torch's, scikit-learn's) is shown by its first, type and all."""
-    grid = write(tmp_path / "grid.json", {"case": ["fine", "unpicklable", "multiline", "bad message", "exit",
+    grid = write_json(tmp_path / "grid.json", {"case": ["fine", "unpicklable", "multiline", "bad message", "exit",
                                                    "unpicklable by OSError"]})
     ran = sweep("sweep_functions:hostile", tmp_path / "r", "--grid", str(grid), "--retries", "0", workers=1, timeout=60)
     assert ran.returncode == 1 and "Traceback" not in ran.stderr, ran.stderr
-    failed = {f["key"]: f["error"] for f in summary(tmp_path / "r")["failed_items"]}
+    failed = {f["key"]: f["error"] for f in read_summary(tmp_path / "r")["failed_items"]}
     assert failed == {
         "case=unpicklable": "its return cannot be sent to the rank (AttributeError: Can't pickle local object "
                             "'hostile.<locals>.Score')",
@@ -518,7 +526,7 @@ BAD_INPUTS = [
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, target, files, flags, fragments):
     (tmp_path / "sweep_functions.py").write_text((TESTS / "sweep_functions.py").read_text())
     for name, content in files.items():
-        write(tmp_path / name, content)
+        write_json(tmp_path / name, content)
     before = sorted(p.name for p in tmp_path.iterdir())
     result = sweep(target, tmp_path / "results", *flags, cwd=tmp_path)
     assert_usage_error(result, "sweep: error:", *fragments)
@@ -526,7 +534,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, target, files
 
 
 def test_bad_input_on_two_ranks_is_still_one_line(tmp_path):
-    write(tmp_path / "g.json", {"x": [1], "y": 3})
+    write_json(tmp_path / "g.json", {"x": [1], "y": 3})
     result = sweep("sweep_functions:noisy", tmp_path / "results", "--grid", str(tmp_path / "g.json"), ranks=2)
     assert_usage_error(result, "'y' must be a list")
     assert not (tmp_path / "results").exists()
@@ -536,12 +544,12 @@ def test_the_two_examples_run_and_find_a_good_point(tmp_path):
     svm = run([str(REPO / "examples" / "sweep" / "svm_digits.py"), *ENGINE, "--workers", "2",
                "--results", str(tmp_path / "svm")], ranks=2)
     assert svm.returncode == 0, svm.stderr
-    best = summary(tmp_path / "svm")["sweep"]["best"][0]
+    best = read_summary(tmp_path / "svm")["sweep"]["best"][0]
     assert best["mean"] < 0.05 and len(rows(tmp_path / "svm")) == 20
     net = run([str(REPO / "examples" / "sweep" / "torch_digits.py"), *ENGINE, "--workers", "2",
                "--results", str(tmp_path / "torch")])
     assert net.returncode == 0, net.stderr
-    best = summary(tmp_path / "torch")["sweep"]["best"][0]
+    best = read_summary(tmp_path / "torch")["sweep"]["best"][0]
     assert best["mean"] < 0.2 and best["n"] == 3 and len(rows(tmp_path / "torch")) == 18
     assert {row["device"] for row in rows(tmp_path / "torch")} <= {"cpu0", "cpu1"}
 
@@ -720,19 +728,19 @@ def fit(params):
 def test_a_script_calling_sweep_main_unguarded_is_one_line_naming_the_line(tmp_path):
     """Each worker imports the script: without `if __name__ == "__main__":` it would start a sweep of
     its own. Found before anything is written; called from a function, each worker says it."""
-    script = write(tmp_path / "unguarded.py", UNGUARDED + 'raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n')
+    script = write_json(tmp_path / "unguarded.py", UNGUARDED + 'raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n')
     result = run([str(script), *ENGINE, "--results", str(tmp_path / "r")], cwd=tmp_path)
     assert_usage_error(result, "unguarded.py:8:", "if __name__ ==")
     assert not (tmp_path / "r").exists()
     # written as most such scripts are, without raise SystemExit(...): exit 2 all the same (it was 0)
-    script = write(tmp_path / "bare.py", UNGUARDED + 'sweep.main(fit, grid={"x": [1, 2]})\n')
+    script = write_json(tmp_path / "bare.py", UNGUARDED + 'sweep.main(fit, grid={"x": [1, 2]})\n')
     assert_usage_error(run([str(script), *ENGINE, "--results", str(tmp_path / "b")], cwd=tmp_path), "bare.py:8:")
-    script = write(tmp_path / "via_function.py", UNGUARDED + 'def go():\n    return sweep.main(fit, grid={"x": [1]})\n\n\n'
+    script = write_json(tmp_path / "via_function.py", UNGUARDED + 'def go():\n    return sweep.main(fit, grid={"x": [1]})\n\n\n'
                    'raise SystemExit(go())\n')
     result = run([str(script), *ENGINE, "--results", str(tmp_path / "f")], cwd=tmp_path)
     assert result.returncode == 1 and "sweep.main ran inside a worker" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
-    guarded = write(tmp_path / "guarded.py", UNGUARDED + 'if __name__ == "__main__":\n'
+    guarded = write_json(tmp_path / "guarded.py", UNGUARDED + 'if __name__ == "__main__":\n'
                     '    raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n')
     assert run([str(guarded), "--help"], cwd=tmp_path).stdout.startswith(f"usage: python {guarded}")
     assert run([str(guarded), *ENGINE, "--results", str(tmp_path / "g")], cwd=tmp_path).returncode == 0
@@ -768,7 +776,7 @@ def test_sweep_mains_own_arguments_are_checked_as_the_flags_are(tmp_path, argume
     line, exit 2, nothing written (it completed 0 items, maximised for both goals, or left a logs
     folder behind a traceback)."""
     space = "" if "space=" in arguments else 'grid={"x": [1, 2]}, '
-    script = write(tmp_path / "script.py", UNGUARDED + 'if __name__ == "__main__":\n'
+    script = write_json(tmp_path / "script.py", UNGUARDED + 'if __name__ == "__main__":\n'
                    f'    raise SystemExit(sweep.main(fit, {space}{arguments}))\n')
     result = run([str(script), *ENGINE, "--results", str(tmp_path / "r")], cwd=tmp_path)
     assert_usage_error(result, "sweep: error: sweep.main", fragment)
@@ -778,14 +786,14 @@ def test_sweep_mains_own_arguments_are_checked_as_the_flags_are(tmp_path, argume
 def test_sweep_mains_values_that_the_command_line_replaces_or_numpy_gives_are_taken(tmp_path):
     """--repeats on the command line replaces sweep.main's (even a bad one); numpy's whole numbers
     are whole numbers, and its floats are values (np.float64 was refused as "not a value JSON can hold")."""
-    script = write(tmp_path / "script.py", "import numpy as np\n" + UNGUARDED + 'if __name__ == "__main__":\n'
+    script = write_json(tmp_path / "script.py", "import numpy as np\n" + UNGUARDED + 'if __name__ == "__main__":\n'
                    '    raise SystemExit(sweep.main(fit, grid={"x": [np.float64(0.5), 2]}, repeats=np.int64(0)))\n')
     assert run([str(script), *ENGINE, "--results", str(tmp_path / "r"), "--repeats", "2"], cwd=tmp_path).returncode == 0
-    assert summary(tmp_path / "r")["items_total"] == 4
+    assert read_summary(tmp_path / "r")["items_total"] == 4
     assert sorted({row["x"] for row in rows(tmp_path / "r")}) == ["0.5", "2"]
-    write(tmp_path / "script.py", script.read_text().replace("np.int64(0)", "np.int64(3)"))
+    write_json(tmp_path / "script.py", script.read_text().replace("np.int64(0)", "np.int64(3)"))
     assert run([str(script), *ENGINE, "--results", str(tmp_path / "s")], cwd=tmp_path).returncode == 0
-    assert summary(tmp_path / "s")["items_total"] == 6
+    assert read_summary(tmp_path / "s")["items_total"] == 6
 
 
 def test_a_numpy_array_in_a_grid_is_its_list_of_values():
@@ -837,7 +845,7 @@ def test_yaml_reads_an_exponent_without_a_dot_as_a_number(tmp_path):
     strings "1e-3" and "1.5e3", and the function got text. A quoted one stays a string."""
     from common.sweep.space import load_file
 
-    grid = write(tmp_path / "g.yaml", 'lr: [1e-3, 1.5e3, 2E+2, .5e1, 0.01, 5, "1e-3", 3e, 1_000, ._e3]\n')
+    grid = write_json(tmp_path / "g.yaml", 'lr: [1e-3, 1.5e3, 2E+2, .5e1, 0.01, 5, "1e-3", 3e, 1_000, ._e3]\n')
     assert load_file(grid, "--grid") == {"lr": [0.001, 1500.0, 200.0, 5.0, 0.01, 5, "1e-3", "3e", 1000, "._e3"]}
     assert [type(v) for v in load_file(grid, "--grid")["lr"][:4]] == [float] * 4
 
@@ -850,7 +858,7 @@ def test_yaml_reads_plain_words_and_numbers_as_yaml_1_2_does(tmp_path):
     step's gpu: yes is refused with the reason."""
     from common.sweep.space import load_file
 
-    grid = write(tmp_path / "g.yaml", "country: [no, se, yes, On, off, n]\nflag: [true, False, TRUE]\n"
+    grid = write_json(tmp_path / "g.yaml", "country: [no, se, yes, On, off, n]\nflag: [true, False, TRUE]\n"
                                       "n: [010, -07, 0o17, 0x1f, 1:30, +5, 1_000]\nnothing: [~, null]\n"
                                       "day: [2024-01-01, 2024-01-01 10:00:00, =]\n"
                                       "more: [1_, 1__0, 1:30.5, .inf, 1., !!int 0b11]\n")
@@ -859,7 +867,7 @@ def test_yaml_reads_plain_words_and_numbers_as_yaml_1_2_does(tmp_path):
                                          "day": ["2024-01-01", "2024-01-01 10:00:00", "="],
                                          "more": ["1_", "1__0", "1:30.5", math.inf, 1.0, 3]}
     assert [type(v) for v in load_file(grid, "--grid")["n"]] == [int, int, int, int, str, int, int]
-    definition = write(tmp_path / "p.yaml", "name: p\nsteps:\n  - id: a\n    command: 'true'\n    gpu: yes\n")
+    definition = write_json(tmp_path / "p.yaml", "name: p\nsteps:\n  - id: a\n    command: 'true'\n    gpu: yes\n")
     proc = run(["-m", "common.pipeline", str(definition), "--dry-run", "--gpu", "cpu", "--results", str(tmp_path / "r")])
     assert_usage_error(proc, "gpu must be true or false, got 'yes' (a word in YAML 1.2, which YAML 1.1 made a boolean)")
 
@@ -868,7 +876,7 @@ def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_
     """--minimise with a misspelt name: the run completes (results.csv has every value), and its last
     line says nothing was ranked and what the function returned, instead of passing for a run with
     no metric."""
-    result = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(write(tmp_path / "g.json", {"x": [1, 2]})),
+    result = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(write_json(tmp_path / "g.json", {"x": [1, 2]})),
                    "--minimise", "los", workers=1)
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]
@@ -892,7 +900,7 @@ def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_
 def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range(tmp_path):
     """A parameter named like one of results.csv's own columns is written as param.NAME; values near
     the float limit still give the ranking and every file but a figure that cannot be laid out."""
-    grid = write(tmp_path / "g.json", {"param.seed": [0], "seed": [1, 2], "host": ["h"], "x": [1]})
+    grid = write_json(tmp_path / "g.json", {"param.seed": [0], "seed": [1, 2], "host": ["h"], "x": [1]})
     result = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid))
     assert result.returncode == 0, result.stderr
     header = (tmp_path / "r" / "results.csv").read_text().splitlines()[0].split(",")
@@ -900,22 +908,22 @@ def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range
     # the parameter named "param.seed" (two columns had one name), whichever comes first; "seed" is param.seed
     assert {row["param.param.seed"] for row in rows(tmp_path / "r")} == {"0"}
     assert {row["param.seed"] for row in rows(tmp_path / "r")} == {"1", "2"}
-    write(tmp_path / "huge.py", "def fit(params, seed):\n    return {'loss': 1.7e308 if seed % 2 else -1.7e308}\n")
-    grid = write(tmp_path / "g4.json", {"x": [1, 2, 3, 4]})
+    write_json(tmp_path / "huge.py", "def fit(params, seed):\n    return {'loss': 1.7e308 if seed % 2 else -1.7e308}\n")
+    grid = write_json(tmp_path / "g4.json", {"x": [1, 2, 3, 4]})
     result = sweep("huge:fit", tmp_path / "h", "--grid", str(grid), "--repeats", "4", "--minimise", "loss", cwd=tmp_path)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    assert len(rows(tmp_path / "h")) == 16 and summary(tmp_path / "h")["sweep"]["best"]
+    assert len(rows(tmp_path / "h")) == 16 and read_summary(tmp_path / "h")["sweep"]["best"]
     assert "No figure: the figure of 'loss' could not be drawn" in (tmp_path / "h" / "summary.md").read_text()
     # a point whose metric is NaN (or missing) is not ranked, and the summary says so
-    write(tmp_path / "nan.py", "def fit(params):\n    return {'loss': float('nan') if params['x'] > 2 else params['x']}\n")
+    write_json(tmp_path / "nan.py", "def fit(params):\n    return {'loss': float('nan') if params['x'] > 2 else params['x']}\n")
     result = sweep("nan:fit", tmp_path / "n", "--grid", str(grid), "--minimise", "loss", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert len(rows(tmp_path / "n")) == 4 and [b["key"] for b in summary(tmp_path / "n")["sweep"]["best"]] == ["x=1", "x=2"]
-    assert summary(tmp_path / "n")["sweep"]["unranked"] == 2
+    assert len(rows(tmp_path / "n")) == 4 and [b["key"] for b in read_summary(tmp_path / "n")["sweep"]["best"]] == ["x=1", "x=2"]
+    assert read_summary(tmp_path / "n")["sweep"]["unranked"] == 2
     assert ("2 points returned no finite `loss` (NaN, infinite or missing) and are not ranked; results.csv has them."
             in (tmp_path / "n" / "summary.md").read_text())
     # results.jsonl is strict JSON: an infinite value is null there (Infinity is not JSON), inf in results.csv
-    write(tmp_path / "inf.py", "def fit(params):\n    return {'loss': float('inf'), 'curve': [1.0, -float('inf')]}\n")
+    write_json(tmp_path / "inf.py", "def fit(params):\n    return {'loss': float('inf'), 'curve': [1.0, -float('inf')]}\n")
     result = sweep("inf:fit", tmp_path / "i", "--grid", str(grid), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = (tmp_path / "i" / "results.jsonl").read_text().splitlines()
@@ -928,13 +936,13 @@ def test_an_integer_past_the_float_range_fails_its_item_and_is_not_taken_from_a_
     """results.csv, the statistics and the figures take floats: an int of 10**400 fails its item in
     one line (it used to pass, and then the outputs failed after every item had run), and a
     journal an earlier version wrote with one is refused in one line, not resumed into the same failure."""
-    write(tmp_path / "big.py", "import os\n\n\ndef fit(params):\n"
+    write_json(tmp_path / "big.py", "import os\n\n\ndef fit(params):\n"
                                "    return {'error': 10 ** 400 if params['x'] == 2 and not os.environ.get('SMALL') else 0.5}\n")
-    grid = write(tmp_path / "g.json", {"x": [1, 2]})
+    grid = write_json(tmp_path / "g.json", {"x": [1, 2]})
     result = sweep("big:fit", tmp_path / "r", "--grid", str(grid), "--minimise", "error", "--retries", "0", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "item x=2 returned an integer of about 401 digits at [\"error\"], past a float's range" in result.stderr
-    assert [item["key"] for item in summary(tmp_path / "r")["failed_items"]] == ["x=2"] and len(rows(tmp_path / "r")) == 1
+    assert [item["key"] for item in read_summary(tmp_path / "r")["failed_items"]] == ["x=2"] and len(rows(tmp_path / "r")) == 1
     # a journal holding the value, as an earlier version let it through
     monkeypatch.setenv("SMALL", "1")
     smaller = sweep("big:fit", tmp_path / "s", "--grid", str(grid), "--minimise", "error", cwd=tmp_path)
@@ -954,24 +962,24 @@ def test_an_integer_past_the_float_range_fails_its_item_and_is_not_taken_from_a_
 def test_a_run_where_no_item_ran_shows_no_timeline(tmp_path, fails):
     """Also a setup that calls sys.exit: it was "worker exited with code 1" (the message on raw stderr);
     now its SystemExit is the reason given, as an item's is."""
-    grid = write(tmp_path / "g.json", {"x": [1, 2]})
-    write(tmp_path / "setup_fails.py", f"import sys\n\n\ndef setup(device):\n    {fails}\n\n\n"
+    grid = write_json(tmp_path / "g.json", {"x": [1, 2]})
+    write_json(tmp_path / "setup_fails.py", f"import sys\n\n\ndef setup(device):\n    {fails}\n\n\n"
                                        "def fit(params, state):\n    return {}\n")
     result = sweep("setup_fails:fit", tmp_path / "r", "--grid", str(grid), "--setup", "setup", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     why = "RuntimeError: no data" if fails.startswith("raise") else "SystemExit: no data"
     assert f"after 3 failed starts: {why}" in result.stderr, result.stderr
-    assert summary(tmp_path / "r")["timeline_plot"] is None and not (tmp_path / "r" / "timeline.png").exists()
+    assert read_summary(tmp_path / "r")["timeline_plot"] is None and not (tmp_path / "r" / "timeline.png").exists()
     assert "timeline" not in (tmp_path / "r" / "summary.md").read_text()
     assert "is missing" not in (tmp_path / "r" / "report.html").read_text()
 
 
 def test_a_dry_run_refuses_what_the_run_would_and_lists_what_a_resume_would_run(tmp_path):
     results = tmp_path / "r"
-    assert sweep("sweep_functions:noisy", results, "--grid", str(write(tmp_path / "g3.json", {"x": [1, 2, 3]}))
+    assert sweep("sweep_functions:noisy", results, "--grid", str(write_json(tmp_path / "g3.json", {"x": [1, 2, 3]}))
                  ).returncode == 0
     before = snapshot(results)
-    grown = write(tmp_path / "g4.json", {"x": [1, 2, 3, 4]})
+    grown = write_json(tmp_path / "g4.json", {"x": [1, 2, 3, 4]})
     assert_usage_error(sweep("sweep_functions:noisy", results, "--grid", str(grown), "--dry-run"),
                        "already holds the journal")
     assert_usage_error(sweep("sweep_functions:everything", results, "--grid", str(grown), "--setup", "setup",

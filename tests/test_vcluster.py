@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import summary
+from helpers import read_summary
 from vcluster import REPO
 
 pytestmark = pytest.mark.vcluster
@@ -98,8 +98,8 @@ def test_an_app_on_three_nodes_equals_one_rank(vcluster, program, reference):
     shutil.rmtree(results, ignore_errors=True)
     done = hydra(vcluster, program, results)
     assert done.returncode == 0, done.stderr
-    assert summary(results)["status"] == "complete"
-    assert {w["host"] for w in summary(results)["workers"]} == {"node1", "node2", "node3"}
+    assert read_summary(results)["status"] == "complete"
+    assert {w["host"] for w in read_summary(results)["workers"]} == {"node1", "node2", "node3"}
     ran_on = {e["host"] for e in map(json.loads, (results / "journal.jsonl").read_text().splitlines())
               if e.get("type") == "result"}
     assert len(ran_on) >= 2, f"items ran on {ran_on} only"
@@ -140,7 +140,7 @@ def test_pipelines_on_three_nodes_equal_one_rank(vcluster, reference):
     shutil.rmtree(results, ignore_errors=True)
     done = hydra(vcluster, program, results)
     assert done.returncode == 0, done.stderr
-    assert summary(results)["status"] == summary(one)["status"] == "complete"
+    assert read_summary(results)["status"] == read_summary(one)["status"] == "complete"
     assert pipeline_outcome(results) == pipeline_outcome(one)
     hosts = {p.read_text().strip() for p in results.rglob("host.log")}
     assert len(hosts) >= 2, f"the pipelines ran on {hosts} only"
@@ -191,9 +191,9 @@ def test_a_generated_slurm_script_on_two_nodes_equals_one_rank(vcluster, which, 
     job = vcluster.sbatch(script, *app_args, "--results", str(results), wait=True)
     log = vcluster.job_output(job)
     assert vcluster.job_state(job) == "COMPLETED", log + vcluster.logs()
-    assert summary(results)["ranks"] == 2, log
-    assert summary(results)["status"] == "complete", log
-    assert {w["host"] for w in summary(results)["workers"]} == {"node1", "node2"}
+    assert read_summary(results)["ranks"] == 2, log
+    assert read_summary(results)["status"] == "complete", log
+    assert {w["host"] for w in read_summary(results)["workers"]} == {"node1", "node2"}
     if which == "pipelines":
         assert pipeline_outcome(results) == pipeline_outcome(one)
     else:
@@ -230,7 +230,7 @@ def test_followers_hear_rank_0_all_the_while_it_writes_outputs_longer_than_the_t
                                   "--results", str(results)], timeout=180)
     assert done.returncode == 0, done.stderr
     assert "lost rank 0" not in done.stderr, done.stderr
-    assert summary(results)["status"] == "complete" and summary(results)["ranks"] == 2
+    assert read_summary(results)["status"] == "complete" and read_summary(results)["ranks"] == 2
 
 
 def test_slurm_gres_pins_each_worker_to_its_own_fake_gpu(vcluster):
@@ -241,8 +241,8 @@ def test_slurm_gres_pins_each_worker_to_its_own_fake_gpu(vcluster):
                                   "--sleep", "2", "--gpu", "all", "--threads", "1", "--no-progress", "--results", str(results)],
                         timeout=300)
     assert done.returncode == 0, done.stderr
-    assert [w["devices"] for w in summary(results)["workers"]] == [["gpu0", "gpu1"]] * 2
-    assert [w["host"] for w in summary(results)["workers"]] == ["node1", "node2"]
+    assert [w["devices"] for w in read_summary(results)["workers"]] == [["gpu0", "gpu1"]] * 2
+    assert [w["host"] for w in read_summary(results)["workers"]] == ["node1", "node2"]
     # every worker says what it was given as it starts (2 s items: a worker that starts late still
     # starts before the end, but which workers get items is a race)
     for rank in range(2):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import summary, values
+from helpers import read_summary, values
 from test_vcluster import TOY, generated_script
 from vcluster import REPO
 
@@ -86,7 +86,7 @@ def test_hydra_a_node_whose_rank_is_killed_ends_the_job_and_resume_completes(vcl
     done_before = results_count(results)
     resumed = vcluster.run("node1", vcluster.hydra([*program, "--resume"], vcluster.nodes), timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert summary(results)["items_resumed"] == done_before
+    assert read_summary(results)["items_resumed"] == done_before
     assert values(results) == clean
 
 
@@ -107,7 +107,7 @@ def test_hydra_a_node_whose_link_drops_is_lost_and_the_run_completes_without_it(
     finally:
         vcluster.restore_link("node3")
     assert job.returncode == 0, err
-    report = summary(results)
+    report = read_summary(results)
     assert report["status"] == "complete" and [r["host"] for r in report["lost_ranks"]] == ["node3"]
     assert "lost rank 2 on node3" in (results / "summary.md").read_text()
     assert values(results) == clean
@@ -164,7 +164,7 @@ def test_slurm_a_lost_node_leaves_the_job_going_and_it_completes(vcluster, clean
     finally:
         vcluster.restore_link("node2")
     log = job_log(vcluster, job)
-    report = summary(results)
+    report = read_summary(results)
     assert job_state(vcluster, job) == "COMPLETED", log
     assert report["status"] == "complete", log
     if fault == "cut":  # silent: rank 0 carries on without it (and should Slurm declare the node DOWN
@@ -192,7 +192,7 @@ def test_slurm_scancel_of_the_whole_job_then_resubmission_completes(vcluster, cl
     wait_job(vcluster, again, 300)
     log = job_log(vcluster, again)
     assert job_state(vcluster, again) == "COMPLETED", log
-    assert summary(results)["items_resumed"] > 0
+    assert read_summary(results)["items_resumed"] > 0
     assert values(results) == clean
 
 

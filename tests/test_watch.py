@@ -22,7 +22,7 @@ import pytest
 from common.observe.progress import format_seconds
 from common.results.journal import JournalReader
 from common.status import STALE_INTERVALS, STALE_MARGIN_SECONDS, describe
-from helpers import REPO, TOY, kill_frozen, rank_pids, run, start, wait_for_results, wait_until
+from helpers import REPO, TOY, kill_frozen, rank_pids, read_summary, run, start, wait_for_results, wait_until
 
 FAKE_NVML = str(REPO / "tests" / "fake_nvml")
 
@@ -101,7 +101,7 @@ def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quic
     ended = status(results)
     final = ended.stdout
     assert final.startswith("toy: failed") and ended.returncode == 1, final
-    wall = json.loads((results / "summary.json").read_text())["wall_seconds"]
+    wall = read_summary(results)["wall_seconds"]
     assert f", ran {format_seconds(wall)}\n" in final, (wall, final)  # the wall time summary.md gives
     assert "15 of 16 done (93.8%), 1 failed, 0 handed out" in final
     assert "item-0003: RuntimeError: item item-0003 always fails" in final
@@ -124,7 +124,7 @@ def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quic
     assert all(row["util_percent"] == "" for row in rows if row["gpu"] == "rank0-gpu1")
     for suffix in (".png", ".svg", ".pdf"):
         assert (results / f"gpu_usage{suffix}").stat().st_size > 1000
-    summary = json.loads((results / "summary.json").read_text())
+    summary = read_summary(results)
     usage = summary["gpu_usage"]
     assert set(usage) == {"rank0-gpu0", "rank0-gpu1", "rank1-gpu2", "rank1-gpu3"}
     assert 25 <= usage["rank1-gpu2"]["util_mean_percent"] <= usage["rank1-gpu2"]["util_peak_percent"] <= 95

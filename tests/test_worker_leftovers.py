@@ -12,7 +12,7 @@ import pytest
 
 from common.run.engine import WORKER_KILL_AFTER
 from common.workers.leftovers import THREAD_GRACE_SECONDS
-from helpers import REPO, run, wait_until
+from helpers import REPO, read_summary, run, wait_until
 
 ENGINE = ["--gpu", "cpu", "--threads", "1", "--no-progress", "--workers", "1"]
 
@@ -88,7 +88,7 @@ def test_an_error_of_megabytes_is_kept_short_everywhere(tmp_path):
     results = tmp_path / "r"
     for name in ("summary.md", "summary.json", "status.json", "journal.jsonl", "report.html", "logs/rank0-cpu0.log"):
         assert (results / name).stat().st_size < 10 * MAX_ERROR_CHARS, name
-    failure = json.loads((results / "summary.json").read_text())["failed_items"][0]
+    failure = read_summary(results)["failed_items"][0]
     assert "characters left out" in failure["error"] and failure["error"].startswith("ValueError: x="), failure
 
 

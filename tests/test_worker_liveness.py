@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from helpers import TOY, alive, assert_usage_error, journal_entries, run, start, summary, values, wait_until
+from helpers import TOY, alive, assert_usage_error, journal_entries, read_summary, run, start, values, wait_until
 
 TIMEOUT = 3  # --worker-timeout in these tests (the default is 300)
 
@@ -65,7 +65,7 @@ def test_a_stopped_worker_is_killed_after_the_timeout_and_its_item_runs_elsewher
     assert TIMEOUT - 1 < detected < TIMEOUT + 3, detected
     assert _markers(marks)["item-0006"] == 2  # run again, by another worker
     assert not alive(victim.pid), "the stopped worker was killed"
-    assert summary(results)["failed_items"] == []
+    assert read_summary(results)["failed_items"] == []
     rank, worker = failed[0]["worker"].split("-")[0], failed[0]["worker"]
     assert "item-0006" in err and "worker silent" in err
     assert "worker silent" in _logs(results, f"{rank}.log") and "item-0006" in _logs(results, f"{rank}.log")
@@ -106,7 +106,7 @@ def test_an_item_past_the_item_timeout_is_killed_retried_then_failed(tmp_path):
     assert _markers(marks)["item-0001"] == 2  # first attempt + 1 retry
     for pid in (marks / "item-0001").read_text().split():
         assert not alive(int(pid)), "a timed-out item's worker is killed (its GPU memory freed with it)"
-    failed = summary(results)["failed_items"]
+    failed = read_summary(results)["failed_items"]
     assert [f["key"] for f in failed] == ["item-0001"]
     assert failed[0]["error"].startswith("timed out after 2 s")
     assert "| item-0001 | timed out after 2 s" in (results / "summary.md").read_text()
@@ -130,7 +130,7 @@ def test_an_item_killed_for_its_timeout_fails_even_if_it_answers_during_the_stac
                 "--results", str(results), "--no-progress"], timeout=120)
     killed = {line.split(": ")[1].split(" timed out after")[0] for line in _logs(results, "rank0.log").splitlines()
               if "timed out after 0.3 s (--item-timeout); killing it" in line}
-    failed = {f["key"] for f in summary(results)["failed_items"]}
+    failed = {f["key"] for f in read_summary(results)["failed_items"]}
     assert killed and killed == failed, (killed, failed)
     assert proc.returncode == (1 if failed else 0), proc.stderr
     kept = {e["key"] for e in journal_entries(results) if e.get("type") == "result"}
@@ -170,7 +170,7 @@ def test_a_setup_that_never_returns_is_killed_after_the_setup_timeout(tmp_path):
     assert len(re.findall(r"worker still starting after \d+ s \(--setup-timeout 1\); killing it", ran.stderr)) == 3, \
         ran.stderr
     assert "giving up on cpu0 after 3 failed starts: its setup ran past 1 s (--setup-timeout)" in ran.stderr
-    failed = {f["key"]: f["error"] for f in summary(tmp_path / "r")["failed_items"]}
+    failed = {f["key"]: f["error"] for f in read_summary(tmp_path / "r")["failed_items"]}
     assert failed == {key: "no worker could start: its setup ran past 1 s (--setup-timeout)" for key in ("x=1", "x=2")}
 
 
@@ -193,10 +193,10 @@ def test_a_pipeline_past_the_item_timeout_is_ended_with_every_process_of_its_ste
     proc = run(["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "2", "--item-timeout", "5",
                 "--worker-timeout", "1", "--retries", "0", "--results", str(results), "--no-progress"])
     assert proc.returncode == 1, proc.stderr
-    assert [f["key"] for f in summary(results)["failed_items"]] == ["hang"], proc.stderr
-    assert "timed out after 5 s" in summary(results)["failed_items"][0]["error"]
+    assert [f["key"] for f in read_summary(results)["failed_items"]] == ["hang"], proc.stderr
+    assert "timed out after 5 s" in read_summary(results)["failed_items"][0]["error"]
     # the killed step is in the summary (its worker died before it could write its status.json)
-    assert summary(results)["pipelines"]["hang"]["steps"]["s1"]["status"] == "failed"
+    assert read_summary(results)["pipelines"]["hang"]["steps"]["s1"]["status"] == "failed"
     table = [line for line in (results / "summary.md").read_text().splitlines() if line.startswith("| pipeline | status")]
     assert table == ["| pipeline | status | s1 | s2 |"]
     # its time is not known (no status.json), and the step it never reached still has its column

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Set, TextIO
+from typing import Any, Dict, List, Mapping, Optional, Set, TextIO, Tuple
 
 from common.observe.progress import format_seconds
 from common.results.hold import last_refreshed, process_gone, read_hold, silent_for
@@ -266,27 +266,28 @@ def _ranks(status: dict, journal: JournalReader, every: float, now: float, gone:
     """One line per rank; of a job that is gone, when each was last heard from (none is "ok")."""
     ranks = status.get("ranks") or []
     lost = {entry.get("rank"): entry for entry in journal.lost.values()}
-    parts = []
+    parts: List[Tuple[str, bool]] = []  # (what is said of the rank, whether it is ok)
     for rank in ranks:
         number, host = rank.get("rank"), rank.get("host", "?")
+        where = f"rank {number} on {host}"
         if rank.get("lost") or number in lost:
-            parts.append(f"rank {number} on {host}: LOST ({rank.get('lost') or lost[number].get('why', '')})")
+            parts.append((f"{where}: LOST ({rank.get('lost') or lost[number].get('why', '')})", False))
         elif rank.get("broken"):
-            parts.append(f"rank {number} on {host}: no worker could start ({rank['broken']})")
+            parts.append((f"{where}: no worker could start ({rank['broken']})", False))
         elif gone:
             heard = rank.get("heard")
-            parts.append(f"rank {number} on {host}: gone with the job" + (
-                f" (last heard {format_seconds(now - heard)} ago)" if isinstance(heard, (int, float)) else ""))
+            parts.append((f"{where}: gone with the job" + (
+                f" (last heard {format_seconds(now - heard)} ago)" if isinstance(heard, (int, float)) else ""), False))
         elif status.get("state") in ("running", "stopping") and rank.get("heard") \
                 and now - rank["heard"] > SILENT_INTERVALS * every + every:
-            parts.append(f"rank {number} on {host}: silent for {format_seconds(now - rank['heard'])}")
+            parts.append((f"{where}: silent for {format_seconds(now - rank['heard'])}", False))
         else:
-            parts.append(f"rank {number} on {host}: ok")
+            parts.append((f"{where}: ok", True))
     if not parts:
         return []
-    lost_count = sum(1 for p in parts if not p.endswith(": ok"))
-    head = f"ranks    {len(parts)}" + (f", {lost_count} not ok" if lost_count else "")
-    return [head] + [f"  {part}" for part in parts]
+    not_ok = sum(1 for _, ok in parts if not ok)
+    head = f"ranks    {len(parts)}" + (f", {not_ok} not ok" if not_ok else "")
+    return [head] + [f"  {text}" for text, _ in parts]
 
 
 def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str, WorkerTally],

@@ -16,13 +16,13 @@ from common.errors import UsageError, quoted
 from common.results.layout import TEMPORARY_SUFFIX, temporary_prefix
 
 
-def _current_umask() -> int:
+@functools.lru_cache(maxsize=None)
+def _umask() -> int:
+    """The process's umask, read once, at the first atomic write rather than at import (reading it
+    means setting it for a moment)."""
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-_UMASK = _current_umask()
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, parents: bool = True) -> None:
@@ -40,7 +40,7 @@ def atomic_write_with(path: Path, write: Callable[[BinaryIO], Any], *, parents: 
         path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name), suffix=TEMPORARY_SUFFIX)
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for the whole group to read
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; results are for the whole group to read
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()

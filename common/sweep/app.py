@@ -439,8 +439,7 @@ class SweepApp(App):
         return report.headline(summary.get("sweep") or {})
 
     def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
-        best = report.headline(summary.get("sweep") or {})
-        return best[0] if best and best[0].startswith("best ") else None
+        return report.best_line(summary.get("sweep") or {})
 
 
 def checked_result(key: str, result: Any) -> Dict[str, Any]:

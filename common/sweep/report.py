@@ -469,13 +469,21 @@ def headline(sweep: Mapping[str, Any]) -> List[str]:
     """The line printed on stdout after a complete run: the best point, where a metric was named
     (or why nothing was ranked: a misspelt name should not pass for a run without one)."""
     notes = [f"note: {shared_seeds_line(sweep['shared_seeds'])}"] if sweep.get("shared_seeds") else []
+    best = best_line(sweep)
+    if best is None:
+        return ([f"nothing to rank: {sweep['note']}"] if sweep.get("note") else []) + notes
+    return [best, *notes]
+
+
+def best_line(sweep: Mapping[str, Any]) -> Optional[str]:
+    """"best METRIC: VALUE at PARAMS" (the run's answer), or None where nothing was ranked."""
     best = sweep.get("best") or []
     if not best:
-        return ([f"nothing to rank: {sweep['note']}"] if sweep.get("note") else []) + notes
+        return None
     top = best[0]
     if top["n"] < top["repeats"]:  # every point had a repeat with no finite value
         repeats = (f" (mean of the {top['n']} of {top['repeats']} repeats that returned a finite value)" if top["n"] > 1
                    else f" (the one of {top['repeats']} repeats that returned a finite value)")
     else:
         repeats = f" (mean of {top['n']} repeats)" if top["n"] > 1 else ""
-    return [f"best {sweep['metric']}: {top['mean']!r}{repeats} at {_params_text(top['params'])}", *notes]
+    return f"best {sweep['metric']}: {top['mean']!r}{repeats} at {_params_text(top['params'])}"

@@ -400,8 +400,7 @@ class Leader:
         tell it once to end, since its items went to others."""
         if isinstance(message, (Result, Results)):
             self._results(message)
-        if not self.lost[source].get("told_to_end"):
-            self.lost[source]["told_to_end"] = True
+        if self.liveness.tell_to_end_once(source):
             self.comm.send(End("halt", EXIT_STOPPED), source)
 
     def _on_message(self, source: int, message: Any) -> None:

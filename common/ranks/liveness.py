@@ -108,6 +108,7 @@ class FollowerWatch(PeerWatch):
         super().__init__(comm, self.followers, timeout, clock)
         self.hosts = hosts or {}
         self.lost: Dict[int, Dict[str, Any]] = {}  # rank -> what happened, for the summary
+        self._told_to_end: Set[int] = set()  # lost ranks that spoke again and were told to end
         self._watched = -math.inf  # when watch() last looked at every rank
 
     @property
@@ -132,6 +133,14 @@ class FollowerWatch(PeerWatch):
     def forget(self, rank: int) -> None:
         """No more heartbeats to ``rank``, nor a watch on its silence."""
         self.table.forget(rank)
+
+    def tell_to_end_once(self, rank: int) -> bool:
+        """Whether ``rank``, lost and speaking again (its network came back), is yet to be told to
+        end: True the first time only."""
+        if rank in self._told_to_end:
+            return False
+        self._told_to_end.add(rank)
+        return True
 
     def note_lost(self, rank: int, why: str, items_reassigned: int) -> str:
         """Record ``rank`` as lost (after :meth:`forget`); its host's name."""

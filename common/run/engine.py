@@ -790,7 +790,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         "item_seconds_total": round(busy, 3),
         "item_seconds_mean": round(busy / len(this_run), 4) if this_run else None,
         "gpu_usage": gpu,
-        "lost_ranks": [{k: v for k, v in lost.items() if k != "told_to_end"} for lost in leader.lost.values()],
+        "lost_ranks": list(leader.lost.values()),
     }
     if outcome != "stopped" and failures.first is None:
         # the figures can take a while (mnist_nn's 100 certainty figures: about 20 s on a CPU): say so,

@@ -374,7 +374,6 @@ def test_status_watch_with_an_absurd_period_is_one_line(finished_run, period):
 # ----- item 15: the Slurm script generator -----------------------------------------------------
 
 
-
 @pytest.mark.parametrize("walltime", ["\u0661\u0662:00:00", "01:\uff10\uff10:00", "\u0967-00:00:00"])
 def test_slurm_time_with_non_ascii_digits_is_refused(walltime):
     """Python's \\d takes Arabic-Indic or full-width digits; sbatch refuses them only after submission."""

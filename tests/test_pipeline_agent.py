@@ -43,8 +43,6 @@ def cli(definition: Path, results: Path, *extra: str, timeout: float = 120) -> s
     return run(pipeline_command(definition, results, *extra), timeout=timeout)
 
 
-
-
 def run_pipeline(tmp_path: Path, data: dict, **runner):
     [pipeline] = parse_definition(data)
     layout = RunLayout(tmp_path / "results", pipeline.name)

@@ -37,13 +37,9 @@ TINY = {"EPOCHS": "2", "N_CONV_LAYER": "4", "N_HIDDEN_LAYER": "32"}
 pytestmark = pytest.mark.usefixtures("private_node_slots")
 
 
-
-
 def start_pipeline(definition: Path, results: Path, *extra: str):
     """The pipeline CLI in the background, on CPU (to signal it while it runs)."""
     return start(pipeline_command(definition, results, *extra))
-
-
 
 
 def step_status(results: Path, run_id: str, step: str) -> dict:

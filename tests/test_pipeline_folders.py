@@ -18,8 +18,6 @@ from helpers import assert_usage_error, pipeline_cli, read_summary, snapshot
 DEFINITION = {"name": "p", "steps": [{"id": "a", "command": "echo A"}, {"id": "b", "command": "exit 3"}]}
 
 
-
-
 @pytest.fixture(scope="module")
 def failed_run(tmp_path_factory) -> Path:
     """A run whose step b failed (so a --resume goes on at b): copied by each test."""

@@ -27,8 +27,6 @@ from slurm_cluster import slurm  # noqa: F401  (the session's Slurm, a fixture)
 GENERATOR = [sys.executable, "-m", "common.slurm"]
 
 
-
-
 # ----- the generator and the shipped scripts (no Slurm needed) -----
 
 def test_shipped_scripts_are_what_the_generator_makes():

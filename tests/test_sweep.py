@@ -39,8 +39,6 @@ def sweep(target: str, results: Path, *extra: str, ranks: int = 1, workers: int 
                ranks=ranks, cwd=cwd, **kwargs)
 
 
-
-
 def rows(results: Path) -> list:
     with open(Path(results) / "results.csv", newline="") as handle:
         return list(csv.DictReader(handle))
@@ -291,7 +289,6 @@ def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_th
     scalar = sweep("sweep_functions:not_a_dict", tmp_path / "scalar", "--grid", str(grid), "--retries", "0")
     assert scalar.returncode == 1
     assert "returned a float, not a dict" in read_summary(tmp_path / "scalar")["failed_items"][0]["error"]
-
 
 
 def test_a_bug_that_fails_every_item_stops_the_run_early_and_a_resume_after_the_fix_finishes(tmp_path):

@@ -192,8 +192,9 @@ class _Visitor(ast.NodeVisitor):
                 and not any(isinstance(a, ast.Starred) for a in call.args[:position + 1])):
             value = call.args[position]
         if value is None:
-            if any(keyword.arg is None for keyword in call.keywords) or any(isinstance(a, ast.Starred) for a in call.args):
-                return None  # **kwargs or *args: could be anything
+            starred = positional and any(isinstance(a, ast.Starred) for a in call.args)  # a keyword-only ranks it cannot fill
+            if any(keyword.arg is None for keyword in call.keywords) or starred:
+                return None  # **kwargs, or *args where ranks may be positional: could be anything
             default = inspect.signature(callee).parameters["ranks"].default
             return default if isinstance(default, int) else None
         if isinstance(value, ast.Constant):

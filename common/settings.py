@@ -7,9 +7,10 @@ thread. Booleans take ``1``/``true`` (on) and ``0``/``false``/empty (off); secon
 positive and below a stated bound; an empty seconds or text setting means its default. The README's table
 of environment variables lists the same.
 
-The pipeline app's variables whose validity depends on the definition (the family
-``PIPELINE_RESOURCE_<NAME>``/``SWARM_RESOURCE_<name>``, and ``PIPELINE_AGENT``, needed only by
-prompt steps) are checked where the pipeline app reads its definition (``common.pipeline.app``).
+The pipeline app's variables whose validity depends on the definition or its flags (the family
+``PIPELINE_RESOURCE_<NAME>``/``SWARM_RESOURCE_<name>``, ``PIPELINE_AGENT``, needed only by prompt
+steps, and the queue timeouts below, which ``--queue-timeout`` replaces) are checked where the
+pipeline app reads its definition (``common.pipeline.app``).
 The launcher's, Slurm's and CUDA's own variables are read by the functions below and by
 ``common.devices`` (CUDA_VISIBLE_DEVICES, which it also sets for each worker).
 """
@@ -72,9 +73,11 @@ QUEUE_TIMEOUT = Setting("PIPELINE_QUEUE_TIMEOUT", "seconds", None,
 SWARM_QUEUE_TIMEOUT = Setting("SWARM_QUEUE_TIMEOUT", "seconds", None,
                               "the pipeline format's own name for PIPELINE_QUEUE_TIMEOUT (which wins)", MAX_QUEUE_TIMEOUT)
 
-#: every variable a run reads, checked when it starts (the README's table lists the same)
+#: every variable a run reads, checked when it starts (the README's table lists the same); not the queue
+#: timeouts, which only a pipeline run reads, where --queue-timeout wins (and SWARM_QUEUE_TIMEOUT may be
+#: set for the format's own tools): common.pipeline.app checks them
 ALL: Tuple[Setting, ...] = (NO_MPI, HOLD_SECONDS, PROGRESS_SECONDS, STATUS_SECONDS, KILL_GRACE, LOCK_DIR, APPTAINER,
-                            CONTAINER, QUEUE_TIMEOUT, SWARM_QUEUE_TIMEOUT)
+                            CONTAINER)
 
 
 def _shown(text: str) -> str:

@@ -413,19 +413,23 @@ def test_a_deleted_working_folder_is_one_line_and_writes_nothing(tmp_path, progr
 
 
 def test_the_queue_timeout_and_slurm_variables_are_read_by_the_settings_module():
-    """Every variable of ours is a setting checked as a run starts (the pipeline's queue timeout too,
-    under both its names, ours winning); an empty seconds setting is its default, as unset (a job
-    script's VAR=); Slurm's job, restart count and GPU variables are read in one place."""
+    """Every variable of ours is a setting; the pipeline's queue timeout, under both its names (ours
+    winning), is checked by the pipeline app only, where --queue-timeout replaces it and nothing else
+    refuses a SWARM_QUEUE_TIMEOUT set for the format's own tools; an empty seconds setting is its
+    default, as unset (a job script's VAR=); Slurm's job, restart count and GPU variables are read in
+    one place."""
     from common import settings
     from common.errors import UsageError
     from common.pipeline.app import queue_timeout
 
-    assert settings.QUEUE_TIMEOUT in settings.ALL and settings.SWARM_QUEUE_TIMEOUT in settings.ALL
+    assert settings.QUEUE_TIMEOUT not in settings.ALL and settings.SWARM_QUEUE_TIMEOUT not in settings.ALL
+    settings.check_environment({"SWARM_QUEUE_TIMEOUT": "2h"})  # not ours to refuse for an mnist run
     assert queue_timeout(None, {"SWARM_QUEUE_TIMEOUT": "12", "PIPELINE_QUEUE_TIMEOUT": ""}) == 12.0
+    assert queue_timeout(60.0, {"SWARM_QUEUE_TIMEOUT": "2h"}) == 60.0  # the flag wins, unread
     assert settings.value(settings.HOLD_SECONDS, {"MULTINODE_GPU_HOLD_SECONDS": " "}) == 20.0
     for bad in ("soon", "0", "nan", "1e12"):
         with pytest.raises(UsageError, match=f"SWARM_QUEUE_TIMEOUT='{bad}': "):
-            settings.check_environment({"SWARM_QUEUE_TIMEOUT": bad})
+            queue_timeout(None, {"SWARM_QUEUE_TIMEOUT": bad})
     assert settings.slurm_job({"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2"}) == ("77", "2")
     assert settings.slurm_job({"SLURM_JOB_ID": ""}) == (None, None) and not settings.in_slurm_job({})
     assert settings.slurm_gpus({"SLURM_JOB_GPUS": "(null)", "SLURM_GPUS_ON_NODE": "2"}) == "SLURM_GPUS_ON_NODE=2"

@@ -339,10 +339,13 @@ class PipelineApp(App):
             elif item is not None:  # failed: its result never reached the journal; read its steps from disk
                 steps = _steps_on_disk(layout, pipeline, item)
                 progress = read_progress(layout) or {}
+                failure = (errors.get(item.key) or "not run").strip()
                 walked = progress.get("reason") if progress.get("state") == "failed" else None
-                # the walk's reason, whole, as the runner recorded it; else (its worker killed, the runner's
-                # own error) the item's error line
-                error = walked if isinstance(walked, str) else error_line((errors.get(item.key) or "not run").strip())
+                # the walk's reason, whole, as the runner recorded it, where this attempt's failure is that walk's
+                # (it ends with the reason: a progress.json left by an earlier attempt that the runner failed
+                # before rewriting does not); else (its worker killed, the runner's own error) the error's line
+                fresh = isinstance(walked, str) and walked.strip() and failure.endswith(walked.strip())
+                error = walked.strip() if fresh else error_line(failure)
                 running = progress.get("resume_at") if progress.get("state") == "running" else None
                 if isinstance(running, str) and running not in steps:  # killed with its worker (--item-timeout)
                     steps[running] = {"status": "failed", "reason": error, "attempts": 1, "ended_with_worker": True}

@@ -18,8 +18,16 @@ from common.results.layout import TEMPORARY_SUFFIX, temporary_prefix
 
 @functools.lru_cache(maxsize=None)
 def _umask() -> int:
-    """The process's umask, read once, at the first atomic write rather than at import (reading it
-    means setting it for a moment)."""
+    """The process's umask, read once, at the first atomic write rather than at import: from
+    /proc/self/status (Linux 4.7 and later), which changes nothing. Only where that cannot be read is
+    it set for a moment and put back, which a thread creating a file meanwhile would see."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -71,7 +71,8 @@ def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> D
 
 def queue_timeout(flag: Optional[float], environ: Mapping[str, str]) -> Optional[float]:
     """Seconds a step may wait for its pools: ``--queue-timeout``, else ``PIPELINE_QUEUE_TIMEOUT``,
-    else ``SWARM_QUEUE_TIMEOUT`` (common.settings checks both); None: no limit."""
+    else ``SWARM_QUEUE_TIMEOUT`` (two seconds settings of common.settings, read and checked here only:
+    the flag replaces them unread); None: no limit."""
     if flag is None:
         for setting in (settings.QUEUE_TIMEOUT, settings.SWARM_QUEUE_TIMEOUT):
             seconds = settings.value(setting, environ)

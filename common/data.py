@@ -312,9 +312,8 @@ def _download_from_any_mirror(dataset_class: Any, root: Path) -> Optional[BaseEx
             return 0
 
     failure: Optional[BaseException] = None
-    before = -1
-    while unpacked() > before:
-        before = unpacked()
+    before, now = -1, unpacked()
+    while now > before:
         for chosen in tries:
             if mirrors:
                 dataset_class.mirrors = chosen
@@ -324,6 +323,7 @@ def _download_from_any_mirror(dataset_class: Any, root: Path) -> Optional[BaseEx
                 return None
             except Exception as error:  # noqa: BLE001 -- the next try, then one line
                 failure = error
+        before, now = now, unpacked()
     return failure
 
 

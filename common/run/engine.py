@@ -653,7 +653,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
             stop.outputs_interruptible = True
             try:
                 code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
-                               started_at, failures, drawer)
+                               started_at, failures, drawer, walltime=stop.first == WALLTIME_SIGNAL)
             except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
                 print(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item "
                       f"is journaled: write them with the same launcher and: "
@@ -752,8 +752,9 @@ def _same_node_peers(comm: Any, host: str, what: Any) -> List[int]:
 
 def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: Leader, journal: Journal, resumed: dict,
             items: list, layout: list, reports: list, started_at: float, failures: WriteFailures,
-            drawer: Optional[TimelineDrawer] = None) -> int:
-    """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code."""
+            drawer: Optional[TimelineDrawer] = None, *, walltime: bool = False) -> int:
+    """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code.
+    ``walltime``: the first stop signal was Slurm's walltime warning."""
     args = app.args
     results: Path = args.results
     files = ResultsLayout(results)
@@ -851,7 +852,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["stopped_because"] = leader.stopping
     if outcome == "stopped":
         summary["resume_command"] = _resume_command(app, argv)
-        if failure is None and not leader.gave_up and _made_no_progress(app, leader):
+        if failure is None and not leader.gave_up and _made_no_progress(app, leader, walltime):
             summary["no_progress"] = True  # exit 76: a requeue with the same --time would only repeat it
     elif failed:  # a resume runs the failed items again (after a fix, or for a failure of the moment)
         summary["retry_command"] = _resume_command(app, argv)
@@ -1017,14 +1018,14 @@ def _closing(line: str) -> None:
     log_to_files(line, logging.INFO)
 
 
-def _made_no_progress(app: App, leader: Leader) -> bool:
+def _made_no_progress(app: App, leader: Leader, walltime: bool) -> bool:
     """Whether a requeue of this Slurm job with the same --time would only repeat this start: the
     walltime warning stopped it before any of its items finished, and items were still running
     when --grace ended. Not where an attempt was started again in the run (a retry, a worker or a
     rank lost: a full start might finish it), nor where an item keeps part of its work (a
     pipeline's finished steps). The batch script does not requeue on it (exit 76); it also turns a
     76 of a step it started again in the same job into a requeue."""
-    return (settings.in_slurm_job() and getattr(leader.stop_signal, "first", None) == WALLTIME_SIGNAL
+    return (settings.in_slurm_job() and walltime
             and not leader.records and leader.cut_off > 0 and not leader.bars and not leader.lost
             and not app.items_resume_part_way)
 

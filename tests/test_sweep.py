@@ -118,6 +118,26 @@ def test_rng_goes_to_a_function_that_names_it_not_to_its_kwargs():
     assert _wanted(named) == ("params", "rng", "seed", "device", "state")
 
 
+def test_without_a_setup_state_goes_neither_to_kwargs_nor_over_its_default():
+    """No setup, no state: a **kwargs function or one whose state has a default runs (the default
+    stands); only a state without default asks for a setup (refused by the caller)."""
+    from common.sweep.app import _wanted
+
+    def wrapper(params, **rest):
+        return {}
+
+    def defaulted(params, seed, device, state=None):
+        return {}
+
+    def required(params, state):
+        return {}
+
+    assert _wanted(wrapper, has_setup=False) == ("params", "seed", "device")
+    assert _wanted(defaulted, has_setup=False) == ("params", "seed", "device")
+    assert _wanted(defaulted, has_setup=True) == ("params", "seed", "device", "state")
+    assert _wanted(required, has_setup=False) == ("params", "state")
+
+
 def test_a_list_of_points_in_yaml_with_repeats_and_every_argument(tmp_path):
     points = write_json(tmp_path / "points.yaml", "- {x: 1}\n- {x: 2.5, kind: rbf}\n- {kind: \"1\"}\n")
     result = sweep("sweep_functions:everything", tmp_path / "r", "--points", str(points), "--repeats", "3",

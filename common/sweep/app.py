@@ -145,8 +145,10 @@ def resolve(target: str, what: str = "MODULE:FUNCTION") -> Callable[..., Any]:
     return found
 
 
-def _wanted(function: Callable[..., Any]) -> Tuple[str, ...]:
-    """Which of ARGUMENTS the function takes by name; anything else it requires is refused."""
+def _wanted(function: Callable[..., Any], has_setup: bool = True) -> Tuple[str, ...]:
+    """Which of ARGUMENTS the function takes by name; anything else it requires is refused.
+    Without a setup there is no ``state``: ``**kwargs`` does not receive it and a ``state`` with a
+    default keeps its default (one without is refused by the caller)."""
     name = getattr(function, "__qualname__", repr(function))
     try:
         signature = inspect.signature(function)
@@ -155,10 +157,13 @@ def _wanted(function: Callable[..., Any]) -> Tuple[str, ...]:
     wants = []
     for parameter in signature.parameters.values():
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            return tuple(dict.fromkeys([*wants, *KWARGS_ARGUMENTS]))
+            given = [argument for argument in KWARGS_ARGUMENTS if has_setup or argument != "state"]
+            return tuple(dict.fromkeys([*wants, *given]))
         if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
             continue
         if parameter.name in ARGUMENTS and parameter.kind is not inspect.Parameter.POSITIONAL_ONLY:
+            if parameter.name == "state" and not has_setup and parameter.default is not inspect.Parameter.empty:
+                continue
             wants.append(parameter.name)
         elif parameter.default is inspect.Parameter.empty:
             if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
@@ -335,7 +340,7 @@ class SweepApp(App):
             if inspect.iscoroutinefunction(given) or inspect.isasyncgenfunction(given):  # nothing would await it
                 raise UsageError(f"{what} {given.__qualname__!r} is defined with async def, and a worker calls it "
                                  f"as a plain function: define it with def (it may run asyncio.run(...) inside)")
-        wants = _wanted(function)
+        wants = _wanted(function, has_setup=setup is not None)
         if "state" in wants and setup is None:  # it would be given None, and fail every item (twice) on it
             where = "--setup MODULE:FUNCTION" if self.preset is None else "setup= in sweep.main"
             raise UsageError(f"{function.__qualname__!r} takes 'state', what a setup function returns once per "

@@ -277,6 +277,8 @@ def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path
     assert sorted(returns(tmp_path / "r")) == ["x=4", "x=5"] and len(rows(tmp_path / "r")) == 2
     assert read_summary(tmp_path / "r")["items_this_run"] == 0
     assert not (tmp_path / "r" / "sweep.png").exists()  # no --minimise this time: the old figure is gone
+    told = "the run it resumes ranked by 'loss': give --minimise loss to rank and draw it"
+    assert told in fewer.stdout and told in (tmp_path / "r" / "summary.md").read_text()
     other = sweep("sweep_functions:raises", tmp_path / "r", "--grid", str(grid), "--resume")
     assert_usage_error(other, "other arguments", "function")
     # without --resume: the hint was "pass --resume to continue it", which the line above refuses

@@ -24,7 +24,7 @@ import numpy as np
 
 from common.app import finite_number
 from common.errors import counted, kind_of, markdown_cell
-from common.results.layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, figure_names, png_name
+from common.results.layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, ResultsLayout, figure_names, png_name
 from common.results.outputs import atomic_write_text, new_figure, save_figure
 
 from .space import function_name, point_key, value_text
@@ -317,6 +317,13 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         if given is not _ABSENT and not _number(given):
             returned = f"it returned {plan.metric!r} as {kind_of(given)}; {returned}"
         sweep["note"] = f"no result holds a finite number named {plan.metric!r} ({returned})"
+    elif plan.metric is None:  # a summary.json here is the run this one resumes (else the folder was refused)
+        dropped = _earlier_ranking(folder)
+        if dropped is not None:  # a resume given neither flag: say so, rather than drop the figure without a word
+            flag, metric = dropped
+            sweep["note"] = (f"this resume was given neither --minimise nor --maximise, and the run it resumes ranked "
+                             f"by {metric!r}: give {flag} {metric} to rank and draw it")
+            sweep["earlier_ranking"] = [flag, metric]  # said again by a further resume without either
     elif plan.metric:  # points none of whose repeats returned a finite metric: in results.csv, not ranked
         unranked = {point_key(item.params["point"]) for item, _ in finished} - {entry["key"] for entry in ranked}
         if unranked:
@@ -349,6 +356,25 @@ def _shared_seeds(finished: List[Any]) -> Dict[str, Any]:
         if record.result["seed"] in shared:
             keys.setdefault(record.result["seed"], []).append(item.key)
     return {"items": sum(map(len, keys.values())), "groups": [[seed, found] for seed, found in keys.items()]}
+
+
+def _earlier_ranking(folder: Path) -> Optional[Tuple[str, str]]:
+    """("--minimise" or "--maximise", metric) of the run whose summary.json is in ``folder``, where
+    it ranked its points (or an earlier one did, which a resume without either flag carried on); None
+    where none did, or the summary cannot be read."""
+    try:
+        earlier = json.loads(ResultsLayout(folder).summary_json.read_text()).get("sweep") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(earlier, dict):
+        return None
+    metric, carried = earlier.get("metric"), earlier.get("earlier_ranking")
+    if isinstance(metric, str) and metric:
+        return ("--maximise" if earlier.get("goal") == "max" else "--minimise"), metric
+    if isinstance(carried, list) and len(carried) == 2 and carried[0] in ("--minimise", "--maximise") \
+            and isinstance(carried[1], str) and carried[1]:
+        return carried[0], carried[1]
+    return None
 
 
 def _remove_figure(folder: Path) -> None:

@@ -234,6 +234,10 @@ def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_p
     assert status["reason"] == "interrupted: the run was stopped"
     # the attempt the stop cut short is in the step's history, which a resume then adds to
     assert [(h["status"], h["reason"]) for h in status["history"]] == [("failed", "interrupted: the run was stopped")]
+    # the summary's table: the step the stop cut short is stopped, not failed (no step failed for the stop)
+    shown = read_summary(results)["pipelines"]["long"]
+    assert shown["status"] == "stopped" and shown["steps"]["hold"]["status"] == "stopped", shown
+    assert "| long | stopped | stopped " in (results / "summary.md").read_text()
 
 
 def test_a_pipeline_cut_off_in_a_slurm_job_is_requeued_not_said_to_have_made_no_progress(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ from ..items import Item, item_seed, torch_seed
 from . import nodelock, report
 from .container import CONTAINER_ENV, default_image, find_apptainer
 from .definition import POOL_PATTERN, Pipeline, breaks_bind, check_pools, load_definition, shown_path
-from .flow import STOPPING, PipelineRunner, RunLayout, RunStopping, read_progress
+from .flow import INTERRUPTED, STOPPING, PipelineRunner, RunLayout, RunStopping, read_progress
 from .report import plan_text, statuses_on_disk, summary_markdown
 
 RESOURCE_ENV_PREFIX = "PIPELINE_RESOURCE_"
@@ -333,7 +333,7 @@ class PipelineApp(App):
                     summary["steps"] = _as_earlier(summary.get("steps", {}), [s.id for s in pipeline.steps])
             elif item is not None and stopped and item.key not in errors:  # not handed out, or not finished
                 steps = _steps_on_disk(layout, pipeline, item)
-                steps = {step.id: _not_started(steps.get(step.id, {"status": "missing"})) for step in pipeline.steps}
+                steps = {step.id: _as_stopped(steps.get(step.id, {"status": "missing"})) for step in pipeline.steps}
                 done = any(status["status"] != "missing" for status in steps.values())
                 summary = {"run_id": run_id, "status": "stopped" if done else "not started", "reason": "",
                            "steps": steps}
@@ -353,7 +353,7 @@ class PipelineApp(App):
                 # every step in the pipeline's order: those it never reached are "missing", a column each
                 steps = {step.id: steps.get(step.id, {"status": "missing"}) for step in pipeline.steps}
                 if stopped and progress.get("state") == "stopped":  # ended by the stop (the runner's record)
-                    steps = {step: _not_started(status) for step, status in steps.items()}
+                    steps = {step: _as_stopped(status) for step, status in steps.items()}
                     summary = {"run_id": run_id, "status": "stopped", "reason": "", "steps": steps}
                 else:
                     summary = {"run_id": run_id, "status": "failed", "reason": error, "steps": steps}
@@ -424,10 +424,13 @@ def _steps_on_disk(layout: RunLayout, pipeline: Pipeline, item: Item) -> Dict[st
     return _as_earlier(statuses_on_disk(layout, pipeline), kept)
 
 
-def _not_started(status: Dict[str, Any]) -> Dict[str, Any]:
-    """A step the stop kept from starting (recorded as failed, "not started: the run is stopping")
-    shown as not reached: in a stopped run's table it did not fail."""
-    return {"status": "missing"} if status.get("reason") == STOPPING else status
+def _as_stopped(status: Dict[str, Any]) -> Dict[str, Any]:
+    """A step of a stopped run as its table shows it: one the stop kept from starting (recorded as
+    failed, "not started: the run is stopping") as not reached, one it interrupted as ``stopped``
+    (its status.json says failed, "interrupted: the run was stopped"): neither failed for the stop."""
+    if status.get("reason") == STOPPING:
+        return {"status": "missing"}
+    return dict(status, status="stopped") if status.get("reason") == INTERRUPTED else status
 
 
 def _as_earlier(steps: Dict[str, Dict[str, Any]], ids: Sequence[str]) -> Dict[str, Dict[str, Any]]:

@@ -11,7 +11,8 @@ from ..errors import error_line, markdown_cell, short
 from .definition import Pipeline, Step
 from .flow import RunLayout, read_status
 
-STATUS_MARK = {"ok": "ok", "failed": "FAILED", "timeout": "TIMEOUT", "skipped": "skipped", "missing": "-"}
+STATUS_MARK = {"ok": "ok", "failed": "FAILED", "timeout": "TIMEOUT", "skipped": "skipped", "missing": "-",
+               "stopped": "stopped"}
 
 
 def statuses_on_disk(layout: RunLayout, pipeline: Pipeline) -> Dict[str, Dict[str, Any]]:

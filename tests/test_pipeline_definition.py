@@ -261,7 +261,7 @@ def test_the_shipped_examples_are_valid():
     assert len(sweep) >= 3 and len({p.name for p in sweep}) == len(sweep)
 
 
-def test_bad_definitions_from_the_command_line_exit_2_and_write_nothing(tmp_path):
+def test_bad_definitions_from_the_command_line_exit_2_and_write_nothing(tmp_path, monkeypatch):
     results = tmp_path / "results"
     cases = [
         (pipeline(step("a", timout=3)), ["unknown field 'timout'", "did you mean 'timeout'"]),
@@ -302,6 +302,11 @@ def test_bad_definitions_from_the_command_line_exit_2_and_write_nothing(tmp_path
                        "not valid JSON: nested too deeply")
     assert_usage_error(run(["-m", "common.pipeline", str(tmp_path / "missing.json"), "--results", str(results),
                             "--gpu", "cpu"]), "no such pipeline definition")
+    boxed = tmp_path / "boxed.json"  # a container step, and PIPELINE_APPTAINER naming nothing: said so, not PATH
+    boxed.write_text(json.dumps(pipeline(step("a", container=str(good)))))
+    monkeypatch.setenv("PIPELINE_APPTAINER", "/nonexistent/apptainer")
+    assert_usage_error(run(["-m", "common.pipeline", str(boxed), "--results", str(results), "--gpu", "cpu"]),
+                       "a step runs in a container, but PIPELINE_APPTAINER='/nonexistent/apptainer' names no program")
     assert snapshot(results) == before
 
 

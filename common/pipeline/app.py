@@ -170,8 +170,10 @@ class PipelineApp(App):
         known.setdefault(GPU_POOL, None)  # per node, known on each node
         check_pools(self.pipelines, known, shown_path(self.args.definition))
         if any(s.container for p in self.pipelines for s in p.steps) and find_apptainer() is None:
-            raise UsageError(f"{shown_path(self.args.definition)}: a step runs in a container, but neither apptainer nor "
-                             "singularity is on PATH (or set PIPELINE_APPTAINER)")
+            chosen = settings.value(settings.APPTAINER)
+            raise UsageError(f"{shown_path(self.args.definition)}: a step runs in a container, but "
+                             + (f"PIPELINE_APPTAINER={quoted(chosen)} names no program it can run (a path, or a name on PATH)" if chosen else
+                                "neither apptainer nor singularity is on PATH (or set PIPELINE_APPTAINER)"))
         self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
         self.agent = agent_command(self.args.agent, os.environ, self.pipelines, shown_path(self.args.definition))
         self.results = Path(self.args.results).absolute()

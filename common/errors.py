@@ -9,7 +9,7 @@ import json
 import re
 import reprlib
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Optional
 
 
 class UsageError(Exception):
@@ -19,7 +19,14 @@ class UsageError(Exception):
 class ItemFailed(Exception):
     """Raised by an item's code to fail the item with its message alone: an outcome of the item (a
     pipeline whose step failed), not a bug, so its traceback (the engine's own frames) is not what
-    the log, the journal and report.html show."""
+    the log, the journal and report.html show. ``retry=False``: the item fails for good at once,
+    whatever ``--retries`` says (another attempt would fail the same way: a value the item returned
+    that the app cannot keep). ``shown_as``: the type its failure is named by (else its class's)."""
+
+    def __init__(self, message: str, *, retry: bool = True, shown_as: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.retry = retry
+        self.shown_as = shown_as
 
 
 # Exit codes (documented in the README).
@@ -80,7 +87,7 @@ def described(error: BaseException) -> str:
     """What an item's exception says, for its failure: "Type: message" (the message whole, lines
     and all, up to MAX_ERROR_CHARS: the summary's JSON keeps it), or the type alone. An exception
     whose ``str`` itself raises still gets a line, instead of taking its worker down."""
-    name = type(error).__name__
+    name = getattr(error, "shown_as", None) or type(error).__name__
     try:
         message = str(error)
     except Exception as inner:  # noqa: BLE001 -- a user's class: anything

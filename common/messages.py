@@ -86,7 +86,8 @@ class Results:
 class Failed:
     """One attempt failed; ``record`` says where and when it ran (its result is None). ``kind``:
     "silent" or "timeout" when the rank's watch killed its worker, else "failed"; ``errno`` and
-    ``path``: the OSError the item raised, if it did (a full disk stops the run instead)."""
+    ``path``: the OSError the item raised, if it did (a full disk stops the run instead); ``retry``:
+    False where no further attempt is to be made (:class:`ItemError`)."""
 
     record: Record
     error: str
@@ -94,6 +95,7 @@ class Failed:
     kind: str = "failed"
     errno: Optional[int] = None
     path: str = ""
+    retry: bool = True
 
 
 @dataclass
@@ -254,7 +256,8 @@ class ItemDone:
 
 @dataclass
 class ItemError:
-    """``errno`` and ``path``: the OSError the item raised, if it did."""
+    """``errno`` and ``path``: the OSError the item raised, if it did; ``retry``: False where the
+    item's code said another attempt would fail the same way (``ItemFailed(retry=False)``)."""
 
     key: str
     error: str
@@ -263,6 +266,7 @@ class ItemError:
     ended: float
     errno: Optional[int] = None
     path: str = ""
+    retry: bool = True
 
 
 @dataclass

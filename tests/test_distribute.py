@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import pytest
 
 from common.devices import Device
-from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, ItemFailed
 from common.items import Item
 from common.messages import Answers, End, ItemDone, Results, Stop
 from common.observe.progress import Progress
@@ -158,20 +158,24 @@ def test_a_failing_attempt_is_retried_on_another_worker_then_failed_for_good(tmp
             return "failed", "RuntimeError: first time", 0.01
         if item.key == "broken":
             return "failed", f"RuntimeError: always ({worker})", 0.01
+        if item.key == "refused":  # its code says a retry would fail the same way
+            return "failed", ItemFailed("item refused returned a float", retry=False, shown_as="TypeError"), 0.01
         return "done", item.key, 0.01
 
-    work = items(20) + [Item("flaky"), Item("broken")]
+    work = items(20) + [Item("flaky"), Item("broken"), Item("refused")]
     sim = Sim(tmp_path, work, retries=2, behave={rank: behave for rank in range(3)})
     assert sim.run() == ["complete", "done", "done"]
-    attempts = {key: [(attempt, worker) for k, attempt, worker in sim.ran() if k == key] for key in ("flaky", "broken")}
+    attempts = {key: [(attempt, worker) for k, attempt, worker in sim.ran() if k == key]
+                for key in ("flaky", "broken", "refused")}
     assert [a for a, _ in attempts["flaky"]] == [1, 2]
     assert attempts["flaky"][0][1] != attempts["flaky"][1][1]  # retried elsewhere
     assert [a for a, _ in attempts["broken"]] == [1, 2, 3]  # --retries 2: three attempts, then failed
     assert attempts["broken"][1][1] != attempts["broken"][0][1]  # avoiding the worker it failed on (a preference)
-    assert "flaky" in sim.scheduler.results and list(sim.scheduler.failed) == ["broken"]
+    assert [a for a, _ in attempts["refused"]] == [1]  # failed for good at once, --retries 2 or not
+    assert "flaky" in sim.scheduler.results and sorted(sim.scheduler.failed) == ["broken", "refused"]
     entries = sim.journal_entries()
-    assert [e["key"] for e in entries if e["type"] == "failed"] == ["broken"]
-    assert sum(e["type"] == "attempt_failed" for e in entries) == 4
+    assert sorted(e["key"] for e in entries if e["type"] == "failed") == ["broken", "refused"]
+    assert sum(e["type"] == "attempt_failed" for e in entries) == 5
     assert sim.leader.code == EXIT_FAILED_ITEMS
     assert all(sim.sent_by_leader(End, rank) == [End("done", EXIT_FAILED_ITEMS)] for rank in (1, 2))
 

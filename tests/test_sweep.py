@@ -308,9 +308,14 @@ def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_th
     (failure,) = read_summary(tmp_path / "json")["failed_items"]
     assert failure["key"] == "x=1"
     assert failure["error"] == 'TypeError: item x=1 returned a value that is not JSON at ["model"]: a set'
-    scalar = sweep("sweep_functions:not_a_dict", tmp_path / "scalar", "--grid", str(grid), "--retries", "0")
+    # a return that cannot be kept fails for good at once (the same seed would return it again): no retry
+    scalar = sweep("sweep_functions:not_a_dict", tmp_path / "scalar", "--grid", str(grid), "--retries", "2")
     assert scalar.returncode == 1
     assert "returned a float, not a dict" in read_summary(tmp_path / "scalar")["failed_items"][0]["error"]
+    tried = [e for e in journal_entries(tmp_path / "scalar") if e["type"] == "attempt_failed"]
+    assert sorted(e["key"] for e in tried) == ["x=1", "x=2", "x=3"], tried  # one attempt each
+    assert {e["traceback"] for e in tried if e["key"] == "x=1"} == {
+        "TypeError: item x=1 returned a float, not a dict of JSON values\n"}
 
 
 def test_a_bug_that_fails_every_item_stops_the_run_early_and_a_resume_after_the_fix_finishes(tmp_path):

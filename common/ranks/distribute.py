@@ -344,7 +344,7 @@ class Leader:
             return
         self.journal.add_event(Kind.ATTEMPT_FAILED, key=key, error=error, traceback=text, worker=worker,
                                attempt=record.attempt, start=record.start, end=record.end)
-        retried = self.scheduler.attempt_failed(key, error, worker)
+        retried = self.scheduler.attempt_failed(key, error, worker, retry=failed.retry)
         if retried:
             self.progress.write(f"{self.tag} item {key} failed on {worker} (attempt {record.attempt}): "
                                 f"{error_line(error) or 'failed'}; retrying")

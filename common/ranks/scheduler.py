@@ -227,12 +227,13 @@ class Scheduler:
             self._release_dependents(key)
         return True
 
-    def attempt_failed(self, key: str, error: str, worker: str) -> bool:
-        """One attempt failed; True if the item will be tried again, False if it failed for good."""
+    def attempt_failed(self, key: str, error: str, worker: str, retry: bool = True) -> bool:
+        """One attempt failed; True if the item will be tried again, False if it failed for good
+        (its retries used, or ``retry`` False: the item said another attempt would fail the same way)."""
         self.in_flight.discard(key)
         if key in self.results or key in self.failed:
             return False
-        if self.attempts.get(key, 0) <= self.retries:
+        if retry and self.attempts.get(key, 0) <= self.retries:
             self.avoid[key] = self.avoid.get(key, ()) + (worker,)
             self._push(key)
             return True

@@ -29,7 +29,7 @@ from common.results.outputs import json_key, to_jsonable
 from common.workers.spawnable import unreachable_from_workers
 
 from ..app import App, RunInfo
-from ..errors import UsageError, kind_of, quoted
+from ..errors import ItemFailed, UsageError, kind_of, quoted
 from ..items import Item, item_seed
 from . import report
 from .space import (
@@ -427,8 +427,12 @@ class SweepApp(App):
             result = plan.function(**{name: given[name] for name in wants})
         else:
             result = plan.function()
+        try:
+            returned = checked_result(item.key, result)
+        except TypeError as error:  # the same return again on a retry: it fails for good at once
+            raise ItemFailed(str(error), retry=False, shown_as=type(error).__name__) from None
         # the seed travels with the return: rank 0 writes it in results.csv without deriving it again
-        return {"seed": seed32, "return": checked_result(item.key, result)}
+        return {"seed": seed32, "return": returned}
 
     # ----- rank 0, at the end -----
     def finish(self, run: RunInfo) -> Dict[str, Any]:

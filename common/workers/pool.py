@@ -147,6 +147,7 @@ class Event:
     failure: str = "failed"  # failed: Failed.kind
     errno: Optional[int] = None  # failed: the OSError the item raised
     path: str = ""  # failed: its file
+    retry: bool = True  # failed: False where the item said another attempt would fail the same way
     keys: Tuple[str, ...] = ()  # returned
     message: Optional[PoolCall] = None  # pool
 
@@ -159,7 +160,7 @@ class Event:
         if self.kind == "done":
             return Result(self.record)
         if self.kind == "failed":
-            return Failed(self.record, self.error, self.traceback, self.failure, self.errno, self.path)
+            return Failed(self.record, self.error, self.traceback, self.failure, self.errno, self.path, self.retry)
         if self.kind == "returned":
             return Dropped(list(self.keys))
         return self.message
@@ -393,7 +394,7 @@ class WorkerPool(WorkerCounts):
                 events.append(Event("done", record))
             else:
                 events.append(Event("failed", record, error=message.error, traceback=message.traceback,
-                                    errno=message.errno, path=message.path))
+                                    errno=message.errno, path=message.path, retry=message.retry))
             if self.batch and worker.items_done >= self.batch and not self.closing:
                 worker.retiring = True  # a fresh process gives back memory the old one never did
                 self._send(worker, Quit())

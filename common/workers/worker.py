@@ -305,7 +305,8 @@ def _run_group(app: Any, state: Any, bundle: list, seed_of: Callable[[str], Any]
         ended = time.time()
         log.error("%s (attempt %s) failed:\n%s", names, ",".join(str(handout.attempt) for handout in bundle), text)
         errno, path = _os_error(error)
-        return [ItemError(item.key, described(error), text, started, ended, errno, path) for item in items]
+        retry = not isinstance(error, ItemFailed) or error.retry
+        return [ItemError(item.key, described(error), text, started, ended, errno, path, retry) for item in items]
     ended = time.time()
     if lines is None:
         log.info("%s done in %.3f s", names, ended - started)

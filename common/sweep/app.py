@@ -587,11 +587,14 @@ def _is_main_guard(test: ast.expr) -> bool:
 def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, points: Any = None,
          setup: Optional[Callable[..., Any]] = None, samples: Optional[int] = None, repeats: int = 1,
          minimise: Optional[str] = None, maximise: Optional[str] = None,
-         argv: Optional[Sequence[str]] = None) -> int:
+         argv: Optional[Sequence[str]] = None, minimize: Optional[str] = None, maximize: Optional[str] = None) -> int:
     """Run ``function`` over ``grid`` (dict of lists), ``points`` (list of dicts) or ``space``
     (random, with ``samples``) as a full engine program: the command line takes every engine flag
     (``--gpu``, ``--results``, ``--resume``, ``--dry-run``, ...). Returns the exit code; call it as
-    ``raise SystemExit(sweep.main(...))`` under ``if __name__ == "__main__":``."""
+    ``raise SystemExit(sweep.main(...))`` under ``if __name__ == "__main__":``. ``minimize`` and
+    ``maximize`` are ``minimise`` and ``maximise`` (as the command line's ``--minimize``)."""
+    minimise = minimize if minimise is None else minimise
+    maximise = maximize if maximise is None else maximise
     frame = inspect.currentframe()
     if _in_a_worker(frame):  # found before the run by _unguarded_call where the script can be read
         raise SystemExit("sweep.main ran inside a worker: call it under `if __name__ == \"__main__\":` so that the "

@@ -354,6 +354,28 @@ def test_the_docs_table_names_every_construct_of_the_document():
     assert all(line.count(" | ") == 2 for line in table.splitlines() if line.startswith("| ")), "3 columns a row"
 
 
+def test_the_guides_definitions_are_read_and_its_first_walks_as_the_shipped_example(tmp_path):
+    """Each JSON block of docs/pipelines.md is a definition the runner reads; the first, a shorter
+    examples/pipelines/ml.json, has its steps and moves (its train-retry lacked on_fail: report, so
+    copied out it skipped the report the text promises)."""
+    import re
+
+    from common.pipeline.definition import load_definition
+
+    blocks = re.findall(r"```json\n(.*?)```", (REPO / "docs" / "pipelines.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    read = []
+    for number, block in enumerate(blocks):
+        (tmp_path / f"doc{number}.json").write_text(block)
+        read.append(load_definition(tmp_path / f"doc{number}.json"))
+    shipped = load_definition(REPO / "examples" / "pipelines" / "ml.json")[0]
+
+    def moves(pipeline):
+        return [(step.id, step.condition, step.next, step.on_fail) for step in pipeline.steps]
+
+    assert moves(read[0][0]) == moves(shipped)
+
+
 def test_the_slurm_generator_accepts_the_document_with_a_default_image(image):
     """``python -m common.slurm ... -- common.pipeline DOC --container IMAGE`` checks the definition
     with the image the job will give its steps; without one, the same one-line refusal as the runner."""

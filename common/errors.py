@@ -21,10 +21,14 @@ class ItemFailed(Exception):
     pipeline whose step failed), not a bug, so its traceback (the engine's own frames) is not what
     the log, the journal and report.html show. ``retry=False``: the item fails for good at once,
     whatever ``--retries`` says (another attempt would fail the same way: a value the item returned
-    that the app cannot keep). ``shown_as``: the type its failure is named by (else its class's)."""
+    that the app cannot keep). ``shown_as``: the type its failure is named by (else its class's).
+    Both are also class attributes: a subclass whose ``__init__`` does not call this one keeps them."""
 
-    def __init__(self, message: str, *, retry: bool = True, shown_as: Optional[str] = None) -> None:
-        super().__init__(message)
+    retry: bool = True
+    shown_as: Optional[str] = None
+
+    def __init__(self, *args: Any, retry: bool = True, shown_as: Optional[str] = None) -> None:
+        super().__init__(*args)
         self.retry = retry
         self.shown_as = shown_as
 

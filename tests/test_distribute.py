@@ -180,6 +180,22 @@ def test_a_failing_attempt_is_retried_on_another_worker_then_failed_for_good(tmp
     assert all(sim.sent_by_leader(End, rank) == [End("done", EXIT_FAILED_ITEMS)] for rank in (1, 2))
 
 
+def test_an_item_failed_of_a_users_own_making_keeps_its_defaults():
+    """A subclass whose __init__ skips ItemFailed's (as one written before retry= would) is retried
+    and named by its class; ItemFailed takes any arguments, as an Exception does."""
+    from common.errors import described
+
+    class Diverged(ItemFailed):
+        def __init__(self, where: str):
+            Exception.__init__(self, f"loss diverged at {where}")
+
+    mine = Diverged("epoch 3")
+    assert mine.retry is True and described(mine) == "Diverged: loss diverged at epoch 3"
+    assert ItemFailed("a", "b").args == ("a", "b") and ItemFailed().retry is True
+    refused = ItemFailed("item x=1 returned a float", retry=False, shown_as="TypeError")
+    assert not refused.retry and described(refused) == "TypeError: item x=1 returned a float"
+
+
 def _broken(item: Item, attempt: int, worker: str):
     """Every item fails (a bug in the function), after a simulated second."""
     return "failed", f"RuntimeError: a bug ({item.key})", 1.0

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from common.app import Record
-from common.errors import ItemFailed
+from common.errors import ItemFailed, described
 from common.items import Item
 from common.messages import Handout, PoolAnswer, Requester
 from common.results.layout import worker_name, worker_rank_and_device
@@ -304,8 +304,9 @@ class SimulatedPool(WorkerCounts):
                     events.append(Event("done", record))
                 else:
                     errno, path = (value.errno, value.filename or "") if isinstance(value, OSError) else (None, "")
-                    events.append(Event("failed", record, error=f"{type(value).__name__}: {value}"
-                                        if isinstance(value, OSError) else str(value), errno=errno, path=path,
+                    error = (f"{type(value).__name__}: {value}" if isinstance(value, OSError) else
+                             described(value) if isinstance(value, ItemFailed) else str(value))  # as a worker's
+                    events.append(Event("failed", record, error=error, errno=errno, path=path,
                                         retry=not isinstance(value, ItemFailed) or value.retry))
                 worker.items_done += 1
                 if self.batch and worker.items_done >= self.batch:

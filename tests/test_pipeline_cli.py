@@ -216,12 +216,15 @@ def test_four_pipelines_over_two_ranks_by_two_workers(tmp_path):
 def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_path):
     # The step and its child ignore SIGTERM: only the SIGKILL after the step's kill grace (5 s)
     # ends them, still before the engine kills the worker (10 s), so the status gets written.
-    definition = write_json(tmp_path / "long.json", {"name": "long", "steps": [
-        {"id": "hold", "command": "trap '' TERM; sleep 300 & echo $! > $PIPELINE_SHARED/child.pid; wait"}]})
+    definition = write_json(tmp_path / "long.json", {"pipelines": [
+        {"name": "long", "steps": [
+            {"id": "hold", "command": "trap '' TERM; sleep 300 & echo $! > $PIPELINE_SHARED/child.pid; wait"}]},
+        {"name": "quick", "steps": [{"id": "q", "command": "true"}]}]})
     results = tmp_path / "results"
-    process = start_pipeline(definition, results, "--grace", "1")
+    process = start_pipeline(definition, results, "--grace", "1", "--workers", "2")
     child_file = results / "long" / "shared" / "child.pid"
     wait_until(lambda: child_file.exists() and child_file.read_text().strip())
+    assert wait_until(lambda: (results / "quick" / "q" / "status.json").exists(), 60)  # the other one ran
     child = int(child_file.read_text())
     os.kill(rank_pids(results)[0], signal.SIGTERM)
     stopped = time.monotonic()
@@ -238,6 +241,11 @@ def test_sigterm_stops_the_run_and_ends_the_running_step_with_its_children(tmp_p
     shown = read_summary(results)["pipelines"]["long"]
     assert shown["status"] == "stopped" and shown["steps"]["hold"]["status"] == "stopped", shown
     assert "| long | stopped | stopped " in (results / "summary.md").read_text()
+    # a later run of the other pipeline alone lists this one as its earlier run left it: stopped, not failed
+    again = pipeline_cli(definition, results, "--resume", "quick/q")
+    assert again.returncode == 0, again.stderr
+    shown = read_summary(results)["pipelines"]["long"]
+    assert shown["status"] == "unfinished" and shown["steps"]["hold"]["status"] == "stopped", shown
 
 
 def test_a_pipeline_cut_off_in_a_slurm_job_is_requeued_not_said_to_have_made_no_progress(tmp_path, monkeypatch):

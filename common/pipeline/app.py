@@ -22,7 +22,7 @@ from ..devices import Device
 from ..errors import ItemFailed, UsageError, error_line, quoted, short
 from ..items import Item, item_seed, torch_seed
 from . import nodelock, report
-from .container import CONTAINER_ENV, default_image, find_apptainer
+from .container import CONTAINER_ENV, default_image, find_apptainer, missing_apptainer
 from .definition import POOL_PATTERN, Pipeline, breaks_bind, check_pools, load_definition, shown_path
 from .flow import INTERRUPTED, STOPPING, PipelineRunner, RunLayout, RunStopping, read_progress
 from .report import plan_text, statuses_on_disk, summary_markdown
@@ -170,10 +170,7 @@ class PipelineApp(App):
         known.setdefault(GPU_POOL, None)  # per node, known on each node
         check_pools(self.pipelines, known, shown_path(self.args.definition))
         if any(s.container for p in self.pipelines for s in p.steps) and find_apptainer() is None:
-            chosen = settings.value(settings.APPTAINER)
-            raise UsageError(f"{shown_path(self.args.definition)}: a step runs in a container, but "
-                             + (f"PIPELINE_APPTAINER={quoted(chosen)} names no program it can run (a path, or a name on PATH)" if chosen else
-                                "neither apptainer nor singularity is on PATH (or set PIPELINE_APPTAINER)"))
+            raise UsageError(f"{shown_path(self.args.definition)}: a step runs in a container, but {missing_apptainer()}")
         self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
         self.agent = agent_command(self.args.agent, os.environ, self.pipelines, shown_path(self.args.definition))
         self.results = Path(self.args.results).absolute()
@@ -362,8 +359,10 @@ class PipelineApp(App):
                 spent = progress.get("spent")  # what its steps reported, as a finished run's summary says it
                 if finite_number(spent):
                     summary.update(cost=spent, budget=pipeline.budget)
-            else:  # not run now, and never finished: what an earlier run left on disk
-                steps = statuses_on_disk(layout, pipeline)
+            else:  # not run now, and never finished: what an earlier run left on disk (stopped: not failed)
+                steps = {step: status for step, status in
+                         ((step, _as_stopped(status)) for step, status in statuses_on_disk(layout, pipeline).items())
+                         if status.get("status") != "missing"}
                 summary = {"run_id": run_id, "status": "unfinished" if steps else "not run",
                            "reason": "not finished in an earlier run" if steps else "", "steps": steps}
             summary["steps"] = {step: {k: v for k, v in status.items() if k != "history"}

@@ -10,7 +10,7 @@ from typing import List, Mapping, Optional, Sequence
 from common.results.layout import SHARED_DIR
 
 from .. import settings
-from ..errors import UsageError
+from ..errors import UsageError, quoted
 from .definition import SHARED_IN_CONTAINER, Step, breaks_bind, resolve_image
 
 #: The image of every step whose definition names none (``--container IMAGE`` wins over it)
@@ -23,6 +23,14 @@ def find_apptainer() -> Optional[str]:
     if chosen:
         return shutil.which(chosen)
     return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def missing_apptainer() -> str:
+    """Why :func:`find_apptainer` found none: the refusal's words on rank 0, a step's on its node."""
+    chosen = settings.value(settings.APPTAINER)
+    if chosen:
+        return f"PIPELINE_APPTAINER={quoted(chosen)} names no program it can run (a path, or a name on PATH)"
+    return "neither apptainer nor singularity is on PATH (or set PIPELINE_APPTAINER)"
 
 
 def default_image(flag: Optional[str], environ: Mapping[str, str]) -> Optional[str]:

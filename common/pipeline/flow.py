@@ -50,7 +50,7 @@ from common.workers.worker import PoolTimeout
 
 from ..signals import STEP_HELD_SIGNALS, held_signals
 from . import nodelock
-from .container import find_apptainer
+from .container import find_apptainer, missing_apptainer
 from .definition import Pipeline, Step
 from .steps import Attempt, python_paths, run_attempt, step_argv, step_environment
 
@@ -383,8 +383,8 @@ class PipelineRunner:
             apptainer = find_apptainer() if step.container else None
             step_dir = self.layout.step_dir(step.id)
             try:
-                if step.container and apptainer is None:
-                    raise ValueError("apptainer (or singularity) not found on PATH")
+                if step.container and apptainer is None:  # here, on this node: rank 0's node had one
+                    raise ValueError(missing_apptainer())
                 argv = step_argv(step, str(self.layout.run_dir.resolve()), apptainer, self.agent,
                                  code=python_paths(variables))
             except ValueError as error:

@@ -225,11 +225,12 @@ def test_sigterm_then_resume_runs_only_the_rest(tmp_path, monkeypatch):
 def test_a_stopped_resume_says_the_files_beside_its_summary_are_an_earlier_runs(tmp_path, monkeypatch):
     """results.csv of a complete run stays when a --resume with more points is stopped: summary.md
     (and report.html) say whose it is, a second stopped run still does, and the run that ends writes
-    the files again and drops the note."""
+    the files again and drops the note. The first run's ranking, not given again, is kept through the
+    stops (a stopped run writes no sweep section) and named by the run that ends."""
     grid = write_json(tmp_path / "grid.json", {"x": [1, 2]})
     args = ["-m", "common.sweep", "sweep_functions:noisy", "--grid", str(grid), *ENGINE, "--workers", "1",
             "--results", str(tmp_path / "r")]
-    first = run(args, cwd=TESTS)
+    first = run(args + ["--minimise", "loss"], cwd=TESTS)
     assert first.returncode == 0, first.stderr
     started = read_summary(tmp_path / "r")["started"]
     write_json(grid, {"x": list(range(1, 9))})
@@ -246,12 +247,14 @@ def test_a_stopped_resume_says_the_files_beside_its_summary_are_an_earlier_runs(
         assert read_summary(tmp_path / "r")["earlier_outputs"] == {"started": started, "items_done": 2, "items_total": 2}
         assert "are an earlier run" in (tmp_path / "r" / "report.html").read_text()
         assert len(rows(tmp_path / "r")) == 2
+        assert read_summary(tmp_path / "r")["sweep_ranking"] == ["--minimise", "loss"]
     monkeypatch.setenv("SWEEP_SLEEP", "0")
     finished = run(args + ["--resume"], cwd=TESTS)
     assert finished.returncode == 0, finished.stderr
     assert len(rows(tmp_path / "r")) == 8
     assert "earlier run's" not in (tmp_path / "r" / "summary.md").read_text()
     assert "earlier_outputs" not in read_summary(tmp_path / "r")
+    assert "the run it resumes ranked by 'loss': give --minimise loss to rank and draw it" in finished.stdout
 
 
 def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path, monkeypatch):

@@ -438,6 +438,10 @@ class SweepApp(App):
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         return report.write(run, self.plan)
 
+    def where_stopped(self, run: RunInfo) -> Dict[str, Any]:
+        """A stopped run writes no sweep section: it keeps the ranking a later resume is told of."""
+        return report.ranking_kept(run, self.plan)
+
     def draws_figures(self) -> bool:
         return self.plan is None or self.plan.metric is not None  # the figure of --minimise/--maximise's metric
 

@@ -358,22 +358,37 @@ def _shared_seeds(finished: List[Any]) -> Dict[str, Any]:
     return {"items": sum(map(len, keys.values())), "groups": [[seed, found] for seed, found in keys.items()]}
 
 
+def ranking_kept(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
+    """summary.json's field of a stopped run (which writes no sweep section): the ranking this run
+    was given, else the one it resumed, so that a later resume given neither flag still names it."""
+    if plan.metric:
+        return {RANKING_KEPT: ["--maximise" if plan.goal == "max" else "--minimise", plan.metric]}
+    earlier = _earlier_ranking(Path(run.results_dir))
+    return {RANKING_KEPT: list(earlier)} if earlier is not None else {}
+
+
+#: the field of a stopped sweep's summary.json that keeps its ranking (flag and value) for a later resume
+RANKING_KEPT = "sweep_ranking"
+
+
 def _earlier_ranking(folder: Path) -> Optional[Tuple[str, str]]:
     """("--minimise" or "--maximise", metric) of the run whose summary.json is in ``folder``, where
-    it ranked its points (or an earlier one did, which a resume without either flag carried on); None
-    where none did, or the summary cannot be read."""
+    it ranked its points (or an earlier one did, which a resume without either flag, or a stop,
+    carried on); None where none did, or the summary cannot be read."""
     try:
-        earlier = json.loads(ResultsLayout(folder).summary_json.read_text()).get("sweep") or {}
-    except (OSError, ValueError, AttributeError):
+        summary = json.loads(ResultsLayout(folder).summary_json.read_text())
+    except (OSError, ValueError):
         return None
-    if not isinstance(earlier, dict):
+    if not isinstance(summary, dict):
         return None
-    metric, carried = earlier.get("metric"), earlier.get("earlier_ranking")
+    earlier = summary.get("sweep") if isinstance(summary.get("sweep"), dict) else {}
+    metric = earlier.get("metric")
     if isinstance(metric, str) and metric:
         return ("--maximise" if earlier.get("goal") == "max" else "--minimise"), metric
-    if isinstance(carried, list) and len(carried) == 2 and carried[0] in ("--minimise", "--maximise") \
-            and isinstance(carried[1], str) and carried[1]:
-        return carried[0], carried[1]
+    for carried in (earlier.get("earlier_ranking"), summary.get(RANKING_KEPT)):
+        if isinstance(carried, list) and len(carried) == 2 and carried[0] in ("--minimise", "--maximise") \
+                and isinstance(carried[1], str) and carried[1]:
+            return carried[0], carried[1]
     return None
 
 

@@ -797,6 +797,7 @@ def test_a_function_defined_in_code_with_no_file_is_one_line_and_writes_nothing(
     ('space={"x": {"uniform": [0, 1]}}, samples=-1', "samples must be a whole number of at least 1, got -1"),
     ('minimise="y", maximise="y"', "takes minimise= or maximise=, not both"),
     ('minimize="y", maximize="z"', "takes minimise= or maximise=, not both"),  # the American spelling: the same
+    ('minimise="y", minimize="z"', "takes minimise= or minimize=, not both"),  # one would silently win
     ('minimise=3', "minimise must be the name of a value the function returns, got an integer"),
 ])
 def test_sweep_mains_own_arguments_are_checked_as_the_flags_are(tmp_path, arguments, fragment):

@@ -29,7 +29,7 @@ from common.results.outputs import json_key, to_jsonable
 from common.workers.spawnable import unreachable_from_workers
 
 from ..app import App, RunInfo
-from ..errors import ItemFailed, UsageError, kind_of, quoted
+from ..errors import EXIT_USAGE, ItemFailed, UsageError, kind_of, quoted
 from ..items import Item, item_seed
 from . import report
 from .space import (
@@ -597,6 +597,10 @@ def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, p
     (``--gpu``, ``--results``, ``--resume``, ``--dry-run``, ...). Returns the exit code; call it as
     ``raise SystemExit(sweep.main(...))`` under ``if __name__ == "__main__":``. ``minimize`` and
     ``maximize`` are ``minimise`` and ``maximise`` (as the command line's ``--minimize``)."""
+    for british, american, name in ((minimise, minimize, "minimise"), (maximise, maximize, "maximise")):
+        if british is not None and american is not None:  # one would silently win
+            print(f"sweep: error: sweep.main takes {name}= or {name.replace('s', 'z', 1)}=, not both", file=sys.stderr)
+            return EXIT_USAGE
     minimise = minimize if minimise is None else minimise
     maximise = maximize if maximise is None else maximise
     frame = inspect.currentframe()

@@ -94,6 +94,10 @@ def test_a_difference_in_an_argument_left_at_its_default_names_the_default():
     # what an app says a left-out value stands for (mnist_nn leaves out --draws keyed): not "the default"
     assert describe_difference({}, {"draws": "reference"}, {"draws": "keyed"}) == "draws 'keyed' (journal) vs 'reference' (now)"
     assert describe_difference({"draws": "reference"}, {}, {"draws": "keyed"}) == "draws 'reference' (journal) vs 'keyed' (now)"
+    # another app's journal: only that is said (mnist_nn's left-out values are no mnist_svm run's)
+    svm, nn = {"app": "mnist_svm", "n_tuning": 8, "folds": 5}, {"app": "mnist_nn", "n_bootstrap": 1, "folds": 5}
+    assert describe_difference(svm, nn, {"draws": "keyed", "normalise": "data"}) == \
+        "app 'mnist_svm' (journal) vs 'mnist_nn' (now)"
 
 
 def test_the_one_reader_takes_odd_lines_as_each_of_its_three_readers_did(tmp_path):

@@ -297,7 +297,12 @@ def _record(entry: dict) -> Record:
 def describe_difference(old: dict, new: dict, left_out: Optional[Mapping[str, Any]] = None) -> str:
     """'seed 1 (journal) vs 2 (now)' for each argument that differs (all of them: one at a time, a
     user fixing the first was refused again for the next); an argument a fingerprint leaves out (so
-    that older journals resume) is what ``left_out`` says it stands for, else "the default"."""
+    that older journals resume) is what ``left_out`` says it stands for, else "the default". Where
+    the two are of different apps, that alone is said: one app's arguments mean nothing to the other
+    (and ``left_out``, this app's, would be made up for the journal's)."""
+    if "app" in old and "app" in new and old["app"] != new["app"]:
+        old, new, left_out = {"app": old["app"]}, {"app": new["app"]}, None
+
     def shown(fingerprint: dict, name: str) -> str:
         if name in fingerprint:
             return repr(fingerprint[name])

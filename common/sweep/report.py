@@ -306,6 +306,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
     if shared:
         sweep["shared_seeds"] = shared
+    carried: Dict[str, Any] = {}  # the ranking a resume without either flag leaves out, kept for the next one
     if plan.metric and not ranked:
         dicts = [returned for returned in returns if isinstance(returned, dict)]
         numbers = _names(dicts, _number)
@@ -323,7 +324,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
             flag, metric = dropped
             sweep["note"] = (f"this resume was given neither --minimise nor --maximise, and the run it resumes ranked "
                              f"by {metric!r}: give {flag} {metric} to rank and draw it")
-            sweep["earlier_ranking"] = [flag, metric]  # said again by a further resume without either
+            carried = {RANKING_KEPT: [flag, metric]}  # said again by a further resume without either
     elif plan.metric:  # points none of whose repeats returned a finite metric: in results.csv, not ranked
         unranked = {point_key(item.params["point"]) for item, _ in finished} - {entry["key"] for entry in ranked}
         if unranked:
@@ -339,7 +340,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         except (ValueError, OverflowError) as error:  # values matplotlib cannot lay out (near the float limit)
             _remove_figure(folder)
             sweep["figure_note"] = f"the figure of {plan.metric!r} could not be drawn: {error}"
-    return {"sweep": sweep}
+    return {"sweep": sweep, **carried}
 
 
 def _shared_seeds(finished: List[Any]) -> Dict[str, Any]:
@@ -358,23 +359,26 @@ def _shared_seeds(finished: List[Any]) -> Dict[str, Any]:
     return {"items": sum(map(len, keys.values())), "groups": [[seed, found] for seed, found in keys.items()]}
 
 
-def ranking_kept(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
-    """summary.json's field of a stopped run (which writes no sweep section): the ranking this run
-    was given, else the one it resumed, so that a later resume given neither flag still names it."""
-    if plan.metric:
-        return {RANKING_KEPT: ["--maximise" if plan.goal == "max" else "--minimise", plan.metric]}
-    earlier = _earlier_ranking(Path(run.results_dir))
-    return {RANKING_KEPT: list(earlier)} if earlier is not None else {}
-
-
-#: the field of a stopped sweep's summary.json that keeps its ranking (flag and value) for a later resume
+#: the field of summary.json that keeps a ranking (flag and value) its run did not use (a stopped run,
+#: which writes no sweep section, or a resume given neither flag), for a later resume's note
 RANKING_KEPT = "sweep_ranking"
+
+
+def _flag(goal: str) -> str:
+    return "--maximise" if goal == "max" else "--minimise"
+
+
+def ranking_kept(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
+    """summary.json's field of a stopped run: the ranking this run was given, else the one it
+    resumed, so that a later resume given neither flag still names it."""
+    ranking = (_flag(plan.goal), plan.metric) if plan.metric else _earlier_ranking(Path(run.results_dir))
+    return {RANKING_KEPT: list(ranking)} if ranking is not None else {}
 
 
 def _earlier_ranking(folder: Path) -> Optional[Tuple[str, str]]:
     """("--minimise" or "--maximise", metric) of the run whose summary.json is in ``folder``, where
-    it ranked its points (or an earlier one did, which a resume without either flag, or a stop,
-    carried on); None where none did, or the summary cannot be read."""
+    it ranked its points (or an earlier one did, which it carried on: RANKING_KEPT); None where none
+    did, or the summary cannot be read."""
     try:
         summary = json.loads(ResultsLayout(folder).summary_json.read_text())
     except (OSError, ValueError):
@@ -382,13 +386,12 @@ def _earlier_ranking(folder: Path) -> Optional[Tuple[str, str]]:
     if not isinstance(summary, dict):
         return None
     earlier = summary.get("sweep") if isinstance(summary.get("sweep"), dict) else {}
-    metric = earlier.get("metric")
+    metric, carried = earlier.get("metric"), summary.get(RANKING_KEPT)
     if isinstance(metric, str) and metric:
-        return ("--maximise" if earlier.get("goal") == "max" else "--minimise"), metric
-    for carried in (earlier.get("earlier_ranking"), summary.get(RANKING_KEPT)):
-        if isinstance(carried, list) and len(carried) == 2 and carried[0] in ("--minimise", "--maximise") \
-                and isinstance(carried[1], str) and carried[1]:
-            return carried[0], carried[1]
+        return _flag(earlier.get("goal")), metric
+    if isinstance(carried, list) and len(carried) == 2 and carried[0] in ("--minimise", "--maximise") \
+            and isinstance(carried[1], str) and carried[1]:
+        return carried[0], carried[1]
     return None
 
 

@@ -19,6 +19,12 @@ from vcluster import vcluster  # noqa: F401  (the virtual multi-node cluster)
 # the programs the tests start run as from an activated virtual environment, where a pasted command's
 # "python" is the interpreter that ran (common.run.cli.python_command): the commands they print say so
 os.environ["PATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(sys.executable)), os.environ.get("PATH", "")])
+# one OpenBLAS thread in every program the tests start that the engine gives no thread count (ranks,
+# the timeline's drawer, data downloads; workers get theirs from the pool, which overrides this): the
+# test processes share the machine's cores, and numpy's import starts OpenBLAS's other threads, which
+# spin for about 0.06 s of CPU each on the way. Measured on 2 cores: `import numpy` 0.15 -> 0.08 s of
+# CPU; tests/test_engine.py and test_sweep.py (-n 2, 2 runs each) 118 -> 104 s of CPU, 69.7 -> 64.9 s.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 #: pytest's cache entry of the tiers tests/tiers.py read from the code (half of collection's time, in

@@ -113,6 +113,17 @@ def test_steps_stop_starting_once_the_reported_costs_pass_the_budget(tmp_path):
          "max_retries": 5}]})
     result = runner.run()
     assert result["steps"]["a"]["attempts"] == 1 and "no retry: budget 1 passed" in result["steps"]["a"]["reason"]
+    # passed by a step that failed: the clean-up after it (prev.error) does not start, and it and the
+    # pipeline say the budget stopped them, not only the failure before
+    runner, layout = run_pipeline(tmp_path, {"name": "r", "budget": 1, "steps": [
+        {"id": "a", "command": "echo '{\"pipeline_cost\": 2}'; exit 1"},
+        {"id": "clean", "condition": "prev.error", "command": "touch $PIPELINE_SHARED/cleaned"}]})
+    result = runner.run()
+    assert result["status"] == "failed" and not (layout.shared / "cleaned").exists()
+    assert result["steps"]["clean"]["status"] == "skipped"
+    assert result["steps"]["clean"]["reason"] == "budget 1 passed: the steps reported 2", result["steps"]["clean"]
+    assert result["reason"].startswith("step 'a' failed: ") and result["reason"].endswith(
+        "; then budget 1 passed: the steps reported 2"), result["reason"]
     # passed by the last step: nothing is left to stop, the pipeline ends as its steps did, and the
     # summary marks its cost over the budget
     runner, layout = run_pipeline(tmp_path, {"name": "last", "budget": 1, "steps": [

@@ -255,6 +255,7 @@ class _Walk:
     prev_ok: Optional[bool] = None  # outcome of the last step that ran; None before any
     failed: bool = False  # an unhandled failure happened
     reason: str = ""
+    ended_by: str = ""  # what ended the walk early (a budget, a deadline, a loop): the steps left are skipped for it
     resume_at: Optional[str] = None  # where a plain --resume starts again: the first unhandled failure
     spent: float = 0.0  # the costs the steps reported
     runs: Dict[str, int] = field(default_factory=dict)
@@ -268,11 +269,13 @@ class _Walk:
             self.failed, self.reason = True, reason
         self.resume_at = self.resume_at or at
 
-    def end_loop(self, reason: str, at: str) -> None:
-        """A bounded step reached once too often: the walk ends here, whatever failed before."""
+    def end(self, reason: str, at: str) -> None:
+        """The walk ends here (a budget or deadline passed, a bounded step reached once too often),
+        whatever failed before: the pipeline's reason says both, and the steps left say this one."""
         if self.failed:
             self.reason = f"{self.reason}; then {reason}"
         self.fail(reason, at)
+        self.ended_by = reason
 
 
 INTERRUPTED = "interrupted: the run was stopped"
@@ -543,12 +546,12 @@ class PipelineRunner:
         while position < len(steps):
             step = steps[position]
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                walk.fail(f"deadline of {self.pipeline.deadline_seconds:g} s passed", step.id)
+                walk.end(f"deadline of {self.pipeline.deadline_seconds:g} s passed", step.id)
                 break
             limit = None if step.max_retries is None else 1 + step.max_retries
             walk.arrivals[step.id] = walk.arrivals.get(step.id, 0) + 1
             if limit is not None and (walk.runs.get(step.id, 0) >= limit or walk.arrivals[step.id] > limit):
-                walk.end_loop(f"step {step.id!r} reached again after its {limit} runs (max_retries {step.max_retries})"
+                walk.end(f"step {step.id!r} reached again after its {limit} runs (max_retries {step.max_retries})"
                               if walk.runs.get(step.id, 0) >= limit else
                               f"step {step.id!r} reached {walk.arrivals[step.id]} times, more than its {limit} "
                               f"(max_retries {step.max_retries}; skips count)", step.id)
@@ -560,7 +563,7 @@ class PipelineRunner:
                 position, via_edge = position + 1, False
                 continue
             if self._over_budget(walk):
-                walk.fail(self._budget_reason(walk), step.id)
+                walk.end(self._budget_reason(walk), step.id)
                 break
             if self.stop_asked():
                 self._write_progress(walk, "stopped", step.id)
@@ -576,7 +579,7 @@ class PipelineRunner:
             if status["status"] == "ok":
                 position, via_edge = (self.pipeline.index(step.next), True) if step.next else (position + 1, False)
             elif self.deadline is not None and time.monotonic() >= self.deadline:
-                walk.fail(f"deadline of {self.pipeline.deadline_seconds:g} s passed during step {step.id!r}", step.id)
+                walk.end(f"deadline of {self.pipeline.deadline_seconds:g} s passed during step {step.id!r}", step.id)
                 break
             elif step.on_fail:
                 position, via_edge = self.pipeline.index(step.on_fail), True
@@ -589,7 +592,7 @@ class PipelineRunner:
             walk.reason = reason if not walk.reason else f"{reason}; then {walk.reason}"
         for step in steps:  # what a jump, a deadline or an exhausted loop left unvisited
             if step.id not in walk.statuses and step.id not in earlier:
-                self._skip(walk, step, walk.reason if walk.failed else "not reached")
+                self._skip(walk, step, walk.ended_by or (walk.reason if walk.failed else "not reached"))
         self._write_progress(walk, "failed" if walk.failed else "ok", None)
         statuses = {**earlier, **walk.statuses}
         return {"run_id": self.layout.run_id, "pipeline": self.pipeline.name,

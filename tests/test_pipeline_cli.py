@@ -452,3 +452,20 @@ def test_a_failed_pipeline_still_reports_what_its_steps_cost(tmp_path):
     assert attempt["traceback"] == "PipelineFailed: pipeline p: budget 1 passed: the steps reported 1.2\n", attempt
     report = (results / "report.html").read_text()
     assert "budget 1 passed" in report and "Traceback (most recent call last)" not in report, report
+
+
+def test_a_retry_that_fails_before_its_walk_begins_is_told_by_its_own_error(tmp_path):
+    """The runner of a retried pipeline can fail before it first writes progress.json (here: its
+    step left a dangling link where shared/ goes, and the retry cannot make the folder): the file
+    still holds the first attempt's "failed" reason, and the summary must give the retry's own
+    error, not that stale reason."""
+    definition = write_json(tmp_path / "p.json", {"name": "p", "steps": [
+        {"id": "a", "command": 'rm -rf "$PIPELINE_SHARED" && ln -s /nonexistent "$PIPELINE_SHARED"; exit 1'}]})
+    results = tmp_path / "results"
+    ran = pipeline_cli(definition, results, "--retries", "1")
+    assert ran.returncode == 1, ran.stderr
+    progress = json.loads((results / "p" / "progress.json").read_text())
+    assert progress["state"] == "failed" and progress["reason"] == "step 'a' failed: exit code 1", progress  # stale
+    failed = read_summary(results)["pipelines"]["p"]
+    assert failed["status"] == "failed", failed
+    assert failed["reason"].startswith("FileExistsError: ") and "shared" in failed["reason"], failed

@@ -6,6 +6,7 @@ This runs them in turn and writes ``bench-results/report.md`` with the machine t
 """
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List, Optional
 
 from benchmarks.machine import cpu_model
 
@@ -29,8 +31,14 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs ({cpu}), {gpu}, Python {platform.python_version()}"
 
 
-def main() -> int:
-    chosen = sys.argv[1:] or MODULES
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", metavar="MODULE",
+                        help=f"the benchmarks to run, in turn (default: all of {', '.join(MODULES)})")
+    chosen = parser.parse_args(argv).modules or MODULES
+    unknown = [name for name in chosen if name not in MODULES]
+    if unknown:
+        parser.error(f"no benchmark {', '.join(map(repr, unknown))}: choose from {', '.join(MODULES)}")
     out_dir = Path("bench-results")
     out_dir.mkdir(exist_ok=True)
     report = [f"Machine: {machine()}", f"Date: {time.strftime('%Y-%m-%d %H:%M')}", ""]

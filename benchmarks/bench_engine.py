@@ -7,6 +7,7 @@ max(total / workers, longest item), and against the reference's static contiguou
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import List, Optional
 
 import numpy as np
 
@@ -104,7 +106,10 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: Optional[List[str]] = None) -> int:
+    argparse.ArgumentParser(prog=f"python -m benchmarks.{Path(__file__).stem}", description=__doc__.split("\n\n")[0],
+                            epilog="It takes no options: it writes bench-results/%s.json and prints its table."
+                            % Path(__file__).stem).parse_args(argv)
     result = {"overhead": overhead(), "load_balance": [load_balance(), load_balance(ascending=True)]}
     out = Path("bench-results")
     out.mkdir(exist_ok=True)

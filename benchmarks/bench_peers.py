@@ -289,21 +289,30 @@ def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, An
             ratio = "" if system == "ppe" or cell["ratio"] is None else f" ({cell['ratio']:.2f}x)"
             cells.append(fmt.format(cell["median"]) + ratio)
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
-    lines.append("| one worker SIGKILLed: completes, each result once; the item's delay | "
-                 + " | ".join(fault_cell(runs, s, "kill") for s in systems) + " |")
-    lines.append(f"| one worker SIGSTOPped (hung): completes within {cap:.0f} s? the item's delay | "
-                 + " | ".join(fault_cell(runs, s, "stop") for s in systems) + " |")
+    ran = {r["workload"] for r in runs}  # the rows and notes of the workloads not asked for are left out
+    if "kill" in ran:
+        lines.append("| one worker SIGKILLed: completes, each result once; the item's delay | "
+                     + " | ".join(fault_cell(runs, s, "kill") for s in systems) + " |")
+    if "stop" in ran:
+        lines.append(f"| one worker SIGSTOPped (hung): completes within {cap:.0f} s? the item's delay | "
+                     + " | ".join(fault_cell(runs, s, "stop") for s in systems) + " |")
     resume = {r["system"]: r for r in runs if r["workload"] == "resume"}
-    lines.append("| whole job SIGKILLed after 150 of 400 results, then rerun: items recomputed | "
-                 + " | ".join((f"{resume[s]['recomputed']}" if resume[s].get("complete") else "failed")
-                              if s in resume else "not run (its checkpointing not set up)" for s in systems) + " |")
+    if resume:
+        lines.append("| whole job SIGKILLed after 150 of 400 results, then rerun: items recomputed | "
+                     + " | ".join((f"{resume[s]['recomputed']}" if resume[s].get("complete") else "failed")
+                                  if s in resume else "not run (its checkpointing not set up)" for s in systems) + " |")
     versions = sorted({r["version"] for r in runs if r.get("version")})
-    lines += ["", f"Medians of {rounds} interleaved round(s); in brackets the median ratio to ProcessPoolExecutor's "
-                  f"figure in the same round. The hung-worker row: one round, ours with --worker-timeout "
-                  f"{HUNG_TIMEOUT:g} (default 300 s), Dask with its worker-ttl at the same {HUNG_TIMEOUT:g} s "
-                  f"(default 5 minutes), the other peers at their defaults (no setting of theirs that ends a "
-                  f"hung worker and reruns its item was found), each killed at {cap:.0f} s. The rerun row: the peers were run "
-                  f"without their own checkpointing (Parsl's, joblib.Memory), so not at all.",
+    notes = [f"Medians of {rounds} interleaved round(s); in brackets the median ratio to ProcessPoolExecutor's "
+             f"figure in the same round."]
+    if "stop" in ran:
+        notes.append(f"The hung-worker row: one round, ours with --worker-timeout {HUNG_TIMEOUT:g} (default 300 s), "
+                     f"Dask with its worker-ttl at the same {HUNG_TIMEOUT:g} s (default 5 minutes), the other peers at "
+                     f"their defaults (no setting of theirs that ends a hung worker and reruns its item was found), "
+                     f"each killed at {cap:.0f} s.")
+    if resume:
+        notes.append("The rerun row: the peers were run without their own checkpointing (Parsl's, joblib.Memory), "
+                     "so not at all.")
+    lines += ["", " ".join(notes),
               f"Versions: {', '.join(versions)}.", f"Machine: {os.cpu_count()} CPUs ({cpu_model()})."]
     return "\n".join(lines)
 

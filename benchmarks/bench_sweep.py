@@ -22,6 +22,7 @@ reported beside it: the lowest and highest slope of each system, and of the per-
 """
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import statistics
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -130,7 +131,10 @@ def markdown(result: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: Optional[List[str]] = None) -> int:
+    argparse.ArgumentParser(prog=f"python -m benchmarks.{Path(__file__).stem}", description=__doc__.split("\n\n")[0],
+                            epilog="It takes no options: it writes bench-results/%s.json and prints its table."
+                            % Path(__file__).stem).parse_args(argv)
     result = overhead()
     out = Path("bench-results")
     out.mkdir(exist_ok=True)

@@ -185,11 +185,15 @@ def container_job(tmp_path: Path, bind: str):
     recorder = bin_dir / "srun"
     recorder.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$ARGV_FILE"\nexit 0\n')
     recorder.chmod(0o755)
+    apptainer = bin_dir / "apptainer"  # on PATH, as the script checks (srun's recorder never runs it)
+    apptainer.write_text("#!/bin/bash\nexit 99\n")
+    apptainer.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ARGV_FILE=str(tmp_path / "argv"),
                SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2",
                SLURM_CPUS_PER_TASK="8")
-    return made, lambda *script_args: subprocess.run(["bash", str(script), *script_args], env=env, capture_output=True,
-                                                     text=True, timeout=30)
+    return made, lambda *script_args, **changes: subprocess.run(
+        ["bash", str(script), *script_args], env={k: v for k, v in {**env, **changes}.items() if v is not None},
+        capture_output=True, text=True, timeout=30)
 
 
 def test_script_runs_the_program_in_the_container_with_the_engine_flags(tmp_path):
@@ -252,6 +256,54 @@ def test_a_bind_source_missing_on_the_node_ends_the_job_in_one_line_before_srun(
     assert done.stdout.splitlines()[-1].endswith(f"--bind {missing}: no such file or folder on "
                                                  f"{socket.gethostname()}: the run was not started"), done.stdout
     missing.mkdir()  # there now (a folder the compute nodes have): the job starts
+    assert job().returncode == 0 and (tmp_path / "argv").exists()
+
+
+def test_no_apptainer_or_no_image_on_the_node_ends_the_job_in_one_line_before_srun(tmp_path):
+    """Without apptainer on PATH (a module not loaded) srun failed on every rank, even tried the
+    checkout's apptainer/ folder ("Permission denied"), and the step was started again three times;
+    an image gone since the script was made, the same. Each is now one line and exit 2, srun never run."""
+    (tmp_path / "data").mkdir()
+    made, job = container_job(tmp_path, f"{tmp_path / 'data'}:/data")
+    (tmp_path / "bin" / "apptainer").unlink()
+    done = job(PATH=f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    assert done.returncode == 2 and not (tmp_path / "argv").exists(), done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].endswith(f"apptainer: not on PATH on {socket.gethostname()} (load its module: "
+                                                 f"--module): the run was not started"), done.stdout
+    (tmp_path / "bin" / "apptainer").write_text("#!/bin/bash\nexit 99\n")
+    (tmp_path / "bin" / "apptainer").chmod(0o755)
+    (tmp_path / "img.sif").unlink()
+    done = job()
+    assert done.returncode == 2 and not (tmp_path / "argv").exists(), done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].endswith(f"the image {tmp_path / 'img.sif'}: no such file or folder in "
+                                                 f"{tmp_path} on {socket.gethostname()}: the run was not started")
+    (tmp_path / "img.sif").write_bytes(b"")
+    assert job().returncode == 0 and (tmp_path / "argv").exists()
+
+
+def test_a_script_run_outside_a_job_or_in_salloc_or_whose_module_fails_says_so(tmp_path):
+    """bash THIS_SCRIPT outside Slurm gave "SLURM_JOB_NUM_NODES: unbound variable", and inside an
+    salloc without --cpus-per-task "SLURM_CPUS_PER_TASK: unbound variable"; a module that did not load
+    was passed over and the run went on without it."""
+    (tmp_path / "data").mkdir()
+    made, job = container_job(tmp_path, f"{tmp_path / 'data'}:/data")
+    script = tmp_path / "job.sbatch"
+    done = job(SLURM_JOB_ID=None)
+    assert done.returncode == 2 and done.stdout == "" and not (tmp_path / "argv").exists(), done
+    assert done.stderr == f"{script}: not in a Slurm job: submit it with sbatch {script} [arguments]\n"
+    assert job(SLURM_CPUS_PER_TASK=None).returncode == 0  # salloc -N2 without --cpus-per-task: one CPU a task
+    assert "--cpus-per-task=1" in (tmp_path / "argv").read_text().splitlines()
+    with_module = generate_script("--nodes", "2", "--cpu", "--time", "01:00:00", "--module", "nosuch/1.0", "--",
+                                  "mnist_nn", "1", "1")
+    assert with_module.returncode == 0, with_module.stderr
+    script.write_text(with_module.stdout)
+    (tmp_path / "argv").unlink()
+    done = job()  # no module command here at all: as a misspelt module, it fails
+    assert done.returncode == 2 and not (tmp_path / "argv").exists(), done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].endswith("module load nosuch/1.0 failed: the run was not started"), done.stdout
+    module = tmp_path / "bin" / "module"
+    module.write_text("#!/bin/bash\nexit 0\n")
+    module.chmod(0o755)
     assert job().returncode == 0 and (tmp_path / "argv").exists()
 
 

@@ -56,6 +56,12 @@ forward() {
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 
+# Run by hand (bash THIS_SCRIPT) it has no job to run in: one line, exit 2, rather than a shell error
+# about a Slurm variable that is not set.
+if [ -z "${SLURM_JOB_ID:-}" ]; then
+    printf '%s\n' "$0: not in a Slurm job: submit it with sbatch $0 [arguments]" >&2
+    exit 2
+fi
 cd "${SLURM_SUBMIT_DIR:-.}" || exit 1
 # sbatch --export=NONE (a default on some clusters) hands NONE on to srun as SLURM_EXPORT_ENV: the
 # tasks would get none of the environment set up here (module load, the virtual environment)
@@ -196,7 +202,10 @@ def header(spec: JobSpec) -> List[str]:
 
 
 def _setup(spec: JobSpec) -> str:
-    lines = [f"module load {module}" for module in spec.modules]
+    # a module that does not load (misspelt, or no module command on the node) ends the job: the run
+    # would otherwise go on without it (the wrong Python, no apptainer, no CUDA)
+    lines = [f"module load {shlex.quote(module)} || {{ log {shlex.quote(f'module load {module} failed: the run was not started')}; "
+             f"exit 2; }}" for module in spec.modules]
     if spec.venv and not spec.container:
         venv = shlex.quote(spec.venv)
         lines.append(f'if [ -f {venv}/bin/activate ]; then source {venv}/bin/activate; '
@@ -222,7 +231,7 @@ def _srun_options(spec: JobSpec, relaunch: bool = False) -> str:
     # a step started again runs on the nodes still up: at least one, at most the job's
     nodes = '--nodes="1-$SLURM_JOB_NUM_NODES"' if relaunch else '--nodes="$SLURM_JOB_NUM_NODES"'
     options = [f"--mpi={spec.mpi}", nodes,
-               f"--ntasks-per-node={spec.ntasks_per_node}", '--cpus-per-task="$SLURM_CPUS_PER_TASK"']
+               f"--ntasks-per-node={spec.ntasks_per_node}", '--cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"']
     if not spec.cpu:  # as many as the job got: an sbatch --gpus-per-node on the command line wins
         options.append(f'--gpus-per-node="${{SLURM_GPUS_PER_NODE:-{spec.gpus}}}"')
     # Ranks stop at slightly different times after a signal; never let Slurm kill rank 0 mid-flush.
@@ -233,17 +242,32 @@ def _srun_options(spec: JobSpec, relaunch: bool = False) -> str:
 
 def _checks(spec: JobSpec) -> str:
     """Shell lines that end the job with exit 2 before anything starts where what the step needs
-    is missing on the node: a --bind source (apptainer would refuse its mount on every rank, and the
-    step would be started again in vain)."""
-    if not spec.container or not spec.bind_sources:
+    is missing on the node: apptainer, the image (a local one: not a docker:// or other URI), a
+    --bind source. Each would fail the step on every rank, and the step would be started again in
+    vain (without apptainer on PATH, srun even tries the checkout's apptainer/ folder: "Permission
+    denied")."""
+    if not spec.container:
         return ""
-    return (f"# every --bind source, on this node (apptainer refuses a missing one on every rank)\n"
-            f"for source in {_words(spec.bind_sources)}; do\n"
-            f"    if [ ! -e \"$source\" ]; then\n"
-            f"        log \"--bind $source: no such file or folder on $(hostname): the run was not started\"\n"
-            f"        exit 2\n"
-            f"    fi\n"
-            f"done\n")
+    image = shlex.quote(spec.container)
+    lines = ["# apptainer and the image, on this node (the step would fail on every rank without them)",
+             "if ! command -v apptainer > /dev/null; then",
+             '    log "apptainer: not on PATH on $(hostname) (load its module: --module): the run was not started"',
+             "    exit 2",
+             "fi"]
+    if "://" not in spec.container:
+        lines += [f"if [ ! -e {image} ]; then",
+                  f'    log "the image "{image}": no such file or folder in $PWD on $(hostname): the run was not started"',
+                  "    exit 2",
+                  "fi"]
+    if spec.bind_sources:
+        lines += ["# every --bind source, on this node (apptainer refuses a missing one on every rank)",
+                  f"for source in {_words(spec.bind_sources)}; do",
+                  '    if [ ! -e "$source" ]; then',
+                  '        log "--bind $source: no such file or folder on $(hostname): the run was not started"',
+                  "        exit 2",
+                  "    fi",
+                  "done"]
+    return "".join(line + "\n" for line in lines)
 
 
 def _launch(spec: JobSpec, relaunch: bool = False) -> str:

@@ -532,6 +532,28 @@ def test_a_stop_before_any_running_item_could_finish_says_more_time_is_needed(tm
                     "would cut them off again; give it a longer --time; finish with") in closing, closing
 
 
+def test_a_cancel_during_the_grace_is_not_taken_for_items_that_never_fit(tmp_path, monkeypatch):
+    """scancel after the walltime warning: the batch script passes the TERM on as a second USR1,
+    which ends the wait for the running items before --grace does. Their time was cut by the cancel,
+    not by the job's --time: exit 75 and the plain closing line, not 76 and "give it a longer --time"."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    results, marks = tmp_path / "r", tmp_path / "marks"
+    marks.mkdir()
+    process = start([TOY, "2", "--sleep", "60", "--workers", "2", "--grace", "120", "--marker-dir", str(marks),
+                     "--results", str(results), "--no-progress"])
+    assert wait_until(lambda: len(list(marks.iterdir())) == 2, 60)
+    rank = rank_pids(results)[0]
+    os.kill(rank, signal.SIGUSR1)
+    time.sleep(2.5)  # past the echo window: a signal of its own
+    os.kill(rank, signal.SIGUSR1)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 75, err
+    closing = error_lines(err)[-1]
+    assert closing.startswith("toy: stopped (received SIGUSR1) with 0 of 2 items done; finish with"), closing
+    assert "none finished" not in closing and "longer --time" not in closing, closing
+    assert "no_progress" not in read_summary(results)
+
+
 def test_an_item_started_again_in_the_run_is_not_taken_for_one_that_never_fits(tmp_path, monkeypatch):
     """In a Slurm job, the walltime stops a run whose one item is in its second attempt (its first
     worker was killed): nothing finished, but the attempt cut off had less than the whole start,

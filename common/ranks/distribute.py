@@ -127,6 +127,7 @@ class Leader:
         self.stop_after_failures = stop_after_failures
         self.gave_up = False  # the stop is --stop-after-failures's: the run failed, it is not to be requeued
         self.cut_off = 0  # items a stop's wait ended before they finished (they run again on --resume)
+        self.wait_cut_short = False  # a second stop signal ended that wait before its deadline
         self.deadline = 0.0
         self.pace = _ItemPace()
         self.liveness = liveness
@@ -183,6 +184,8 @@ class Leader:
                 self.progress.write(f"{self.tag} {why}: not waiting for the items handed out (they run again on "
                                     f"--resume)")
             if self.stopping and getattr(self.stop_signal, "urgent", False):
+                if self.scheduler.in_flight and self.clock.monotonic() <= self.deadline:
+                    self.wait_cut_short = True
                 self.deadline = 0.0  # a second signal: do not wait for running items
             if not self.stopping:
                 active |= self._dispatch()

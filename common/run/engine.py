@@ -1023,11 +1023,13 @@ def _made_no_progress(app: App, leader: Leader, walltime: bool) -> bool:
     walltime warning stopped it before any of its items finished, and items were still running
     when --grace ended. Not where an attempt was started again in the run (a retry, a worker or a
     rank lost: a full start might finish it), nor where an item keeps part of its work (a
-    pipeline's finished steps). The batch script does not requeue on it (exit 76); it also turns a
-    76 of a step it started again in the same job into a requeue."""
+    pipeline's finished steps), nor where a second stop signal ended the wait before --grace did
+    (scancel after the warning: the items were not given their time). The batch script does not
+    requeue on it (exit 76); it also turns a 76 of a step it started again in the same job into a
+    requeue."""
     return (settings.in_slurm_job() and walltime
             and not leader.records and leader.cut_off > 0 and not leader.bars and not leader.lost
-            and not app.items_resume_part_way)
+            and not leader.wait_cut_short and not app.items_resume_part_way)
 
 
 def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = True) -> str:

@@ -890,9 +890,12 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
         stalled = bool(summary.get("no_progress"))
-        said = (f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the "
-                f"{counted(leader.cut_off, 'item')} still running when --grace ended were cut off: a job requeued "
-                f"with the same --time would cut them off again; give it a longer --time" if stalled else "")
+        cut = (f"{counted(leader.cut_off, 'item')} still running when a second stop signal ended the wait for "
+               f"them were cut off: where it was the job's time limit (not a cancel), a job requeued with the same "
+               f"--time would cut them off again; give it a longer --time" if leader.wait_cut_short else
+               f"{counted(leader.cut_off, 'item')} still running when --grace ended were cut off: a job requeued "
+               f"with the same --time would cut them off again; give it a longer --time")
+        said = f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the {cut}" if stalled else ""
         _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done{said}; "
                  f"finish with the same launcher and: {summary['resume_command']}")
         return EXIT_NO_PROGRESS if stalled else EXIT_STOPPED
@@ -1023,13 +1026,13 @@ def _made_no_progress(app: App, leader: Leader, walltime: bool) -> bool:
     walltime warning stopped it before any of its items finished, and items were still running
     when --grace ended. Not where an attempt was started again in the run (a retry, a worker or a
     rank lost: a full start might finish it), nor where an item keeps part of its work (a
-    pipeline's finished steps), nor where a second stop signal ended the wait before --grace did
-    (scancel after the warning: the items were not given their time). The batch script does not
-    requeue on it (exit 76); it also turns a 76 of a step it started again in the same job into a
-    requeue."""
+    pipeline's finished steps). A second stop signal that ended the wait before --grace did may be
+    a cancel or the job's time limit, which only the batch script can tell apart (squeue's time
+    left): it does not requeue on 76 (exit 76) and says which it was; it also turns a 76 of a step it
+    started again in the same job into a requeue."""
     return (settings.in_slurm_job() and walltime
             and not leader.records and leader.cut_off > 0 and not leader.bars and not leader.lost
-            and not leader.wait_cut_short and not app.items_resume_part_way)
+            and not app.items_resume_part_way)
 
 
 def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = True) -> str:

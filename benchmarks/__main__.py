@@ -32,13 +32,17 @@ def machine() -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("modules", nargs="*", metavar="MODULE",
-                        help=f"the benchmarks to run, in turn (default: all of {', '.join(MODULES)})")
-    chosen = parser.parse_args(argv).modules or MODULES
+                        help=f"the benchmarks to run, in turn, by module or short name (default: all of "
+                             f"{', '.join(MODULES)})")
+    # bench_engine or benchmarks.bench_engine
+    chosen = [name if name.startswith("benchmarks.") else f"benchmarks.{name}" for name in parser.parse_args(argv).modules]
     unknown = [name for name in chosen if name not in MODULES]
     if unknown:
-        parser.error(f"no benchmark {', '.join(map(repr, unknown))}: choose from {', '.join(MODULES)}")
+        parser.error(f"no benchmark {', '.join(repr(name.split('.', 1)[1]) for name in unknown)}: choose from "
+                     f"{', '.join(name.split('.', 1)[1] for name in MODULES)}")
+    chosen = chosen or MODULES
     out_dir = Path("bench-results")
     out_dir.mkdir(exist_ok=True)
     report = [f"Machine: {machine()}", f"Date: {time.strftime('%Y-%m-%d %H:%M')}", ""]

@@ -279,7 +279,10 @@ def fault_cell(runs: List[Dict[str, Any]], system: str, workload: str) -> str:
 def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, Any], rounds: int, cap: float) -> str:
     header = "| workload | " + " | ".join(TITLES[s] for s in systems) + " |"
     lines = [header, "|---" * (len(systems) + 1) + "|"]
-    for _, metric, title, fmt in METRICS:
+    ran = {r["workload"] for r in runs}  # the rows and notes of the workloads not asked for are left out
+    for workload, metric, title, fmt in METRICS:
+        if workload not in ran:
+            continue
         cells = []
         for system in systems:
             cell = table[metric][system]
@@ -289,7 +292,6 @@ def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, An
             ratio = "" if system == "ppe" or cell["ratio"] is None else f" ({cell['ratio']:.2f}x)"
             cells.append(fmt.format(cell["median"]) + ratio)
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
-    ran = {r["workload"] for r in runs}  # the rows and notes of the workloads not asked for are left out
     if "kill" in ran:
         lines.append("| one worker SIGKILLed: completes, each result once; the item's delay | "
                      + " | ".join(fault_cell(runs, s, "kill") for s in systems) + " |")
@@ -309,7 +311,7 @@ def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, An
                      f"Dask with its worker-ttl at the same {HUNG_TIMEOUT:g} s (default 5 minutes), the other peers at "
                      f"their defaults (no setting of theirs that ends a hung worker and reruns its item was found), "
                      f"each killed at {cap:.0f} s.")
-    if resume:
+    if resume and any(s not in resume for s in systems):
         notes.append("The rerun row: the peers were run without their own checkpointing (Parsl's, joblib.Memory), "
                      "so not at all.")
     lines += ["", " ".join(notes),
@@ -320,15 +322,19 @@ def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, An
 def figure(table: Dict[str, Any], systems: List[str], path: Path) -> None:
     from common.results.outputs import new_figure, save_figure
 
+    labels = ["no-op items: ms per item", "launch to first result", "last result to exit",
+              "lognormal items longest first:\nmakespan / ideal", "lognormal items in random order:\nmakespan / ideal"]
+    # the workloads that ran: a group of bars each
+    shown = [(metric, label) for (_, metric, _, _), label in zip(METRICS, labels)
+             if any(table[metric][system]["median"] is not None for system in systems)]
+    if not shown:
+        return
     fig, ax = new_figure(9, 4)
     width = 0.8 / len(systems)
     for position, system in enumerate(systems):
-        ratios = [table[metric][system]["ratio"] or np.nan for _, metric, _, _ in METRICS]
-        ax.bar(np.arange(len(METRICS)) + position * width, ratios, width, label=TITLES[system])
-    ax.set_xticks(np.arange(len(METRICS)) + 0.4 - width / 2,
-                  ["no-op items: ms per item", "launch to first result", "last result to exit",
-                   "lognormal items longest first:\nmakespan / ideal", "lognormal items in random order:\nmakespan / ideal"],
-                  fontsize=8)
+        ratios = [table[metric][system]["ratio"] or np.nan for metric, _ in shown]
+        ax.bar(np.arange(len(shown)) + position * width, ratios, width, label=TITLES[system])
+    ax.set_xticks(np.arange(len(shown)) + 0.4 - width / 2, [label for _, label in shown], fontsize=8)
     ax.set_yscale("log")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel("ratio to ProcessPoolExecutor\n(median over rounds, each in its round)")

@@ -132,7 +132,7 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argparse.ArgumentParser(prog=f"python -m benchmarks.{Path(__file__).stem}", description=__doc__.split("\n\n")[0],
+    argparse.ArgumentParser(prog=f"python -m benchmarks.{Path(__file__).stem}", description=__doc__.split("\n\n")[0].replace("``", ""),
                             epilog="It takes no options: it writes bench-results/%s.json and prints its table."
                             % Path(__file__).stem).parse_args(argv)
     result = overhead()

@@ -24,7 +24,8 @@ def test_a_name_that_is_no_benchmark_is_one_line_and_exit_2(tmp_path):
     ran = subprocess.run([sys.executable, "-m", "benchmarks", "bench_nope"], cwd=tmp_path, capture_output=True,
                          text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert ran.returncode == 2 and ran.stdout == "", ran
-    assert ran.stderr.splitlines()[-1].startswith("python -m benchmarks: error: no benchmark 'bench_nope': choose from")
+    assert ran.stderr.splitlines()[-1] == ("python -m benchmarks: error: no benchmark 'bench_nope': choose from "
+                                           "bench_engine, bench_peers, bench_sweep, bench_scale, bench_svm, bench_nn")
     assert "Traceback" not in ran.stderr and not (tmp_path / "bench-results").exists()
 
 
@@ -45,3 +46,12 @@ def test_bench_peers_table_has_rows_only_for_the_workloads_run():
     assert ("| whole job SIGKILLed after 150 of 400 results, then rerun: items recomputed | not run (its checkpointing "
             "not set up) | not run (its checkpointing not set up) | 2 |") in text
     assert "The rerun row:" in text and "hung-worker" not in text
+    assert "lognormal" not in text  # the skew workloads did not run either
+    # a kill alone: its row, and none of the no-op or skew rows
+    runs = [dict(system=system, workload="kill", round=0, complete=True, each_once=True, fault_delay_s=0.5)
+            for system in systems]
+    text = markdown(runs, systems, summarise(runs, systems), 1, 30.0)
+    assert "| one worker SIGKILLed: completes, each result once; the item's delay | yes, +0.50 s | yes, +0.50 s | " \
+           "yes, +0.50 s |" in text
+    for absent in ("no-op", "launch", "lognormal", "rerun", "hung-worker"):
+        assert absent not in text, (absent, text)

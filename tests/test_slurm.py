@@ -275,8 +275,8 @@ def test_no_apptainer_or_no_image_on_the_node_ends_the_job_in_one_line_before_sr
     (tmp_path / "img.sif").unlink()
     done = job()
     assert done.returncode == 2 and not (tmp_path / "argv").exists(), done.stdout + done.stderr
-    assert done.stdout.splitlines()[-1].endswith(f"the image {tmp_path / 'img.sif'}: no such file or folder in "
-                                                 f"{tmp_path} on {socket.gethostname()}: the run was not started")
+    assert done.stdout.splitlines()[-1].endswith(f"the image {tmp_path / 'img.sif'}: no such file or folder on "
+                                                 f"{socket.gethostname()}: the run was not started")
     (tmp_path / "img.sif").write_bytes(b"")
     assert job().returncode == 0 and (tmp_path / "argv").exists()
 

@@ -255,8 +255,9 @@ def _checks(spec: JobSpec) -> str:
              "    exit 2",
              "fi"]
     if "://" not in spec.container:
+        where = "" if spec.container.startswith("/") else " in $PWD"  # a relative path: from the submit folder
         lines += [f"if [ ! -e {image} ]; then",
-                  f'    log "the image "{image}": no such file or folder in $PWD on $(hostname): the run was not started"',
+                  f'    log "the image "{image}": no such file or folder{where} on $(hostname): the run was not started"',
                   "    exit 2",
                   "fi"]
     if spec.bind_sources:

@@ -351,6 +351,16 @@ def _app_value(value: Any) -> str:
     return text if text is not None else _ENCODER.encode(to_jsonable(value))
 
 
+def as_journaled(value: Any) -> Any:
+    """``value`` as the journal keeps it and a resume reads it back: numpy arrays, tensors and tuples
+    as lists, numpy scalars as Python numbers, NaN as None, keys as strings. An item's result is
+    handed on so from its worker, so that the app's ``finish`` sees the same values in a run and in
+    its resume (a result kept as returned was an array in one and a list in the other, a NaN in one
+    and None in the other). TypeError or ValueError where a value has no JSON form (a set, bytes, an
+    object of the app's: the journal could not keep it)."""
+    return json.loads(_app_value(value))
+
+
 def _result_line(record: Record) -> bytes:
     """The journal line of a result, as ``_ENCODER.encode`` writes the record's dict (same keys in
     the same order), made without the dict (a follower makes it for each result it batches: see

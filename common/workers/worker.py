@@ -48,6 +48,7 @@ from common.messages import (
     SetupFailed,
 )
 from common.observe.logs import FileLog, worker_file_log
+from common.results.journal import as_journaled
 from common.signals import (
     DUMP_SIGNAL,
     WORKER_IGNORED_SIGNALS,
@@ -308,11 +309,24 @@ def _run_group(app: Any, state: Any, bundle: list, seed_of: Callable[[str], Any]
         retry = not isinstance(error, ItemFailed) or error.retry
         return [ItemError(item.key, described(error), text, started, ended, errno, path, retry) for item in items]
     ended = time.time()
+    answers = [_kept(item.key, result, started, ended) for item, result in zip(items, results)]
     if lines is None:
         log.info("%s done in %.3f s", names, ended - started)
     else:
         lines.hold(ended, f"{names} done in {ended - started:.3f} s")
-    return [ItemDone(item.key, result, started, ended) for item, result in zip(items, results)]
+    return answers
+
+
+def _kept(key: str, result: Any, started: float, ended: float) -> Any:
+    """The item's answer: its result as the journal keeps it (:func:`as_journaled`), or, where the
+    journal cannot keep it, the item's failure for good saying what it returned (rank 0 would
+    otherwise fail writing its journal line, and the run with it; another attempt returns the same)."""
+    try:
+        return ItemDone(key, as_journaled(result), started, ended)
+    except (TypeError, ValueError, RecursionError) as error:
+        why = f"item {key} returned a value the journal cannot keep as JSON: {error}"
+        log.error("%s failed: %s", key, why)
+        return ItemError(key, f"TypeError: {why}", f"TypeError: {why}\n", started, ended, retry=False)
 
 
 def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed_of: Callable[[str], Any], conn: Any,
@@ -343,26 +357,9 @@ def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed_of: Ca
 
 
 def _answer(conn: Any, answers: List[Any]) -> None:
-    """Pickled first, then sent: only the write's errors mean the rank is gone."""
-    try:
-        data = ForkingPickler.dumps(answers[0] if len(answers) == 1 else Answers(answers))
-    except Exception:  # a return that cannot be pickled (a lambda inside it, say; any error its __reduce__ raises)
-        data = ForkingPickler.dumps(Answers([_sendable(answer) for answer in answers]))
-    conn.send_bytes(data)
-
-
-def _sendable(answer: Any) -> Any:
-    """``answer``, or where its result cannot be pickled, the item's failure saying so: the worker
-    goes on, instead of dying on every attempt (its item handed out again and again)."""
-    if not isinstance(answer, ItemDone):
-        return answer
-    try:
-        ForkingPickler.dumps(answer.result)
-        return answer
-    except Exception as error:
-        why = f"its return cannot be sent to the rank ({described(error)})"
-        log.error("%s failed: %s", answer.key, why)
-        return ItemError(answer.key, why, "", answer.started, answer.ended)
+    """Pickled first, then sent: only the write's errors mean the rank is gone. Every result is JSON
+    by now (:func:`_kept`), so every answer pickles."""
+    conn.send_bytes(ForkingPickler.dumps(answers[0] if len(answers) == 1 else Answers(answers)))
 
 
 def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int,

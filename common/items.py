@@ -135,6 +135,34 @@ class ItemSeeds:
         return self.word32 if form == "int32" else self.sequence
 
 
+def check_items(owner: str, items: Any) -> List[Item]:
+    """What an app's ``items()`` returned (``owner``: "MyApp.items()"), as a list, checked before
+    anything runs; ValueError naming the first thing wrong: a return that is not a list of
+    :class:`Item`, a key that is not a non-empty str, a key given twice, an ``after`` naming no item.
+    (Rank 0 would otherwise fail later with a traceback, after making the results folder.)"""
+    if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__iter__"):
+        raise ValueError(f"{owner} returned {type(items).__name__ if items is not None else 'None'}, not a list of "
+                         f"common.Item")
+    items = list(items)
+    seen = set()
+    for item in items:
+        if not isinstance(item, Item):
+            raise ValueError(f"{owner} returned a {type(item).__name__} among its items, not a common.Item: {item!r:.80}")
+        if type(item.key) is not str or not item.key:
+            raise ValueError(f"{owner}: an item key must be a non-empty str, not {item.key!r} "
+                             f"({type(item.key).__name__})")
+        if item.key in seen:
+            raise ValueError(f"{owner}: the item key {item.key!r} is given twice (keys name the items in the journal "
+                             f"and their seeds: each must be unique)")
+        seen.add(item.key)
+    for item in items:
+        unknown = [key for key in item.after if key not in seen]
+        if unknown:
+            raise ValueError(f"{owner}: item {item.key!r} waits for {', '.join(map(repr, unknown))}, which no item is "
+                             f"(after names other items' keys)")
+    return items
+
+
 def check_seed_form(form: str) -> None:
     """ValueError unless ``form`` is one of SEED_FORMS (``App.seed_form``)."""
     if form not in SEED_FORMS:

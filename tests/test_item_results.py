@@ -75,3 +75,80 @@ def test_finish_sees_the_journals_values_in_a_run_and_its_resume_and_a_set_fails
     assert fresh == again, (fresh, again)
     assert fresh == {"array": ["{'values': [0, 1, 2], 'scalar': 0.5}", "dict"], "nan": ["{'v': None}", "dict"],
                      "tuple": ["{'pair': [1, 2], 'by_int': {'1': 'a'}}", "dict"]}, fresh
+
+
+MISTAKEN_APP = '''import sys
+
+from common import App, Item, main
+
+
+class Mistaken(App):
+    name = "mistaken"
+
+    def items(self):
+        mistake = sys.argv[-1]
+        if mistake == "none":
+            return None
+        if mistake == "dict":
+            return {"a": Item("a")}
+        if mistake == "not-an-item":
+            return [Item("a"), ("b", {})]
+        if mistake == "int-key":
+            return [Item(0)]
+        if mistake == "twice":
+            return [Item("same"), Item("other"), Item("same")]
+        if mistake == "after":
+            return [Item("a"), Item("b", after=("nope",))]
+        return [Item("a")]
+
+    def run_item(self, state, item, seed):
+        return {"v": 1}
+
+
+class NoItems(App):
+    name = "noitems"
+
+    def run_item(self, state, item, seed):
+        return {}
+
+
+class NoRunItem(App):
+    name = "norunitem"
+
+    def items(self):
+        return [Item("a")]
+
+
+if __name__ == "__main__":
+    app = {"no-items": NoItems, "no-run-item": NoRunItem}.get(sys.argv[-1], Mistaken)
+    raise SystemExit(main(app, sys.argv[1:-1]))
+'''
+
+MISTAKES = {
+    "none": "Mistaken.items() returned None, not a list of common.Item",
+    "dict": "Mistaken.items() returned dict, not a list of common.Item",
+    "not-an-item": "Mistaken.items() returned a tuple among its items, not a common.Item: ('b', {})",
+    "int-key": "Mistaken.items(): an item key must be a non-empty str, not 0 (int)",
+    "twice": "Mistaken.items(): the item key 'same' is given twice (keys name the items in the journal and their "
+             "seeds: each must be unique)",
+    "after": "Mistaken.items(): item 'b' waits for 'nope', which no item is (after names other items' keys)",
+    "no-items": "NoItems defines no items(): an app returns its list of common.Item from it",
+    "no-run-item": "NoRunItem defines no run_item(state, item, seed): the function each worker runs for an item",
+}
+
+
+def test_mistakes_in_an_apps_items_are_one_line_exit_2_and_write_nothing(tmp_path):
+    """Each of these was a traceback from deep in the run (an int key crashed the workers too), after
+    the results folder and its logs/ were made, and --dry-run printed duplicate keys as if fine."""
+    script = tmp_path / "mistaken_app.py"
+    script.write_text(MISTAKEN_APP)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for mistake, line in MISTAKES.items():
+        results = tmp_path / f"results-{mistake}"
+        for extra in ([], ["--dry-run"]):
+            ran = subprocess.run([sys.executable, str(script), "--gpu", "cpu", "--no-progress", "--results",
+                                  str(results), *extra, mistake], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                 timeout=120)
+            name = {"no-items": "noitems", "no-run-item": "norunitem"}.get(mistake, "mistaken")
+            assert (ran.returncode, ran.stderr.splitlines()) == (2, [f"{name}: error: {line}"]), (mistake, extra, ran)
+            assert not results.exists(), (mistake, extra)

@@ -41,7 +41,7 @@ from common.errors import (
     markdown_cell,
     quoted,
 )
-from common.items import check_seed_form
+from common.items import Item, check_items, check_seed_form
 from common.messages import Bye
 from common.observe.gpu_monitor import GpuMonitor
 from common.observe.gpu_usage import write_gpu_usage
@@ -191,11 +191,12 @@ def engine_fingerprint(args: Any) -> Dict[str, Any]:
     return {"seed": args.seed, **({} if threads is None else {"threads": threads})}
 
 
-def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
+def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold, List[Item]]:
     """Rank 0: refuse a folder another run holds, refuse to overwrite a journal or to resume
     another run; then make the folder and take its hold. Sets ``app.journaled`` from the journal
     being resumed."""
     fingerprint = _judge_results_folder(app)
+    items = _app_items(app)  # before the folder is made: a mistake in them writes nothing
     folder: Path = app.args.results
     try:
         for place in (folder, folder / LOGS_DIR):
@@ -209,7 +210,22 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold]:
         hold.acquire()
     except OSError as error:
         raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
-    return fingerprint, hold
+    return fingerprint, hold, items
+
+
+def _app_items(app: App) -> List[Item]:
+    """Rank 0: the app's items, checked (:func:`common.items.check_items`): a mistake in them is one
+    line naming it (exit 2), not a traceback from deep in the run."""
+    owner = f"{type(app).__name__}.items()"
+    if type(app).items is App.items:
+        raise UsageError(f"{type(app).__name__} defines no items(): an app returns its list of common.Item from it")
+    if type(app).run_item is App.run_item and type(app).run_group is App.run_group:
+        raise UsageError(f"{type(app).__name__} defines no run_item(state, item, seed): the function each worker "
+                         f"runs for an item")
+    try:
+        return check_items(owner, app.items())
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _judge_results_folder(app: App) -> Dict[str, Any]:
@@ -450,9 +466,9 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     if failed:
         return EXIT_USAGE
     app.args.threads = comm.bcast(app.args.threads)  # a resume keeps its earlier run's (rank 0 read it)
-    fingerprint, hold = checked or (None, None)
+    fingerprint, hold, items = checked or (None, None, None)
     try:
-        code = _run(comm, app, notice, fingerprint, argv, stop, failures)
+        code = _run(comm, app, notice, fingerprint, argv, stop, failures, items)
     except Exception as error:
         _end_children()
         if hold is not None:
@@ -499,7 +515,7 @@ def _dry_run(comm: Any, app: App) -> int:
         if text is not None:
             print(text, end="")
         else:
-            items = app.items()
+            items = _app_items(app)
             left = [item for item in items if item.key not in app.journaled]
             for item in left:
                 print(json.dumps({"key": item.key, "params": to_jsonable(dict(item.params))}))
@@ -536,7 +552,7 @@ def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]
 
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
-         stop: StopFlag, failures: WriteFailures) -> int:
+         stop: StopFlag, failures: WriteFailures, items: Optional[List[Item]]) -> int:
     """The run on this rank. Rank 0 starts its timeline's drawing process first: it starts its
     interpreter while rank 0 makes the plan and the journal, and imports matplotlib while the
     workers start and the items run, in a thread at niceness 10 (it takes what they leave), so
@@ -547,14 +563,16 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         # multiprocessing's resource tracker, which starting a worker needs: its interpreter (a third
         # one beside the 2 workers' on 2 cores) starts now, not at the same time as the workers'
         start_resource_tracker()
-        return _run_rank(comm, app, notice, fingerprint, argv, stop, failures, drawer)
+        return _run_rank(comm, app, notice, fingerprint, argv, stop, failures, drawer, items)
     finally:
         if drawer is not None:
             drawer.close()
 
 
 def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
-              stop: StopFlag, failures: WriteFailures, drawer: Optional[TimelineDrawer]) -> int:
+              stop: StopFlag, failures: WriteFailures, drawer: Optional[TimelineDrawer],
+              items: Optional[List[Item]]) -> int:
+    """``items``: rank 0's, checked before the results folder was made (None on the other ranks)."""
     args, devices = app.args, app.devices
     host = socket.gethostname().split(".")[0]
     results: Path = args.results
@@ -577,11 +595,8 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
     leader = None
     if comm.rank == 0:
         journal_path = files.journal
-        items = app.items()
-        keys = [item.key for item in items]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"{app.name}: item keys are not unique")
-        known = set(keys)
+        assert items is not None
+        known = {item.key for item in items}
         resumed = {key: record for key, record in app.journaled.items() if key in known}
         scheduler = Scheduler(items, {k: r.result for k, r in resumed.items()}, args.retries, app.complete,
                               {k: r.params for k, r in resumed.items() if r.params is not None})

@@ -173,6 +173,14 @@ def test_a_passed_deadline_ends_the_running_step_and_skips_the_rest(tmp_path):
     assert result["steps"]["long"]["reason"] == "pipeline deadline passed"
     assert result["status"] == "failed" and "deadline of 1.5 s passed" in result["reason"]
     assert result["seconds"] < 10
+    # after a failure it did not handle: the pipeline's reason says both, the steps left the deadline
+    result, layout = run_pipeline(tmp_path / "after", [{"id": "a", "command": "exit 1"},
+                                                       {"id": "clean", "command": "sleep 60", "condition": "prev.error"},
+                                                       {"id": "last", "command": "true"}],
+                                  deadline_seconds=1.5)
+    assert statuses(result) == {"a": "failed", "clean": "timeout", "last": "skipped"}
+    assert result["reason"] == "step 'a' failed: exit code 1; then deadline of 1.5 s passed during step 'clean'"
+    assert result["steps"]["last"]["reason"] == "deadline of 1.5 s passed during step 'clean'", result["steps"]["last"]
 
 
 def test_the_step_environment(tmp_path, monkeypatch):

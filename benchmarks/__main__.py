@@ -6,7 +6,6 @@ This runs them in turn and writes ``bench-results/report.md`` with the machine t
 """
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import shutil
@@ -16,6 +15,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from benchmarks import command_line
 from benchmarks.machine import cpu_model
 
 #: bench_peers measures the peers that are installed (make bench-peers installs them) and skips the others
@@ -32,7 +32,7 @@ def machine() -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0].replace("``", ""))
+    parser = command_line("benchmarks", __doc__)
     parser.add_argument("modules", nargs="*", metavar="MODULE",
                         help=f"the benchmarks to run, in turn, by module or short name (default: all of "
                              f"{', '.join(MODULES)})")

@@ -7,7 +7,6 @@ max(total / workers, longest item), and against the reference's static contiguou
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from benchmarks import no_options
 from common.results.layout import ResultsLayout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,9 +107,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argparse.ArgumentParser(prog=f"python -m benchmarks.{Path(__file__).stem}", description=__doc__.split("\n\n")[0].replace("``", ""),
-                            epilog="It takes no options: it writes bench-results/%s.json and prints its table."
-                            % Path(__file__).stem).parse_args(argv)
+    no_options("benchmarks.bench_engine", __doc__, argv)
     result = {"overhead": overhead(), "load_balance": [load_balance(), load_balance(ascending=True)]}
     out = Path("bench-results")
     out.mkdir(exist_ok=True)

@@ -22,7 +22,6 @@ reported beside it: the lowest and highest slope of each system, and of the per-
 """
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import statistics
@@ -32,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
+
+from benchmarks import no_options
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -132,9 +133,7 @@ def markdown(result: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argparse.ArgumentParser(prog=f"python -m benchmarks.{Path(__file__).stem}", description=__doc__.split("\n\n")[0].replace("``", ""),
-                            epilog="It takes no options: it writes bench-results/%s.json and prints its table."
-                            % Path(__file__).stem).parse_args(argv)
+    no_options("benchmarks.bench_sweep", __doc__, argv)
     result = overhead()
     out = Path("bench-results")
     out.mkdir(exist_ok=True)

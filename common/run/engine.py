@@ -905,12 +905,11 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
         stalled = bool(summary.get("no_progress"))
-        cut = (f"{counted(leader.cut_off, 'item')} still running when a second stop signal ended the wait for "
-               f"them were cut off: where it was the job's time limit (not a cancel), a job requeued with the same "
-               f"--time would cut them off again; give it a longer --time" if leader.wait_cut_short else
-               f"{counted(leader.cut_off, 'item')} still running when --grace ended were cut off: a job requeued "
-               f"with the same --time would cut them off again; give it a longer --time")
-        said = f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the {cut}" if stalled else ""
+        ended, caveat = (("a second stop signal ended the wait for them", "where it was the job's time limit (not a "
+                          "cancel), ") if leader.wait_cut_short else ("--grace ended", ""))
+        said = (f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the "
+                f"{counted(leader.cut_off, 'item')} still running when {ended} were cut off: {caveat}a job requeued "
+                f"with the same --time would cut them off again; give it a longer --time" if stalled else "")
         _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done{said}; "
                  f"finish with the same launcher and: {summary['resume_command']}")
         return EXIT_NO_PROGRESS if stalled else EXIT_STOPPED

@@ -324,9 +324,9 @@ def _kept(key: str, result: Any, started: float, ended: float) -> Any:
     try:
         return ItemDone(key, as_journaled(result), started, ended)
     except (TypeError, ValueError, RecursionError) as error:
-        why = f"item {key} returned a value the journal cannot keep as JSON: {error}"
+        why = described(TypeError(f"item {key} returned a value the journal cannot keep as JSON: {error}"))
         log.error("%s failed: %s", key, why)
-        return ItemError(key, f"TypeError: {why}", f"TypeError: {why}\n", started, ended, retry=False)
+        return ItemError(key, why, f"{why}\n", started, ended, retry=False)
 
 
 def _run_bundle(app: Any, state: Any, entries: list, together: bool, seed_of: Callable[[str], Any], conn: Any,

@@ -167,9 +167,10 @@ class CumlBackend:
 
     def __init__(self, data: Dataset, multiclass: str = "ovr"):
         import cupy as cp
+        from cuml.svm import SVC  # here, once: a cuML that cannot be imported fails the worker's setup, not each fit
 
         self.multiclass = multiclass
-        self.cp = cp
+        self.cp, self.svc_class = cp, SVC
         self.x = {"train": cp.asarray(standardise(data.x_train)), "test": cp.asarray(standardise(data.x_test))}
         # labels in the pixels' dtype, as cuML's fit converts them (check_dtype=X.dtype)
         self.y = {"train": cp.asarray(data.y_train.astype(np.float64)), "test": cp.asarray(data.y_test.astype(np.float64))}
@@ -185,9 +186,7 @@ class CumlBackend:
         return self.cp.asfortranarray(self.x[split][index])
 
     def fit(self, c: float, gamma: float, rows: np.ndarray, kernel: None = None) -> Any:
-        from cuml.svm import SVC
-
-        cp = self.cp
+        cp, SVC = self.cp, self.svc_class
         x, y = self._gather("train", rows), self.y["train"][cp.asarray(rows)]
         settings = {"C": c, "gamma": gamma, "kernel": "rbf", "cache_size": CACHE_MB}
         if self.multiclass == "ovo":

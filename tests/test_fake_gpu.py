@@ -136,6 +136,50 @@ def test_a_keyword_the_pinned_cuml_does_not_take_is_a_type_error(fake_gpu_module
     assert SVC(C=2.0, decision_function_shape="ovr").get_params()["C"] == 2.0
 
 
+def test_a_cuml_that_cannot_be_imported_fails_each_workers_setup_not_every_fit(tmp_path):
+    """cuML 25.06 (requirements-cu11.txt) imports ``_is_pandas_df`` from scikit-learn, which 1.8
+    removed: ``import cuml`` raises. Found at each worker's setup (tried three times, then its
+    items fail for good, saying why), not once per fit and retry of a grid of thousands."""
+    broken = tmp_path / "broken"
+    (broken / "cuml" / "svm").mkdir(parents=True)
+    (broken / "cuml" / "__init__.py").write_text(
+        "from sklearn.utils.validation import _is_fitted, _is_pandas_df  # noqa: F401  (cuML 25.06's compat)\n")
+    (broken / "cuml" / "svm" / "__init__.py").write_text("")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="0",
+               PYTHONPATH=os.pathsep.join([str(broken), str(FAKE_GPU), str(REPO)]))  # the fake CuPy
+    results = tmp_path / "results"
+    proc = subprocess.run([sys.executable, "-m", "mnist_svm", "1", "--dataset", "digits", "--subsample", "300",
+                           "--gpu", "0", "--no-progress", "--results", str(results)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    starts = [line for line in proc.stderr.splitlines() if "rank0-gpu0: worker could not start (ImportError" in line]
+    assert len(starts) == 2 and "giving up on gpu0 after 3 failed starts: ImportError" in proc.stderr, proc.stderr
+    assert "_is_pandas_df" in proc.stderr and "failed on rank0-gpu0 (attempt" not in proc.stderr, proc.stderr
+    summary = read_summary(results)
+    assert summary["items_done"] == 0 and len(summary["failed_items"]) == summary["items_total"] == 6
+    assert all(f["error"].startswith("no worker could start: ImportError") for f in summary["failed_items"]), summary
+
+
+def test_the_cuda_11_pins_keep_a_scikit_learn_that_cuml_25_06_imports():
+    """cuML 25.06, the last for CUDA 11, needs scikit-learn below 1.8 (see the test above) and does
+    not say so: on Python 3.11+ pip would pick 1.8 or later. requirements-cu11.txt pins it, within
+    what setup.cfg allows."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    lines = (REPO / "requirements-cu11.txt").read_text().splitlines()
+    pins = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    sklearn = [r.specifier for r in pins if r.name == "scikit-learn"]
+    assert len(sklearn) == 1 and "1.8.0" not in sklearn[0] and "1.9.1" not in sklearn[0], sklearn
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    ours = [Requirement(line) for line in config["options"]["install_requires"].split("\n") if line.strip()]
+    allowed = next(r.specifier for r in ours if r.name == "scikit-learn") & sklearn[0]
+    assert "1.7.2" in allowed and any(r.name.startswith("cuml-cu11") and "25.6.1" in r.specifier for r in pins)
+
+
 def test_one_binary_svc_per_class_predicts_as_cumls_own_one_vs_rest(fake_gpu_modules):
     """The reference's statistics: cuML's own one-vs-rest (scikit-learn's OneVsRestClassifier over
     binary cuML SVCs, ``decision_function_shape="ovr"``, the old ``multiclass_strategy="ovr"``) and

@@ -42,7 +42,7 @@ from common.data import load_dataset, resize_images
 from common.results.layout import ResultsLayout
 from mnist_nn.sampling import bootstrap_folds, fold_indexes
 from mnist_nn.search import Candidate, draw_candidate
-from mnist_nn.train import fit, keep_freed_memory, to_device
+from mnist_nn.train import fit, keep_freed_memory, to_device, use_fixed_cublas_workspace
 
 from .machine import cpu_model
 
@@ -141,14 +141,17 @@ def reference_epochs(dataset: torch.utils.data.Dataset, candidate: Candidate, ep
 
 # ----- ours -----
 def ours_seconds(data: Any, index: np.ndarray, candidate: Candidate, epochs: int = 2) -> List[float]:
-    """Seconds of each epoch of ``mnist_nn.train.fit`` (its early stop lifted)."""
+    """Seconds of each epoch of ``mnist_nn.train.fit`` (its early stop lifted), under the settings a
+    run's workers fit under (deterministic, full float32); torch's defaults back for the reference."""
     import mnist_nn.train as train
 
     saved, train.TOLERANCE = train.TOLERANCE, math.inf
+    restore = train.make_reproducible()
     try:
         _, log = fit(data.x_train, data.y_train, index, candidate, epochs, 10, init_seed=0)
     finally:
         train.TOLERANCE = saved
+        restore()
     return [entry["seconds"] for entry in log]
 
 
@@ -288,6 +291,7 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT / "bench_nn.json", help="the JSON report")
     args = parser.parse_args(argv)
     keep_freed_memory()
+    use_fixed_cublas_workspace()  # before any GPU work: ours needs it, and both sides then share it
     cores = len(os.sched_getaffinity(0))
     on_gpu = args.device == "cuda"
     big = None if on_gpu else 200  # samples: the default seed's first net is slow on a CPU

@@ -209,12 +209,12 @@ def training_check(smoke: bool) -> Dict[str, Any]:
 
     from common.data import load_dataset
     from mnist_nn.search import Candidate
-    from mnist_nn.train import fit, to_device
+    from mnist_nn.train import fit, make_reproducible, to_device
 
     device = "cpu" if smoke else "cuda"
     if smoke:  # one torch thread, as the smoke's runs (--threads 1): a second only spins on a shared CPU
         torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    make_reproducible()  # as the workers of a run
     data = to_device(load_dataset("digits", subsample=400, seed=0), device)
     candidate, index = Candidate(8, 5, 64, 0.01, 0.5), np.arange(100 if smoke else 300)
     result: Dict[str, Any] = {"synchronisations": None}

@@ -14,7 +14,6 @@ import base64
 import dataclasses
 import logging
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
@@ -254,16 +253,9 @@ class MnistNN(App):
     # ----- worker -----
     def setup_worker(self, device: Device) -> Dict[str, Any]:
         """Load the data set onto this worker's device once; make its runs reproducible."""
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        import torch
+        from .train import keep_freed_memory, make_reproducible, to_device
 
-        from .train import keep_freed_memory, to_device
-
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-        # full float32 everywhere: no TF32 in cuBLAS's products or cuDNN's convolutions
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+        make_reproducible()  # for the worker's life
         if not device.is_gpu:
             keep_freed_memory()
         args = self.args

@@ -11,6 +11,7 @@ epoch, so a GPU is never synchronised inside the batch loop; evaluation runs in 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -74,6 +75,31 @@ def to_device(dataset: Dataset, device: str, normalise: str = "reference") -> De
         y_test=torch.from_numpy(dataset.y_test).to(device),
         mean=mean, std=std,
     )
+
+
+def use_fixed_cublas_workspace() -> None:
+    """cuBLAS's fixed workspace, which deterministic algorithms need: read when cuBLAS first
+    allocates one, so set before any GPU work (a user's own setting wins)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def make_reproducible() -> Callable[[], None]:
+    """The same seed gives the same bits, on a GPU too: deterministic algorithms (a warning where an
+    operation has none), no cuDNN autotuner, full float32 (no TF32 in cuBLAS's products or cuDNN's
+    convolutions). One place for the settings every fit runs under: the workers, make gpu-check
+    and the benchmarks, which measure what runs do. Returns what puts torch's settings back."""
+    use_fixed_cublas_workspace()
+    backends = torch.backends
+    deterministic, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    flags = backends.cudnn.benchmark, backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    backends.cudnn.benchmark = backends.cudnn.allow_tf32 = backends.cuda.matmul.allow_tf32 = False
+
+    def restore() -> None:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        backends.cudnn.benchmark, backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32 = flags
+
+    return restore
 
 
 def keep_freed_memory() -> None:

@@ -5,6 +5,7 @@ Real digits images, small nets: each test takes a fraction of a second.
 from __future__ import annotations
 
 import argparse
+import os
 import warnings
 
 import numpy as np
@@ -16,7 +17,7 @@ from common.devices import Device
 from common.items import Item, item_seed
 from mnist_nn.app import MnistNN, fit_key
 from mnist_nn.search import Candidate
-from mnist_nn.train import TOLERANCE, evaluate, fit, new_net, predict_logits, should_stop, to_device
+from mnist_nn.train import TOLERANCE, evaluate, fit, make_reproducible, new_net, predict_logits, should_stop, to_device
 
 CANDIDATE = Candidate(n_conv_layer=4, kernel_size=5, n_hidden_layer=16, learning_rate=0.02, momentum=0.9)
 
@@ -122,6 +123,39 @@ def test_a_folds_result_is_the_same_every_time_it_runs(tmp_path):
     strip = lambda result: {**result, "log": [(e["epoch"], e["loss"], e["error"]) for e in result["log"]]}  # noqa: E731
     results = [strip(app.run_item(app.setup_worker(Device("cpu", 0)), item, item_seed(5, item.key))) for _ in range(2)]
     assert results[0] == results[1] and results[0]["epochs"] >= 1
+
+
+def reproducibility_settings() -> tuple:
+    backends = torch.backends
+    return (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+            backends.cudnn.benchmark, backends.cudnn.allow_tf32, backends.cuda.matmul.allow_tf32)
+
+
+def test_fits_run_reproducibly_and_the_benchmark_gives_the_reference_torchs_defaults(data, monkeypatch):
+    """One owner of the settings a fit runs under: a worker's setup makes them for its life; the
+    benchmark's "ours" fits under them and hands torch's defaults back for the reference's style."""
+    from benchmarks.bench_nn import ours_seconds
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    reproducible = (True, True, False, False, False)
+    restore = make_reproducible()
+    try:
+        assert reproducibility_settings() == reproducible
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # before any GPU work, as deterministic cuBLAS needs
+    finally:
+        restore()
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.allow_tf32 = True  # torch's defaults, as the reference ran
+    defaults = reproducibility_settings()
+    seen = []
+
+    def fit_seeing_the_settings(*args, **kwargs):
+        seen.append(reproducibility_settings())
+        return None, [{"seconds": 1.0}]
+
+    monkeypatch.setattr("benchmarks.bench_nn.fit", fit_seeing_the_settings)
+    ours_seconds(data, np.arange(20), Candidate(2, 3, 16, 0.05, 0.9), epochs=1)
+    assert seen == [reproducible] and reproducibility_settings() == defaults
 
 
 def test_workers_sharing_a_gpu_give_back_its_cache_after_every_item(tmp_path, monkeypatch):

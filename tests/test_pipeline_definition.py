@@ -92,6 +92,8 @@ BAD = {
     "negative max_retries": (pipeline(step("a", max_retries=-1)), ["max_retries must be a whole number from 0 to 1000"]),
     "gpu not a boolean": (pipeline(step("a", gpu="yes")), ["gpu must be true or false"]),
     "two GPUs": (pipeline(step("a", resources={"gpu": 2})), ["at most one GPU"]),
+    "the gpu pool with gpu false (the format's logical resource)": (
+        pipeline(step("a", gpu=False, resources={"GPU": 1})), ["step 'a'", "gpu: false with resources", "a pool of its own"]),
     "bad env": (pipeline(step("a", env={"A B": "1"})), ["not a valid variable name"]),
     "mounts without a container": (pipeline(step("a", mounts=[])), [
         "mounts need a container image and none is given", '"container"', "--container IMAGE", "PIPELINE_CONTAINER"]),
@@ -117,6 +119,10 @@ BAD = {
     "no steps": (pipeline(), ["steps must be a non-empty list"]),
     "not an object": ("steps", ["expected a pipeline object", "a list of tasks (par)"]),
     "a list of tasks that are not objects": ([1, 2], ["task #1: a task must be an object, got 1"]),
+    "a par task with a step's on_fail": ([{"command": "true", "on_fail": "report"}],
+                                         ["task 'task-1'", "'on_fail' is a field of a pipeline's steps, not of a par task"]),
+    "a par task with a step's condition": ({"tasks": [{"command": "true"}, {"command": "true", "condition": "prev.ok"}]},
+                                           ["task 'task-2'", "'condition' is a field of a pipeline's steps"]),
 }
 
 
@@ -347,6 +353,12 @@ def test_pool_capacities_from_the_environment_and_flags():
         configured_pools(["licence=1"], stale)
     with pytest.raises(UsageError, match="expected NAME=N"):
         configured_pools(["licence\n=1"], {})
+    # set empty (a job script's VAR= to clear it): as unset, as every setting and SWARM_QUEUE_TIMEOUT=''
+    assert configured_pools([], {"SWARM_RESOURCE_gpu": "", "PIPELINE_RESOURCE_LICENCE": " "}) == {}
+    assert configured_pools([], {"SWARM_RESOURCE_gpu": "2", "PIPELINE_RESOURCE_GPU": ""}) == {"gpu": 2}
+    assert queue_timeout(None, {"SWARM_QUEUE_TIMEOUT": ""}) is None
+    with pytest.raises(UsageError, match="expected|capacity"):
+        configured_pools(["gpu="], {})  # a flag is never empty by accident
     assert queue_timeout(None, {"PIPELINE_QUEUE_TIMEOUT": "30"}) == 30.0
     assert queue_timeout(5.0, {"PIPELINE_QUEUE_TIMEOUT": "30"}) == 5.0
     assert queue_timeout(None, {}) is None

@@ -327,6 +327,9 @@ def _step(data: Dict[str, Any], base: Path, where: _Where, default_image: Option
     env = _env(data.get("env"), where)
     _argument_limits(command, env, where)
     resources = _resources(data.get("resources"), where)
+    if data.get("gpu") is False and "gpu" in resources:  # the format's "logical resource" is not a GPU here
+        raise where.error("gpu: false with resources [\"gpu\"]: the gpu pool gives a step a GPU here; for a "
+                          "resource that is not the GPU, name a pool of its own (resources: [\"licence\"])")
     gpu = data.get("gpu", False) or "gpu" in resources
     resources.pop("gpu", None)
     memory_text = data.get("memory")

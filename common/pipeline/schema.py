@@ -291,6 +291,9 @@ def _problem(error: jsonschema.ValidationError) -> str:
     if keyword == "additionalProperties" and isinstance(value, dict) and "properties" in schema:
         valid = tuple(schema["properties"])
         extra = next(name for name in value if name not in valid)
+        if schema is TASK and extra in STEP["properties"]:  # a step's walk: a par task has none
+            return (f"{as_written(extra)} is a field of a pipeline's steps, not of a par task (tasks run side by side, "
+                    f"each once; write a pipeline for {as_written(extra)})")
         hint = did_you_mean(str(extra), valid, otherwise=f" (valid: {', '.join(valid)})")
         return f"unknown field {as_written(extra)} in {_object(schema, label)}{hint}"
     if keyword == "required":

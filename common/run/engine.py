@@ -1104,7 +1104,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         lines += ["## Failed items", "", "| item | error |", "|---|---|"]
         lines += [f"| {markdown_cell(f['key'])} | {markdown_cell(error_line(f['error'] or ''))} |"
                   for f in summary["failed_items"]]
-        lines += ["", f"Tracebacks are in `{LOGS_DIR}/` and `{JOURNAL_NAME}`.", ""]
+        lines += ["", f"Each failure in full (with its traceback, for an error in the code) is in `{LOGS_DIR}/` and "
+                      f"`{JOURNAL_NAME}`.", ""]
     if summary.get("timeline_plot"):
         lines += [f"![timeline]({summary['timeline_plot']})", ""]
     try:

@@ -172,7 +172,8 @@ class CumlBackend:
         self.multiclass = multiclass
         self.cp, self.svc_class = cp, SVC
         self.x = {"train": cp.asarray(standardise(data.x_train)), "test": cp.asarray(standardise(data.x_test))}
-        # labels in the pixels' dtype, as cuML's fit converts them (check_dtype=X.dtype)
+        # labels in the pixels' dtype, as cuML 25.06's fit converts them (check_dtype=X.dtype); 26.02 encodes any
+        # labels to class indexes itself (preprocess_labels), its classes_ keeping these float values
         self.y = {"train": cp.asarray(data.y_train.astype(np.float64)), "test": cp.asarray(data.y_test.astype(np.float64))}
         self.truth = {"train": data.y_train, "test": data.y_test}  # labels on the host, to score predictions
 

@@ -130,8 +130,11 @@ def _candidate_dirs(name: str, data_dir: Optional[Path]) -> List[Path]:
 
 def _find_in(folder: Path, stem: str) -> Optional[Path]:
     for candidate in (folder / stem, folder / (stem + ".gz")):
-        if candidate.is_file():
-            return candidate
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError as error:  # a folder we may not look into (is_file says False only for a missing name)
+            raise UsageError(f"cannot look for the data set in {quoted(folder)}: {error.strerror or error}") from None
     return None
 
 
@@ -458,6 +461,8 @@ def _read_idx_dataset(name: str, files: Dict[str, Path]) -> Dataset:
                              f"{labels.shape} in {quoted(labels_file)}")
         if len(images) == 0:
             raise UsageError(f"{quoted(images_file)}: no images (the {split} split is empty)")
+        if 0 in images.shape[1:]:
+            raise UsageError(f"{quoted(images_file)}: images of {'x'.join(map(str, images.shape[1:]))} pixels: no pixels")
         if images.dtype != np.uint8:
             raise UsageError(f"{quoted(images_file)}: expected uint8 images, got {images.dtype}")
         if labels.dtype.kind not in "iu" or not 0 <= labels.min() <= labels.max() <= 9:

@@ -39,23 +39,29 @@ FALSE_WORDS = ("", "0", "false")
 
 @dataclass(frozen=True)
 class Setting:
-    """One environment variable: ``kind`` is "seconds", "bool" or "text"; ``maximum`` bounds seconds."""
+    """One environment variable: ``kind`` is "seconds", "bool" or "text"; ``maximum`` bounds seconds, and
+    ``minimum`` (when above 0) the periods of what a run writes or prints: 1e-300 would be a busy loop."""
 
     name: str
     kind: str
     default: Union[float, bool, None]
     meaning: str
     maximum: float = math.inf
+    minimum: float = 0.0
 
+
+#: the shortest period of a file rewritten or a line printed while a run goes on
+MIN_PERIOD = 0.1
 
 NO_MPI = Setting("MULTINODE_GPU_NO_MPI", "bool", False,
                  "run as a single rank without joining MPI (no launcher needed)")
 HOLD_SECONDS = Setting("MULTINODE_GPU_HOLD_SECONDS", "seconds", 20.0,
-                       "how often rank 0 rewrites the results folder's hold.json (stale after 3 periods)", 3600.0)
+                       "how often rank 0 rewrites the results folder's hold.json (stale after 3 periods)", 3600.0,
+                       MIN_PERIOD)
 PROGRESS_SECONDS = Setting("MULTINODE_GPU_PROGRESS_SECONDS", "seconds", 30.0,
-                           "seconds between plain progress lines when stderr is not a terminal", 86400.0)
+                           "seconds between plain progress lines when stderr is not a terminal", 86400.0, MIN_PERIOD)
 STATUS_SECONDS = Setting("MULTINODE_GPU_STATUS_SECONDS", "seconds", 5.0,
-                         "how often status.json is rewritten (and the other ranks report to rank 0)", 3600.0)
+                         "how often status.json is rewritten (and the other ranks report to rank 0)", 3600.0, MIN_PERIOD)
 KILL_GRACE = Setting("PIPELINE_KILL_GRACE", "seconds", 5.0,
                      "seconds between SIGTERM and SIGKILL when a pipeline step is ended", 3600.0)
 LOCK_DIR = Setting("PIPELINE_LOCK_DIR", "text", None,
@@ -105,9 +111,9 @@ def value(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Unio
             seconds = float(text)
         except ValueError:
             raise UsageError(f"{setting.name}={_shown(text)}: expected a number of seconds") from None
-        if not 0 < seconds <= setting.maximum:  # also refuses nan and inf
-            raise UsageError(f"{setting.name}={_shown(text)}: must be more than 0 and at most "
-                             f"{setting.maximum:g} seconds")
+        if not (0 < seconds and setting.minimum <= seconds <= setting.maximum):  # also refuses nan and inf
+            least = f"at least {setting.minimum:g}" if setting.minimum > 0 else "more than 0"
+            raise UsageError(f"{setting.name}={_shown(text)}: must be {least} and at most {setting.maximum:g} seconds")
         return seconds
     return text or None  # empty: the default, as unset
 

@@ -156,7 +156,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
         lines.append(f"items    {len(journal.done)} done, {len(journal.failed)} failed (from the journal; the total "
                      f"is not known without {STATUS_NAME})")
         lines += _failures([{"key": k, "error": error_line(e)} for k, e in journal.failed.items()], len(journal.failed))
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines + _journal_problem(journal)) + "\n"
 
     every = float(status.get("every") or STATUS_SECONDS)
     state = status.get("state", "?")
@@ -246,7 +246,15 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     lines += _failures(status.get("failures") or [{"key": k, "error": error_line(e)} for k, e in journal.failed.items()], failed)
     if state in FINAL_STATES and ResultsLayout(results).report.exists():
         lines.append(f"report   {ResultsLayout(results).report}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _journal_problem(journal)) + "\n"
+
+
+def _journal_problem(journal: JournalReader) -> List[str]:
+    """What --resume would refuse in the journal, said where the status file alone says all is well."""
+    if journal.problem is None:
+        return []
+    return [f"journal  {JOURNAL_NAME}: {journal.problem}; --resume refuses it until it is mended "
+            f"(the finished items are in it)"]
 
 
 def _same_start(summary: dict, status: dict) -> bool:
@@ -413,6 +421,9 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
         pass
     except OSError as error:  # a name over the filesystem's limit, no permission: --watch would never see it
         print(f"python -m common.status: error: {quoted(results)}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    if results.is_dir() and not os.access(results, os.X_OK):  # its files cannot be looked up: one line, not a traceback
+        print(f"python -m common.status: error: {quoted(results)}: cannot read it (Permission denied)", file=sys.stderr)
         return 2
     if results.exists() and not results.is_dir():
         print(f"python -m common.status: error: {quoted(results)}: is not a folder (give a run's --results folder)",

@@ -137,17 +137,34 @@ def idx_folder(folder: Path, **arrays: np.ndarray) -> Path:
     ("test images 8x8", r"train-images-idx3-ubyte': images of 28x28 pixels, but 8x8 in .*t10k-images-idx3-ubyte"),
     ("empty train", r"train-images-idx3-ubyte': no images \(the train split is empty\)"),
     ("empty test", r"t10k-images-idx3-ubyte': no images \(the test split is empty\)"),
+    ("images of no pixels", r"train-images-idx3-ubyte': images of 0x0 pixels: no pixels"),
     ("label 12", r"t10k-labels-idx1-ubyte': expected integer labels 0-9, got uint8 from 0 to 12"),
 ])
 def test_inconsistent_idx_files_are_one_line_naming_the_file(tmp_path, case, fragment):
     arrays = {"test images 8x8": {"x_test": np.zeros((10, 8, 8))},
               "empty train": {"x_train": np.zeros((0, 28, 28)), "y_train": np.zeros(0)},
               "empty test": {"x_test": np.zeros((0, 28, 28)), "y_test": np.zeros(0)},
+              "images of no pixels": {"x_train": np.zeros((20, 0, 0)), "x_test": np.zeros((10, 0, 0))},
               "label 12": {"y_test": np.array([0, 1, 2, 3, 4, 5, 6, 7, 8, 12])}}[case]
     folder = idx_folder(tmp_path, **arrays)
     with pytest.raises(UsageError, match=fragment) as error:
         load_dataset("mnist", folder)
     assert "\n" not in str(error.value)
+
+
+def test_a_data_folder_that_may_not_be_looked_into_is_one_line(tmp_path, monkeypatch):
+    """--data-dir of another user's folder (mode 700): is_file raises PermissionError there
+    (it says False only for a missing name); the search says so in one line."""
+    real = Path.is_file
+
+    def refused(path: Path) -> bool:
+        if path.parent == tmp_path:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "is_file", refused)
+    with pytest.raises(UsageError, match=r"cannot look for the data set in '.*': Permission denied$"):
+        check_available("mnist", tmp_path)
 
 
 def test_huge_idx_dimensions_are_a_usage_error_not_an_overflow(tmp_path):

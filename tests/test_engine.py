@@ -280,6 +280,7 @@ def test_longest_items_start_first(tmp_path):
     (["--workers", "0"], "--workers"),
     (["--threads", "x"], "--threads"),
     (["--threads", "100000"], "at most 1024"),
+    (["--workers", "100000000"], "at most 4096"),  # before a list of a hundred million workers is made
     (["--seed", "-1"], "at least 0"),
     (["0"], "n_items"),
 ])

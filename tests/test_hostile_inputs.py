@@ -427,6 +427,12 @@ def test_the_queue_timeout_and_slurm_variables_are_read_by_the_settings_module()
     assert queue_timeout(None, {"SWARM_QUEUE_TIMEOUT": "12", "PIPELINE_QUEUE_TIMEOUT": ""}) == 12.0
     assert queue_timeout(60.0, {"SWARM_QUEUE_TIMEOUT": "2h"}) == 60.0  # the flag wins, unread
     assert settings.value(settings.HOLD_SECONDS, {"MULTINODE_GPU_HOLD_SECONDS": " "}) == 20.0
+    # a period of a file rewritten or a line printed: 1e-300 would print tens of thousands of lines a second
+    for period in (settings.HOLD_SECONDS, settings.PROGRESS_SECONDS, settings.STATUS_SECONDS):
+        with pytest.raises(UsageError, match=f"{period.name}='1e-300': must be at least 0.1 and at most "):
+            settings.value(period, {period.name: "1e-300"})
+        assert settings.value(period, {period.name: "0.1"}) == 0.1
+    assert settings.value(settings.KILL_GRACE, {"PIPELINE_KILL_GRACE": "0.01"}) == 0.01  # not a period
     for bad in ("soon", "0", "nan", "1e12"):
         with pytest.raises(UsageError, match=f"SWARM_QUEUE_TIMEOUT='{bad}': "):
             queue_timeout(None, {"SWARM_QUEUE_TIMEOUT": bad})

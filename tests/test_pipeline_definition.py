@@ -108,6 +108,8 @@ BAD = {
                                 ["container_path must be an absolute path"]),
     "container image that does not exist": (pipeline(step("a", container="/no/such/image.sif")),
                                             ["container image '/no/such/image.sif' does not exist"]),
+    "a container image name over the file system's limit": (pipeline(step("a", container="a" * 300 + ".sif")),
+                                                            ["container image 'aaa", "cannot look for it (File name too long)"]),
     "malformed pipeline name": (pipeline(step("a"), name="my pipeline"), ["pipeline name 'my pipeline' is malformed"]),
     "pipeline name escaping the results folder": (pipeline(step("a"), name=".."), ["malformed"]),
     "a step id too long for a folder name": (pipeline(step("s" * 300)), ["longer than 100 characters"]),

@@ -59,6 +59,7 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--nodes", "two", "--gpus-per-node", "1", "--", "mnist_svm", "4"], "--nodes"),
     (["--gpus-per-node", "1", "--time", "25:61:00", "--", "mnist_svm", "4"], "--time"),
     (["--gpus-per-node", "1", "--time", "1 day", "--", "mnist_svm", "4"], "--time"),
+    (["--gpus-per-node", "1", "--time", "99999-00:00:00", "--", "mnist_svm", "4"], "at most 365 days"),
     (["--gpus-per-node", "1", "--time", "00:04:00", "--", "mnist_svm", "4"], "warning"),
     (["--gpus-per-node", "1", "--time", "01:00:00"], "no command"),
     (["--gpus-per-node", "1", "--"], "no command"),

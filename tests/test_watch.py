@@ -437,6 +437,49 @@ def test_a_killed_jobs_done_items_are_the_ones_its_journal_kept(tmp_path):
     assert "ranks    1\n  rank 0 on node1: ok" in alive, alive
 
 
+def test_a_journal_resume_would_refuse_is_said_where_the_status_file_says_complete(tmp_path, monkeypatch):
+    """The status file says complete; a damaged line mid-journal, or a journal that cannot be read,
+    makes --resume refuse the folder: the status says so instead of leaving it to the resume."""
+    now = 1_000_000.0
+    state = {"app": "toy", "state": "complete", "every": 1.0, "updated": now - 1.0, "started": now - 10.0,
+             "items_total": 2, "items_done": 2}
+    journal = tmp_path / "journal.jsonl"
+    good = [json.dumps({"type": "header", "format": 1}), json.dumps({"type": "result", "key": "a", "result": 1})]
+    journal.write_text("\n".join([good[0], "{not json", good[1]]) + "\n")
+    for text in (describe(tmp_path, state, JournalReader(journal).update(), now),
+                 describe(tmp_path, None, JournalReader(journal).update(), now)):  # the journal alone
+        assert "journal  journal.jsonl: line 2 is not valid JSON: damaged; --resume refuses it" in text, text
+    journal.write_text("\n".join(good) + "\n{torn last li")  # a kill's torn last line: resumed, not refused
+    assert "journal  " not in describe(tmp_path, state, JournalReader(journal).update(), now)
+    # not there yet (a job starting): nothing to say
+    assert "journal  " not in describe(tmp_path, state, JournalReader(tmp_path / "none.jsonl").update(), now)
+    journal.write_text("\n".join(good) + "\n")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("common.results.journal.read_regular", refused)
+    text = describe(tmp_path, state, JournalReader(journal).update(), now)
+    assert "journal  journal.jsonl: cannot read it (Permission denied); --resume refuses it" in text, text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the status command as another user")
+def test_a_folder_the_user_may_not_look_into_is_one_line_and_exit_2():
+    """Another user's results folder (mode 700): one line, not a PermissionError from a file in it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as place:  # pytest's own folders are root's alone
+        os.chmod(place, 0o755)
+        shut = Path(place) / "shut"
+        shut.mkdir(mode=0o700)
+        (shut / "status.json").write_text("{}")
+        proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+                               "-m", "common.status", str(shut)], cwd=REPO, capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, PYTHONPATH=str(REPO), MPLCONFIGDIR=place, HOME=place))
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.splitlines() == [f"python -m common.status: error: '{shut}': cannot read it (Permission denied)"]
+
+
 def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
     """status.json is last written after the outputs (a minute of figures, for a big run); the time
     the job ran is summary.md's wall time all the same, so that the two never disagree."""

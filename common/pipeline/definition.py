@@ -259,7 +259,11 @@ def resolve_image(value: str, base: Path) -> str:
         return value
     path = Path(value).expanduser()
     path = path if path.is_absolute() else base / path
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as error:  # a name over the file system's limit, a folder we may not look into
+        raise ValueError(f"container image {as_written(value)}: cannot look for it ({error.strerror or error})") from None
+    if not found:
         raise ValueError(f"container image {as_written(value)} does not exist (looked for {as_written(str(path), 200)})")
     return str(path.resolve())
 

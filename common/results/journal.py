@@ -156,6 +156,9 @@ class JournalReader:
         self.workers: Dict[str, WorkerTally] = {}  # worker name -> its items finished since the last start
         self.lost: Dict[Any, dict] = {}  # rank -> its rank_lost event
         self.last: Optional[float] = None  # the latest time a line gives (an item's end, a start, a stop)
+        #: not strict: the first thing that ``--resume`` would refuse (a journal it cannot read, a line
+        #: that is not JSON), for the status command to say; strict readers raise it instead
+        self.problem: Optional[str] = None
 
     def _damaged(self, number: int) -> None:
         if self.strict:
@@ -171,6 +174,8 @@ class JournalReader:
         except OSError as error:  # not there yet, or gone
             if self.strict:
                 raise UsageError(f"{quoted(self.path)}: cannot read the journal ({error.strerror or error})") from None
+            if not isinstance(error, FileNotFoundError):
+                self.problem = self.problem or f"cannot read it ({error.strerror or error})"
             return self
         lines, end, _ = whole_lines(data)  # a line still being written (torn for now) waits for the next read
         if self.strict and not self.offset and data.strip() and not any(line.strip() for line in lines):
@@ -184,6 +189,7 @@ class JournalReader:
             if entry is None:
                 if self.strict:
                     raise UsageError(f"{quoted(self.path)}: line {self.lines} is not valid JSON; the journal is damaged")
+                self.problem = self.problem or f"line {self.lines} is not valid JSON: damaged"
                 continue
             try:
                 self._take(entry)

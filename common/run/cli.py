@@ -27,6 +27,10 @@ MAX_TIMEOUT = 30 * 24 * 3600.0
 MAX_THREADS = 1024
 #: worker processes on one GPU: each holds a CUDA context (about 300-500 MiB) and a copy of its data
 MAX_WORKERS_PER_GPU = 64
+#: CPU worker processes of one rank: each is a Python process with a copy of its data (tens of MiB at
+#: least) and three pipes; past this no node has the memory, and the rank's bookkeeping of them alone
+#: (a list of a billion) would exhaust it before the file-descriptor check could refuse
+MAX_WORKERS = 4096
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -100,7 +104,7 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
     engine.add_argument("--gpu", default=None, metavar="GPU",
                         help="GPUs each rank uses: numbers such as 0,1,2, 'all', or 'cpu' "
                              "(default: GPU 0 where there is one, else CPU)")
-    engine.add_argument("--workers", type=at_least(1), default=1,
+    engine.add_argument("--workers", type=at_least(1, maximum=MAX_WORKERS), default=1,
                         help="worker processes per rank when running on CPU")
     engine.add_argument("--workers-per-gpu", type=at_least(1, maximum=MAX_WORKERS_PER_GPU), default=1,
                         help="worker processes sharing each GPU, each pinned to it (small items leave a big GPU idle)")

@@ -26,6 +26,10 @@ _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SAFE_WORD = re.compile(r"^[\w.,:@%+=/-]+$")
 
 
+#: the longest --time taken: a year
+MAX_WALLTIME_DAYS = 365
+
+
 def parse_walltime(text: str) -> int:
     """Seconds in a Slurm walltime written ``HH:MM:SS`` or ``D-HH:MM:SS``."""
     match = _TIME.match(text.strip())
@@ -37,6 +41,8 @@ def parse_walltime(text: str) -> int:
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     if total <= 0:
         raise UsageError(f"--time {text!r}: the walltime must be longer than zero")
+    if total > MAX_WALLTIME_DAYS * 86400:  # a typo (days for hours): no partition gives it, and sbatch would refuse
+        raise UsageError(f"--time {text!r}: the walltime must be at most {MAX_WALLTIME_DAYS} days")
     return total
 
 

@@ -452,3 +452,22 @@ def test_open_mpis_own_variables_win_over_those_an_outer_launcher_left():
     assert settings.launcher_sizes(inherited) == [4, 1] and settings.launcher_rank(inherited) == 2
     assert settings.launcher_sizes({"PMI_SIZE": "2", "PMI_RANK": "1"}) == [2]
     assert settings.launcher_sizes({"PMI_SIZE": "x"}) == [] and settings.launcher_sizes({}) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the app as another user")
+def test_a_logs_folder_the_user_may_not_write_is_named_in_one_line():
+    """A results folder the user may write, whose logs/ (another's, read-only) they may not: said
+    of logs/, before anything is written or printed (the folder itself was blamed, after a line)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as place:  # pytest's own folders are root's alone
+        os.chmod(place, 0o755)
+        results = Path(place) / "results"
+        (results / "logs").mkdir(parents=True)
+        results.chmod(0o777)
+        (results / "logs").chmod(0o555)
+        proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, TOY,
+                               "3", "--gpu", "cpu", "--results", str(results)], cwd=REPO, capture_output=True,
+                              text=True, timeout=120, env=dict(os.environ, MPLCONFIGDIR=place, HOME=place))
+        assert_usage_error(proc, f"--results '{results}': cannot write in its logs/ folder (Permission denied)")
+        assert sorted(p.name for p in results.rglob("*")) == ["logs"]

@@ -198,6 +198,7 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold, List[Item]]:
     fingerprint = _judge_results_folder(app)
     items = _app_items(app)  # before the folder is made: a mistake in them writes nothing
     folder: Path = app.args.results
+    place = folder
     try:
         for place in (folder, folder / LOGS_DIR):
             place.mkdir(parents=True, exist_ok=True)
@@ -206,10 +207,12 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold, List[Item]]:
             probe = place / f"{WRITE_PROBE}.{socket.gethostname()}.{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
+        place = folder
         hold = Hold(folder)
         hold.acquire()
     except OSError as error:
-        raise UsageError(f"--results {quoted(folder)}: cannot write there ({error.strerror or error})") from None
+        where = "there" if place == folder else f"in its {LOGS_DIR}/ folder"
+        raise UsageError(f"--results {quoted(folder)}: cannot write {where} ({error.strerror or error})") from None
     return fingerprint, hold, items
 
 
@@ -388,20 +391,23 @@ def _check_logs_and_reserve(folder: Path) -> None:
 def _check_writable(folder: Path) -> None:
     """Refuse, without writing anything, a results folder that cannot be made or written: a link
     to nothing (mkdir would say "File exists"), a read-only filesystem, no permission. Judged on
-    the folder, or on the nearest folder above it that exists."""
+    the folder, or on the nearest folder above it that exists, and on its logs/ folder where it has one."""
     if folder.is_symlink() and not folder.exists():
         raise UsageError(f"--results {quoted(folder)}: a symbolic link to {quoted(os.readlink(folder))}, which does "
                          f"not exist")
     place = folder
     while not place.exists() and place != place.parent:
         place = place.parent
-    if not place.is_dir() or os.access(place, os.W_OK | os.X_OK):
+    logs = place == folder and (folder / LOGS_DIR).is_dir() and not os.access(folder / LOGS_DIR, os.W_OK | os.X_OK)
+    if logs:  # a resume writes there too: said for what it is, not as the folder's
+        place = folder / LOGS_DIR
+    elif not place.is_dir() or os.access(place, os.W_OK | os.X_OK):
         return  # a file on the way is said where the folder is made
     try:
         read_only = bool(os.statvfs(place).f_flag & os.ST_RDONLY)
     except OSError:
         read_only = False
-    raise UsageError(f"--results {quoted(folder)}: cannot write there "
+    raise UsageError(f"--results {quoted(folder)}: cannot write {'in its ' + LOGS_DIR + '/ folder' if logs else 'there'} "
                      f"({'Read-only file system' if read_only else 'Permission denied'})")
 
 

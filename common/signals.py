@@ -29,6 +29,10 @@ WALLTIME_SIGNAL = signal.SIGUSR1
 #: ignored by a worker: Slurm and terminals signal the whole process group, and it is the rank that
 #: decides whether running items get their --grace period.
 WORKER_TERMINATE_SIGNAL = signal.SIGUSR2
+#: the exit code of a worker that WORKER_TERMINATE_SIGNAL ended (the shell's for a signal): its rank then
+#: knows that the items it held were cut off, not failed, whoever sent the signal (``kill`` of the whole
+#: process group reaches a worker before its rank, whose stop may not yet be known when the worker's exit is)
+WORKER_TERMINATED_EXIT = 128 + WORKER_TERMINATE_SIGNAL
 #: Ctrl-C, Slurm's walltime warning, SIGTERM, and SIGUSR2 (Open MPI's mpirun forwards it; a rank
 #: takes it as it takes USR1): what asks a run to stop. Workers leave all but USR2 to their rank
 #: (:data:`WORKER_IGNORED_SIGNALS`); USR2 is how a rank ends a worker.

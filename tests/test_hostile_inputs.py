@@ -21,6 +21,7 @@ from helpers import (
     assert_usage_error,
     error_lines,
     generate_script,
+    journal_entries,
     read_summary,
     start,
     status_of,
@@ -117,6 +118,25 @@ def test_sigusr2_stops_a_run_like_sigusr1(tmp_path):
     assert not (results / "hold.json").exists()
     resumed = toy("12", "--sleep", "0.5", "--workers", "2", "--results", str(results), "--no-progress", "--resume")
     assert resumed.returncode == 0, resumed.stderr
+
+
+
+def test_an_item_a_sigusr2_cut_off_is_run_again_not_failed(tmp_path):
+    """USR2 to the process group reaches a worker before its rank (whose stop then comes late): the
+    item it cut off is not a failed attempt. Sent to one worker alone (the rank goes on), that item
+    is handed out again in the run itself: complete, nothing failed, even with --retries 0."""
+    results = tmp_path / "results"
+    process = start([TOY, "8", "--sleep", "1", "--workers", "2", "--retries", "0", "--results", str(results),
+                     "--no-progress"])
+    wait_for_results(results, 2)
+    busy = [e["result"]["pid"] for e in journal_entries(results) if e.get("type") == "result"][0]
+    os.kill(busy, signal.SIGUSR2)  # running its second item (each takes a second)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    summary = read_summary(results)
+    assert summary["failed_items"] == [] and summary["items_done"] == 8, summary
+    assert "failed" not in err and "Traceback" not in err, err
+    assert len({e["key"] for e in journal_entries(results) if e.get("type") == "result"}) == 8
 
 
 # ----- item 10: a third Ctrl-C while rank 0 writes its outputs ----------------------------------

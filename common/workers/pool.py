@@ -46,7 +46,13 @@ from common.messages import (
 )
 from common.results.layout import worker_log, worker_name
 from common.settings import without_launcher
-from common.signals import WORKER_IGNORED_SIGNALS, WORKER_TERMINATE_SIGNAL, signals_blocked, start_resource_tracker
+from common.signals import (
+    WORKER_IGNORED_SIGNALS,
+    WORKER_TERMINATE_SIGNAL,
+    WORKER_TERMINATED_EXIT,
+    signals_blocked,
+    start_resource_tracker,
+)
 from common.workers.placement import pick_worker, room
 from common.workers.resources import ResourceBroker
 from common.workers.watchdog import Watchdog, unanswered
@@ -461,7 +467,15 @@ class WorkerPool(WorkerCounts):
         if self.global_pools:
             events.append(Event("pool", message=PoolCall("gone", owner, "", 0)))
         why = worker.killed_because or _describe_exit(worker.process.exitcode)
-        if worker.assigned:
+        # ended by WORKER_TERMINATE_SIGNAL that this pool did not send (a kill of the whole process group,
+        # which may reach the worker before its rank): what it held was cut off, not failed, and goes back
+        cut_off = worker.process.exitcode == WORKER_TERMINATED_EXIT and not worker.killed_because
+        if worker.assigned and cut_off:
+            held = [e.item.key for b in worker.assigned for e in b.entries]
+            log.info("%s: ended by %s while running %s: back to be run again", worker.name,
+                     WORKER_TERMINATE_SIGNAL.name, ", ".join(held))
+            events.append(Event("returned", keys=tuple(held)))
+        elif worker.assigned:
             # An item that answered just before its worker was killed for it: what came next had
             # barely started, and goes back uncounted
             running = worker.assigned.popleft()
@@ -492,7 +506,7 @@ class WorkerPool(WorkerCounts):
             if unstarted:
                 events.append(Event("returned", keys=tuple(e.item.key for e in unstarted)))
         elif not worker.ready and not worker.retiring and not worker.setup_reported:
-            if self.stop_asked():  # not a failure of its device: the run is ending
+            if self.stop_asked() or cut_off:  # not a failure of its device: the run is ending
                 log.info("%s: ended while starting (%s); the run is stopping", worker.name, why)
             else:
                 self._setup_failed(worker, why)

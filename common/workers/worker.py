@@ -53,6 +53,7 @@ from common.signals import (
     DUMP_SIGNAL,
     WORKER_IGNORED_SIGNALS,
     WORKER_TERMINATE_SIGNAL,
+    WORKER_TERMINATED_EXIT,
     early_stops,
     ignore_stop_signals,
     leave_stop_signals_to_rank,
@@ -369,14 +370,15 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     Once its work is over it ends, whatever threads the app's code left running (see
     :mod:`common.workers.leftovers`)."""
     try:
-        _serve(conn, app, device, name, log_path, seed, threads, heartbeat, finished)
+        code = _serve(conn, app, device, name, log_path, seed, threads, heartbeat, finished)
     except _Terminated:  # ended by its rank while still starting (a run that ended first): nothing to say
-        pass
-    end_worker(log.warning)
+        code = WORKER_TERMINATED_EXIT
+    end_worker(log.warning, code)
 
 
 def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, seed: int, threads: int,
-           heartbeat: Optional[float], finished: Any) -> None:
+           heartbeat: Optional[float], finished: Any) -> int:
+    """Serve until told to stop; the exit code: WORKER_TERMINATED_EXIT where WORKER_TERMINATE_SIGNAL ended it."""
     conn = _Pipe(conn)  # type: ignore[assignment]
     beating = _start_heartbeat(conn, heartbeat) if heartbeat else threading.Event()
     inbox = _Inbox(conn)
@@ -386,7 +388,7 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # the rank died while the app imported: Linux
         beating.set()  # sends no signal for a parent already gone, and the setup would only be lost time
-        return
+        return 0
     # the rank keeps its workers daemonic (none outlives it), but an item may start processes of its own
     # (a DataLoader's num_workers, a multiprocessing Pool, scikit-learn's n_jobs), which Python refuses
     # to a daemonic process ("daemonic processes are not allowed to have children"); end_worker ends
@@ -399,7 +401,7 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
     signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_IGNORED_SIGNALS)  # blocked since the pool started us
     if WORKER_TERMINATE_SIGNAL in early.numbers:  # the rank ended us while the app's __main__ imported
         beating.set()
-        return
+        return WORKER_TERMINATED_EXIT
     handler = worker_file_log(log_path, name)  # falls back to stderr when the disk is full
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     # the worker log's lines name no thread, process or source line: not gathering them for each
@@ -427,7 +429,7 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
             trace = capped(traceback.format_exc())
             log.error("setup failed:\n%s", trace)
             conn.send(SetupFailed(described(error), trace))
-            return
+            return 0
         conn.send(Ready())
         while True:
             termination.check()  # the signal came while an item ran, and its code swallowed it
@@ -436,7 +438,10 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
                 break
             entries, together = bundle
             _run_bundle(app, state, entries, together, seed_of, conn, finished, handler)
-    except (_Terminated, EOFError, BrokenPipeError, KeyboardInterrupt):
+    except _Terminated:
+        log.info("stopping: ended by SIGUSR2")
+        return WORKER_TERMINATED_EXIT
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
         log.info("stopping")
     finally:
         beating.set()
@@ -447,3 +452,4 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
                         THREAD_GRACE_SECONDS)
         logging.shutdown()
         ignore_stop_signals()  # none kills this process while it shuts down (Python's defaults)
+    return 0

@@ -460,12 +460,16 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
                     print(f"python -m common.status: error: {problem}", file=sys.stderr)
                     return 2
                 text = f"waiting: {problem}\n"
-            if clear:
-                out.write("\x1b[H\x1b[2J")
-            elif args.watch is not None:
-                out.write(f"--- {_when(time.time())}\n")
-            out.write(text)
-            out.flush()
+            try:
+                if clear:
+                    out.write("\x1b[H\x1b[2J")
+                elif args.watch is not None:
+                    out.write(f"--- {_when(time.time())}\n")
+                out.write(text)
+                out.flush()
+            except BrokenPipeError:  # the reader left (| head -1): nothing more to tell it, and no failure
+                _let_go_of(out)
+                return 0
             # ends with the job: done, stopped, failed, or gone without a word (killed); by its status
             # file alone (a summary.json may be an earlier run's while this one runs)
             if args.watch is None or (status or {}).get("state") in FINAL_STATES or why_gone is not None:
@@ -473,6 +477,15 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
+
+
+def _let_go_of(out: TextIO) -> None:
+    """Point a stream whose reader left at /dev/null, so that the interpreter's last flush of what
+    it still buffers raises nothing either (Python's documented way)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":

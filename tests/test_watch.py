@@ -611,3 +611,20 @@ def test_the_terminal_bar_says_how_many_of_its_items_failed_until_the_end():
         progress.advance(1)
     assert progress.bar.n == 6 and progress.bar.postfix == "5 ok, 1 failed", progress.bar.postfix
     progress.bar.close()
+
+
+def test_watch_into_a_reader_that_leaves_ends_quietly(tmp_path):
+    """``python -m common.status R --watch 1 | head -1`` while the job runs: exit 0, no BrokenPipeError."""
+    results = tmp_path / "r"
+    job = start([TOY, "8", "--sleep", "2", "--gpu", "cpu", "--results", str(results), "--no-progress"])
+    try:
+        wait_until(lambda: (results / "status.json").exists(), timeout=60)
+        watch = subprocess.Popen([sys.executable, "-m", "common.status", str(results), "--watch", "0.2"], cwd=REPO,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        assert watch.stdout.readline().startswith(b"--- ")
+        watch.stdout.close()  # as head -1 does
+        assert watch.wait(timeout=30) == 0
+        assert watch.stderr.read() == b""
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()

@@ -165,13 +165,39 @@ def test_a_third_ctrl_c_while_writing_outputs_is_one_line_and_resume_writes_them
     assert not (results / "values.json").exists()
     assert state_of(results) == "stopped"
     assert not (results / "hold.json").exists()
-    # no summary was written, yet the status command gives the command that finishes the run
+    summary = read_summary(results)  # written after all: it says what became of the outputs
+    assert summary["status"] == "stopped" and summary["outputs_interrupted"] is True, summary
+    assert "were being written when this run was stopped" in (results / "summary.md").read_text()
     shown = status_of(results)
     assert shown.returncode == 75 and "resume   with the same launcher and: python" in shown.stdout, shown.stdout
     resumed = toy("4", "--results", str(results), "--no-progress", "--gpu", "cpu", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert len(json.loads((results / "values.json").read_text())) == 4
     assert state_of(results) == "complete"
+
+
+
+def test_a_third_ctrl_c_while_a_resume_rewrites_the_outputs_leaves_no_summary_saying_complete(tmp_path):
+    """A complete run's folder, resumed to write its outputs again (a changed output flag), stopped by
+    three Ctrl-Cs as they are written: the app's files may be part old, part new, so summary.md and
+    summary.json no longer say "complete" (they were the old run's, left as they were)."""
+    results = tmp_path / "results"
+    assert toy("4", "--results", str(results), "--no-progress", "--gpu", "cpu").returncode == 0
+    assert read_summary(results)["status"] == "complete"
+    process = start([TOY, "4", "--results", str(results), "--no-progress", "--gpu", "cpu", "--resume",
+                     "--finish-seconds", "30"])
+    assert wait_until(lambda: state_of(results) == "finishing", timeout=120)
+    for _ in range(3):
+        os.kill(process.pid, signal.SIGINT)
+        time.sleep(ECHO_SECONDS + 1.0)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == STOP_CODE, err
+    summary = read_summary(results)
+    assert summary["status"] == "stopped" and summary["outputs_interrupted"] is True, summary
+    markdown = (results / "summary.md").read_text()
+    assert markdown.startswith("# toy: stopped") and "some may be this run's and some an earlier run's" in markdown
+    assert toy("4", "--results", str(results), "--no-progress", "--gpu", "cpu", "--resume").returncode == 0
+    assert read_summary(results)["status"] == "complete" and "outputs_interrupted" not in read_summary(results)
 
 
 # ----- item 7: closed, broken or full stdout and stderr ----------------------------------------

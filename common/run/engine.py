@@ -838,10 +838,15 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                                                            lambda: write_gpu_usage(reports, results))
     run = None
     outputs_error = None
+    interrupted = False  # Ctrl-C three times (common.signals.StopFlag) while the app wrote its files
     if outcome != "stopped" and failures.first is None:
         run = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)
         try:
             summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
+        except KeyboardInterrupt:  # the summary below says so: the app's files are part this run's, part earlier
+            interrupted = True
+            summary.update(status="stopped", outputs_interrupted=True, resume_command=_resume_command(app, argv),
+                           stopped_because="Ctrl-C three times while the app's outputs were being written")
         except Exception as error:  # the app's own code: its results stay journaled for a --resume after a fix
             outputs_error, trace = " ".join(f"{type(error).__name__}: {error}".split()), traceback.format_exc()
             log_to_files(f"{app.name}: writing the outputs failed:\n{trace.rstrip()}")
@@ -871,9 +876,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if leader.gave_up and failure is None:  # said as a stop's reason, and the run failed: no requeue
         summary["status"] = "failed"
         summary["stopped_because"] = leader.stopping
-    if outcome == "stopped":
+    if outcome == "stopped" or interrupted:
         summary["resume_command"] = _resume_command(app, argv)
-        if failure is None and not leader.gave_up and _made_no_progress(app, leader, walltime):
+        if outcome == "stopped" and failure is None and not leader.gave_up and _made_no_progress(app, leader, walltime):
             summary["no_progress"] = True  # exit 76: a requeue with the same --time would only repeat it
     elif failed:  # a resume runs the failed items again (after a fix, or for a failure of the moment)
         summary["retry_command"] = _resume_command(app, argv)
@@ -889,7 +894,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["outputs_seconds"] = round(time.time() - ended_at, 3)
     _written(failures, results, SUMMARY_JSON, files.summary_json, lambda: atomic_write_json(files.summary_json, summary))
     _written(failures, results, SUMMARY_MD, files.summary_md,
-             lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary, outcome != "stopped" or bool(where))))
+             lambda: atomic_write_text(files.summary_md, _summary_markdown(app, summary, not interrupted and (
+                 outcome != "stopped" or bool(where)))))
     late = failures.first if failure is None else None
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
         _closing(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
@@ -903,6 +909,10 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         _closing(f"{app.name}: stopped: {failure.describe()}; {'?' if journaled is None else journaled} of "
                  f"{len(items)} items are safely journaled; {failure.remedy()}, then finish with the same launcher and: "
                  f"{summary['resume_command']}")
+        return EXIT_STOPPED
+    if interrupted:
+        _closing(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item is "
+                 f"journaled: write them with the same launcher and: {summary['resume_command']}")
         return EXIT_STOPPED
     if outcome == "stopped" and leader.gave_up:
         _closing(f"{app.name}: failed: {leader.stopping}: stopped with {len(records)} of {len(items)} items done; "
@@ -1068,8 +1078,11 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         caveat = (f" (of the items that finished: {counted(len(summary['failed_items']), 'item')} failed)"
                   if summary["failed_items"] and not app.answer_counts_failures else "")
         lines += [f"**{markdown_cell(answer)}**{caveat}", ""]
+    journaled = summary.get("items_journaled")  # a full disk: not every result that came could be kept
+    kept = (f" ({journaled} of them journaled: the others run again on --resume)"
+            if journaled is not None and journaled < summary["items_done"] else "")
     lines += [f"- command: `{summary['command']}`",
-             f"- items: {summary['items_done']} of {summary['items_total']} done "
+             f"- items: {summary['items_done']} of {summary['items_total']} done{kept} "
              f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",
              f"- ranks: {summary['ranks']}; workers: {_placement(summary['workers'])}",
              f"- wall time: {summary['wall_seconds']:.1f} s{this_run}; "
@@ -1090,6 +1103,10 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         lines += [f"{len(summary['failed_items'])} item(s) failed. Run them again (after a fix, or for a failure of "
                   f"the moment) with:", "", f"    {summary['retry_command']}", ""]
     earlier = summary.get("earlier_outputs")
+    if summary.get("outputs_interrupted"):
+        lines += [f"**The app's files in this folder were being written when this run was stopped**: some may be "
+                  f"this run's and some an earlier run's. Every result is in `{JOURNAL_NAME}`; finishing with "
+                  f"`--resume` writes them all again.", ""]
     if earlier:
         lines += [f"**The app's files in this folder are an earlier run's** (started {earlier['started']}, "
                   f"{earlier['items_done']} of {earlier['items_total']} items): none of this run's results are in "

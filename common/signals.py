@@ -216,8 +216,10 @@ class StopFlag:
 
     @property
     def urgent(self) -> bool:
+        """Stop waiting for the running items: a second signal; or a failed write (which stopped the run
+        by itself) and a signal; or a journal that cannot be written (their results could not be kept)."""
         failure = self.first_failure()
-        return self.count > 1 or (failure is not None and failure.journal)
+        return self.count > 1 or (failure is not None and (failure.journal or self.count > 0))
 
     def __call__(self) -> Optional[str]:
         failure = self.first_failure()

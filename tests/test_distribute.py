@@ -401,7 +401,7 @@ def test_the_simulator_places_items_by_the_real_pools_policy_batch_included(tmp_
     assert sim.pools[0].retired == 10  # 40 items, 4 per worker process
 
 
-def test_an_item_whose_output_finds_no_space_stops_the_run_by_its_errno_not_its_text(tmp_path, monkeypatch):
+def test_an_item_whose_output_finds_no_space_stops_the_run_by_its_errno_not_its_text(tmp_path, monkeypatch, capsys):
     """An item raises ENOSPC: rank 0 notes it in the run's WriteFailures (no other run's),
     stops, and neither retries nor fails the item; an error that only quotes "[Errno 28]" is an
     ordinary failure."""
@@ -422,6 +422,9 @@ def test_an_item_whose_output_finds_no_space_stops_the_run_by_its_errno_not_its_
     assert "i050" not in sim.scheduler.failed and "i050" not in sim.scheduler.results
     attempts = [e for e in sim.journal_entries() if e["type"] == "attempt_failed"]
     assert all(e["key"] == "i010" for e in attempts) and attempts  # retried as an ordinary failure
+    # no signal stopped it: its first ends the wait (common.signals.StopFlag.urgent), not "the same signal again"
+    stop_line = [line for line in capsys.readouterr().err.splitlines() if "handing out no more items" in line]
+    assert len(stop_line) == 1 and "(a stop signal ends the wait" in stop_line[0], stop_line
 
 
 def test_a_stop_says_how_many_items_it_waits_for_and_none_when_none_runs(tmp_path, capsys):

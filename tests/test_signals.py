@@ -77,6 +77,19 @@ def test_a_write_failure_stops_the_run_and_a_journal_one_is_urgent():
     assert flag() == "cannot write the journal (No space left on device)" and flag.urgent
 
 
+def test_a_stop_by_a_failed_write_ends_its_wait_at_the_first_signal(restored_handlers):
+    """A full disk (not the journal) stopped the run by itself; the wait for running items then ends at
+    the first stop signal, as the stop line says ("a stop signal ends the wait"), not at a second."""
+    failure = None
+    flag = StopFlag(lambda: failure)
+    flag.install()
+    failure = _Failure()
+    failure.journal = False
+    assert flag() == "cannot write the journal (No space left on device)" and not flag.urgent
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert flag.count == 1 and flag.urgent
+
+
 def test_a_stop_noted_while_importing_is_taken_over(restored_handlers):
     signals.defer_stop_signals()
     os.kill(os.getpid(), signal.SIGINT)  # noted, not raised

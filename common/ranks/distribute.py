@@ -268,7 +268,9 @@ class Leader:
         self.deadline = self.clock.monotonic() + self.grace
         # in flight: running, or queued in a worker's inbox or a follower's (those are taken back at once)
         handed = len(self.scheduler.in_flight)
-        again = "a stop signal" if self.gave_up else "the same signal again, 2 s or more later,"
+        # stopped by a signal, a second one ends the wait; stopped by itself (a failed write, --stop-after-failures), one
+        again = ("a stop signal" if self.gave_up or self.write_failures.first is not None
+                 else "the same signal again, 2 s or more later,")
         waiting = (f"waiting up to {self.grace:g} s for the {counted(handed, 'item')} handed out to finish or come back "
                    f"({again} ends the wait: they run again on --resume)"
                    if handed else "none is running")

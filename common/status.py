@@ -238,6 +238,9 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     elif state == "failed" and failed and isinstance(resume, str) and resume and not lost:
         lines.append(f"retry    the failed items with the same launcher and: {resume}")
 
+    moved = _moved(results, status)
+    if moved and any(line.startswith(("resume ", "retry ")) for line in lines):
+        lines.append(moved)
     lines += _ranks(status, journal, every, now, lost)
     if state not in FINAL_STATES and not lost:
         lines += _workers(status, now, journal.done_this_run | set(journal.failed), journal.workers, every)
@@ -247,6 +250,17 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     if state in FINAL_STATES and ResultsLayout(results).report.exists():
         lines.append(f"report   {ResultsLayout(results).report}")
     return "\n".join(lines + _journal_problem(journal)) + "\n"
+
+
+def _moved(results: Path, status: dict) -> Optional[str]:
+    """The note for a folder moved or copied since its job ran: the commands above name where it was."""
+    was = status.get("results_dir")
+    try:
+        if not isinstance(was, str) or Path(was) == results.resolve():
+            return None
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return f"moved    this folder was {quoted(was)} when the job ran: in the command above, give --results {quoted(str(results))}"
 
 
 def _journal_problem(journal: JournalReader) -> List[str]:

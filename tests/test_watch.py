@@ -480,6 +480,23 @@ def test_a_folder_the_user_may_not_look_into_is_one_line_and_exit_2():
     assert proc.stderr.splitlines() == [f"python -m common.status: error: '{shut}': cannot read it (Permission denied)"]
 
 
+def test_a_moved_folder_says_where_it_was_beside_the_command_that_finishes_it(tmp_path):
+    """The resume command names the --results the job was given; status of a moved or copied folder
+    says so, and which folder to give instead."""
+    now = 1_000_000.0
+    here = tmp_path / "moved"
+    here.mkdir()
+    state = {"app": "toy", "state": "stopped", "every": 1.0, "updated": now - 1.0, "started": now - 10.0,
+             "items_total": 4, "items_done": 2, "resume_command": "python toy.py 4 --results old --resume",
+             "results_dir": str(tmp_path / "old")}
+    text = describe(here, state, JournalReader(here / "journal.jsonl"), now)
+    assert "resume   with the same launcher and: python toy.py 4 --results old --resume\n" in text, text
+    assert f"moved    this folder was '{tmp_path / 'old'}' when the job ran: in the command above, give --results " \
+           f"'{here}'" in text, text
+    for same in (str(here), None):  # where it ran, or a status file from before the field: nothing to say
+        assert "moved " not in describe(here, {**state, "results_dir": same}, JournalReader(here / "journal.jsonl"), now)
+
+
 def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
     """status.json is last written after the outputs (a minute of figures, for a big run); the time
     the job ran is summary.md's wall time all the same, so that the two never disagree."""

@@ -87,7 +87,9 @@ class StatusWriter:
         self.every = every or status_seconds()
         self.header = {"format": FORMAT_VERSION, "app": app, "command": command, "host": layout[0]["host"],
                        "pid": os.getpid(), "started": started_at, "every": self.every,
-                       "items_total": items_total, "items_resumed": items_resumed, "resume_command": resume_command}
+                       "items_total": items_total, "items_resumed": items_resumed, "resume_command": resume_command,
+                       # where the folder was: the status command of a moved or copied one says so beside the commands
+                       "results_dir": str(Path(results).resolve())}
         self.layout = layout
         self.pool, self.monitor = pool, monitor
         self.snapshots: Dict[int, Dict[str, Any]] = {}  # rank -> its last snapshot

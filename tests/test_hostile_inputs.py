@@ -517,3 +517,10 @@ def test_a_logs_folder_the_user_may_not_write_is_named_in_one_line():
                               text=True, timeout=120, env=dict(os.environ, MPLCONFIGDIR=place, HOME=place))
         assert_usage_error(proc, f"--results '{results}': cannot write in its logs/ folder (Permission denied)")
         assert sorted(p.name for p in results.rglob("*")) == ["logs"]
+        results.chmod(0o700)  # another user's folder, not to be entered: still one line (it was a traceback)
+        for dry in ([], ["--dry-run"]):
+            proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+                                   TOY, "3", "--gpu", "cpu", "--results", str(results), *dry], cwd=REPO,
+                                  capture_output=True, text=True, timeout=120, env=dict(os.environ, MPLCONFIGDIR=place,
+                                                                                        HOME=place))
+            assert_usage_error(proc, f"--results '{results}': cannot write there (Permission denied)")

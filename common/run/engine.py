@@ -398,7 +398,11 @@ def _check_writable(folder: Path) -> None:
     place = folder
     while not place.exists() and place != place.parent:
         place = place.parent
-    logs = place == folder and (folder / LOGS_DIR).is_dir() and not os.access(folder / LOGS_DIR, os.W_OK | os.X_OK)
+    try:  # a folder that may not be entered raises here (Path.is_dir passes over ENOENT, not EACCES): said below
+        logs = (place == folder and os.access(folder, os.X_OK) and (folder / LOGS_DIR).is_dir()
+                and not os.access(folder / LOGS_DIR, os.W_OK | os.X_OK))
+    except OSError:
+        logs = False
     if logs:  # a resume writes there too: said for what it is, not as the folder's
         place = folder / LOGS_DIR
     elif not place.is_dir() or os.access(place, os.W_OK | os.X_OK):

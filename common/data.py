@@ -128,13 +128,18 @@ def _candidate_dirs(name: str, data_dir: Optional[Path]) -> List[Path]:
     return dirs + [reference_download_dir(name), DEBIAN_FASHION_MNIST]
 
 
-def _find_in(folder: Path, stem: str) -> Optional[Path]:
+def _find_in(folder: Path, stem: str, explicit: bool = False) -> Optional[Path]:
+    """``stem`` (plain or .gz) in ``folder``. A folder that may not be looked into (is_file passes over
+    a missing name only): under an ``explicit`` --data-dir, one line saying so; a default place
+    (``data/``, ``./MNIST/raw``, Debian's copy) is then not where the files are."""
     for candidate in (folder / stem, folder / (stem + ".gz")):
         try:
             if candidate.is_file():
                 return candidate
-        except OSError as error:  # a folder we may not look into (is_file says False only for a missing name)
-            raise UsageError(f"cannot look for the data set in {quoted(folder)}: {error.strerror or error}") from None
+        except OSError as error:
+            if explicit:
+                raise UsageError(f"cannot look for the data set in {quoted(folder)}: {error.strerror or error}") from None
+            return None
     return None
 
 
@@ -156,7 +161,7 @@ def find_idx_files(name: str, data_dir: Optional[Path] = None) -> Optional[Dict[
     _check_name(name)
     _check_data_dir(data_dir)
     for folder in _candidate_dirs(name, data_dir):
-        found = {part: _find_in(folder, stem) for part, stem in IDX_FILES.items()}
+        found = {part: _find_in(folder, stem, data_dir is not None) for part, stem in IDX_FILES.items()}
         if all(found.values()):
             return found  # type: ignore[return-value]
     return None
@@ -171,8 +176,9 @@ def _what_is_missing(name: str, data_dir: Optional[Path]) -> str:
             return f"--data-dir {quoted(root)} is not a folder"
         if not root.exists():
             return f"--data-dir {quoted(root)} does not exist (it should hold the IDX files {', '.join(IDX_FILES.values())})"
-    best = max(folders, key=lambda folder: sum(_find_in(folder, stem) is not None for stem in IDX_FILES.values()))
-    missing = [stem for stem in IDX_FILES.values() if _find_in(best, stem) is None]
+    explicit = data_dir is not None
+    best = max(folders, key=lambda folder: sum(_find_in(folder, stem, explicit) is not None for stem in IDX_FILES.values()))
+    missing = [stem for stem in IDX_FILES.values() if _find_in(best, stem, explicit) is None]
     if len(missing) == len(IDX_FILES):
         where = " or ".join(quoted(folder) for folder in folders)
         return f"none of the IDX files {', '.join(IDX_FILES.values())} (plain or .gz) in {where}"

@@ -165,6 +165,11 @@ def test_a_data_folder_that_may_not_be_looked_into_is_one_line(tmp_path, monkeyp
     monkeypatch.setattr(Path, "is_file", refused)
     with pytest.raises(UsageError, match=r"cannot look for the data set in '.*': Permission denied$"):
         check_available("mnist", tmp_path)
+    # a default place (./MNIST/raw, data/) that may not be looked into is not where the files are: the
+    # search goes on (to the next place, or a download), as for a place that does not exist
+    monkeypatch.chdir(tmp_path.parent)
+    monkeypatch.setattr("common.data.default_data_dir", lambda: tmp_path)
+    assert find_idx_files("mnist") is None
 
 
 def test_huge_idx_dimensions_are_a_usage_error_not_an_overflow(tmp_path):

@@ -139,6 +139,24 @@ def test_an_item_a_sigusr2_cut_off_is_run_again_not_failed(tmp_path):
     assert len({e["key"] for e in journal_entries(results) if e.get("type") == "result"}) == 8
 
 
+
+def test_an_item_cut_off_by_sigusr2_again_and_again_is_counted_at_last(tmp_path):
+    """A SIGUSR2 that cuts an item off every time (a stray loop, an item's own os._exit(140)) would hand
+    it out for ever: after MAX_CUT_OFFS cut-offs the next counts as its failure, said for what it is."""
+    from common.workers.pool import MAX_CUT_OFFS
+
+    results = tmp_path / "results"
+    proc = toy("4", "--usr2-key", "item-0001", "--retries", "0", "--gpu", "cpu", "--results", str(results),
+               "--no-progress")
+    assert proc.returncode == 1, proc.stderr
+    summary = read_summary(results)
+    assert [f["key"] for f in summary["failed_items"]] == ["item-0001"] and summary["items_done"] == 3, summary
+    assert summary["failed_items"][0]["error"] == "worker ended by SIGUSR2", summary
+    cut = [line for line in (results / "logs" / "rank0.log").read_text().splitlines()
+           if "ended by SIGUSR2 while running item-0001" in line and line.endswith(": back to be run again")]
+    assert len(cut) == MAX_CUT_OFFS, cut
+
+
 # ----- item 10: a third Ctrl-C while rank 0 writes its outputs ----------------------------------
 
 def test_a_third_ctrl_c_while_writing_outputs_is_one_line_and_resume_writes_them(tmp_path):

@@ -36,6 +36,7 @@ class ToyApp(App):
         parser.add_argument("--ascending", action="store_true", help="durations rise with the item number (a grid)")
         parser.add_argument("--fail-key", default=None, help="this item always raises")
         parser.add_argument("--kill-key", default=None, help="this item SIGKILLs its worker on the first attempt")
+        parser.add_argument("--usr2-key", default=None, help="this item sends SIGUSR2 to its worker, every attempt")
         parser.add_argument("--slow-key", default=None, help="this item sleeps --slow-seconds (every attempt)")
         parser.add_argument("--slow-seconds", type=float, default=3600.0)
         parser.add_argument("--gil-key", default=None,
@@ -121,6 +122,9 @@ class ToyApp(App):
         if item.key == self.args.kill_key and not (self.args.marker_dir and _runs(self.args.marker_dir / item.key) > 1):
             time.sleep(0.2)
             os.kill(os.getpid(), signal.SIGKILL)
+        if item.key == self.args.usr2_key:  # a stray SIGUSR2 each time: cut off, handed out again, then counted
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(5)
         if item.key == self.args.swallow_key:
             try:
                 time.sleep(self.args.slow_seconds)

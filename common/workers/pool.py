@@ -3,7 +3,8 @@
 The pool starts each worker with 'spawn' and an environment made for it: pinned to exactly its
 GPU by ``CUDA_VISIBLE_DEVICES``, thread counts set, and every MPI/PMI variable removed so the child
 can never re-initialise MPI. It notices a dead worker within one poll (its process sentinel),
-reports the item it was running as failed and starts a fresh one.
+reports the item it was running as failed (or, where a SIGUSR2 it did not send ended the worker, as
+cut off: handed out again, uncounted) and starts a fresh one.
 
 A worker that lives but says nothing for ``worker_timeout`` seconds, or whose item ran past
 ``item_timeout``, is killed by the pool's :class:`common.workers.watchdog.Watchdog` and handled as a dead one.
@@ -15,7 +16,7 @@ import multiprocessing
 import os
 import selectors
 import signal
-from collections import deque
+from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,9 @@ log = logging.getLogger("multinode_gpu")
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 MAX_SETUP_FAILURES = 3
+#: times an item may be cut off by a SIGUSR2 the pool did not send before the next counts as its failure
+#: (a worker that keeps ending so, an item's own os._exit(140), would hand it out for ever)
+MAX_CUT_OFFS = 3
 
 
 @contextmanager
@@ -93,6 +97,8 @@ def _describe_exit(code: Optional[int]) -> str:
         if name == "SIGKILL":  # what users most often meet: the kernel's (or Slurm's) out-of-memory kill
             return "worker died from signal SIGKILL (out of memory? see dmesg or Slurm's job report)"
         return f"worker died from signal {name}"
+    if code == WORKER_TERMINATED_EXIT:
+        return f"worker ended by {WORKER_TERMINATE_SIGNAL.name}"
     return f"worker exited with code {code}"
 
 
@@ -229,6 +235,7 @@ class WorkerPool(WorkerCounts):
         self.context = multiprocessing.get_context("spawn")
         self.workers: Dict[str, WorkerHandle] = {}
         self.setup_failures: Dict[str, int] = {}
+        self.cut_offs: Counter = Counter()  # item key -> times a SIGUSR2 the pool did not send cut it off
         self.given_up: Dict[str, str] = {}  # worker name -> why its device was given up
         self.closing = False
         self.stop_asked = stop_asked
@@ -469,9 +476,14 @@ class WorkerPool(WorkerCounts):
         why = worker.killed_because or _describe_exit(worker.process.exitcode)
         # ended by WORKER_TERMINATE_SIGNAL that this pool did not send (a kill of the whole process group,
         # which may reach the worker before its rank): what it held was cut off, not failed, and goes back
-        cut_off = worker.process.exitcode == WORKER_TERMINATED_EXIT and not worker.killed_because
+        # (-SIGUSR2: before the app's __main__ let the worker's handlers take it)
+        cut_off = (worker.process.exitcode in (WORKER_TERMINATED_EXIT, -WORKER_TERMINATE_SIGNAL)
+                   and not worker.killed_because)
+        held = [e.item.key for b in worker.assigned for e in b.entries]
+        if held and cut_off:
+            self.cut_offs.update(held)
+            cut_off = all(self.cut_offs[key] <= MAX_CUT_OFFS for key in held)  # past it: a failure, counted
         if worker.assigned and cut_off:
-            held = [e.item.key for b in worker.assigned for e in b.entries]
             log.info("%s: ended by %s while running %s: back to be run again", worker.name,
                      WORKER_TERMINATE_SIGNAL.name, ", ".join(held))
             events.append(Event("returned", keys=tuple(held)))
@@ -506,8 +518,9 @@ class WorkerPool(WorkerCounts):
             if unstarted:
                 events.append(Event("returned", keys=tuple(e.item.key for e in unstarted)))
         elif not worker.ready and not worker.retiring and not worker.setup_reported:
-            if self.stop_asked() or cut_off:  # not a failure of its device: the run is ending
-                log.info("%s: ended while starting (%s); the run is stopping", worker.name, why)
+            if self.stop_asked() or cut_off:  # not a failure of its device
+                log.info("%s: ended while starting (%s)%s", worker.name, why,
+                         "; the run is stopping" if self.stop_asked() else "")
             else:
                 self._setup_failed(worker, why)
         if self.closing or worker.name in self.given_up or self.stop_asked():

@@ -373,6 +373,7 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
         code = _serve(conn, app, device, name, log_path, seed, threads, heartbeat, finished)
     except _Terminated:  # ended by its rank while still starting (a run that ended first): nothing to say
         code = WORKER_TERMINATED_EXIT
+    ignore_stop_signals()  # a second USR2 (the pool's shutdown) must not raise inside the exit (early returns too)
     end_worker(log.warning, code)
 
 

@@ -185,6 +185,7 @@ class StopFlag:
         #: the runner turns into a stop: --resume writes them); anywhere else the second signal has
         #: already ended every wait
         self.outputs_interruptible = False
+        self._count_at_failure: Optional[int] = None
 
     def install(self) -> None:
         for number in RUN_STOP_SIGNALS:
@@ -219,10 +220,18 @@ class StopFlag:
         """Stop waiting for the running items: a second signal; or a failed write (which stopped the run
         by itself) and a signal; or a journal that cannot be written (their results could not be kept)."""
         failure = self.first_failure()
-        return self.count > 1 or (failure is not None and (failure.journal or self.count > 0))
+        self._note(failure)
+        return self.count > 1 or (failure is not None and (failure.journal or self.count > self._count_at_failure))
+
+    def _note(self, failure: Optional[Any]) -> None:
+        """The signals counted when the failed write was first seen: only one after it ends the wait
+        (one before it began the stop, whose line asked for the same signal again)."""
+        if failure is not None and self._count_at_failure is None:
+            self._count_at_failure = self.count
 
     def __call__(self) -> Optional[str]:
         failure = self.first_failure()
+        self._note(failure)
         if self.why is None and failure is not None:
             self.why = failure.describe()
         return self.why

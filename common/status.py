@@ -254,13 +254,15 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
 
 def _moved(results: Path, status: dict) -> Optional[str]:
     """The note for a folder moved or copied since its job ran: the commands above name where it was."""
-    was = status.get("results_dir")
+    was, inode = status.get("results_dir"), status.get("results_inode")
     try:
-        if not isinstance(was, str) or Path(was) == results.resolve():
+        here = results.resolve()
+        # the same folder seen through a bind mount (a container's /data) has another path, not another inode
+        if not isinstance(was, str) or Path(was) == here or inode == os.stat(here).st_ino:
             return None
     except (OSError, RuntimeError, ValueError):
         return None
-    return f"moved    this folder was {quoted(was)} when the job ran: in the command above, give --results {quoted(str(results))}"
+    return f"moved    this folder was {quoted(was)} when the job ran: in the command above, give --results {quoted(str(here))}"
 
 
 def _journal_problem(journal: JournalReader) -> List[str]:

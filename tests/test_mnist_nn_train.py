@@ -136,7 +136,8 @@ def test_fits_run_reproducibly_and_the_benchmark_gives_the_reference_torchs_defa
     benchmark's "ours" fits under them and hands torch's defaults back for the reference's style."""
     from benchmarks.bench_nn import ours_seconds
 
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # recorded, so that the test's own setting goes with it
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
     reproducible = (True, True, False, False, False)
     restore = make_reproducible()
     try:

@@ -88,6 +88,15 @@ def test_a_stop_by_a_failed_write_ends_its_wait_at_the_first_signal(restored_han
     assert flag() == "cannot write the journal (No space left on device)" and not flag.urgent
     os.kill(os.getpid(), signal.SIGTERM)
     assert flag.count == 1 and flag.urgent
+    # a signal first (it began the stop, asking for the same signal again), a failed write after: not yet
+    failure = None
+    flag = StopFlag(lambda: failure)
+    flag.install()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert flag() == "received SIGTERM" and not flag.urgent
+    failure = _Failure()
+    failure.journal = False
+    assert not flag.urgent
 
 
 def test_a_stop_noted_while_importing_is_taken_over(restored_handlers):

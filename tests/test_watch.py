@@ -458,9 +458,16 @@ def test_a_journal_resume_would_refuse_is_said_where_the_status_file_says_comple
     def refused(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("common.results.journal.read_regular", refused)
-    text = describe(tmp_path, state, JournalReader(journal).update(), now)
-    assert "journal  journal.jsonl: cannot read it (Permission denied); --resume refuses it" in text, text
+    reader = JournalReader(journal)
+    with monkeypatch.context() as patch:
+        patch.setattr("common.results.journal.read_regular", refused)
+        text = describe(tmp_path, state, reader.update(), now)
+        assert "journal  journal.jsonl: cannot read it (Permission denied); --resume refuses it" in text, text
+    assert reader.update().problem is None  # read again (a network file system's moment): nothing to say
+    # a result line a resume cannot take (no key): said too
+    journal.write_text("\n".join([good[0], json.dumps({"type": "result", "result": 2}), good[1]]) + "\n")
+    assert "line 2 is not a journal record: damaged; --resume refuses it" in describe(
+        tmp_path, state, JournalReader(journal).update(), now)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the status command as another user")
@@ -492,9 +499,12 @@ def test_a_moved_folder_says_where_it_was_beside_the_command_that_finishes_it(tm
     text = describe(here, state, JournalReader(here / "journal.jsonl"), now)
     assert "resume   with the same launcher and: python toy.py 4 --results old --resume\n" in text, text
     assert f"moved    this folder was '{tmp_path / 'old'}' when the job ran: in the command above, give --results " \
-           f"'{here}'" in text, text
+           f"'{here.resolve()}'" in text, text
     for same in (str(here), None):  # where it ran, or a status file from before the field: nothing to say
         assert "moved " not in describe(here, {**state, "results_dir": same}, JournalReader(here / "journal.jsonl"), now)
+    # the folder itself, seen elsewhere (a container's bind mount): its inode says so
+    bound = {**state, "results_inode": os.stat(here).st_ino}
+    assert "moved " not in describe(here, bound, JournalReader(here / "journal.jsonl"), now)
 
 
 def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):

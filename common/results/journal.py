@@ -156,13 +156,21 @@ class JournalReader:
         self.workers: Dict[str, WorkerTally] = {}  # worker name -> its items finished since the last start
         self.lost: Dict[Any, dict] = {}  # rank -> its rank_lost event
         self.last: Optional[float] = None  # the latest time a line gives (an item's end, a start, a stop)
-        #: not strict: the first thing that ``--resume`` would refuse (a journal it cannot read, a line
-        #: that is not JSON), for the status command to say; strict readers raise it instead
-        self.problem: Optional[str] = None
+        # not strict: what --resume would refuse, for the status command to say (strict readers raise it):
+        # a line it cannot take (for good), or a journal it cannot read (until a read succeeds again)
+        self._damage: Optional[str] = None
+        self._unreadable: Optional[str] = None
 
-    def _damaged(self, number: int) -> None:
+    @property
+    def problem(self) -> Optional[str]:
+        """Not strict: what ``--resume`` would refuse in the journal as read so far, or None."""
+        return self._damage or self._unreadable
+
+    def _damaged(self, number: int, kind: Any = None) -> None:
         if self.strict:
             raise UsageError(f"{quoted(self.path)}: line {number} is not a journal record; the journal is damaged")
+        if kind in (Kind.HEADER, Kind.RESULT, Kind.START):  # the lines a resume reads
+            self._damage = self._damage or f"line {number} is not a journal record: damaged"
 
     def update(self) -> "JournalReader":
         """Read what was appended since the last call (:class:`NotRegularFile` where the journal
@@ -175,8 +183,9 @@ class JournalReader:
             if self.strict:
                 raise UsageError(f"{quoted(self.path)}: cannot read the journal ({error.strerror or error})") from None
             if not isinstance(error, FileNotFoundError):
-                self.problem = self.problem or f"cannot read it ({error.strerror or error})"
+                self._unreadable = f"cannot read it ({error.strerror or error})"
             return self
+        self._unreadable = None
         lines, end, _ = whole_lines(data)  # a line still being written (torn for now) waits for the next read
         if self.strict and not self.offset and data.strip() and not any(line.strip() for line in lines):
             raise UsageError(f"{quoted(self.path)}: line 1 is not valid JSON; the journal is damaged")
@@ -189,12 +198,13 @@ class JournalReader:
             if entry is None:
                 if self.strict:
                     raise UsageError(f"{quoted(self.path)}: line {self.lines} is not valid JSON; the journal is damaged")
-                self.problem = self.problem or f"line {self.lines} is not valid JSON: damaged"
+                self._damage = self._damage or f"line {self.lines} is not valid JSON: damaged"
                 continue
+            kind = entry.get("type")
             try:
                 self._take(entry)
             except (AttributeError, KeyError, TypeError):
-                self._damaged(self.lines)
+                self._damaged(self.lines, kind)
         return self
 
     def _take(self, entry: dict) -> None:

@@ -72,6 +72,13 @@ class RankReporter:
         return rank_snapshot(self.pool, self.monitor, self.clock)
 
 
+def _inode(folder: Path) -> Optional[int]:
+    try:
+        return os.stat(folder).st_ino
+    except OSError:
+        return None
+
+
 class StatusWriter:
     """Rank 0's side: gathers the snapshots and keeps ``status.json`` current."""
 
@@ -88,8 +95,9 @@ class StatusWriter:
         self.header = {"format": FORMAT_VERSION, "app": app, "command": command, "host": layout[0]["host"],
                        "pid": os.getpid(), "started": started_at, "every": self.every,
                        "items_total": items_total, "items_resumed": items_resumed, "resume_command": resume_command,
-                       # where the folder was: the status command of a moved or copied one says so beside the commands
-                       "results_dir": str(Path(results).resolve())}
+                       # where the folder was, and which it was (a bind mount shows it elsewhere): the status
+                       # command of a moved or copied one says so beside the commands
+                       "results_dir": str(Path(results).resolve()), "results_inode": _inode(Path(results))}
         self.layout = layout
         self.pool, self.monitor = pool, monitor
         self.snapshots: Dict[int, Dict[str, Any]] = {}  # rank -> its last snapshot

@@ -849,19 +849,26 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
             summary.update(_written(failures, results, "the outputs", results, lambda: app.finish(run)) or {})
         except KeyboardInterrupt:  # the summary below says so: the app's files are part this run's, part earlier
             interrupted = True
-            summary.update(status="stopped", outputs_interrupted=True, resume_command=_resume_command(app, argv),
-                           stopped_because="Ctrl-C three times while the app's outputs were being written")
         except Exception as error:  # the app's own code: its results stay journaled for a --resume after a fix
             outputs_error, trace = " ".join(f"{type(error).__name__}: {error}".split()), traceback.format_exc()
             log_to_files(f"{app.name}: writing the outputs failed:\n{trace.rstrip()}")
             summary["status"] = "failed"
             summary["outputs_error"] = {"error": outputs_error, "traceback": trace}
-    if drawing and drawer is not None:  # done before the summary and report.html, which show it
-        warm_up_report()  # while the child draws
-        if _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM), drawer.result) is None \
-                and failures.first is None:  # no answer from the child: drawn here after all
-            _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
-                     lambda: plot_timeline(bars, files.timeline))
+    if drawing and drawer is not None and not interrupted:  # done before the summary and report.html, which show it
+        try:
+            warm_up_report()  # while the child draws
+            if _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM), drawer.result) is None \
+                    and failures.first is None:  # no answer from the child: drawn here after all
+                _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
+                         lambda: plot_timeline(bars, files.timeline))
+        except KeyboardInterrupt:  # the app's files were written; the summary below is still an earlier run's
+            interrupted = True
+    if interrupted:  # Ctrl-C three times: no wait for the timeline; the summary says what became of the outputs
+        if drawing and drawer is not None:
+            drawer.close()
+            _remove_temporary(files.root, TIMELINE_STEM)  # a drawing cut short leaves no half-written file
+        summary.update(status="stopped", outputs_interrupted=True, resume_command=_resume_command(app, argv),
+                       stopped_because="Ctrl-C three times while the outputs were being written")
     where: Dict[str, Any] = {}  # a stopped run's summary.md shows the app's part only where it said more
     if outcome == "stopped" and failures.first is None:
         stopped = RunInfo(results_dir=results, items=final_items, records=records, failed_items=failed)

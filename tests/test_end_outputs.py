@@ -202,3 +202,25 @@ def test_a_run_stopped_after_failures_has_no_part_of_the_app_in_its_summary(tmp_
     assert "## Toy values" not in text and not (results / "values.json").exists()
     proc = run([TOY, "30", "--retries", "0", "--workers", "1", "--results", str(results), "--no-progress", "--resume"])
     assert proc.returncode == 0 and "## Toy values" in (results / "summary.md").read_text()
+
+
+def test_a_summary_says_how_many_of_the_items_done_a_full_disk_let_be_journaled():
+    """Results that came after the disk filled are done but not journaled: a resume runs them again,
+    and summary.md's items line says so (it said "16 of 16 done", the closing line "14 ... journaled")."""
+    import argparse
+
+    from common.app import App
+    from common.run.engine import _summary_markdown
+
+    class Plain(App):
+        name = "plain"
+
+    summary = {"status": "stopped", "command": "python -m plain", "items_done": 16, "items_total": 16,
+               "items_resumed": 0, "failed_items": [], "ranks": 1,
+               "workers": [{"rank": 0, "host": "vm", "devices": ["cpu0"]}], "wall_seconds": 3.0,
+               "item_seconds_total": 2.0, "lost_ranks": [], "gpu_usage": {}, "items_journaled": 14}
+    app = Plain(argparse.Namespace())
+    text = _summary_markdown(app, summary, with_app_part=False)
+    assert "- items: 16 of 16 done (0 from an earlier run), 0 failed; 14 of those done are journaled (the others " \
+           "run again on --resume)\n" in text, text
+    assert "journaled" not in _summary_markdown(app, {**summary, "items_journaled": 16}, with_app_part=False)

@@ -79,8 +79,8 @@ def test_a_disk_that_fills_mid_run_stops_it_in_one_line_and_resume_finishes(tmp_
         markdown = (results / "summary.md").read_text()
         assert "Stopped for lack of space" in markdown
         if report["items_done"] > len(journaled):  # results that came with no room left to journal them
-            assert (f"- items: {report['items_done']} of 200 done ({len(journaled)} of them journaled: the others "
-                    f"run again on --resume)") in markdown, markdown
+            assert (f"; {len(journaled)} of those done are journaled (the others run again on --resume)\n"
+                    in markdown), markdown
 
         filler.unlink()
         resumed = run(args + ["--resume"])

@@ -1090,11 +1090,11 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
                   if summary["failed_items"] and not app.answer_counts_failures else "")
         lines += [f"**{markdown_cell(answer)}**{caveat}", ""]
     journaled = summary.get("items_journaled")  # a full disk: not every result that came could be kept
-    kept = (f" ({journaled} of them journaled: the others run again on --resume)"
+    kept = (f"; {journaled} of those done are journaled (the others run again on --resume)"
             if journaled is not None and journaled < summary["items_done"] else "")
     lines += [f"- command: `{summary['command']}`",
-             f"- items: {summary['items_done']} of {summary['items_total']} done{kept} "
-             f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed",
+             f"- items: {summary['items_done']} of {summary['items_total']} done "
+             f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed{kept}",
              f"- ranks: {summary['ranks']}; workers: {_placement(summary['workers'])}",
              f"- wall time: {summary['wall_seconds']:.1f} s{this_run}; "
              f"item time: {summary['item_seconds_total']:.1f} s{this_run}",

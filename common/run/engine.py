@@ -211,9 +211,14 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold, List[Item]]:
         hold = Hold(folder)
         hold.acquire()
     except OSError as error:
-        where = "there" if place == folder else f"in its {LOGS_DIR}/ folder"
-        raise UsageError(f"--results {quoted(folder)}: cannot write {where} ({error.strerror or error})") from None
+        raise _cannot_write(folder, place, error.strerror or str(error)) from None
     return fingerprint, hold, items
+
+
+def _cannot_write(folder: Path, place: Path, why: str) -> UsageError:
+    """The one line for a results folder that cannot be written: at ``place``, the folder or its logs/."""
+    where = "there" if place != folder / LOGS_DIR else f"in its {LOGS_DIR}/ folder"
+    return UsageError(f"--results {quoted(folder)}: cannot write {where} ({why})")
 
 
 def _app_items(app: App) -> List[Item]:
@@ -411,8 +416,7 @@ def _check_writable(folder: Path) -> None:
         read_only = bool(os.statvfs(place).f_flag & os.ST_RDONLY)
     except OSError:
         read_only = False
-    raise UsageError(f"--results {quoted(folder)}: cannot write {'in its ' + LOGS_DIR + '/ folder' if logs else 'there'} "
-                     f"({'Read-only file system' if read_only else 'Permission denied'})")
+    raise _cannot_write(folder, place, "Read-only file system" if read_only else "Permission denied")
 
 
 def _own_entries(folder: Path, app: App) -> List[str]:
@@ -830,9 +834,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     full = failures.first is not None  # the run stopped on it: what room is left is for the summary
     if full:
         if drawing and drawer is not None:  # no timeline then
-            drawer.close()
+            _abandon_drawing(drawer, files)
             drawing = False
-            _remove_temporary(files.root, TIMELINE_STEM)
         free_reserve(results)
     if bars and not full and not drawing:
         _written(failures, results, "the timeline", files.root / png_name(TIMELINE_STEM),
@@ -865,9 +868,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
             interrupted = True
     if interrupted:  # Ctrl-C three times: no wait for the timeline; the summary says what became of the outputs
         if drawing and drawer is not None:
-            drawer.close()
-            _remove_temporary(files.root, TIMELINE_STEM)  # a drawing cut short leaves no half-written file
-        summary.update(status="stopped", outputs_interrupted=True, resume_command=_resume_command(app, argv),
+            _abandon_drawing(drawer, files)
+        summary.update(status="stopped", outputs_interrupted=True,  # resume_command: below, as a stop's
                        stopped_because="Ctrl-C three times while the outputs were being written")
     where: Dict[str, Any] = {}  # a stopped run's summary.md shows the app's part only where it said more
     if outcome == "stopped" and failures.first is None:
@@ -965,6 +967,12 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if failed:
         _closing(f"{app.name}: run the failed items again with the same launcher and: {summary['retry_command']}")
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
+
+
+def _abandon_drawing(drawer: TimelineDrawer, files: ResultsLayout) -> None:
+    """End the timeline's drawing process; a drawing cut short leaves no half-written file."""
+    drawer.close()
+    _remove_temporary(files.root, TIMELINE_STEM)
 
 
 def _world_mismatch(launched: int, size: int) -> str:

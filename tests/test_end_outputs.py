@@ -189,6 +189,20 @@ def test_failed_items_say_how_to_run_them_again_and_a_resume_says_what_it_ran(tm
     assert "timeline.png" not in (results / "summary.md").read_text() + (results / "report.html").read_text()
 
 
+def test_a_resume_of_a_complete_multi_rank_run_starts_no_worker_on_any_rank(tmp_path):
+    """Every rank learns from rank 0 that nothing is left before it starts its workers: a follower
+    started its own (each importing and setting up the app) only to end them at once."""
+    results = tmp_path / "r"
+    args = [TOY, "6", "--gpu", "cpu", "--workers", "2", "--results", str(results), "--no-progress"]
+    first = run(args + ["--spawn-markers", str(tmp_path / "spawned-first")], ranks=2)
+    assert first.returncode == 0, first.stderr
+    assert len(list((tmp_path / "spawned-first").iterdir())) == 4  # 2 ranks x 2 workers
+    again = run(args + ["--resume", "--spawn-markers", str(tmp_path / "spawned")], ranks=2)
+    assert again.returncode == 0 and "6 of 6 items (6 from an earlier run)" in again.stderr, again.stderr
+    assert not (tmp_path / "spawned").exists()
+    assert read_summary(results)["items_done"] == 6
+
+
 
 def test_a_run_stopped_after_failures_has_no_part_of_the_app_in_its_summary(tmp_path):
     """--stop-after-failures ends a run "failed" without its outputs: the app's part of summary.md

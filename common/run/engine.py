@@ -602,13 +602,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
     pool_specs = app.pools()
     node_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope == "node"}
     global_pools = {name: cap for name, (cap, scope) in pool_specs.items() if scope != "node"}
-    layout = comm.allgather({"rank": comm.rank, "host": host, "pid": os.getpid(), "devices": [str(d) for d in devices], "threads": threads})
-    total_capacity = sum(len(entry["devices"]) for entry in layout)
-    started_at = time.time()
-
-    leader = None
     if comm.rank == 0:
-        journal_path = files.journal
         assert items is not None
         known = {item.key for item in items}
         resumed = {key: record for key, record in app.journaled.items() if key in known}
@@ -616,6 +610,19 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                               {k: r.params for k, r in resumed.items() if r.params is not None})
         for key in scheduler.stale:
             del resumed[key]
+    # with the layout, whether anything is left to run (rank 0's word): a resume of a run whose items
+    # are all journaled starts no worker on any rank, since each would import and set up its app
+    # (mnist_nn's torch and data: seconds of CPU) only to be ended at once
+    entry = {"rank": comm.rank, "host": host, "pid": os.getpid(), "devices": [str(d) for d in devices], "threads": threads}
+    gathered = comm.allgather((entry, scheduler.all_resolved() if comm.rank == 0 else None))
+    layout = [entry for entry, _ in gathered]
+    nothing_to_run = gathered[0][1]
+    total_capacity = sum(len(entry["devices"]) for entry in layout)
+    started_at = time.time()
+
+    leader = None
+    if comm.rank == 0:
+        journal_path = files.journal
         journal = Journal(journal_path, {"fingerprint": fingerprint, "command": module_command(argv)},
                           write_failures=failures)
         journal.add_event(Kind.START, time=started_at, ranks=comm.size, layout=layout, resumed=len(resumed))
@@ -632,9 +639,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
     pool = WorkerPool(app, devices, settings, watchdog, stop_asked=stop)
     monitor = GpuMonitor(devices)
     monitor.start()
-    # a resume of a run whose items are all journaled starts no worker here: each would import and
-    # set up its app (mnist_nn's torch and data: seconds of CPU) only to be ended at once
-    if comm.rank != 0 or not scheduler.all_resolved():
+    if not nothing_to_run:
         pool.start()
     # started once rank 0 is idle while items run (a busy rank 0, or starting workers, would only be slowed)
     # matplotlib too where rank 0 will draw: the app's figures, or the GPU usage figure

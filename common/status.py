@@ -214,6 +214,9 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
         eta = status.get("eta_seconds")
         if not rate and done > counted:  # the file's rate is from before these
             rate = None
+        elif isinstance(rate, (int, float)) and rate > 0 and total:  # what is left by the journal, fresher than
+            left = max(0, total - done - failed)  # the file's count (a refresh every few seconds)
+            eta = left / rate if left else None
         until = "no ETA (stopping)" if state == "stopping" else f"ETA {format_seconds(eta)}"
         lines.append(f"rate     {_number(rate, ' items/s', 3)}, {until}; "
                      f"started {_when(status.get('started'))}, {format_seconds(elapsed)} ago")
@@ -329,9 +332,12 @@ def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str,
     for w in workers:
         where = f"{w.get('worker', '?'):<{width}}  {w.get('host', '?')}"
         tally = tallies.get(w.get("worker", ""))
-        if w.get("state") == "running" and w.get("key") in resolved:
+        # "starting" in a file older than the worker's first results (a follower's snapshot comes with
+        # the next refresh): busy, as the journal says
+        started = w.get("state") == "starting" and tally is not None and tally.last_end is not None
+        if (w.get("state") == "running" and w.get("key") in resolved) or started:
             # busy: an item ended since the file's last refresh (else the worker may have had no more)
-            if tally is None or tally.last_end is None or now - tally.last_end > every:
+            if tally is None or tally.last_end is None or (now - tally.last_end > every and not started):
                 lines.append(f"  {where}  {w.get('key')} ended; what it runs next shows at the next refresh")
             else:
                 lines.append(f"  {where}  busy: {tally.items} done in this run, {_pace(tally.seconds / tally.items)} "

@@ -64,8 +64,9 @@ def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quic
         assert wait_until(lambda: status_file(results).get("state") == "running" and {
             w.get("rank") for w in status_file(results).get("workers", []) if w.get("state") == "running"} >= {0, 1},
             timeout=90), status_file(results)
-        # what the command shows, asked until it too shows a worker of each rank running (it reads the
-        # status file a moment later than the wait above, and the file is rewritten every second)
+        # what the command shows, asked until it too shows a worker of each rank running and every GPU
+        # (it reads the status file a moment later than the wait above, and the file is rewritten after
+        # 0.5, 1, 2 s, then every second; a rank's first snapshots may come before its GPUs' first sample)
         seen: list = []
 
         def shows_both_ranks_running() -> bool:
@@ -73,7 +74,8 @@ def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quic
             assert shown.returncode == 0, shown.stderr  # running
             seen.append(shown.stdout)
             running = re.findall(r"^  (rank\d-gpu\d) .* (item-\d{4}) for (\d+)s", shown.stdout, re.M)
-            return {worker[:5] for worker, _, _ in running} == {"rank0", "rank1"}
+            gpus = re.findall(r"^  rank\d-gpu\d .* memory \d+/40960 MiB", shown.stdout, re.M)
+            return {worker[:5] for worker, _, _ in running} == {"rank0", "rank1"} and len(gpus) == 4
 
         assert wait_until(shows_both_ranks_running, timeout=60, every=0.2), seen[-1:]
         text = seen[-1]
@@ -549,6 +551,75 @@ def test_the_status_file_is_rewritten_soon_after_the_start_then_every_period(tmp
     assert written == [0.0, 0.5, 1.5, 3.5, 7.5, 12.5, 17.5, 22.5, 27.5], written
 
 
+def test_followers_report_their_workers_as_soon_as_rank_0_rewrites_the_file(tmp_path):
+    """A follower sent its snapshot at the start and then every 5 s: for the first seconds of a run
+    the file said its workers were "starting" while they ran items (and the file is rewritten after
+    0.5, 1, 2 and 4 s). It keeps the file's pace now."""
+    from common.results.status_file import RankReporter
+    from common.testing.inprocess import FakeClock, fake_time
+
+    clock = FakeClock(1000.0)
+    reporter = RankReporter(pool=None, monitor=None, every=5.0, clock=fake_time(clock))
+    sent = []
+    for tenth in range(300):  # the follower's loop, every 0.1 s for 30 s
+        clock.now = 1000.0 + tenth / 10
+        if reporter.due():
+            sent.append(round(clock.monotonic() - 1000.0, 1))
+    assert sent == [0.0, 0.5, 1.5, 3.5, 7.5, 12.5, 17.5, 22.5, 27.5], sent
+
+
+def test_the_last_status_file_of_a_run_shows_no_worker_running(tmp_path):
+    """The last rewrite, once the run ended, kept each follower's last snapshot, up to a period old:
+    a complete run's status.json said a worker of rank 1 was still "starting" or "running item-0019"."""
+    import types
+
+    from common.results.status_file import StatusWriter
+
+    class Pool:
+        rank, host, workers, given_up = 0, "n0", {}, {"rank0-cpu1": "its setup failed"}
+
+    monitor = types.SimpleNamespace(recent=lambda: [])
+    writer = StatusWriter(tmp_path, app="toy", command="python toy", layout=[{"rank": 0, "host": "n0"},
+                                                                            {"rank": 1, "host": "n1"}],
+                          items_total=2, items_resumed=0, started_at=0.0, pool=Pool(), monitor=monitor, every=5.0)
+    writer.absorb(1, {"rank": 1, "host": "n1", "time": 0.0, "gpus": [], "given_up": {}, "workers": [
+        {"worker": "rank1-cpu0", "device": "cpu0", "pid": 11, "state": "running", "key": "item-0001", "attempt": 1,
+         "since": 0.0, "together": 1},
+        {"worker": "rank1-cpu1", "device": "cpu1", "pid": 12, "state": "starting"}]})
+    scheduler = types.SimpleNamespace(results={"item-0000": 1, "item-0001": 2}, failed={}, in_flight={}, unresolved=0)
+    leader = types.SimpleNamespace(stopping=None, records=[1, 2], scheduler=scheduler, broken={}, lost={})
+    writer.write(leader, "running")
+    running = json.loads((tmp_path / "status.json").read_text())["workers"]
+    assert [w["state"] for w in running] == ["given up", "running", "starting"], running
+    writer.finished(leader, 0)
+    final = json.loads((tmp_path / "status.json").read_text())
+    assert final["state"] == "complete"
+    assert [(w["worker"], w["state"]) for w in final["workers"]] == [
+        ("rank0-cpu1", "given up"), ("rank1-cpu0", "ended"), ("rank1-cpu1", "ended")], final["workers"]
+    assert "key" not in final["workers"][1]
+
+
+def test_a_worker_the_file_shows_starting_but_the_journal_shows_busy_is_busy_with_a_fresh_eta(tmp_path):
+    """The file is up to a period older than the journal: it said "rank1-cpu0 starting" beside the
+    journal's results of that worker, and kept the ETA of its own count (26 of 30 done by the
+    journal, "ETA 6s" from when the file counted 12) until its next rewrite."""
+    now = 1_000_000.0
+    workers = [{"worker": "rank1-cpu0", "host": "n1", "state": "starting"},
+               {"worker": "rank1-cpu1", "host": "n1", "state": "starting"}]
+    state = {"app": "toy", "state": "running", "every": 5.0, "updated": now - 4.0, "started": now - 9.0,
+             "items_total": 30, "items_done": 12, "rate_per_second": 3.0, "eta_seconds": 6.0, "workers": workers}
+    lines = [json.dumps({"type": "header"}), json.dumps({"type": "start", "time": now - 9.0})]
+    lines += [json.dumps({"type": "result", "key": f"item-{i:04d}", "worker": "rank1-cpu0", "seconds": 0.3,
+                          "end": now - 8.0 + 0.3 * i}) for i in range(26)]
+    journal_file = tmp_path / "journal.jsonl"
+    journal_file.write_text("\n".join(lines) + "\n")
+    text = describe(tmp_path, state, JournalReader(journal_file).update(), now)
+    assert "items    26 of 30 done" in text, text
+    assert "rate     3.000 items/s, ETA 1s;" in text, text  # 4 left at 3 items/s
+    assert "rank1-cpu0  n1  busy: 26 done in this run, 0.3s each, the last ended 0.5s ago" in text, text
+    assert "rank1-cpu1  n1  starting" in text, text  # nothing of its own in the journal
+
+
 def test_an_item_the_journal_resolved_is_not_shown_running_and_a_stopping_job_has_no_eta(tmp_path):
     """The status file is up to 5 s older than the journal: a worker it shows on x=3 "for 6s" while
     the journal already lists x=3 as failed showed the item running and failed at once; and a job
@@ -566,9 +637,9 @@ def test_an_item_the_journal_resolved_is_not_shown_running_and_a_stopping_job_ha
     text = describe(tmp_path, state, journal, now)
     assert "rank0-cpu0  vm  x=3 ended; what it runs next shows at the next refresh" in text, text
     assert "rank0-cpu1  vm  x=4 for 1s" in text and "  x=3: ValueError: no" in text, text
-    assert "ETA 16s" in text, text
+    assert "ETA 14s" in text, text  # 7 left, not the file's 8: the journal's failure is fresher
     stopping = describe(tmp_path, dict(state, state="stopping"), journal, now)
-    assert "no ETA (stopping)" in stopping and "ETA 16s" not in stopping, stopping
+    assert "no ETA (stopping)" in stopping and "ETA 14s" not in stopping, stopping
     # a resume runs an item again whose earlier result is in the journal (a refit after retried fits):
     # only what ended since this run started counts
     journal_file.write_text(json.dumps({"type": "header"}) + "\n"

@@ -53,20 +53,36 @@ def rank_snapshot(pool: Any, monitor: Any, clock: Clock = SYSTEM_CLOCK) -> Dict[
             "given_up": dict(pool.given_up), "gpus": monitor.recent()}
 
 
+class Cadence:
+    """When the next snapshot or rewrite is due: at once, then after 0.5, 1, 2 and 4 s, then every
+    ``every`` s. Rank 0's file and the followers' snapshots keep the same one: with followers on a
+    plain ``every``, the file said their workers were "starting" for the first seconds of a run
+    while they ran items."""
+
+    def __init__(self, every: float, clock: Clock = SYSTEM_CLOCK):
+        self.every, self.clock = every, clock
+        self._next = 0.0
+        self._gap = FIRST_REFRESH_SECONDS  # doubled after each, up to every
+
+    def due(self) -> bool:
+        now = self.clock.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + min(self._gap, self.every)
+        self._gap *= 2
+        return True
+
+
 class RankReporter:
     """A follower's side: its loop asks ``due()`` and, when it is, sends ``snapshot()`` to rank 0."""
 
     def __init__(self, pool: Any, monitor: Any, every: Optional[float] = None, clock: Clock = SYSTEM_CLOCK):
         self.pool, self.monitor, self.clock = pool, monitor, clock
         self.every = every or status_seconds()
-        self._next = 0.0
+        self._cadence = Cadence(self.every, clock)
 
     def due(self) -> bool:
-        now = self.clock.monotonic()
-        if now < self._next:
-            return False
-        self._next = now + self.every
-        return True
+        return self._cadence.due()
 
     def snapshot(self) -> Dict[str, Any]:
         return rank_snapshot(self.pool, self.monitor, self.clock)
@@ -104,8 +120,7 @@ class StatusWriter:
         self.heard: Dict[int, float] = {entry["rank"]: started_at for entry in layout}
         # (time, items done this run) over the rate window
         self.done: Deque[Tuple[float, int]] = deque([(started_at, 0)])
-        self._next = 0.0
-        self._gap = FIRST_REFRESH_SECONDS  # doubled after each rewrite, up to every
+        self._cadence = Cadence(self.every, clock)
 
     def absorb(self, rank: int, snapshot: Dict[str, Any]) -> None:
         """A follower's snapshot (its "status" message)."""
@@ -114,13 +129,12 @@ class StatusWriter:
 
     def tick(self, leader: Any) -> None:
         """From rank 0's loop: rewrite the file when it is due."""
-        now = self.clock.monotonic()
-        if now >= self._next:
-            self._next = now + min(self._gap, self.every)
-            self._gap *= 2
+        if self._cadence.due():
             self.write(leader, "stopping" if leader.stopping else "running")
 
-    def write(self, leader: Any, state: str) -> None:
+    def write(self, leader: Any, state: str, *, final: bool = False) -> None:
+        """``final``: the run has ended: no worker of any rank runs anything any more (a follower's
+        last snapshot, up to ``every`` s old, still said what its workers were running)."""
         failure = self.write_failures.first
         if failure is not None and failure.moved_away:  # never a status file in a folder made again by someone
             return
@@ -146,7 +160,7 @@ class StatusWriter:
             "ranks": [{"rank": entry["rank"], "host": entry["host"], "heard": self.heard.get(entry["rank"]),
                        "broken": leader.broken.get(entry["rank"]),
                        "lost": _lost(leader, entry["rank"])} for entry in self.layout],
-            "workers": [w for rank in sorted(self.snapshots) for w in self._workers(rank)],
+            "workers": [w for rank in sorted(self.snapshots) for w in self._workers(rank, final)],
             "gpus": [{"rank": rank, "host": snap["host"], **gpu}
                      for rank, snap in sorted(self.snapshots.items()) for gpu in snap["gpus"]],
         }
@@ -162,13 +176,17 @@ class StatusWriter:
             self.header["error"] = error
         if code == EXIT_NO_PROGRESS:  # stopped, and a requeue with the same --time would only repeat it
             self.header["no_progress"] = True
-        self.write(leader, {EXIT_OK: "complete", EXIT_STOPPED: "stopped", EXIT_NO_PROGRESS: "stopped"}.get(code, "failed"))
+        self.write(leader, {EXIT_OK: "complete", EXIT_STOPPED: "stopped", EXIT_NO_PROGRESS: "stopped"}.get(code, "failed"),
+                   final=True)
 
-    def _workers(self, rank: int) -> List[Dict[str, Any]]:
+    def _workers(self, rank: int, final: bool) -> List[Dict[str, Any]]:
         snapshot = self.snapshots[rank]
         given_up = [{"worker": name, "state": "given up", "error": error}
                     for name, error in snapshot.get("given_up", {}).items()]
-        return [{"rank": rank, "host": snapshot["host"], **w} for w in snapshot["workers"] + given_up]
+        workers = snapshot["workers"]
+        if final:
+            workers = [{"worker": w["worker"], "device": w["device"], "pid": w["pid"], "state": "ended"} for w in workers]
+        return [{"rank": rank, "host": snapshot["host"], **w} for w in workers + given_up]
 
 
 

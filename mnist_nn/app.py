@@ -236,11 +236,11 @@ class MnistNN(App):
                 f"ensemble test error{partial_note(summary)}: {summary['ensemble_test_error']}"]
 
     def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
-        from .report import partial_note
+        from .report import partial_note, percent
 
         if summary.get("ensemble_test_error") is None:
             return None
-        error = f"{summary['ensemble_test_error']:.4f}"  # a fraction, as the reference prints it and the tables below
+        error = percent(summary["ensemble_test_error"])  # as summary.md's tables and figure (stdout: the reference's fraction)
         if summary["models"] == 1 or partial_note(summary):  # one model is no vote; the note counts them
             return f"ensemble test error{partial_note(summary)}: {error}"
         return f"ensemble test error: {error} (majority vote of {summary['models']} models)"

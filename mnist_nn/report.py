@@ -11,7 +11,7 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -170,6 +170,13 @@ def models_text(summary: Mapping[str, Any]) -> str:
             f"{names} without one: {whose} did not finish)")
 
 
+def percent(error: Optional[float]) -> str:
+    """An error rate in summary.md: in %, as its figure and mnist_svm's summary give it (a fraction
+    such as 0.0200 beside a figure of 2 % was read as 0.02 %); results.csv and stdout keep the
+    reference's fractions."""
+    return "n/a" if error is None else f"{100 * error:.2f} %"
+
+
 def partial_note(summary: Mapping[str, Any]) -> str:
     """`` (of 1 of 2 models)`` where the ensemble lacks some, else nothing."""
     if not summary.get("bootstraps_without_model"):
@@ -186,10 +193,10 @@ def summary_markdown(summary: Mapping[str, Any]) -> str:
                   "fit that finished); the figure also as `.svg` and `.pdf`.", "",
                   "![training curves](training_curves.png)", ""]
         return "\n".join(lines) + "\n"
-    lines += [f"- models: {models_text(summary)}; test error of each: " + ", ".join(f"{e:.4f}" for e in errors),
-              f"- ensemble test error{partial_note(summary)}: majority vote {summary['ensemble_test_error']:.4f}, "
-              f"mean probability {summary['ensemble_test_error_mean_probability']:.4f} "
-              f"(best single model {min(errors):.4f})", ""]
+    lines += [f"- models: {models_text(summary)}; test error of each: " + ", ".join(map(percent, errors)),
+              f"- ensemble test error{partial_note(summary)}: majority vote {percent(summary['ensemble_test_error'])}, "
+              f"mean probability {percent(summary['ensemble_test_error_mean_probability'])} "
+              f"(best single model {percent(min(errors))})", ""]
     lines += model_table(summary["chosen_models"])
     if summary.get("models_missing"):
         lines += [f"- model files missing here: {', '.join(summary['models_missing'])} "
@@ -227,6 +234,6 @@ def model_table(models: List[Mapping[str, Any]]) -> List[str]:
              "| epochs | training error | test error |", "|---" * 11 + "|"]
     lines += [f"| {m['bootstrap']} | {m['candidate']} | {m['n_conv_layer']} | {m['kernel_size']} | "
               f"{m['n_hidden_layer']} | {m['learning_rate']:.3g} | {m['momentum']:.3g} | {number(m['cv_loss'], '.4f')} | "
-              f"{m['epochs']} | {number(m['training_error'], '.4f')} | {number(m['test_error'], '.4f')} |"
+              f"{m['epochs']} | {percent(m['training_error'])} | {percent(m['test_error'])} |"
               for m in models]
     return lines + [""]

@@ -73,10 +73,12 @@ def test_a_run_writes_every_output(clean_run):
     markdown = (clean_run / "summary.md").read_text()
     assert "ensemble test error" in markdown
     said = read_summary(clean_run)  # the answer first, under the title
-    assert markdown.splitlines()[2] == (f"**ensemble test error: {said['ensemble_test_error']:.4f} "
+    # in %, as the figure beside it and mnist_svm's summary (a fraction, 0.0200, was read as 0.02 %)
+    assert markdown.splitlines()[2] == (f"**ensemble test error: {100 * said['ensemble_test_error']:.2f} % "
                                         f"(majority vote of 2 models)**"), markdown
     table = [line for line in markdown.splitlines() if line.startswith("| ") and "bootstrap" not in line]
     assert [line.split(" | ")[2] for line in table] == [r["n_conv_layer"] for r in rows], table
+    assert [line.split(" | ")[-1] for line in table] == [f"{100 * float(r['test_error']):.2f} % |" for r in rows], table
 
 
 def test_one_rank_and_two_ranks_by_two_workers_give_identical_results(clean_run, tmp_path):
@@ -282,12 +284,12 @@ def test_an_ensemble_without_some_bootstraps_says_so_beside_its_error():
                "ensemble_test_error": 0.0511, "ensemble_test_error_mean_probability": 0.0511, "chosen_models": [],
                "wall_seconds": 3.0, "items_done": 21}
     text = summary_markdown(summary)
-    assert "- models: 1 of 2 (bootstrap 0 without one: its refit did not finish); test error of each: 0.0511" in text
-    assert "- ensemble test error (of 1 of 2 models): majority vote 0.0511" in text
+    assert "- models: 1 of 2 (bootstrap 0 without one: its refit did not finish); test error of each: 5.11 %" in text
+    assert "- ensemble test error (of 1 of 2 models): majority vote 5.11 %" in text
     app = MnistNN.__new__(MnistNN)
-    assert app.headline(None, summary)[1] == "ensemble test error (of 1 of 2 models): 0.0511"
-    assert app.answer(summary) == "ensemble test error (of 1 of 2 models): 0.0511"
-    assert app.answer({**summary, "bootstraps": 1, "bootstraps_without_model": []}) == "ensemble test error: 0.0511"
+    assert app.headline(None, summary)[1] == "ensemble test error (of 1 of 2 models): 0.0511"  # stdout: the reference's
+    assert app.answer(summary) == "ensemble test error (of 1 of 2 models): 5.11 %"
+    assert app.answer({**summary, "bootstraps": 1, "bootstraps_without_model": []}) == "ensemble test error: 5.11 %"
     several = {**summary, "bootstraps": 3, "bootstraps_without_model": [0, 2]}
     assert "- models: 1 of 3 (bootstraps 0, 2 without one: their refits did not finish)" in summary_markdown(several)
     whole = {**summary, "models": 2, "bootstraps_without_model": [], "model_test_errors": [0.05, 0.06]}

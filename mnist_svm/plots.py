@@ -54,12 +54,31 @@ def plot_heatmap(grid: Grid, table: np.ndarray, best_i_c: int, best_i_gamma: int
                                    fill=False, hatch="///", edgecolor="white", linewidth=0))
     ax.plot(log_c[best_i_c], log_gamma[best_i_gamma], marker="*", markersize=16, color="red",
             markeredgecolor="white", linestyle="none")
-    ax.set_xlabel("log10 C")
-    ax.set_ylabel("log10 gamma")
+    # ticks on the cells, labelled with the grid's own values: whole-number log10 ticks fell between
+    # the rows (log10 gamma -4.67 read as 1e-5 against the box plots' 2.15e-05)
+    ax.set_xticks(*_value_ticks(grid.c_values))
+    ax.set_yticks(*_value_ticks(grid.gamma_values))
+    ax.set_xlabel("C (log scale)")
+    ax.set_ylabel("gamma (log scale)")
     missing = f"\n{int(partial.sum())} cell(s) the mean of the folds that finished" if partial.any() else ""
     ax.set_title(f"{grid.folds}-fold cross-validation error; best (star): "
                  f"C={grid.c_values[best_i_c]:.3g}, gamma={grid.gamma_values[best_i_gamma]:.3g}{missing}", fontsize=10)
     return save_figure(fig, path)
+
+
+#: the most cells on an axis of the heatmap that each get a tick with its value
+MAX_TICKS = 8
+
+
+def _value_ticks(values: np.ndarray) -> tuple:
+    """(positions, labels) of the heatmap's ticks on log10 positions: up to ``MAX_TICKS`` values,
+    one on each cell, named with its value; a finer grid (cells too narrow for their values), the
+    powers of ten its cells span."""
+    logs = np.log10(values)
+    if len(values) <= MAX_TICKS:
+        return logs, [f"{value:.3g}" for value in values]
+    powers = np.arange(math.ceil(logs.min() - 1e-9), math.floor(logs.max() + 1e-9) + 1)
+    return powers, [f"$10^{{{power}}}$" for power in powers]
 
 
 def _extent(values: np.ndarray) -> list:

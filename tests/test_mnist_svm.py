@@ -375,3 +375,30 @@ def test_a_heatmap_cell_of_fewer_folds_than_the_title_says_is_marked(tmp_path, m
         assert sum("folds" in text for text in texts) == 1, texts
     else:
         assert texts == [] and len(ax.patches) == 1 and ax.patches[0].get_hatch() == "///"
+
+
+@pytest.mark.parametrize("n_tuning", [4, 24])
+def test_the_heatmaps_ticks_sit_on_its_cells_and_name_their_values(tmp_path, monkeypatch, n_tuning):
+    """The axes were log10 C and log10 gamma with ticks at whole numbers, which fell between the rows
+    of a 4-point grid (log10 gamma -4.67 read as 1e-5, where the box plots say gamma = 2.15e-05).
+    Each tick now sits on a cell and names its value; a grid too fine for that names powers of ten."""
+    from mnist_svm import plots
+    from mnist_svm.grid import Grid
+
+    grid = Grid(n_tuning=n_tuning, folds=5)
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or [])
+    plots.plot_heatmap(grid, np.full((5, n_tuning, n_tuning), 0.2), 0, 0, tmp_path / "heatmap")
+    ax = drawn[0].axes[0]
+    axes = ((ax.get_xticks(), ax.get_xticklabels(), grid.c_values), (ax.get_yticks(), ax.get_yticklabels(), grid.gamma_values))
+    for ticks, labels, values in axes:
+        texts = [label.get_text() for label in labels]
+        if n_tuning <= 8:  # on each cell's centre, named with its value to 3 significant digits
+            assert np.allclose(ticks, np.log10(values)), ticks
+            assert [float(text) for text in texts] == pytest.approx(list(values), rel=5e-3), texts
+        else:  # the grid's decades: log10 C from -3 to 6, log10 gamma from -6 to -2
+            assert list(ticks) == list(range(round(np.log10(values[0])), round(np.log10(values[-1])) + 1)), ticks
+            assert texts == [f"$10^{{{int(power)}}}$" for power in ticks], texts
+    if n_tuning == 4:
+        assert [label.get_text() for label in ax.get_yticklabels()] == ["1e-06", "2.15e-05", "0.000464", "0.01"]
+        assert [label.get_text() for label in ax.get_xticklabels()] == ["0.001", "1", "1e+03", "1e+06"]

@@ -894,6 +894,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if leader.gave_up and failure is None:  # said as a stop's reason, and the run failed: no requeue
         summary["status"] = "failed"
         summary["stopped_because"] = leader.stopping
+    elif outcome == "stopped" and isinstance(leader.stopping, str) and not summary.get("stopped_because"):
+        summary["stopped_because"] = leader.stopping  # the signal: a walltime warning or a cancel, told apart
     if outcome == "stopped" or interrupted:
         summary["resume_command"] = _resume_command(app, argv)
         if outcome == "stopped" and failure is None and not leader.gave_up and _made_no_progress(app, leader, walltime):

@@ -79,7 +79,13 @@ def plot_certainty(probabilities: np.ndarray, images: np.ndarray, labels: np.nda
     return {"test_images": test_images, "misclassified": misclassified}
 
 
-def plot_training_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+#: what an epoch's loss is, by --epoch-loss (mnist_nn.train.train_epoch): the reference's sum over its
+#: batches is not a per-image cross-entropy, and its size follows the number of batches
+LOSS_LABELS = {"reference": "training loss (sum of the epoch's batch means)",
+               "mean": "training loss (mean per image)"}
+
+
+def plot_training_curves(rows: Sequence[Mapping[str, Any]], path: Path, epoch_loss: str = "reference") -> None:
     """Training loss per epoch: every CV fit in grey, each refit in colour."""
     fig, ax = new_figure(5.5, 3.5)
     curves: Dict[str, List[Mapping[str, Any]]] = {}
@@ -92,7 +98,7 @@ def plot_training_curves(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
                 zorder=2 if refit else 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("epoch")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel(LOSS_LABELS.get(epoch_loss, "training loss"), fontsize="small")
     ax.set_yscale("log")
     ax.set_title("Training loss (grey: CV fits)")
     if any(points[0]["fold"] == "refit" for points in curves.values()):

@@ -140,7 +140,7 @@ def write_outputs(app: Any, run: RunInfo) -> Dict[str, Any]:
     if missing:
         summary["models_missing_note"] = ("written by workers on other nodes into their own results folder: "
                                           "make --results a shared folder")
-    plot_training_curves(logs, folder / TRAINING_CURVES_STEM)
+    plot_training_curves(logs, folder / TRAINING_CURVES_STEM, args.epoch_loss)
     if not refits:
         return summary
     dataset = load_dataset(args.dataset, args.data_dir)  # only its test set is used: never subsampled

@@ -294,3 +294,17 @@ def test_an_ensemble_without_some_bootstraps_says_so_beside_its_error():
     assert "- models: 1 of 3 (bootstraps 0, 2 without one: their refits did not finish)" in summary_markdown(several)
     whole = {**summary, "models": 2, "bootstraps_without_model": [], "model_test_errors": [0.05, 0.06]}
     assert "- models: 2; test error" in summary_markdown(whole) and "ensemble test error: majority" in summary_markdown(whole)
+
+
+@pytest.mark.parametrize("epoch_loss, label", [("reference", "training loss (sum of the epoch's batch means)"),
+                                               ("mean", "training loss (mean per image)")])
+def test_the_training_curves_say_what_an_epochs_loss_is(tmp_path, monkeypatch, epoch_loss, label):
+    """The y axis said "training loss" for the reference's sum of an epoch's batch means (6 to 107
+    in the demo), which is not comparable with a per-image cross-entropy."""
+    from mnist_nn import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig))
+    rows = [{"item": "b0-c0-f0", "fold": 0, "epoch": e, "loss": 10.0 / e} for e in (1, 2, 3)]
+    plots.plot_training_curves(rows, tmp_path / "curves", epoch_loss)
+    assert drawn[0].axes[0].get_ylabel() == label

@@ -214,9 +214,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
         eta = status.get("eta_seconds")
         if not rate and done > counted:  # the file's rate is from before these
             rate = None
-        elif isinstance(rate, (int, float)) and rate > 0 and total:  # what is left by the journal, fresher than
-            left = max(0, total - done - failed)  # the file's count (a refresh every few seconds)
-            eta = left / rate if left else None
+        elif isinstance(rate, (int, float)) and rate > 0 and isinstance(status.get("items_remaining"), int):
+            eta = _eta(status, journal, rate)
         until = "no ETA (stopping)" if state == "stopping" else f"ETA {format_seconds(eta)}"
         lines.append(f"rate     {_number(rate, ' items/s', 3)}, {until}; "
                      f"started {_when(status.get('started'))}, {format_seconds(elapsed)} ago")
@@ -253,6 +252,17 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     if state in FINAL_STATES and ResultsLayout(results).report.exists():
         lines.append(f"report   {ResultsLayout(results).report}")
     return "\n".join(lines + _journal_problem(journal)) + "\n"
+
+
+def _eta(status: dict, journal: JournalReader, rate: float) -> Optional[float]:
+    """The time left at the file's rate for what is left by the journal, which is up to a refresh
+    ahead of the file: its count less what this run's journal lines resolved since (at 26 of 30 done
+    by the journal, the file's "ETA 6s" was from when it counted 12). Both count this run only (a
+    resume runs some journaled items again, a refit after retried fits: not left by the whole journal)."""
+    ahead = max(0, len(journal.done_this_run) - int(status.get("items_this_run") or 0)) \
+        + max(0, len(journal.failed) - int(status.get("items_failed") or 0))
+    left = max(0, int(status["items_remaining"]) - ahead)
+    return left / rate if left else None
 
 
 def _moved(results: Path, status: dict) -> Optional[str]:
@@ -326,15 +336,18 @@ def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str,
     workers = status.get("workers") or []
     if not workers:
         return []
+    updated = float(status.get("updated") or 0)
     busy = sum(1 for w in workers if w.get("state") == "running")
     lines = [f"workers  {len(workers)}, {busy} running an item"]
     width = max(len(w.get("worker", "")) for w in workers)
     for w in workers:
         where = f"{w.get('worker', '?'):<{width}}  {w.get('host', '?')}"
         tally = tallies.get(w.get("worker", ""))
-        # "starting" in a file older than the worker's first results (a follower's snapshot comes with
-        # the next refresh): busy, as the journal says
-        started = w.get("state") == "starting" and tally is not None and tally.last_end is not None
+        # "starting" in a file older than the worker's results (a follower's snapshot comes with the
+        # next refresh): busy, as the journal says; not one whose results are older than the file (a
+        # worker started again after a crash keeps its name)
+        started = (w.get("state") == "starting" and tally is not None and tally.last_end is not None
+                   and tally.last_end > updated)
         if (w.get("state") == "running" and w.get("key") in resolved) or started:
             # busy: an item ended since the file's last refresh (else the worker may have had no more)
             if tally is None or tally.last_end is None or (now - tally.last_end > every and not started):

@@ -607,7 +607,8 @@ def test_a_worker_the_file_shows_starting_but_the_journal_shows_busy_is_busy_wit
     workers = [{"worker": "rank1-cpu0", "host": "n1", "state": "starting"},
                {"worker": "rank1-cpu1", "host": "n1", "state": "starting"}]
     state = {"app": "toy", "state": "running", "every": 5.0, "updated": now - 4.0, "started": now - 9.0,
-             "items_total": 30, "items_done": 12, "rate_per_second": 3.0, "eta_seconds": 6.0, "workers": workers}
+             "items_total": 30, "items_done": 12, "items_this_run": 12, "items_failed": 0, "items_remaining": 18,
+             "rate_per_second": 3.0, "eta_seconds": 6.0, "workers": workers}
     lines = [json.dumps({"type": "header"}), json.dumps({"type": "start", "time": now - 9.0})]
     lines += [json.dumps({"type": "result", "key": f"item-{i:04d}", "worker": "rank1-cpu0", "seconds": 0.3,
                           "end": now - 8.0 + 0.3 * i}) for i in range(26)]
@@ -618,6 +619,19 @@ def test_a_worker_the_file_shows_starting_but_the_journal_shows_busy_is_busy_wit
     assert "rate     3.000 items/s, ETA 1s;" in text, text  # 4 left at 3 items/s
     assert "rank1-cpu0  n1  busy: 26 done in this run, 0.3s each, the last ended 0.5s ago" in text, text
     assert "rank1-cpu1  n1  starting" in text, text  # nothing of its own in the journal
+    # a worker started again (after a crash: the same name) in a fresh file, its results older than it
+    fresh = {**state, "updated": now - 0.2, "workers": [{"worker": "rank1-cpu0", "host": "n1", "state": "starting"}]}
+    assert "rank1-cpu0  n1  starting" in describe(tmp_path, fresh, JournalReader(journal_file).update(), now)
+    # a resume that runs a journaled item again (a refit after retried fits): the earlier run's result
+    # leaves it to run; what is left is counted in this run, as the file counts it
+    lines = [json.dumps({"type": "header"}), json.dumps({"type": "result", "key": "refit", "end": now - 500})]
+    lines += [json.dumps({"type": "start", "time": now - 60})]
+    lines += [json.dumps({"type": "result", "key": f"fit-{i}", "worker": "rank0-cpu0", "seconds": 1.0, "end": now - 50 + i})
+              for i in range(4)]
+    journal_file.write_text("\n".join(lines) + "\n")
+    rerun = {**state, "items_total": 5, "items_done": 4, "items_this_run": 4, "items_remaining": 1,
+             "rate_per_second": 0.01, "eta_seconds": 100.0, "workers": []}
+    assert "ETA 1m40s;" in describe(tmp_path, rerun, JournalReader(journal_file).update(), now)
 
 
 def test_an_item_the_journal_resolved_is_not_shown_running_and_a_stopping_job_has_no_eta(tmp_path):
@@ -628,8 +642,8 @@ def test_an_item_the_journal_resolved_is_not_shown_running_and_a_stopping_job_ha
     worker = {"worker": "rank0-cpu0", "host": "vm", "state": "running", "key": "x=3", "since": now - 6.0}
     other = {"worker": "rank0-cpu1", "host": "vm", "state": "running", "key": "x=4", "since": now - 1.0}
     state = {"app": "sweep", "state": "running", "every": 5.0, "updated": now - 4.0, "started": now - 20.0,
-             "items_total": 10, "items_done": 2, "rate_per_second": 0.5, "eta_seconds": 16.0,
-             "workers": [worker, other]}
+             "items_total": 10, "items_done": 2, "items_this_run": 2, "items_failed": 0, "items_remaining": 8,
+             "rate_per_second": 0.5, "eta_seconds": 16.0, "workers": [worker, other]}
     journal_file = tmp_path / "journal.jsonl"
     journal_file.write_text(json.dumps({"type": "header"}) + "\n"
                             + json.dumps({"type": "failed", "key": "x=3", "error": "ValueError: no"}) + "\n")

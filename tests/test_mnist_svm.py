@@ -377,7 +377,7 @@ def test_a_heatmap_cell_of_fewer_folds_than_the_title_says_is_marked(tmp_path, m
         assert texts == [] and len(ax.patches) == 1 and ax.patches[0].get_hatch() == "///"
 
 
-@pytest.mark.parametrize("n_tuning", [4, 24])
+@pytest.mark.parametrize("n_tuning", [1, 2, 4, 7, 8, 9, 24])
 def test_the_heatmaps_ticks_sit_on_its_cells_and_name_their_values(tmp_path, monkeypatch, n_tuning):
     """The axes were log10 C and log10 gamma with ticks at whole numbers, which fell between the rows
     of a 4-point grid (log10 gamma -4.67 read as 1e-5, where the box plots say gamma = 2.15e-05).
@@ -402,3 +402,11 @@ def test_the_heatmaps_ticks_sit_on_its_cells_and_name_their_values(tmp_path, mon
     if n_tuning == 4:
         assert [label.get_text() for label in ax.get_yticklabels()] == ["1e-06", "2.15e-05", "0.000464", "0.01"]
         assert [label.get_text() for label in ax.get_xticklabels()] == ["0.001", "1", "1e+03", "1e+06"]
+    # drawn, no two labels of an axis run into each other (8 values side by side did: "1392.68e+05.18e+04e+06")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(drawn[0]).draw()
+    renderer = drawn[0].canvas.get_renderer()
+    for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+        boxes = [label.get_window_extent(renderer) for label in labels if label.get_text()]
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), [label.get_text() for label in labels]

@@ -250,8 +250,10 @@ class MnistSvm(App):
             lines.append("")
         lines += ["![mean validation error over the grid](validation_heatmap.png)", "",
                   "![fold errors over C, one panel per gamma](validation_boxplots.png)", ""]
-        lines += ["Files: `validation_error.npy` (folds x gamma x C), `fits.csv` (one row per fit; the fits of one "
-                  "gamma and fold run together, and each row's `seconds` is an even share of their time), "
+        # scikit-learn's fits of one gamma and fold run together on one kernel (cuML's each on its own)
+        shared = ("; the fits of one gamma and fold run together, and each row's `seconds` is an even share of their "
+                  "time" if not self.use_cuml else "")
+        lines += [f"Files: `validation_error.npy` (folds x gamma x C), `fits.csv` (one row per fit{shared}), "
                   "`validation_heatmap.png`/`.svg`/`.pdf`, `validation_boxplots.png`/`.svg`/`.pdf`, and the "
                   f"reference's figure per gamma `{PER_GAMMA_FOLDER}/validation_error_<i>.png`/`.pdf` "
                   f"(i = 0 for gamma {self.grid.gamma_values[0]:.3g} to {summary['n_tuning'] - 1} for "

@@ -44,6 +44,9 @@ def test_the_gpu_branch_runs_end_to_end_and_equals_the_cpu_branch(cpu_and_gpu):
     with open(folder / "gpu" / "fits.csv") as handle:
         fits = list(csv.DictReader(handle))
     assert len(fits) == 3 * 3 * 5 and {fit["device"] for fit in fits} == {"gpu0"}
+    # cuML fits each (C, gamma, fold) on its own: its rows' seconds are their own, not a group's share
+    share = "each row's `seconds` is an even share of their time"
+    assert share in (folder / "cpu" / "summary.md").read_text() and share not in (folder / "gpu" / "summary.md").read_text()
     errors = {kind: np.load(folder / kind / "validation_error.npy") for kind in runs}
     fold_rows = 600 // 5  # another solver on the "GPU" (libsvm's own kernel): a point on the margin may flip
     flips = np.abs(errors["gpu"] - errors["cpu"]) * fold_rows

@@ -51,8 +51,9 @@ def test_one_by_one_and_two_ranks_by_two_workers_give_identical_results(tmp_path
     for name in ("summary.md", "timeline.png", "timeline.svg", "logs/rank0-cpu0.log", "logs/rank1-cpu1.log"):
         assert (tmp_path / "many" / name).exists(), name
     assert (tmp_path / "many" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # two ranks on one host, each with a cpu0 and a cpu1: told apart by their ranks
-    placement = ", ".join(f"rank {r} on {layout[r]['host']} [cpu0, cpu1]" for r in (0, 1))
+    # two ranks on one host, each with a cpu0 and a cpu1 (slots, not cores): told apart by their ranks,
+    # with the threads each worker has (a CPU fit's last bits follow them)
+    placement = ", ".join(f"rank {r} on {layout[r]['host']} [cpu0, cpu1; 1 thread each]" for r in (0, 1))
     assert f"- ranks: 2; workers: {placement}\n" in (tmp_path / "many" / "summary.md").read_text()
     assert f"toy: 30 items (0 already in the journal) on 2 ranks, 4 workers: {placement}" in many.stderr, many.stderr
 

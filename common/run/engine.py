@@ -1067,8 +1067,14 @@ def _journaled(path: Path, items: list) -> Optional[int]:
 
 
 def _placement(layout: List[Dict[str, Any]]) -> str:
-    """Each rank's host and devices, named by its rank: two ranks on one host both have a cpu0."""
-    return ", ".join(f"rank {entry['rank']} on {entry['host']} [{', '.join(entry['devices'])}]" for entry in layout)
+    """Each rank's host, its workers' devices and their threads: two ranks on one host both have a
+    cpu0 (a worker's slot, not a core), and the thread count is what a CPU fit's last bits follow."""
+    def threads(entry: Dict[str, Any]) -> str:
+        count = entry.get("threads")
+        return f"; {counted(count, 'thread')} each" if isinstance(count, int) else ""
+
+    return ", ".join(f"rank {entry['rank']} on {entry['host']} [{', '.join(entry['devices'])}{threads(entry)}]"
+                     for entry in layout)
 
 
 def _closing(line: str) -> None:

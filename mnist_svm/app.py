@@ -199,7 +199,7 @@ class MnistSvm(App):
         summary["per_gamma_figures"] = plot_boxplots_per_gamma(grid, table, folder)
         refit = results.get(REFIT_KEY) or {}
         summary.update({"best_C": best["C"], "best_gamma": best["gamma"], "cv_error": best["cv_error"],
-                        "cv_folds": best["cv_folds"],
+                        "cv_folds": best["cv_folds"], "best_tied_with": best["tied_with"],
                         "cv_error_std": float(np.nanstd(table[:, best["i_gamma"], best["i_C"]])),
                         "test_error": refit.get("test_error"), "confusion_matrix": refit.get("confusion_matrix"),
                         "n_support": refit.get("n_support"), "n_train": refit.get("n_train"),
@@ -236,6 +236,7 @@ class MnistSvm(App):
                  f"({summary['fits_done']} of {summary['fits_total']} fits done) |",
                  f"| best C | {summary['best_C']:.4g} |",
                  f"| best gamma | {summary['best_gamma']:.4g} |",
+                 *_ties_row(summary.get("best_tied_with") or []),
                  f"| cross-validation error | {pct(summary['cv_error'])} (std over folds {pct(summary.get('cv_error_std'))}"
                  + (f"; only {summary['cv_folds']} of {summary['folds']} folds finished"
                     if summary.get("cv_folds", summary["folds"]) < summary["folds"] else "") + ") |",
@@ -312,6 +313,20 @@ class MnistSvm(App):
         truth = backend.truth["train"][validation]
         return {"error": float(np.mean(predicted != truth)), "n_support": backend.n_support(model),
                 "backend": backend.name}
+
+
+#: the tied pairs summary.md names (the rest are counted; summary.json has them all)
+MAX_TIES_SHOWN = 5
+
+
+def _ties_row(tied: List[Mapping[str, float]]) -> List[str]:
+    """summary.md's row for the other pairs at the best's cross-validation error: the first in
+    (gamma, C) order was refitted, as the reference's argmin takes it."""
+    if not tied:
+        return []
+    named = ", ".join(f"C {pair['C']:.4g} gamma {pair['gamma']:.4g}" for pair in tied[:MAX_TIES_SHOWN])
+    more = f" and {len(tied) - MAX_TIES_SHOWN} more" if len(tied) > MAX_TIES_SHOWN else ""
+    return [f"| tied with it (the first was refitted) | {named}{more} |"]
 
 
 def _check_confusion_matrix(matrix: List[Any], n_test: int) -> None:

@@ -98,7 +98,8 @@ def best_point(grid: Grid, table: np.ndarray) -> Dict[str, float]:
 
     A pair with every fold done beats one that looks better on fewer folds (1 lucky fold of 5 at
     0 % error is no evidence); only when no pair has all folds do the ones with the most count.
-    Ties go to the first in (gamma, C) order, so the choice is the same on every run.
+    Ties go to the first in (gamma, C) order, so the choice is the same on every run; the others
+    are ``tied_with``.
     """
     counts = np.sum(~np.isnan(table), axis=0)
     most = int(counts.max()) if counts.size else 0
@@ -106,6 +107,10 @@ def best_point(grid: Grid, table: np.ndarray) -> Dict[str, float]:
         raise RuntimeError("no (C, gamma) pair has a finished fit to choose from")
     mean = np.where(counts == most, fold_mean(table), np.nan)
     i_gamma, i_c = np.unravel_index(int(np.nanargmin(mean)), mean.shape)
+    # the other pairs at the same error (errors are counts of images over a fold's size: ties are common)
+    tied = [(int(g), int(c)) for g, c in zip(*np.nonzero(np.isclose(mean, mean[i_gamma, i_c], rtol=1e-12, atol=1e-15)))
+            if (g, c) != (i_gamma, i_c)]
     return {"C": float(grid.c_values[i_c]), "gamma": float(grid.gamma_values[i_gamma]),
             "i_C": int(i_c), "i_gamma": int(i_gamma), "cv_error": float(mean[i_gamma, i_c]),
-            "cv_folds": most}
+            "cv_folds": most,
+            "tied_with": [{"C": float(grid.c_values[c]), "gamma": float(grid.gamma_values[g])} for g, c in tied]}

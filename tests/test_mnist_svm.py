@@ -291,6 +291,26 @@ def test_best_point_prefers_pairs_with_every_fold_done(recwarn):
     assert not [w for w in recwarn if "empty slice" in str(w.message)]  # the pair (1, 0) has no fold at all
 
 
+def test_pairs_tied_with_the_best_are_named_in_the_summary():
+    """The demo's best C 1000 had the same error (the same fold errors) as C 1e6 at its gamma, and
+    summary.md named one best: the others are named now, the first in (gamma, C) order refitted."""
+    grid = Grid(3, 2)
+    table = np.full((2, 3, 3), 0.3)
+    table[:, 1, 2] = table[:, 1, 0] = table[:, 2, 1] = [0.1, 0.2]  # three pairs at 15 %
+    table[:, 0, 1] = [0.2, 0.1]  # the same mean from other folds: tied too
+    best = best_point(grid, table)
+    assert (best["i_gamma"], best["i_C"]) == (0, 1)  # the first in (gamma, C) order
+    assert best["tied_with"] == [{"C": grid.c_values[c], "gamma": grid.gamma_values[g]} for g, c in ((1, 0), (1, 2), (2, 1))]
+    app = MnistSvm(Namespace(n_tuning=3, folds=2))
+    summary = {"dataset": "digits", "n_tuning": 3, "folds": 2, "fits_done": 18, "fits_total": 18, "best_C": best["C"],
+               "best_gamma": best["gamma"], "best_tied_with": best["tied_with"], "cv_error": 0.15, "cv_folds": 2,
+               "cv_error_std": 0.05, "test_error": 0.1}
+    row = next(line for line in app.summary_markdown(summary).splitlines() if line.startswith("| tied with it"))
+    assert row == "| tied with it (the first was refitted) | C 0.001 gamma 0.0001, C 1e+06 gamma 0.0001, C 31.62 gamma 0.01 |"
+    alone = {**summary, "best_tied_with": []}
+    assert "tied" not in app.summary_markdown(alone)
+
+
 def test_fits_of_one_gamma_and_fold_share_their_kernel_and_get_the_same_results():
     """On scikit-learn workers the fits of one (gamma, fold) are a group: one training kernel for
     every C, and the results of each fit alone, to the bit."""

@@ -210,3 +210,8 @@ def raises_mostly(params, seed):
     if params["lr"] == 1.0 and seed % 2:
         raise FloatingPointError("the loss diverged")
     return {"loss": 0.01 if params["lr"] == 1.0 else 0.5 + params["lr"]}
+
+
+def square(params):
+    """x squared: x and -x tie."""
+    return {"loss": float(params["x"]) ** 2}

@@ -379,6 +379,23 @@ def test_a_point_some_of_whose_repeats_diverged_ranks_after_those_whose_all_ran(
         assert headline({"metric": "loss", "best": [top]}) == [f"best loss: 0.01 ({said} that returned a finite value) "
                                                                 f"at lr=1.0"]
 
+
+def test_points_tied_with_the_best_are_counted_beside_it(tmp_path):
+    """The demo's sweep named C=10 best, at the same mean as C=100 and C=1000: the line now says how
+    many other points tie with it (the first in the space's order is the one named)."""
+    from common.sweep.report import headline
+
+    top = {"params": {"C": 10}, "mean": 0.0267, "n": 1, "repeats": 1}
+    assert headline({"metric": "error", "best": [top], "best_ties": 2}) == [
+        "best error: 0.0267 at C=10 (2 other points tie with it: the first in the space's order is named)"]
+    assert headline({"metric": "error", "best": [top], "best_ties": 0}) == ["best error: 0.0267 at C=10"]
+    grid = write_json(tmp_path / "grid.json", {"x": [3, 1, -1, -3]})
+    ran = sweep("sweep_functions:square", tmp_path / "r", "--grid", str(grid), "--minimise", "loss")
+    assert ran.returncode == 0, ran.stderr
+    assert read_summary(tmp_path / "r")["sweep"]["best_ties"] == 1  # x=1 and x=-1
+    assert ran.stdout.splitlines()[-1].endswith(" at x=1 (1 other point ties with it: the first in the space's order is "
+                                                "named)"), ran.stdout
+
 class _Tables(HTMLParser):
     """The cells' text of every table in an HTML page: [[[cell, ...], ...], ...]."""
 
@@ -426,8 +443,10 @@ def test_values_and_errors_with_markdowns_characters_stay_in_their_cells(tmp_pat
     markdown = (tmp_path / "r" / "summary.md").read_text()
     assert "| 1 | a\\|b | 3 |  | 1 |" in markdown, markdown
     # the answer under the title: the user's text escaped, and a failed run's said to be of what finished
-    assert markdown.splitlines()[2] == "**best loss: 3.0 at kind=a\\|b** (of the items that finished: 1 item failed)"
-    assert "<strong>best loss: 3.0 at kind=a|b</strong> (of the items that finished: 1 item failed)" in page
+    # (a|b and `t` are both 3 long: a tie)
+    tie = " (1 other point ties with it: the first in the space's order is named)"
+    assert markdown.splitlines()[2] == f"**best loss: 3.0 at kind=a\\|b{tie}** (of the items that finished: 1 item failed)"
+    assert f"<strong>best loss: 3.0 at kind=a|b{tie}</strong> (of the items that finished: 1 item failed)" in page
 
 def test_what_a_users_code_does_to_its_worker_fails_only_its_item_in_one_line(tmp_path):
     """sys.exit, an exception whose message cannot be made: each fails its item and the worker goes

@@ -330,6 +330,8 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         if unranked:
             sweep["unranked"] = len(unranked)
     sweep["best"] = ranked[:BEST_ROWS]
+    if ranked:  # points at the best's mean (and as many repeats): the first in item order is named best
+        sweep["best_ties"] = sum(1 for entry in ranked[1:] if (entry["n"], entry["mean"]) == (ranked[0]["n"], ranked[0]["mean"]))
     _remove_figure(folder)  # an earlier run's, of its metric
     if ranked:
         try:
@@ -530,4 +532,7 @@ def best_line(sweep: Mapping[str, Any]) -> Optional[str]:
                    else f" (the one of {top['repeats']} repeats that returned a finite value)")
     else:
         repeats = f" (mean of {top['n']} repeats)" if top["n"] > 1 else ""
-    return f"best {sweep['metric']}: {top['mean']!r}{repeats} at {_params_text(top['params'])}"
+    ties = sweep.get("best_ties") or 0
+    tied = (f" ({counted(ties, 'other point')} {'ties' if ties == 1 else 'tie'} with it: the first in the space's "
+            f"order is named)" if ties else "")
+    return f"best {sweep['metric']}: {top['mean']!r}{repeats} at {_params_text(top['params'])}{tied}"

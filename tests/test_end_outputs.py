@@ -173,6 +173,10 @@ def test_failed_items_say_how_to_run_them_again_and_a_resume_says_what_it_ran(tm
     shown = subprocess.run([sys.executable, "-m", "common.status", str(results)], cwd=REPO, capture_output=True, text=True,
                            timeout=60)
     assert shown.returncode == 1 and f"\nretry    the failed items with the same launcher and: {command}\n" in shown.stdout
+    # the same failure again on a resume: the earlier run's items are among those done, not the failed
+    still = run(args + ["--fail-key", "item-0001", "--retries", "0", "--resume"])
+    assert still.returncode == 1 and "toy: failed: 5 of 6 items done (5 from an earlier run), 1 failed, in " \
+        in still.stderr, still.stderr
     resumed = run(args + ["--resume", "--spawn-markers", str(tmp_path / "spawned-first")])
     assert resumed.returncode == 0, resumed.stderr
     assert "toy: complete: 6 of 6 items (5 from an earlier run) in " in resumed.stderr, resumed.stderr

@@ -966,10 +966,10 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         for line in headline:
             print(line)
         sys.stdout.flush()
-    counts = f"{len(records)} of {len(items)} items" + (f" done, {len(failed)} failed" if failed else "")
-    earlier = f" ({len(resumed)} from an earlier run)" if resumed else ""
+    earlier = f" ({len(resumed)} from an earlier run)" if resumed else ""  # of those done, not of the failed
+    counts = f"{len(records)} of {len(items)} items" + (f" done{earlier}, {len(failed)} failed" if failed else earlier)
     outputs = f", the outputs {summary['outputs_seconds']:.1f} s more" if summary.get("outputs_seconds") else ""
-    _closing(f"{app.name}: {summary['status']}: {counts}{earlier}{',' if failed else ''} in "
+    _closing(f"{app.name}: {summary['status']}: {counts}{',' if failed else ''} in "
              f"{summary['wall_seconds']:.1f} s{outputs}; results in {results}/ (summary.md)")
     if failed:
         _closing(f"{app.name}: run the failed items again with the same launcher and: {summary['retry_command']}")

@@ -212,6 +212,12 @@ def test_stop_after_failures_stops_handing_out_items_once_that_many_failed_for_g
     assert len(sim.ran()) < 3 * 2 + 6 * 2  # the 3 failures' attempts, and at most two rounds of the 6 workers besides
     entries = sim.journal_entries()
     assert [e["why"] for e in entries if e["type"] == "stop"] == [sim.leader.stopping]
+    # the timeline draws the attempts the stop ended (dropped, run on --resume) as stopped, not failed:
+    # red bars beside "0 failed" read as failures (a pipeline stopped by Ctrl-C)
+    bars = [bar for bar in sim.leader.timeline_bars() if not bar["ok"]]
+    failed_attempts = [e for e in entries if e["type"] == "attempt_failed"]
+    assert sum(bar["why"] == "failed" for bar in bars) == len(failed_attempts)
+    assert sum(bar["why"] == "stopped" for bar in bars) == len(bars) - len(failed_attempts) > 0
 
 
 def test_a_signal_ends_the_wait_of_a_stop_after_failures_at_once(tmp_path):

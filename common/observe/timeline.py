@@ -1,5 +1,6 @@
 """timeline.png/svg: one row per worker of every rank, one bar per item, failures marked (items that
-timed out and workers killed for their silence in their own colours).
+timed out and workers killed for their silence in their own colours; attempts a stop of the run
+ended, which run again on --resume, in grey).
 
 :class:`TimelineDrawer` draws it in a process of its own, started with the run (``python -m
 common.observe.timeline`` is that process)."""
@@ -21,8 +22,9 @@ from common.results.layout import worker_rank_and_device
 from common.signals import DRAWER_IGNORED_SIGNALS, signals_blocked
 
 #: bar colour by outcome: ``ok``, else the bar's ``why`` (common.messages.Failed.kind)
-COLOURS = {"ok": "tab:blue", "failed": "tab:red", "timeout": "tab:orange", "silent": "tab:purple"}
-LABELS = {"failed": "failed (red)", "timeout": "timed out (orange)", "silent": "worker silent, killed (purple)"}
+COLOURS = {"ok": "tab:blue", "failed": "tab:red", "timeout": "tab:orange", "silent": "tab:purple", "stopped": "tab:gray"}
+LABELS = {"failed": "failed (red)", "timeout": "timed out (orange)", "silent": "worker silent, killed (purple)",
+          "stopped": "ended by the run's stop (grey)"}
 
 
 def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:

@@ -341,10 +341,12 @@ class Leader:
         record, error, text = failed.record, failed.error, failed.traceback
         key, worker = record.key, record.worker
         self.holding.get(record.rank, set()).discard(key)
+        # killed by the stop itself, or its output found no space (the run stops on it): it runs again on
+        # --resume, and is not a failure (summary.md counts none; the timeline draws it as stopped, not failed)
+        stopped = bool(self.stopping) or self.write_failures.item_error(failed.errno, failed.path, key, worker)
         self.bars.append({"worker": worker, "start": record.start, "end": record.end, "ok": False,
-                          "why": failed.kind})
-        if self.stopping or self.write_failures.item_error(failed.errno, failed.path, key, worker):
-            # killed by the stop itself, or its output found no space (the run stops on it): it runs again on --resume
+                          "why": "stopped" if stopped else failed.kind})
+        if stopped:
             self.scheduler.dropped(key)
             return
         self.journal.add_event(Kind.ATTEMPT_FAILED, key=key, error=error, traceback=text, worker=worker,

@@ -403,3 +403,28 @@ def test_env_values_expand_whole_variable_names_once():
         "$PIPELINE_NAMES|p9S|$PIPELINE_SHARED_BACKUP|/r/p9/shared/x")
     assert expand("$HOME ${USER} $$ $1 $PIPELINE_RUN_ID", variables) == "$HOME ${USER} $$ $1 $PIPELINE_NAME"
     assert expand("cost-${PIPELINE_NAME}-$PIPELINE_NAME.", variables) == "cost-p9-p9."
+
+
+def test_the_summary_table_says_why_a_step_was_skipped_and_which_were_not_reached():
+    """A review of the runner's outputs: a skipped step read "skipped" beside "cleanup ok", its reason
+    only in its status.json; a stopped pipeline's steps never reached read "-", which the docs call
+    "not reached" and summary.json "missing". A pipeline not started keeps "-" in each cell."""
+    from common.pipeline.report import pipelines_table
+
+    long_reason = "condition prev.error: the previous step did not fail, and " + "x" * 80
+    table = pipelines_table({
+        "p-a": {"status": "failed", "steps": {"train": {"status": "failed", "seconds": 1.0},
+                                              "evaluate": {"status": "skipped", "reason": "an earlier step failed"},
+                                              "report": {"status": "skipped", "reason": long_reason}}},
+        "p-b": {"status": "stopped", "steps": {"train": {"status": "ok", "seconds": 2.0},
+                                               "evaluate": {"status": "missing"}, "report": {"status": "missing"}}},
+        "p-c": {"status": "not started", "steps": {"train": {"status": "missing"}, "evaluate": {"status": "missing"},
+                                                   "report": {"status": "missing"}}}})
+    rows = table.splitlines()[2:]
+    assert rows[0].startswith("| p-a | failed | FAILED 1.0 s | skipped: an earlier step failed | skipped: condition "
+                              "prev.error: the previous step did not fail"), rows[0]
+    assert rows[0].endswith("... |") and len(rows[0].split(" | ")[-1]) <= len("skipped: ") + 60 + 2, rows[0]
+    assert rows[1] == "| p-b | stopped | ok 2.0 s | not reached | not reached |"
+    assert rows[2] == "| p-c | not started | - | - | - |"
+    piped = pipelines_table({"p": {"status": "failed", "steps": {"s": {"status": "skipped", "reason": "a | b"}}}})
+    assert piped.splitlines()[2] == "| p | failed | skipped: a \\| b |"

@@ -25,10 +25,23 @@ def statuses_on_disk(layout: RunLayout, pipeline: Pipeline) -> Dict[str, Dict[st
     return found
 
 
-def _cell(status: Mapping[str, Any]) -> str:
+#: how long a skipped step's reason may be in the table (summary.json and its status.json hold it whole)
+SKIP_REASON_CHARS = 60
+
+
+def _cell(status: Mapping[str, Any], started: bool = True) -> str:
+    """A step's cell; ``started``: its pipeline began, so a step without a record was not reached
+    (a stop came first), where a pipeline not started shows "-" for each."""
     mark = STATUS_MARK.get(status.get("status", "missing"), str(status.get("status")))
-    if status.get("status") in (None, "missing", "skipped"):
-        return mark
+    if status.get("status") in (None, "missing"):
+        return "not reached" if started else mark
+    if status.get("status") == "skipped":  # why, as its status.json says (a bare "skipped" needed that file)
+        reason = status.get("reason")
+        if not isinstance(reason, str) or not reason:
+            return mark
+        reason = " ".join(reason.split())
+        cut = reason if len(reason) <= SKIP_REASON_CHARS else reason[:SKIP_REASON_CHARS - 3].rstrip() + "..."
+        return f"skipped: {markdown_cell(cut)}"
     parts = [mark]
     if status.get("attempts", 1) > 1:
         parts.append(f"x{status['attempts']}")
@@ -49,7 +62,9 @@ def pipelines_table(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     lines = [_row(["pipeline", "status", *map(markdown_cell, columns)]), "|---" * (len(columns) + 2) + "|"]
     for run_id, run in pipelines.items():
         steps = run.get("steps", {})
-        lines.append(_row([markdown_cell(run_id), str(run.get("status", "?")), *[_cell(steps[c]) if c in steps else "" for c in columns]]))
+        started = run.get("status") != "not started"
+        lines.append(_row([markdown_cell(run_id), str(run.get("status", "?")),
+                           *[_cell(steps[c], started) if c in steps else "" for c in columns]]))
     return "\n".join(lines)
 
 

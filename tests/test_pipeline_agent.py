@@ -427,6 +427,13 @@ def test_an_evaluation_failed_in_a_pipeline_that_went_on_is_named_with_its_resum
     one = {"ml": pipelines["ml"]}
     assert report.headline(one)[1].endswith("the same command with --resume ml/evaluate")
     assert "add `--resume ml/evaluate` (that step and those after it)" in report.summary_markdown(one)
+    # a pipeline that failed later, unhandled, at report (its progress.json's resume_at): the failure
+    # handled before it is named; one without that record (its worker killed) names none
+    failed_later = {"ml": {"status": "failed", "resume_at": "report", "steps": {
+        "train": {"status": "ok"}, "evaluate": {"status": "failed"}, "report": {"status": "failed"}}}}
+    assert report.handled_failures(failed_later) == ["ml/evaluate"]
+    del failed_later["ml"]["resume_at"]
+    assert report.handled_failures(failed_later) == []
     ok = {"ml": {"status": "ok", "steps": {"evaluate": {"status": "ok", "seconds": 1.0}}}}
     assert report.headline(ok) == [] and report.answer(ok) == "1 pipeline: 1 ok"
     assert "along the way" not in report.summary_markdown(ok)

@@ -469,3 +469,23 @@ def test_a_retry_that_fails_before_its_walk_begins_is_told_by_its_own_error(tmp_
     failed = read_summary(results)["pipelines"]["p"]
     assert failed["status"] == "failed", failed
     assert failed["reason"].startswith("FileExistsError: ") and "shared" in failed["reason"], failed
+
+
+def test_a_failure_handled_before_the_one_a_pipeline_failed_at_is_named_with_its_resume(tmp_path):
+    """The shipped example with its evaluation failing: evaluate goes on to report (on_fail), which
+    fails for it, and summary.md gave only report's error, while a plain --resume goes on at report
+    and fails the same way. The handled failure before it is named, with the --resume that runs it."""
+    definition = write_json(tmp_path / "ml.json", {"name": "ml", "steps": [
+        {"id": "train", "command": "true"},
+        {"id": "evaluate", "command": "echo checkpoint corrupt >&2; exit 1", "on_fail": "report"},
+        {"id": "report", "command": "echo evaluation failed >&2; exit 1"}]})
+    results = tmp_path / "results"
+    failed = pipeline_cli(definition, results)
+    assert failed.returncode == 1, failed.stderr
+    runs = read_summary(results)["pipelines"]
+    assert runs["ml"]["status"] == "failed" and runs["ml"]["resume_at"] == "report", runs
+    markdown = (results / "summary.md").read_text()
+    assert "failed along the way (their pipeline went on): ml/evaluate" in markdown, markdown
+    assert "add `--resume ml/evaluate` (that step and those after it)" in markdown, markdown
+    again = pipeline_cli(definition, results, "--resume", "ml/evaluate", "--dry-run")
+    assert again.returncode == 0 and "evaluate" in again.stdout, again.stdout + again.stderr

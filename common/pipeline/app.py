@@ -357,6 +357,9 @@ class PipelineApp(App):
                     summary = {"run_id": run_id, "status": "stopped", "reason": "", "steps": steps}
                 else:
                     summary = {"run_id": run_id, "status": "failed", "reason": error, "steps": steps}
+                    at = progress.get("resume_at")
+                    if fresh and isinstance(at, str) and at in steps:  # its first unhandled failure: where a
+                        summary["resume_at"] = at  # plain --resume goes on (failures handled before it it skips)
                 spent = progress.get("spent")  # what its steps reported, as a finished run's summary says it
                 if finite_number(spent):
                     summary.update(cost=spent, budget=pipeline.budget)

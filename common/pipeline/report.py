@@ -84,8 +84,15 @@ def handled_failures(pipelines: Mapping[str, Mapping[str, Any]]) -> List[str]:
         steps = run.get("steps", {})
         resumed_now = any(not status.get("previous_run") for status in steps.values())
         if run.get("status") == "ok":
-            named += [f"{run_id}/{step}" for step, status in steps.items() if status.get("status") in ("failed", "timeout")
-                      and not (resumed_now and status.get("previous_run"))]
+            before = list(steps)
+        elif run.get("status") == "failed" and run.get("resume_at") in steps:
+            # failed later, unhandled: a plain --resume goes on at that step, past the ones handled before it
+            # (the example's evaluate failed, went on to report, which failed for it: evaluate is what to run)
+            before = list(steps)[:list(steps).index(run["resume_at"])]
+        else:
+            continue
+        named += [f"{run_id}/{step}" for step in before if steps[step].get("status") in ("failed", "timeout")
+                  and not (resumed_now and steps[step].get("previous_run"))]
     return named
 
 
@@ -133,9 +140,9 @@ def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     handled = handled_failures(pipelines)
     if handled:
         lines += ["Failed along the way, their pipeline going on through `on_fail`: "
-                  + ", ".join(f"`{step}`" for step in handled) + ". A plain `--resume` does not run a pipeline "
-                  f"that ended ok again; after a fix, add `{_resume_words(handled)}` (that step and those after it) "
-                  "to the command above.", ""]
+                  + ", ".join(f"`{step}`" for step in handled) + ". A plain `--resume` does not run them again (it "
+                  f"runs no pipeline that ended ok, and one that failed later from where it failed); after a fix, add "
+                  f"`{_resume_words(handled)}` (that step and those after it) to the command above.", ""]
     outputs = [(run_id, step, status) for run_id, run in pipelines.items()
                for step, status in run.get("steps", {}).items() if status.get("output")]
     if outputs:

@@ -478,7 +478,7 @@ def test_a_failure_handled_before_the_one_a_pipeline_failed_at_is_named_with_its
     definition = write_json(tmp_path / "ml.json", {"name": "ml", "steps": [
         {"id": "train", "command": "true"},
         {"id": "evaluate", "command": "echo checkpoint corrupt >&2; exit 1", "on_fail": "report"},
-        {"id": "report", "command": "echo evaluation failed >&2; exit 1"}]})
+        {"id": "report", "command": "sleep 1; echo evaluation failed >&2; exit 1"}]})
     results = tmp_path / "results"
     failed = pipeline_cli(definition, results)
     assert failed.returncode == 1, failed.stderr
@@ -487,5 +487,9 @@ def test_a_failure_handled_before_the_one_a_pipeline_failed_at_is_named_with_its
     markdown = (results / "summary.md").read_text()
     assert "failed along the way (their pipeline went on): ml/evaluate" in markdown, markdown
     assert "add `--resume ml/evaluate` (that step and those after it)" in markdown, markdown
+    # the failed pipeline's time, though it gave no result: "item time: 0.0 s" said none ran
+    lost = read_summary(results)["attempt_seconds_without_result"]
+    assert lost >= 1.0, lost
+    assert f"; attempts that failed or were stopped: {lost:.1f} s more\n" in markdown, markdown
     again = pipeline_cli(definition, results, "--resume", "ml/evaluate", "--dry-run")
     assert again.returncode == 0 and "evaluate" in again.stdout, again.stdout + again.stderr

@@ -807,6 +807,9 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     gpu = {worker_name(r["rank"], name): stats for r in reports for name, stats in r["gpu"].items()}
     this_run = list(leader.records.values())
     busy = sum(record.own_seconds for record in this_run)
+    # the attempts that gave no result (failed, timed out, ended by a stop): a group's once, as its bars
+    lost_attempts = {(bar["worker"], bar["start"], bar["end"]) for bar in leader.bars if not bar["ok"]}
+    lost_seconds = sum(max(0.0, end - start) for _, start, end in lost_attempts)
     summary: Dict[str, Any] = {
         "app": app.name,
         "status": {"complete": "complete" if not failed else "failed", "stopped": "stopped"}[outcome],
@@ -823,6 +826,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         "started": datetime.datetime.fromtimestamp(started_at).astimezone().isoformat(timespec="seconds"),
         "wall_seconds": round(ended_at - started_at, 3),
         "item_seconds_total": round(busy, 3),
+        "attempt_seconds_without_result": round(lost_seconds, 3),
         "item_seconds_mean": round(busy / len(this_run), 4) if this_run else None,
         "gpu_usage": gpu,
         "lost_ranks": list(leader.lost.values()),
@@ -1118,7 +1122,9 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
              f"({summary['items_resumed']} from an earlier run), {len(summary['failed_items'])} failed{kept}",
              f"- ranks: {summary['ranks']}; workers: {_placement(summary['workers'])}",
              f"- wall time: {summary['wall_seconds']:.1f} s{this_run}; "
-             f"item time: {summary['item_seconds_total']:.1f} s{this_run}",
+             f"item time: {summary['item_seconds_total']:.1f} s{this_run}"
+             + (f"; attempts that failed or were stopped: {summary['attempt_seconds_without_result']:.1f} s more"
+                if round(summary.get("attempt_seconds_without_result") or 0.0, 1) else ""),
              ""]
     for lost in summary.get("lost_ranks", []):
         lines += [f"- **lost rank {lost['rank']} on {lost['host']}** ({lost['why']}): its "

@@ -16,6 +16,7 @@ import sys
 import termios
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -64,31 +65,32 @@ def test_a_running_job_seen_from_its_results_folder_then_finished(tmp_path, quic
         assert wait_until(lambda: status_file(results).get("state") == "running" and {
             w.get("rank") for w in status_file(results).get("workers", []) if w.get("state") == "running"} >= {0, 1},
             timeout=90), status_file(results)
-        # what the command shows, asked until it too shows a worker of each rank running and every GPU
-        # (it reads the status file a moment later than the wait above, and the file is rewritten after
-        # 0.5, 1, 2 s, then every second; a rank's first snapshots may come before its GPUs' first sample)
+        # what the command shows, asked until it too shows a worker of each rank running (it reads the
+        # status file a moment later than the wait above, and the file is rewritten after 0.5, 1, 2 s,
+        # then every second), and then every GPU (a rank's first snapshots may come before its GPUs'
+        # first sample, a second into the run)
         seen: list = []
 
-        def shows_both_ranks_running() -> bool:
+        def shows(pattern: str, wanted: Callable[[list], bool]) -> bool:
             shown = status(results)
             assert shown.returncode == 0, shown.stderr  # running
             seen.append(shown.stdout)
-            running = re.findall(r"^  (rank\d-gpu\d) .* (item-\d{4}) for (\d+)s", shown.stdout, re.M)
-            gpus = re.findall(r"^  rank\d-gpu\d .* memory \d+/40960 MiB", shown.stdout, re.M)
-            return {worker[:5] for worker, _, _ in running} == {"rank0", "rank1"} and len(gpus) == 4
+            return wanted(re.findall(pattern, shown.stdout, re.M))
 
-        assert wait_until(shows_both_ranks_running, timeout=60, every=0.2), seen[-1:]
+        doing = r"^  (rank\d-gpu\d) .* (item-\d{4}) for (\d+)s"
+        assert wait_until(lambda: shows(doing, lambda running: {w[:5] for w, _, _ in running} == {"rank0", "rank1"}),
+                          timeout=60, every=0.2), seen[-1:]
         text = seen[-1]
         print(text)
         assert text.startswith("toy: running"), text
         assert re.search(r"items +\d+ of 16 done", text), text
         assert "rank 0 on" in text and "rank 1 on" in text
         # each worker's current item and for how long: two GPUs on each rank (they share the four out)
-        running = re.findall(r"^  (rank\d-gpu\d) .* (item-\d{4}) for (\d+)s", text, re.M)
-        assert {worker[:5] for worker, _, _ in running} == {"rank0", "rank1"}, text
+        running = re.findall(doing, text, re.M)
         assert all(int(seconds) < 30 for _, _, seconds in running), text
-        gpus = re.findall(r"^  (rank\d-gpu\d) .* util (\S+) .* memory (\d+)/40960 MiB", text, re.M)
-        assert len(gpus) == 4, text
+        sampled = r"^  (rank\d-gpu\d) .* util (\S+) .* memory (\d+)/40960 MiB"
+        assert wait_until(lambda: shows(sampled, lambda gpus: len(gpus) == 4), timeout=60, every=0.2), seen[-1:]
+        gpus = re.findall(sampled, seen[-1], re.M)
         assert {util for name, util, _ in gpus if name.endswith("gpu1")} == {"n/a"}  # NVML gives none for it
         out, err = job.communicate(timeout=120)
     finally:

@@ -267,6 +267,12 @@ def resumed_note(this_run: int, earlier: int, what: str) -> str:
     return f" (this run's {this_run} of {this_run + earlier} {what}; the rest ran in an earlier one)"
 
 
+def percent(rate: Optional[float]) -> str:
+    """An error rate (a fraction) as an app's summary.md gives it: in %, as its figures do ("2.00 %";
+    a fraction such as 0.0200 beside a figure of 2 % was read as 0.02 %), or "n/a"."""
+    return "n/a" if rate is None else f"{100 * rate:.2f} %"
+
+
 def finite_number(value: Any) -> bool:
     """Whether a value read from JSON (or returned by a user's code) is a finite int or float: not a
     bool, not NaN or an infinity, which JSON cannot hold."""

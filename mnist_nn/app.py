@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields, check_range, resumed_note
+from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields, check_range, percent, resumed_note
 from common.argtypes import at_least
 from common.data import add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
@@ -236,7 +236,7 @@ class MnistNN(App):
                 f"ensemble test error{partial_note(summary)}: {summary['ensemble_test_error']}"]
 
     def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
-        from .report import partial_note, percent
+        from .report import partial_note
 
         if summary.get("ensemble_test_error") is None:
             return None

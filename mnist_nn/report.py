@@ -11,11 +11,11 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
-from common.app import RunInfo
+from common.app import RunInfo, percent  # results.csv and stdout keep the reference's fractions
 from common.data import load_dataset
 from common.errors import counted
 from common.results.layout import (
@@ -168,13 +168,6 @@ def models_text(summary: Mapping[str, Any]) -> str:
     whose = "its refit" if len(without) == 1 else "their refits"
     return (f"{summary['models']} of {summary.get('bootstraps', '?')} (bootstrap{'s' if len(without) > 1 else ''} "
             f"{names} without one: {whose} did not finish)")
-
-
-def percent(error: Optional[float]) -> str:
-    """An error rate in summary.md: in %, as its figure and mnist_svm's summary give it (a fraction
-    such as 0.0200 beside a figure of 2 % was read as 0.02 %); results.csv and stdout keep the
-    reference's fractions."""
-    return "n/a" if error is None else f"{100 * error:.2f} %"
 
 
 def partial_note(summary: Mapping[str, Any]) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from common.app import NUMBER, App, RunInfo, check_fields, check_range, resumed_note
+from common.app import NUMBER, App, RunInfo, check_fields, check_range, percent, resumed_note
 from common.data import Dataset, add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
@@ -176,7 +176,7 @@ class MnistSvm(App):
         if summary.get("best_C") is None or summary.get("test_error") is None:
             return None
         return (f"best C {summary['best_C']:.4g}, gamma {summary['best_gamma']:.4g}: cross-validation error "
-                f"{summary['cv_error'] * 100:.2f} %, test error {summary['test_error'] * 100:.2f} %")
+                f"{percent(summary['cv_error'])}, test error {percent(summary['test_error'])}")
 
     def finish(self, run: RunInfo) -> Dict[str, Any]:
         grid, folder = self.grid, run.results_dir
@@ -227,7 +227,6 @@ class MnistSvm(App):
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         if summary.get("best_C") is None:
             return "## Grid search\n\nNo fit finished, so there is no best (C, gamma).\n"
-        pct = lambda value: "n/a" if value is None else f"{100 * value:.2f} %"  # noqa: E731
         lines = ["## Grid search", "",
                  "| | value |", "|---|---|",
                  f"| data set | {summary['dataset']}"
@@ -237,10 +236,10 @@ class MnistSvm(App):
                  f"| best C | {summary['best_C']:.4g} |",
                  f"| best gamma | {summary['best_gamma']:.4g} |",
                  *_ties_row(summary.get("best_tied_with") or []),
-                 f"| cross-validation error | {pct(summary['cv_error'])} (std over folds {pct(summary.get('cv_error_std'))}"
+                 f"| cross-validation error | {percent(summary['cv_error'])} (std over folds {percent(summary.get('cv_error_std'))}"
                  + (f"; only {summary['cv_folds']} of {summary['folds']} folds finished"
                     if summary.get("cv_folds", summary["folds"]) < summary["folds"] else "") + ") |",
-                 f"| test error (refit on all training images) | {pct(summary.get('test_error'))} |", ""]
+                 f"| test error (refit on all training images) | {percent(summary.get('test_error'))} |", ""]
         matrix = summary.get("confusion_matrix")
         if matrix:
             n = len(matrix)

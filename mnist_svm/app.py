@@ -32,7 +32,6 @@ from common.results.outputs import atomic_write_bytes, atomic_write_text
 
 from .backends import have_cuml, make_backend
 from .grid import REFIT_KEY, Grid, best_point, error_table, grid_items
-from .plots import plot_boxplots, plot_boxplots_per_gamma, plot_heatmap
 
 #: what a (C, gamma, fold) fit and the refit return (``check_result``)
 FIT_FIELDS = {"error": NUMBER, "n_support": int, "backend": str}
@@ -194,6 +193,9 @@ class MnistSvm(App):
         except RuntimeError:
             return {**summary, "best_C": None, "best_gamma": None, "cv_error": None, "cv_folds": 0,
                     "test_error": None, "confusion_matrix": None}
+        # here, not at the top: each worker imports this module, and matplotlib is 0.2 s of its start
+        from .plots import plot_boxplots, plot_boxplots_per_gamma, plot_heatmap
+
         plot_heatmap(grid, table, best["i_C"], best["i_gamma"], folder / VALIDATION_HEATMAP_STEM)
         plot_boxplots(grid, table, folder / VALIDATION_BOXPLOTS_STEM)
         summary["per_gamma_figures"] = plot_boxplots_per_gamma(grid, table, folder)

@@ -214,6 +214,13 @@ class App:
         stopped run, one with failed items, or ``--dry-run``."""
         return []
 
+    def retry_notes(self, summary: Mapping[str, Any]) -> List[str]:
+        """Rank 0, for a run with failed items: what to change before the ``--resume`` that runs
+        them again, where a plain resume would only fail the same way (a pipeline whose budget is
+        spent). Said on stderr and in summary.md before that command; ``summary`` is summary.json's
+        content."""
+        return []
+
     def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
         """The run's answer in one line (markdown), shown right under summary.md's title, before
         the run's facts: what a user opening the folder looks for first (the best point and its

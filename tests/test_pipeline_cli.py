@@ -452,6 +452,20 @@ def test_a_failed_pipeline_still_reports_what_its_steps_cost(tmp_path):
     assert attempt["traceback"] == "PipelineFailed: pipeline p: budget 1 passed: the steps reported 1.2\n", attempt
     report = (results / "report.html").read_text()
     assert "budget 1 passed" in report and "Traceback (most recent call last)" not in report, report
+    # the --resume it offers counts what the steps spent: it would fail again at once, unless the budget is raised
+    note = f'pipeline p spent 1.2 of its budget of 1: a --resume counts what its steps spent and would fail again ' \
+           f'at once; raise "budget" in {definition} first'
+    assert f"pipeline: {note}\npipeline: run the failed items again" in ran.stderr, ran.stderr
+    assert f"**Before that**: {note}" in (results / "summary.md").read_text()
+    assert read_summary(results)["retry_notes"] == [note]
+    again = pipeline_cli(definition, results, "--resume")
+    assert again.returncode == 1 and note in again.stderr, again.stderr
+    write_json(definition, {"name": "p", "budget": 2, "steps": [
+        {"id": "a", "command": spend}, {"id": "b", "command": spend}, {"id": "c", "command": "true"}]})
+    raised = pipeline_cli(definition, results, "--resume")
+    assert raised.returncode == 0 and "budget" not in raised.stderr, raised.stderr
+    resumed = read_summary(results)["pipelines"]["p"]
+    assert resumed["status"] == "ok" and resumed["resumed_from"] == "c" and resumed["cost"] == 1.2, resumed
 
 
 def test_a_retry_that_fails_before_its_walk_begins_is_told_by_its_own_error(tmp_path):

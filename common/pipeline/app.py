@@ -383,6 +383,9 @@ class PipelineApp(App):
     def answer(self, summary: Mapping[str, Any]) -> Optional[str]:
         return report.answer(summary.get("pipelines", {}))
 
+    def retry_notes(self, summary: Mapping[str, Any]) -> List[str]:
+        return report.over_budget(summary.get("pipelines", {}), shown_path(self.args.definition))
+
     # ----- worker -----
     def setup_worker(self, device: Device) -> WorkerState:
         from common.workers import worker

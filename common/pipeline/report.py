@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..app import finite_number
 from ..errors import error_line, markdown_cell, short
 from .definition import Pipeline, Step
 from .flow import RunLayout, read_status
@@ -94,6 +95,16 @@ def handled_failures(pipelines: Mapping[str, Mapping[str, Any]]) -> List[str]:
         named += [f"{run_id}/{step}" for step in before if steps[step].get("status") in ("failed", "timeout")
                   and not (resumed_now and steps[step].get("previous_run"))]
     return named
+
+
+def over_budget(pipelines: Mapping[str, Mapping[str, Any]], definition: str) -> List[str]:
+    """A line for each failed pipeline whose steps spent more than its budget: a --resume counts
+    what they spent, so it would fail again before its first step, whatever was fixed."""
+    return [f"pipeline {run_id} spent {run['cost']:g} of its budget of {run['budget']:g}: a --resume counts what "
+            f"its steps spent and would fail again at once; raise \"budget\" in {definition} first"
+            for run_id, run in pipelines.items()
+            if run.get("status") == "failed" and finite_number(run.get("budget")) and finite_number(run.get("cost"))
+            and run["cost"] > run["budget"]]
 
 
 def answer(pipelines: Mapping[str, Mapping[str, Any]]) -> Optional[str]:

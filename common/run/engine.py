@@ -906,6 +906,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
             summary["no_progress"] = True  # exit 76: a requeue with the same --time would only repeat it
     elif failed:  # a resume runs the failed items again (after a fix, or for a failure of the moment)
         summary["retry_command"] = _resume_command(app, argv)
+        summary["retry_notes"] = _retry_notes(app, summary)
     # a run that wrote none of its outputs (stopped); one whose finish() failed part-way has said so itself
     earlier = _earlier_outputs(files.summary_json) if run is None else None
     if earlier is not None:  # the app's files of an earlier run were left as they were
@@ -976,8 +977,20 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     _closing(f"{app.name}: {summary['status']}: {counts}{',' if failed else ''} in "
              f"{summary['wall_seconds']:.1f} s{outputs}; results in {results}/ (summary.md)")
     if failed:
+        for note in summary["retry_notes"]:
+            _closing(f"{app.name}: {note}")
         _closing(f"{app.name}: run the failed items again with the same launcher and: {summary['retry_command']}")
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
+
+
+def _retry_notes(app: App, summary: Dict[str, Any]) -> List[str]:
+    """The app's notes for the retry of its failed items (App.retry_notes), each one line; none
+    where its own code fails (logged), as for its answer line."""
+    try:
+        return [error_line(str(note)) for note in app.retry_notes(summary) or ()]
+    except Exception:
+        log_to_files(f"{app.name}: its notes for the retry failed:\n{traceback.format_exc().rstrip()}")
+        return []
 
 
 def _abandon_drawing(drawer: TimelineDrawer, files: ResultsLayout) -> None:
@@ -1140,6 +1153,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
     if summary.get("retry_command"):
         lines += [f"{len(summary['failed_items'])} item(s) failed. Run them again (after a fix, or for a failure of "
                   f"the moment) with:", "", f"    {summary['retry_command']}", ""]
+        for note in summary.get("retry_notes") or ():
+            lines += [f"**Before that**: {markdown_cell(note)}", ""]
     earlier = summary.get("earlier_outputs")
     if summary.get("outputs_interrupted"):
         lines += [f"**The app's files in this folder were being written when this run was stopped**: some may be "

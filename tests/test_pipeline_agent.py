@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,28 @@ def test_a_prompt_step_without_an_agent_is_refused_before_anything_runs(tmp_path
     proc = cli(definition, results)
     assert proc.returncode == 0, proc.stderr
     assert (results / "echo" / "ask" / "output.md").read_text() == "hello agent"
+
+
+def test_an_agent_named_by_a_path_relative_to_the_launch_folder_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """A prompt step runs its agent in the step's own folder: ``--agent 'python3 my_agent.py'``,
+    found where the user launched, made every prompt step fail ("can't open file ...train/my_agent.py"),
+    and ``.venv/bin/python`` as the program "not found"; refused in one line, with the spelling that works."""
+    monkeypatch.delenv("PIPELINE_AGENT", raising=False)
+    shutil.copy(EXAMPLES / "scripted_agent.py", tmp_path / "my_agent.py")
+    results = tmp_path / "results"
+
+    def launched_here(*extra: str) -> subprocess.CompletedProcess:
+        return run(pipeline_command(EXAMPLES / "agent.json", results, *extra), cwd=tmp_path, timeout=120)
+
+    assert_usage_error(launched_here("--agent", f"{sys.executable} my_agent.py"), "--agent: 'my_agent.py' is a file in "
+                       "this folder", "own folder", '"$PIPELINE_LAUNCH_DIR/my_agent.py"')
+    (tmp_path / "my_agent.py").chmod(0o755)
+    monkeypatch.setenv("PIPELINE_AGENT", "./my_agent.py --fast")
+    assert_usage_error(launched_here(), "PIPELINE_AGENT: './my_agent.py' is a file", '"$PIPELINE_LAUNCH_DIR/my_agent.py"')
+    assert not results.exists()
+    works = launched_here("--agent", f'{sys.executable} "$PIPELINE_LAUNCH_DIR/my_agent.py"')
+    assert works.returncode == 0, works.stderr
+    assert (results / "agent-digits-lr0_02" / "train" / "output.md").is_file()
 
 
 def test_steps_stop_starting_once_the_reported_costs_pass_the_budget(tmp_path):

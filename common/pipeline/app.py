@@ -8,7 +8,9 @@ that the engine runs although the pipeline itself may be journaled.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,14 +111,34 @@ def agent_command(flag: Optional[str], environ: Mapping[str, str], pipelines: Li
     agent = flag if flag is not None else (environ.get(AGENT_ENV) or None)  # an empty variable: unset
     if agent is not None and not agent.strip():
         raise UsageError(f"{'--agent' if flag is not None else AGENT_ENV}: the agent command is empty")
-    if agent is None:
-        for pipeline in pipelines:
-            for step in pipeline.steps:
-                if step.prompt is not None:
-                    raise UsageError(f"{source}, pipeline {pipeline.name!r}, step {step.id!r}: a prompt step needs an "
-                                     f"agent command: pass --agent 'CMD' or set {AGENT_ENV} (it reads the prompt on "
-                                     "its standard input)")
+    prompts = [(pipeline, step) for pipeline in pipelines for step in pipeline.steps if step.prompt is not None]
+    if agent is None and prompts:
+        pipeline, step = prompts[0]
+        raise UsageError(f"{source}, pipeline {pipeline.name!r}, step {step.id!r}: a prompt step needs an "
+                         f"agent command: pass --agent 'CMD' or set {AGENT_ENV} (it reads the prompt on "
+                         "its standard input)")
+    relative = _relative_file(agent) if agent is not None and prompts else None
+    if relative is not None:  # found here, but the step's folder is where it runs: every prompt step would fail
+        raise UsageError(f"{'--agent' if flag is not None else AGENT_ENV}: {relative!r} is a file in this folder, but the "
+                         f"agent runs in each prompt step's own folder: write it as \"$PIPELINE_LAUNCH_DIR/{os.path.normpath(relative)}\" "
+                         "(this folder) or as an absolute path")
     return agent
+
+
+def _relative_file(command: str) -> Optional[str]:
+    """The first word of a shell command that names a file by a path relative to the current
+    folder (``python3 agent.py``, ``./agent``), or None."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: the shell says so when the step runs
+        return None
+    for word in words:
+        if word.startswith(("-", "$", "~")) or os.path.isabs(word):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if os.path.isfile(word):
+                return word
+    return None
 
 
 @dataclass

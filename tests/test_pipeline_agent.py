@@ -91,6 +91,25 @@ def test_a_prompt_step_without_an_agent_is_refused_before_anything_runs(tmp_path
     assert (results / "echo" / "ask" / "output.md").read_text() == "hello agent"
 
 
+def test_step_outputs_say_which_steps_failed_and_which_output_is_empty(tmp_path, monkeypatch):
+    """summary.md's table of step outputs listed a failed prompt step's output.md as any answer,
+    though the agent had written nothing before it failed: each row now gives the step's status,
+    and an empty file is marked so."""
+    monkeypatch.setenv("PIPELINE_AGENT", 'if [ "$PIPELINE_MODEL" = good ]; then cat; else cat > /dev/null; exit 3; fi')
+    definition = write_json(tmp_path / "p.json", {"name": "p", "steps": [
+        {"id": "first", "prompt": "answer me", "model": "bad", "on_fail": "second"},
+        {"id": "second", "prompt": "answer me", "model": "good"}]})
+    results = tmp_path / "results"
+    proc = cli(definition, results)
+    assert proc.returncode == 0, proc.stderr
+    steps = read_summary(results)["pipelines"]["p"]["steps"]
+    assert (steps["first"]["status"], steps["first"]["output_bytes"]) == ("failed", 0), steps["first"]
+    assert (steps["second"]["status"], steps["second"]["output_bytes"]) == ("ok", len("answer me")), steps["second"]
+    markdown = (results / "summary.md").read_text()
+    assert "| p | first | failed | [p/first/output.md](p/first/output.md) (empty) | 0 |" in markdown, markdown
+    assert "| p | second | ok | [p/second/output.md](p/second/output.md) | 0 |" in markdown, markdown
+
+
 def test_an_agent_named_by_a_path_relative_to_the_launch_folder_is_refused_before_anything_runs(tmp_path, monkeypatch):
     """A prompt step runs its agent in the step's own folder: ``--agent 'python3 my_agent.py'``,
     found where the user launched, made every prompt step fail ("can't open file ...train/my_agent.py"),

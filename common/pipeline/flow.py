@@ -223,7 +223,7 @@ STATUS_REQUIRED = ("status", "attempts")
 STATUS_FIELDS: Dict[str, Any] = {
     "step": str, "run": str, "status": str, "reason": str, "exit_code": int, "attempts": int, "started": float,
     "ended": float, "seconds": float, "queued_seconds": float, "gpu": (str, int), "memory_limit": str,
-    "max_rss_bytes": int, "cost": float, "history": list, "output": str, "previous_run": bool,
+    "max_rss_bytes": int, "cost": float, "history": list, "output": str, "output_bytes": int, "previous_run": bool,
     "ended_with_worker": bool}
 
 
@@ -493,6 +493,7 @@ class PipelineRunner:
                       cost=round(total_cost(h["cost"] for h in history), 6), history=(earlier + history)[-MAX_HISTORY:])
         written = output.is_file() and (older_output is None or _file_identity(output) != older_output)
         status["output"] = str(output.relative_to(self.layout.results)) if written else None
+        status["output_bytes"] = _size(output) if written else None
         self._write_status(step, status)
         if not_retried == STOPPING:
             raise RunStopping(step.id)
@@ -600,6 +601,14 @@ class PipelineRunner:
                 "started": began, "ended": time.time(), "seconds": round(time.monotonic() - clock, 3),
                 "cost": round(walk.spent, 6), "budget": self.pipeline.budget, "order": walk.order,
                 "steps": {s.id: statuses[s.id] for s in steps if s.id in statuses}}
+
+
+def _size(path: Path) -> Optional[int]:
+    """The file's size in bytes, None where it cannot be read."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def _file_identity(path: Path) -> Optional[Tuple[int, int, int, int]]:

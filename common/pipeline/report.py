@@ -157,9 +157,11 @@ def summary_markdown(pipelines: Mapping[str, Mapping[str, Any]]) -> str:
     outputs = [(run_id, step, status) for run_id, run in pipelines.items()
                for step, status in run.get("steps", {}).items() if status.get("output")]
     if outputs:
-        lines += ["### Step outputs", "", "Each step's result, its `output.md` (a prompt step's: the agent's answer).", "",
-                  "| pipeline | step | output | cost |", "|---|---|---|---|"]
-        lines += [f"| {markdown_cell(run_id)} | {markdown_cell(step)} | [{markdown_cell(status['output'])}]({status['output']}) "
+        lines += ["### Step outputs", "", "Each step's result, its `output.md` (a prompt step's: the agent's answer; "
+                  "a failed step's: what it wrote before it failed).", "",
+                  "| pipeline | step | status | output | cost |", "|---|---|---|---|---|"]
+        lines += [f"| {markdown_cell(run_id)} | {markdown_cell(step)} | {markdown_cell(str(status.get('status', '?')))} "
+                  f"| [{markdown_cell(status['output'])}]({status['output']}){' (empty)' if status.get('output_bytes') == 0 else ''} "
                   f"| {status.get('cost') or 0:g} |"
                   for run_id, step, status in outputs] + [""]
     costs = {run_id: _cost(run) for run_id, run in pipelines.items() if run.get("cost")}

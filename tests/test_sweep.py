@@ -292,6 +292,27 @@ def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path
                        "already holds the journal of an earlier run; pass --resume to continue it")
 
 
+def test_a_resume_refuses_a_parameter_named_repeat_whose_key_was_another_repeats(tmp_path):
+    """A point {a: 1, repeat: 1} has the key a=1,repeat=1, as has --repeats' repeat=1 of the point
+    {a: 1}: a resume that went from one to the other took the first run's result as the second
+    item's ("1 already in the journal"), a wrong result. Each journaled result now says its repeat,
+    and such a resume is refused in one line, either way round, leaving the folder as it was."""
+    named = write_json(tmp_path / "with.json", {"a": [1], "repeat": [1]})
+    plain = write_json(tmp_path / "plain.json", {"a": [1]})
+    for first, then in ([["--grid", str(named)], ["--grid", str(plain), "--repeats", "2"]],
+                        [["--grid", str(plain), "--repeats", "2"], ["--grid", str(named)]]):
+        results = tmp_path / f"results-{len(first)}"
+        ran = sweep("sweep_functions:noisy", results, *first, workers=1)
+        assert ran.returncode == 0, ran.stderr
+        before = snapshot(results)
+        resumed = sweep("sweep_functions:noisy", results, *then, "--resume", workers=1)
+        named, repeated = "a point with a parameter named 'repeat'", "--repeats' repeat=1 of a point"
+        ours, theirs = (repeated, named) if "--repeats" in then else (named, repeated)
+        assert_usage_error(resumed, f"cannot resume: the item a=1,repeat=1 is {ours} here, but {theirs} in the journal",
+                           "rename the parameter 'repeat'")
+        assert snapshot(results) == before
+
+
 def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_the_item(tmp_path):
     grid = write_json(tmp_path / "grid.json", {"x": [1, 2, 3]})
     raised = sweep("sweep_functions:raises", tmp_path / "raises", "--grid", str(grid), "--retries", "1")
@@ -527,7 +548,7 @@ BAD_INPUTS = [
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "wrong_signature"],
      ["setup wrong_signature() cannot be called as each worker calls it", "missing a required argument: 'y'"]),
     ("sweep_functions:noisy", {"p.json": [{"x": 1}, {"x": 1, "repeat": 1}]}, ["--points", "p.json", "--repeats", "2"],
-     ["parameter named 'repeat'"]),
+     ["parameter named 'repeat' (the point repeat=1,x=1) and --repeats can give two items one key"]),
     ("exits:fit", {"g.json": {"x": [1]}, "exits.py": "import sys\nsys.exit(3)\ndef fit(params):\n    return {}\n"},
      ["--grid", "g.json"], ["importing 'exits'", "exited the program (SystemExit: 3)"]),
     ("positional:fit", {"g.json": {"x": [1]}, "positional.py": "def fit(params, /):\n    return {}\n"},

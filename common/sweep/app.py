@@ -100,9 +100,11 @@ def _points(kind: str, value: Any, args: Any) -> Tuple[List[Dict[str, Any]], Opt
     except RecursionError:  # a YAML anchor inside itself (x: &a [*a]), or nesting deeper than Python recurses
         raise UsageError(f"the {kind if kind != 'samples' else 'space'}: a value nested too deeply, or one that "
                          f"contains itself (a YAML anchor used inside itself)") from None
-    if args.repeats > 1 and any("repeat" in point for point in points):
-        raise UsageError("a parameter named 'repeat' and --repeats would give two items one key "
-                         "(x=1,repeat=1): rename the parameter")
+    clash = next((point for point in points if "repeat" in point), None) if args.repeats > 1 else None
+    if clash is not None:
+        raise UsageError(f"a parameter named 'repeat' (the point {point_key(clash)}) and --repeats can give two "
+                         f"items one key (the point a=1,repeat=1 and --repeats' repeat=1 of the point a=1): rename "
+                         f"the parameter")
     return points, keys
 
 
@@ -385,14 +387,28 @@ class SweepApp(App):
         plan = self.plan
         keys = plan.keys or [point_key(point) for point in plan.points]
         # point_key(point, repeat): the point's key, then ",repeat=R" from the second repeat on
-        return [Item(key if repeat == 0 else f"{key},repeat={repeat}", {"point": point, "repeat": repeat})
-                for key, point in zip(keys, plan.points) for repeat in range(plan.repeats)]
+        items = [Item(key if repeat == 0 else f"{key},repeat={repeat}", {"point": point, "repeat": repeat})
+                 for key, point in zip(keys, plan.points) for repeat in range(plan.repeats)]
+        for item in items:  # a key of another item in the run resumed: its result is not this item's
+            record = self.journaled.get(item.key)
+            done = record.result.get("repeat") if record is not None and isinstance(record.result, dict) else None
+            if done is not None and done != item.params["repeat"]:
+                named, repeated = "a point with a parameter named 'repeat'", "--repeats' repeat={} of a point"
+                ours, theirs = ((repeated.format(item.params["repeat"]), named) if item.params["repeat"]
+                                else (named, repeated.format(done)))
+                raise UsageError(f"cannot resume: the item {item.key} is {ours} here, but {theirs} in the journal "
+                                 f"(one key, two items); rename the parameter 'repeat' and run in a new --results "
+                                 f"folder")
+        return items
 
     def check_result(self, key: str, result: Any) -> None:
         if not isinstance(result, dict) or not isinstance(result.get("return"), dict):
             raise ValueError("not a JSON object holding the function's return")
         if isinstance(result.get("seed"), bool) or not isinstance(result.get("seed"), int):
             raise ValueError("no integer seed")
+        repeat = result.get("repeat", 0)  # absent in the journals of earlier versions
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 0:
+            raise ValueError("a repeat that is not a count")
         if _holds_huge_int(result["return"]):  # what the item's own check refuses, which an earlier version let through
             try:
                 checked_result(key, result["return"])
@@ -431,8 +447,9 @@ class SweepApp(App):
             returned = checked_result(item.key, result)
         except TypeError as error:  # the same return again on a retry: it fails for good at once
             raise ItemFailed(str(error), retry=False, shown_as=type(error).__name__) from None
-        # the seed travels with the return: rank 0 writes it in results.csv without deriving it again
-        return {"seed": seed32, "return": returned}
+        # the seed travels with the return: rank 0 writes it in results.csv without deriving it again;
+        # the repeat tells a resume this result from another item's of the same key (a parameter 'repeat')
+        return {"seed": seed32, "return": returned, "repeat": item.params["repeat"]}
 
     # ----- rank 0, at the end -----
     def finish(self, run: RunInfo) -> Dict[str, Any]:

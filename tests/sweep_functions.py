@@ -215,3 +215,11 @@ def raises_mostly(params, seed):
 def square(params):
     """x squared: x and -x tie."""
     return {"loss": float(params["x"]) ** 2}
+
+
+def chatty(params):
+    """Prints as a training loop does, to stdout and to stderr, before it returns."""
+    for epoch in range(20):
+        print(f"x={params['x']} epoch {epoch}: loss {1.0 / (epoch + 1):.3f}", flush=True)
+    print(f"x={params['x']} done", file=sys.stderr, flush=True)
+    return {"loss": float(params["x"])}

@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import socket
+import subprocess
 import time
 from collections import Counter
 from html.parser import HTMLParser
@@ -20,6 +21,7 @@ import pytest
 from helpers import (
     REPO,
     assert_usage_error,
+    command,
     journal_entries,
     read_summary,
     run,
@@ -311,6 +313,30 @@ def test_a_resume_refuses_a_parameter_named_repeat_whose_key_was_another_repeats
         assert_usage_error(resumed, f"cannot resume: the item a=1,repeat=1 is {ours} here, but {theirs} in the journal",
                            "rename the parameter 'repeat'")
         assert snapshot(results) == before
+
+
+@pytest.mark.parametrize("where", ["a pipe nobody reads", "/dev/full"])
+def test_what_a_function_prints_to_a_stdout_that_takes_nothing_fails_no_item(tmp_path, where):
+    """A sweep piped into ``| head`` (or through a tee that a Ctrl-C ended) and a full disk: the
+    function's prints raised BrokenPipeError / OSError in its worker, and every item that printed
+    failed ("5 failed" of 6), though the run's own lines survive such a stdout. Workers now drop
+    what cannot be written, as the rank does."""
+    results = tmp_path / "results"
+    argv = ["-m", "common.sweep", "sweep_functions:chatty", "--grid", str(write_json(tmp_path / "g.json", {"x": [1, 2, 3, 4]})),
+            "--minimise", "loss", "--retries", "0", *ENGINE, "--workers", "2", "--results", str(results)]
+    if where == "/dev/full":
+        sink = open("/dev/full", "w")
+    else:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # every write to the pipe fails with EPIPE
+        sink = os.fdopen(write_end, "w")
+    with sink:
+        proc = subprocess.run(command(argv), cwd=TESTS, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=sink,
+                              stderr=subprocess.PIPE, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "failed" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    summary = read_summary(results)
+    assert summary["status"] == "complete" and summary["items_done"] == 4 and not summary["failed_items"], summary
 
 
 def test_a_function_that_raises_is_retried_then_listed_and_a_bad_return_names_the_item(tmp_path):

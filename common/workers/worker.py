@@ -59,6 +59,7 @@ from common.signals import (
     leave_stop_signals_to_rank,
     signals_blocked,
 )
+from common.startup import guard_standard_streams
 from common.workers.leftovers import THREAD_GRACE_SECONDS, end_worker, threads_left
 
 log = logging.getLogger("multinode_gpu.worker")
@@ -369,6 +370,9 @@ def worker_main(conn: Connection, app: Any, device: Any, name: str, log_path: st
     ``finished``: a shared counter of the items it has finished (a ``multiprocessing.RawValue``).
     Once its work is over it ends, whatever threads the app's code left running (see
     :mod:`common.workers.leftovers`)."""
+    # what the app's code prints goes where the rank's own output goes: a reader that left (| head, a tee
+    # ended by Ctrl-C) or a full disk must fail no item (BrokenPipeError in a print), as it fails no run
+    guard_standard_streams()
     try:
         code = _serve(conn, app, device, name, log_path, seed, threads, heartbeat, finished)
     except _Terminated:  # ended by its rank while still starting (a run that ended first): nothing to say

@@ -510,9 +510,10 @@ class WorkerPool(WorkerCounts):
                 running.entries = running.entries[:ahead] + running.entries[ahead + 1:]
             if failed and not worker.killed_because:  # the watch said why when it killed it
                 log.warning("%s: %s while running %s", worker.name, why, ", ".join(e.item.key for e in failed))
+            ended = self.clock.time()  # one end for a group's entries: the summary counts its one attempt once
             for entry in failed:
                 record = self._record(worker, entry.item.key, None, entry.attempt, max(entry.handed, worker.running_wall),
-                                      self.clock.time(), len(failed))
+                                      ended, len(failed))
                 events.append(Event("failed", record, error=why, failure=worker.killed_kind or "failed"))
             unstarted = ([] if running.together and failed else running.entries) + [e for b in worker.assigned for e in b.entries]
             if unstarted:

@@ -208,6 +208,8 @@ def test_a_resume_without_threads_keeps_the_thread_count_of_the_run_it_resumes(t
     cores = len(os.sched_getaffinity(0))
     crowded = f"2 worker(s) x {first} thread(s) on {cores} core(s): more threads than cores"
     assert (crowded in resumed.stderr) == (2 * first > cores), resumed.stderr
+    if crowded in resumed.stderr:  # it told a resume to use --threads 1, which a resume refuses
+        assert "fits in a new run" in resumed.stderr and "a resume keeps the count" in resumed.stderr, resumed.stderr
     assert "more threads than cores" not in stopped.stderr
 
 

@@ -772,9 +772,10 @@ def _thread_count(comm: Any, host: str, name: str, workers: int, given: Optional
     threads = given or fair
     if threads > fair and threads * workers * sharing > len(cores) and comm.rank == peers[0]:
         log.warning("%s: rank %d: %d worker(s) x %d thread(s)%s on %d core(s): more threads than cores slow "
-                    "every worker down; --threads %d fits (a reduction's last bits can then differ from a run "
-                    "with %d)", name, comm.rank, workers, threads,
-                    f" x {sharing} ranks on this node" if sharing > 1 else "", len(cores), fair, threads)
+                    "every worker down; --threads %d fits in a new run (a reduction's last bits can then differ "
+                    "from a run with %d; a resume keeps the count of the run it resumes: there, fewer workers fit)",
+                    name, comm.rank, workers, threads, f" x {sharing} ranks on this node" if sharing > 1 else "",
+                    len(cores), fair, threads)
     return threads
 
 

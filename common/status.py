@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -193,6 +194,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     failed = max(int(status.get("items_failed") or 0), len(journal.failed))
     share = f" ({100.0 * done / total:.1f}%)" if total else ""
     running = status.get("items_running", 0) if state not in FINAL_STATES and not lost else 0
+    # the file's count is up to a refresh older than the journal's: never more than the journal leaves
+    running = max(0, min(int(running or 0), total - done - len(journal.failed))) if total else running
     resumed = int(status.get("items_resumed") or 0)
     # handed out: running, or queued at a worker to start the moment its item ends
     lines.append(f"items    {done} of {total} done{share}, {failed} failed, {running} handed out"
@@ -245,7 +248,8 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
         lines.append(moved)
     lines += _ranks(status, journal, every, now, lost)
     if state not in FINAL_STATES and not lost:
-        lines += _workers(status, now, journal.done_this_run | set(journal.failed), journal.workers, every)
+        lines += _workers(status, now, journal.done_this_run | set(journal.failed), journal.workers, every,
+                          journal.attempt_ends)
     lines += _gpu_totals(summary["gpu_usage"]) if state in FINAL_STATES and summary and summary.get("gpu_usage") \
         else _gpus(status, age if lost else None)
     lines += _failures(status.get("failures") or [{"key": k, "error": error_line(e)} for k, e in journal.failed.items()], failed)
@@ -328,11 +332,14 @@ def _ranks(status: dict, journal: JournalReader, every: float, now: float, gone:
 
 
 def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str, WorkerTally],
-             every: float) -> List[str]:
+             every: float, attempt_ends: Optional[Mapping[str, float]] = None) -> List[str]:
     """The workers as the status file saw them; ``resolved``: keys the journal has since seen
     finish or fail (the file is up to ``every`` s older than the journal: not shown as running);
     ``tallies``: each worker's items finished in this run, from the journal, which give a worker
-    whose items take less than a refresh its pace rather than an item that ended."""
+    whose items take less than a refresh its pace rather than an item that ended;
+    ``attempt_ends``: the end of each key's latest failed attempt (one that ended after the file
+    saw it start is not shown running, for longer than --item-timeout lets it)."""
+    attempt_ends = attempt_ends or {}
     workers = status.get("workers") or []
     if not workers:
         return []
@@ -355,6 +362,9 @@ def _workers(status: dict, now: float, resolved: Set[str], tallies: Mapping[str,
             else:
                 lines.append(f"  {where}  busy: {tally.items} done in this run, {_pace(tally.seconds / tally.items)} "
                              f"each, the last ended {_pace(max(0.0, now - tally.last_end))} ago")
+        elif w.get("state") == "running" and attempt_ends.get(w.get("key"), -math.inf) >= w.get("since", math.inf):
+            lines.append(f"  {where}  {w.get('key')}: that attempt ended without a result; what it runs next shows "
+                         f"at the next refresh")
         elif w.get("state") == "running":
             extra = f" (+{w['together'] - 1} run with it)" if w.get("together", 1) > 1 else ""
             attempt = f", attempt {w['attempt']}" if (w.get("attempt") or 1) > 1 else ""

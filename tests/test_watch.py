@@ -665,6 +665,33 @@ def test_an_item_the_journal_resolved_is_not_shown_running_and_a_stopping_job_ha
     assert "rank0-cpu1  vm  x=4 for 1s" in rerun, rerun
 
 
+def test_counts_and_attempts_the_journal_has_overtaken_are_not_shown_as_the_file_has_them(tmp_path):
+    """The file is up to a refresh older than the journal: "28 of 30 done, 0 failed, 5 handed out"
+    (33 of 30), and a worker "on x=5 for 5s" under --item-timeout 2, whose attempt the journal had
+    already seen killed (found by two helpers' reviews)."""
+    now = 1_000_000.0
+    workers = [{"worker": "rank0-cpu0", "host": "vm", "state": "running", "key": "x=5", "since": now - 5.0, "attempt": 1},
+               {"worker": "rank0-cpu1", "host": "vm", "state": "running", "key": "x=6", "since": now - 1.0}]
+    state = {"app": "sweep", "state": "running", "every": 5.0, "updated": now - 4.0, "started": now - 30.0,
+             "items_total": 30, "items_done": 20, "items_this_run": 20, "items_failed": 0, "items_remaining": 10,
+             "items_running": 5, "rate_per_second": 1.0, "eta_seconds": 10.0, "workers": workers}
+    lines = [json.dumps({"type": "header"}), json.dumps({"type": "start", "time": now - 30.0})]
+    lines += [json.dumps({"type": "result", "key": f"x={i}", "worker": "rank0-cpu1", "seconds": 0.5, "end": now - 30 + i})
+              for i in range(7, 35)]
+    lines += [json.dumps({"type": "attempt_failed", "key": "x=5", "worker": "rank0-cpu0", "start": now - 5.0,
+                          "end": now - 2.8, "error": "timed out"})]
+    journal_file = tmp_path / "journal.jsonl"
+    journal_file.write_text("\n".join(lines) + "\n")
+    text = describe(tmp_path, state, JournalReader(journal_file).update(), now)
+    assert "items    28 of 30 done (93.3%), 0 failed, 2 handed out" in text, text
+    assert "rank0-cpu0  vm  x=5: that attempt ended without a result; what it runs next shows at the next refresh" \
+        in text, text
+    assert "rank0-cpu1  vm  x=6 for 1s" in text, text
+    # an attempt of that key that ended before the one the file shows takes nothing from it
+    workers[0]["since"] = now - 2.0
+    assert "rank0-cpu0  vm  x=5 for 2s" in describe(tmp_path, state, JournalReader(journal_file).update(), now)
+
+
 def test_a_worker_whose_items_are_shorter_than_a_refresh_shows_its_pace_from_the_journal(tmp_path):
     """Items of under a second and a status file rewritten every 5 s: the item the file shows a worker
     on has nearly always ended, and every worker read "ended; what it runs next shows at the next

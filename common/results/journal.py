@@ -154,6 +154,7 @@ class JournalReader:
         self.start_lines: List[int] = []  # the line of each
         self.failed: Dict[str, str] = {}  # key -> error, of this run's failed items not finished since
         self.workers: Dict[str, WorkerTally] = {}  # worker name -> its items finished since the last start
+        self.attempt_ends: Dict[str, float] = {}  # key -> the end of its latest failed attempt since the last start
         self.lost: Dict[Any, dict] = {}  # rank -> its rank_lost event
         self.last: Optional[float] = None  # the latest time a line gives (an item's end, a start, a stop)
         # not strict: what --resume would refuse, for the status command to say (strict readers raise it):
@@ -238,12 +239,15 @@ class JournalReader:
         elif kind == Kind.START:  # a resumed run retries what failed before
             self.starts.append(entry)
             self.start_lines.append(self.lines)
-            self.failed, self.done_this_run, self.workers = {}, set(), {}
+            self.failed, self.done_this_run, self.workers, self.attempt_ends = {}, set(), {}, {}
         elif kind == Kind.FAILED and key is not None:
             error = entry.get("error")
             self.failed[key] = error if isinstance(error, str) else ""
-        elif kind == Kind.ATTEMPT_FAILED and self.keep_attempts:
-            self.attempts.append(entry)
+        elif kind == Kind.ATTEMPT_FAILED:
+            if self.keep_attempts:
+                self.attempts.append(entry)
+            if key is not None and _is_time(entry.get("end")) and not self.strict:
+                self.attempt_ends[key] = max(entry["end"], self.attempt_ends.get(key, entry["end"]))
         elif kind == Kind.RANK_LOST:
             self.lost[entry.get("rank")] = entry
 

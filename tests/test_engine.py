@@ -129,6 +129,36 @@ def test_a_group_whose_worker_died_is_one_lost_attempt_in_the_summary(tmp_path):
     assert read_summary(results)["attempt_seconds_without_result"] == pytest.approx(attempt, abs=0.002)
 
 
+def _attempts_cut_off_by_the_wait(tmp_path: Path, process: subprocess.Popen) -> None:
+    """A run of 3-4 s items on two workers stopped after its first two results, --grace 0.5: the attempts still running
+    when the wait ended gave no result, and were neither counted nor drawn (found by a helper's
+    review): their time is now among the attempts that failed or were stopped."""
+    results = tmp_path / "r"
+    stopped = stop_run(process, results, after=2)
+    assert stopped.returncode == 75, stopped.stderr
+    summary = read_summary(results)
+    assert summary["status"] == "stopped" and summary["items_done"] == 2, summary
+    # the two workers' next items, started as the first two ended: each cut after the wait's 0.5 s at least
+    assert summary["attempt_seconds_without_result"] >= 2 * 0.5, summary
+    assert "attempts that failed or were stopped" in (results / "summary.md").read_text()
+    assert not [e for e in journal_entries(results) if e.get("type") == "attempt_failed"]  # not failures
+
+
+def test_attempts_the_stops_wait_cut_off_are_counted(tmp_path):
+    _attempts_cut_off_by_the_wait(tmp_path, start([TOY, "8", "--sleep", "3", "--workers", "2", "--gpu", "cpu",
+                                                   "--threads", "1", "--grace", "0.5", "--results", str(tmp_path / "r"),
+                                                   "--no-progress"]))
+
+
+@pytest.mark.mpi
+def test_attempts_the_stops_wait_cut_off_on_a_follower_are_counted(tmp_path):
+    """4 s items: the follower's last snapshot before the stop (3.5 s after its start) shows its first
+    item, not the one the wait cuts off; the one it sends at the stop shows it."""
+    _attempts_cut_off_by_the_wait(tmp_path, start([TOY, "8", "--sleep", "4", "--workers", "1", "--gpu", "cpu",
+                                                   "--threads", "1", "--grace", "0.5", "--results", str(tmp_path / "r"),
+                                                   "--no-progress"], ranks=2))
+
+
 @pytest.mark.parametrize("n_items,sleep,killed", [(12, "0.05", "item-0005"), (600, "0", "item-0400")])
 def test_a_worker_killed_mid_item_is_replaced_and_the_run_completes(tmp_path, n_items, sleep, killed):
     """Also with sub-millisecond items, which travel to workers in chunks."""

@@ -122,6 +122,9 @@ class Leader:
         # for the timeline: failed attempts and results that came twice (the kept results' bars are
         # made from self.records at the end: no dict per item meanwhile)
         self.bars: List[dict] = []
+        # key -> the bar of its attempt the stop's wait cut off (_draw_cut_off); apart from the bars, which
+        # say an attempt was started again in the run (a requeue with the same --time would not only repeat it)
+        self.cut_bars: Dict[str, dict] = {}
         self._names: Dict[str, str] = {}  # one copy of each host, device and worker name
         self.stopping: Optional[str] = None
         self.stop_after_failures = stop_after_failures
@@ -197,6 +200,7 @@ class Leader:
                 return self._end("complete", EXIT_FAILED_ITEMS if self.scheduler.failed else EXIT_OK)
             if self.stopping and (not self.scheduler.in_flight or self.clock.monotonic() > self.deadline):
                 self.cut_off = len(self.scheduler.in_flight)
+                self._draw_cut_off()
                 return self._end("stopped", EXIT_STOPPED)
             if self.on_idle is not None and self.records:
                 now = self.clock.monotonic()
@@ -205,6 +209,19 @@ class Leader:
                     self.on_idle()
                     self.on_idle = None
             timeout = backoff.next(active, cap)
+
+    def _draw_cut_off(self) -> None:
+        """The attempts the stop's wait ended before they finished, as bars ended by the stop (the
+        timeline draws them grey; the summary counts their time among the attempts that gave no
+        result): from where each rank last said its workers were (rank 0's own: now), so an item
+        whose start no rank has told yet is counted in ``cut_off`` only."""
+        if not self.scheduler.in_flight or self.status is None:
+            return
+        now = self.clock.time()
+        for attempt in self.status.running_attempts():
+            if attempt["key"] in self.scheduler.in_flight and attempt["since"] < now:
+                self.cut_bars[attempt["key"]] = {"worker": attempt["worker"], "start": attempt["since"], "end": now,
+                                                 "ok": False, "why": "stopped"}
 
     def _end(self, outcome: str, code: int) -> str:
         self.code = code
@@ -334,7 +351,14 @@ class Leader:
 
     def timeline_bars(self) -> List[dict]:
         """Every attempt of this run, for the timeline: the kept results' and then the others."""
-        return [{"worker": r.worker, "start": r.start, "end": r.end, "ok": True} for r in self.records.values()] + self.bars
+        return [{"worker": r.worker, "start": r.start, "end": r.end, "ok": True} for r in self.records.values()] \
+            + self.other_bars()
+
+    def other_bars(self) -> List[dict]:
+        """The attempts of this run but those of the kept results: failed, timed out, ended by the
+        stop, a result not kept, and those the stop's wait cut off (but for a result that still came
+        before the run ended)."""
+        return self.bars + [bar for key, bar in self.cut_bars.items() if key not in self.records]
 
     def _attempt_failed(self, failed: Failed) -> None:
         """``failed.record`` says where and when the attempt ran (its result is None)."""
@@ -615,6 +639,8 @@ class Follower:
                 self.stopping = True
                 self.pool.revoke_queued()
                 self._drop_buffer()
+                if self.status is not None:  # what runs now: rank 0 draws what the stop's wait cuts off from it
+                    self._send(Status(self.status.snapshot()))
             elif isinstance(message, End):
                 self.end = message
                 return True, message.outcome

@@ -169,6 +169,14 @@ class StatusWriter:
         except OSError:  # a full disk, or a folder moved away: both show through the journal, which stops
             pass  # the run; the status file simply goes stale
 
+    def running_attempts(self) -> List[Dict[str, Any]]:
+        """What each rank's workers run, as each rank last said (rank 0's own: now): the worker,
+        the item's key and since when (epoch seconds)."""
+        self.snapshots[0] = rank_snapshot(self.pool, self.monitor, self.clock)
+        return [{"worker": w["worker"], "key": w["key"], "since": w["since"]}
+                for _, snapshot in sorted(self.snapshots.items()) for w in snapshot["workers"]
+                if w.get("state") == "running" and "key" in w and "since" in w]
+
     def finished(self, leader: Any, code: int, error: str = "") -> None:
         """The last write, with the run's outcome from its exit code; ``error``: why rank 0 itself
         failed (a bug of the engine or the app, whose traceback is in its log)."""

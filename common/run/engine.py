@@ -809,7 +809,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     this_run = list(leader.records.values())
     busy = sum(record.own_seconds for record in this_run)
     # the attempts that gave no result (failed, timed out, ended by a stop): a group's once, as its bars
-    lost_attempts = {(bar["worker"], bar["start"], bar["end"]) for bar in leader.bars if not bar["ok"]}
+    lost_attempts = {(bar["worker"], bar["start"], bar["end"]) for bar in leader.other_bars() if not bar["ok"]}
     lost_seconds = sum(max(0.0, end - start) for _, start, end in lost_attempts)
     summary: Dict[str, Any] = {
         "app": app.name,

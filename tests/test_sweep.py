@@ -1123,3 +1123,14 @@ def test_the_figure_draws_a_grid_with_0_on_a_log_axis_and_no_best_line_through_s
 
     assert wd.get_xscale() == "symlog" and lr.get_xscale() == "linear"
     assert len(best_lines(wd)) == len(best_lines(lr)) == 1 and not best_lines(a) and not best_lines(b)
+    # a big grid (50 x 4 values) still gets its line, and values that are not numbers stand in the
+    # grid's order, not the ranking's (a reviewer's "opt": null, adam, true was drawn adam, true, null)
+    points = [{"a": a, "opt": opt} for a in range(50) for opt in [None, "adam", True, "sgd"]]
+    ranked = sorted(({"params": p, "mean": abs(p["a"] - 20) + {None: 3, "adam": 1, True: 2, "sgd": 4}[p["opt"]],
+                      "n": 1} for p in points), key=lambda entry: entry["mean"])
+    for entry in ranked:
+        entry["min"] = entry["max"] = entry["mean"]
+    report._figure(ranked, ["a", "opt"], "loss", "min", Path("unused"), points)
+    big, categories = drawn[-1].axes
+    assert len(best_lines(big)) == 1
+    assert [label.get_text() for label in categories.get_xticklabels()] == ["null", "adam", "true", "sgd"]

@@ -18,7 +18,7 @@ import statistics
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,8 +40,9 @@ OUTPUT_NAMES = (RESULTS_CSV, RESULTS_JSONL, *figure_names(FIGURE))
 BEST_ROWS = 5
 #: a numeric parameter whose values span this factor or more is drawn on a log axis
 LOG_SPAN = 100.0
-#: a parameter with more distinct values than this (random samples) gets no "best" line: joining
-#: a best per value would join every point, a zigzag that says nothing
+#: a parameter with more distinct values than this gets no "best" line unless its values are shared
+#: by two points each on average (a big grid's): joining a best per value of random samples would join
+#: every point, a zigzag that says nothing
 BEST_LINE_VALUES = 30
 #: past this many points a panel's marks are drawn as pixels in the SVG and PDF (the axes stay vectors)
 RASTER_POINTS = 5000
@@ -337,7 +338,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         try:
             with warnings.catch_warnings():  # numpy's overflow warnings on axes spanning the float range
                 warnings.simplefilter("ignore", RuntimeWarning)
-                _figure(ranked, parameters, plan.metric, plan.goal, folder / FIGURE)
+                _figure(ranked, parameters, plan.metric, plan.goal, folder / FIGURE, plan.points)
             sweep["figure"] = png_name(FIGURE)
         except (ValueError, OverflowError) as error:  # values matplotlib cannot lay out (near the float limit)
             _remove_figure(folder)
@@ -403,10 +404,12 @@ def _remove_figure(folder: Path) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
-def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, goal: str, path: Path) -> None:
+def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, goal: str, path: Path,
+            points: Sequence[Mapping[str, Any]] = ()) -> None:
     """One panel per parameter: each point's mean (repeats as a bar from their lowest to highest
     value), and the best value at each of the parameter's values as a line (where the values repeat
-    across points or are few: a grid's, not random samples')."""
+    across points or are few: a grid's, not random samples'). Values that are not numbers stand in
+    the order ``points`` (the space's) gives them, not in the ranking's."""
     columns = min(3, len(parameters))
     rows = math.ceil(len(parameters) / columns)
     fig, axes = new_figure(4.2 * columns, 3.3 * rows, rows, columns, squeeze=False)
@@ -422,7 +425,9 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
         if numeric:
             positions = [float(x) for x in xs]
         else:
-            labels = list(dict.fromkeys(value_text(x) for x in xs))
+            present = {value_text(x) for x in xs}
+            given = [value_text(point[name]) for point in points if name in point]  # the grid's order, say
+            labels = [label for label in dict.fromkeys(given + [value_text(x) for x in xs]) if label in present]
             positions = [labels.index(value_text(x)) for x in xs]
             ax.set_xticks(range(len(labels)), labels, rotation=30 if max(map(len, labels)) > 6 else 0)
             ax.set_xlim(-0.5, len(labels) - 0.5)
@@ -438,7 +443,9 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
         for x, mean in zip(positions, means):
             best[x] = pick(best.get(x, mean), mean)
         order = sorted(best)
-        if len(order) <= BEST_LINE_VALUES or len(parameters) == 1:
+        # a value shared by points on average (a grid's 50 x 40): a line through the best of each says
+        # something; a value each (random samples): it would join every point
+        if len(order) <= BEST_LINE_VALUES or len(parameters) == 1 or len(positions) >= 2 * len(order):
             ax.plot(order, [best[x] for x in order], "-", color="tab:red", lw=1.5,
                     label=f"best ({'lowest' if goal == 'min' else 'highest'})")
         positive = [x for x in positions if x > 0] if numeric else []

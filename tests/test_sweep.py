@@ -1017,6 +1017,12 @@ def test_parameters_named_as_results_csv_columns_and_values_past_the_float_range
     assert read_summary(tmp_path / "n")["sweep"]["unranked"] == 2
     assert ("2 points returned no finite `loss` (NaN, infinite or missing) and are not ranked; results.csv has them."
             in (tmp_path / "n" / "summary.md").read_text())
+    # a string or a bool is not called missing: the note gives one (a reviewer's {"error": "0.4"})
+    write_json(tmp_path / "odd.py", "def fit(params):\n    return {'loss': {1: '0.4', 2: True}.get(params['x'], 1.0)}\n")
+    result = sweep("odd:fit", tmp_path / "o", "--grid", str(grid), "--minimise", "loss", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ("2 points returned no finite `loss` (NaN, infinite, missing, or not a number, such as '0.4') and are not "
+            "ranked" in (tmp_path / "o" / "summary.md").read_text())
     # results.jsonl is strict JSON: an infinite value is null there (Infinity is not JSON), inf in results.csv
     write_json(tmp_path / "inf.py", "def fit(params):\n    return {'loss': float('inf'), 'curve': [1.0, -float('inf')]}\n")
     result = sweep("inf:fit", tmp_path / "i", "--grid", str(grid), cwd=tmp_path)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, 
 import numpy as np
 
 from common.app import finite_number
-from common.errors import counted, kind_of, markdown_cell
+from common.errors import counted, kind_of, markdown_cell, short
 from common.results.layout import RESULTS_CSV, RESULTS_JSONL, SWEEP_FIGURE_STEM, ResultsLayout, figure_names, png_name
 from common.results.outputs import atomic_write_text, new_figure, save_figure
 
@@ -330,6 +330,10 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         unranked = {point_key(item.params["point"]) for item, _ in finished} - {entry["key"] for entry in ranked}
         if unranked:
             sweep["unranked"] = len(unranked)
+            odd = next((value for _, record in finished for value in [record.result["return"].get(plan.metric)]
+                        if value is not None and not finite_number(value) and not isinstance(value, float)), None)
+            if odd is not None:  # a string, a bool, a list: not a number, which the note must not call missing
+                sweep["unranked_example"] = short(odd, 40)
     sweep["best"] = ranked[:BEST_ROWS]
     if ranked:  # points at the best's mean (and as many repeats): the first in item order is named best
         sweep["best_ties"] = sum(1 for entry in ranked[1:] if (entry["n"], entry["mean"]) == (ranked[0]["n"], ranked[0]["mean"]))
@@ -500,9 +504,11 @@ def markdown(sweep: Mapping[str, Any]) -> str:
         lines.append("")
     if sweep.get("unranked"):
         count = sweep["unranked"]
-        lines += [f"{counted(count, 'point')} returned no finite `{sweep['metric']}` (NaN, infinite "
-                  f"or missing) and {'are' if count != 1 else 'is'} not ranked; {RESULTS_CSV} has "
-                  f"{'them' if count != 1 else 'it'}.", ""]
+        example = sweep.get("unranked_example")
+        kinds = (f"NaN, infinite, missing, or not a number, such as {markdown_cell(example)}" if example
+                 else "NaN, infinite or missing")
+        lines += [f"{counted(count, 'point')} returned no finite `{sweep['metric']}` ({kinds}) and "
+                  f"{'are' if count != 1 else 'is'} not ranked; {RESULTS_CSV} has {'them' if count != 1 else 'it'}.", ""]
     if sweep.get("figure"):
         lines += [f"![{sweep['metric']} against each parameter]({sweep['figure']})", ""]
     return "\n".join(lines)

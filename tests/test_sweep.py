@@ -839,14 +839,16 @@ def test_a_script_calling_sweep_main_unguarded_is_one_line_naming_the_line(tmp_p
     assert run([str(guarded), *ENGINE, "--results", str(tmp_path / "g")], cwd=tmp_path).returncode == 0
 
 
-@pytest.mark.parametrize("source", ["python -c", "standard input", "python -m package"])
+@pytest.mark.parametrize("source", ["python -c", "standard input", "python -m package", "python -m package, unguarded"])
 def test_a_function_defined_in_code_with_no_file_is_one_line_and_writes_nothing(tmp_path, source):
     """python -c, python - (and a notebook's or an interpreter's __main__, which has no file either),
     a package's __main__.py (which spawn leaves out on purpose): the spawned workers cannot import
     the function. Before, every check passed, the workers died with three tracebacks each and a
-    results folder of failed items was written."""
-    code = UNGUARDED + 'if __name__ == "__main__":\n    raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n'
-    where = {"python -c": ["-c", code], "standard input": ["-"], "python -m package": ["-m", "mypackage"]}[source]
+    results folder of failed items was written. A package's call without `if __name__ == ...` was
+    told to add it first, then refused for its package (found by a helper's review): one answer now."""
+    call = 'raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))\n'
+    code = UNGUARDED + (call if source.endswith("unguarded") else 'if __name__ == "__main__":\n    ' + call)
+    where = {"python -c": ["-c", code], "standard input": ["-"]}.get(source, ["-m", "mypackage"])
     (tmp_path / "mypackage").mkdir()
     (tmp_path / "mypackage" / "__init__.py").write_text("")
     (tmp_path / "mypackage" / "__main__.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n" + code)
@@ -855,6 +857,24 @@ def test_a_function_defined_in_code_with_no_file_is_one_line_and_writes_nothing(
     assert_usage_error(result, "the function 'fit' is defined where the workers cannot import it from",
                        "put it in a .py file of its own")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_scripts_plain_sweep_main_statement_still_exits_with_the_runs_code(tmp_path):
+    """``sweep.main(...)`` as a statement, its code dropped: the script ended 0 after failed items or a
+    refusal, so a Slurm job never saw a failure (nor a stop's 75 to requeue on). A non-zero code
+    is now the process's all the same; an assigned one is left to the script."""
+    body = UNGUARDED.replace('return {"y": params["x"] * 2}', 'return {"y": 1 / (params["x"] - 2)}')
+    script = write_json(tmp_path / "plain.py", body + 'if __name__ == "__main__":\n'
+                        '    sweep.main(fit, grid={"x": [1, 2]})\n    print("after main")\n')
+    failed = run([str(script), *ENGINE, "--retries", "0", "--results", str(tmp_path / "r")], cwd=tmp_path)
+    assert failed.returncode == 1 and "after main" not in failed.stdout, (failed.stdout, failed.stderr)
+    assert run([str(script), *ENGINE, "--repeats", "0", "--results", str(tmp_path / "s")], cwd=tmp_path).returncode == 2
+    ok = write_json(tmp_path / "ok.py", UNGUARDED + 'if __name__ == "__main__":\n    sweep.main(fit, grid={"x": [1, 2]})\n')
+    assert run([str(ok), *ENGINE, "--results", str(tmp_path / "t")], cwd=tmp_path).returncode == 0
+    kept = write_json(tmp_path / "kept.py", body + 'if __name__ == "__main__":\n'
+                      '    code = sweep.main(fit, grid={"x": [1, 2]})\n    print("kept", code)\n')
+    assigned = run([str(kept), *ENGINE, "--retries", "0", "--results", str(tmp_path / "u")], cwd=tmp_path)
+    assert assigned.returncode == 0 and "kept 1" in assigned.stdout, (assigned.stdout, assigned.stderr)
 
 
 @pytest.mark.parametrize("arguments, fragment", [

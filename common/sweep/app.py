@@ -292,6 +292,7 @@ class SweepApp(App):
             if getattr(args, flag) is not None and not str(getattr(args, flag)).strip():
                 raise UsageError(f"--{flag} needs the name of a value the function returns")
         if self.preset is not None and self.preset.unguarded:
+            _picklable(self.preset.function, "the function")  # a package's __main__.py: guarding it would not do
             raise UsageError(f"{self.preset.unguarded}: sweep.main is called at the top level of the script; call "
                              f"it under `if __name__ == \"__main__\":` (each worker imports the script, and would "
                              f"start a sweep of its own)")
@@ -570,18 +571,41 @@ def _in_a_worker(frame: Any) -> bool:
             or (caller is not None and caller.f_globals.get("__name__") == "__mp_main__"))
 
 
+def _script_call(frame: Any) -> Optional[Tuple[str, int, ast.Module]]:
+    """(path, line, parsed source) of the script whose top-level code calls :func:`main`
+    (``frame``); None where it is called from a function or the source cannot be read."""
+    caller = frame.f_back if frame is not None else None
+    if caller is None or caller.f_code.co_name != "<module>" or caller.f_globals.get("__name__") != "__main__":
+        return None
+    path, line = caller.f_code.co_filename, caller.f_lineno
+    try:
+        return path, line, ast.parse(Path(path).read_text(), path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _result_dropped(frame: Any) -> bool:
+    """Whether the script's call of :func:`main` is a statement of its own (``sweep.main(...)``, not
+    ``raise SystemExit(sweep.main(...))``): its exit code would be lost, and the script would end
+    with 0 after failed items, a refusal or a stop (a Slurm job not requeued on 75)."""
+    found = _script_call(frame)
+    if found is None:
+        return False
+    _, line, tree = found
+    statements = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)
+                  and node.lineno <= line <= (node.end_lineno or node.lineno)]
+    innermost = max(statements, key=lambda node: (node.lineno, node.col_offset), default=None)  # the last to start
+    return isinstance(innermost, ast.Expr) and isinstance(innermost.value, ast.Call)
+
+
 def _unguarded_call(frame: Any) -> str:
     """"FILE:LINE" where a script calls :func:`main` (``frame``) in its top-level code but not under
     ``if __name__ == "__main__":``, read from the script's source; "" where it is guarded, called
     from a function (that cannot be told) or the source cannot be read."""
-    caller = frame.f_back if frame is not None else None
-    if caller is None or caller.f_code.co_name != "<module>" or caller.f_globals.get("__name__") != "__main__":
+    found = _script_call(frame)
+    if found is None:
         return ""
-    path, line = caller.f_code.co_filename, caller.f_lineno
-    try:
-        tree = ast.parse(Path(path).read_text(), path)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        return ""
+    path, line, tree = found
 
     def guarded(statements: List[ast.stmt]) -> Optional[bool]:
         for statement in statements:
@@ -612,7 +636,8 @@ def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, p
     """Run ``function`` over ``grid`` (dict of lists), ``points`` (list of dicts) or ``space``
     (random, with ``samples``) as a full engine program: the command line takes every engine flag
     (``--gpu``, ``--results``, ``--resume``, ``--dry-run``, ...). Returns the exit code; call it as
-    ``raise SystemExit(sweep.main(...))`` under ``if __name__ == "__main__":``. ``minimize`` and
+    ``raise SystemExit(sweep.main(...))`` under ``if __name__ == "__main__":`` (a script's plain
+    ``sweep.main(...)`` statement exits with it all the same, where it is not 0). ``minimize`` and
     ``maximize`` are ``minimise`` and ``maximise`` (as the command line's ``--minimize``)."""
     for british, american, name in ((minimise, minimize, "minimise"), (maximise, maximize, "maximise")):
         if british is not None and american is not None:  # one would silently win
@@ -630,6 +655,6 @@ def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, p
                     _unguarded_call(frame))
     app_class = type("SweepApp", (SweepApp,), {"preset": preset, "module": "", "__module__": __name__})
     code = run(app_class, None if argv is None else list(argv))
-    if preset.unguarded:  # refused; such a call is seldom written as raise SystemExit(...): exit 2 all the same
+    if preset.unguarded or (code and _result_dropped(frame)):  # the code would be lost: the process's, all the same
         raise SystemExit(code)
     return code

@@ -11,6 +11,7 @@ import datetime
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -246,6 +247,9 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     moved = _moved(results, status)
     if moved and any(line.startswith(("resume ", "retry ")) for line in lines):
         lines.append(moved)
+    elsewhere = _launched_elsewhere(status)
+    if elsewhere and any(line.startswith(("resume ", "retry ")) for line in lines):
+        lines.append(elsewhere)
     lines += _ranks(status, journal, every, now, lost)
     if state not in FINAL_STATES and not lost:
         lines += _workers(status, now, journal.done_this_run | set(journal.failed), journal.workers, every,
@@ -280,6 +284,19 @@ def _moved(results: Path, status: dict) -> Optional[str]:
     except (OSError, RuntimeError, ValueError):
         return None
     return f"moved    this folder was {quoted(was)} when the job ran: in the command above, give --results {quoted(str(here))}"
+
+
+def _launched_elsewhere(status: dict) -> Optional[str]:
+    """The note for a status command run in another folder than the job's: the commands above may
+    name files and modules by paths relative to where the job was launched."""
+    launched = status.get("launch_dir")
+    try:
+        if not isinstance(launched, str) or Path(launched) == Path(os.getcwd()):
+            return None
+    except (OSError, ValueError):
+        return None
+    return (f"folder   the job was launched in {quoted(launched)}: the command above reads its relative paths (and "
+            f"a user's module) from there: cd {shlex.quote(launched)} first")
 
 
 def _journal_problem(journal: JournalReader) -> List[str]:

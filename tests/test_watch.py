@@ -511,6 +511,25 @@ def test_a_moved_folder_says_where_it_was_beside_the_command_that_finishes_it(tm
     assert "moved " not in describe(here, bound, JournalReader(here / "journal.jsonl"), now)
 
 
+def test_status_from_another_folder_says_where_the_job_was_launched(tmp_path, monkeypatch):
+    """The commands the status command gives are the job's own, with its relative paths (--grid
+    g.json, a module found where it was launched): run from elsewhere they failed ("cannot import
+    'chatty3'", found by a helper's review). Seen from another folder it says where to give them."""
+    now = 1_000_000.0
+    launched = tmp_path / "my work"
+    launched.mkdir()
+    state = {"app": "sweep", "state": "stopped", "every": 1.0, "updated": now - 1.0, "started": now - 10.0,
+             "items_total": 4, "items_done": 2, "resume_command": "python -m common.sweep m:fit --grid g.json --resume",
+             "launch_dir": str(launched)}
+    monkeypatch.chdir(tmp_path)
+    text = describe(tmp_path, state, JournalReader(tmp_path / "journal.jsonl"), now)
+    assert (f"folder   the job was launched in '{launched}': the command above reads its relative paths (and a "
+            f"user's module) from there: cd '{launched}' first") in text, text
+    monkeypatch.chdir(launched)  # there, or a file from before the field: nothing to say
+    assert "folder " not in describe(tmp_path, state, JournalReader(tmp_path / "journal.jsonl"), now)
+    assert "folder " not in describe(tmp_path, {**state, "launch_dir": None}, JournalReader(tmp_path / "journal.jsonl"), now)
+
+
 def test_a_finished_jobs_run_time_is_the_one_its_summary_gives(tmp_path):
     """status.json is last written after the outputs (a minute of figures, for a big run); the time
     the job ran is summary.md's wall time all the same, so that the two never disagree."""

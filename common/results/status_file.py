@@ -113,7 +113,9 @@ class StatusWriter:
                        "items_total": items_total, "items_resumed": items_resumed, "resume_command": resume_command,
                        # where the folder was, and which it was (a bind mount shows it elsewhere): the status
                        # command of a moved or copied one says so beside the commands
-                       "results_dir": str(Path(results).resolve()), "results_inode": _inode(Path(results))}
+                       "results_dir": str(Path(results).resolve()), "results_inode": _inode(Path(results)),
+                       # where the commands were given (relative paths in them, a module found there)
+                       "launch_dir": _launch_dir()}
         self.layout = layout
         self.pool, self.monitor = pool, monitor
         self.snapshots: Dict[int, Dict[str, Any]] = {}  # rank -> its last snapshot
@@ -196,6 +198,13 @@ class StatusWriter:
             workers = [{"worker": w["worker"], "device": w["device"], "pid": w["pid"], "state": "ended"} for w in workers]
         return [{"rank": rank, "host": snapshot["host"], **w} for w in workers + given_up]
 
+
+
+def _launch_dir() -> Optional[str]:
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def _lost(leader: Any, rank: int) -> Optional[str]:

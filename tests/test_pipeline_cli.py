@@ -453,10 +453,11 @@ def test_a_failed_pipeline_still_reports_what_its_steps_cost(tmp_path):
     report = (results / "report.html").read_text()
     assert "budget 1 passed" in report and "Traceback (most recent call last)" not in report, report
     # the --resume it offers counts what the steps spent: it would fail again at once, unless the budget is raised
-    note = f'pipeline p spent 1.2 of its budget of 1: a --resume counts what its steps spent and would fail again ' \
-           f'at once; raise "budget" in {definition} first'
+    note = f'pipeline p: the steps before c, where a --resume goes on, spent 1.2 of its budget of 1; a --resume ' \
+           f'counts that and would fail again at once: raise "budget" in {definition} first'
     assert f"pipeline: {note}\npipeline: run the failed items again" in ran.stderr, ran.stderr
-    assert f"**Before that**: {note}" in (results / "summary.md").read_text()
+    assert f"1 item(s) failed. A plain resume would not do for some: {note}. Then run them again with:" \
+        in (results / "summary.md").read_text()
     assert read_summary(results)["retry_notes"] == [note]
     again = pipeline_cli(definition, results, "--resume")
     assert again.returncode == 1 and note in again.stderr, again.stderr
@@ -466,6 +467,13 @@ def test_a_failed_pipeline_still_reports_what_its_steps_cost(tmp_path):
     assert raised.returncode == 0 and "budget" not in raised.stderr, raised.stderr
     resumed = read_summary(results)["pipelines"]["p"]
     assert resumed["status"] == "ok" and resumed["resumed_from"] == "c" and resumed["cost"] == 1.2, resumed
+    # over the budget by the failed step's own cost: the resume runs that step anew, without it: no note
+    other = write_json(tmp_path / "q.json", {"name": "q", "budget": 1, "steps": [
+        {"id": "a", "command": "echo '{\"pipeline_cost\": 0.2}'"},
+        {"id": "b", "command": "echo '{\"pipeline_cost\": 0.9}'; exit 1"}]})
+    failed_step = pipeline_cli(other, tmp_path / "q")
+    assert failed_step.returncode == 1 and "budget" not in failed_step.stderr, failed_step.stderr
+    assert read_summary(tmp_path / "q")["retry_notes"] == []
 
 
 def test_a_retry_that_fails_before_its_walk_begins_is_told_by_its_own_error(tmp_path):

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from ..app import finite_number
 from ..errors import error_line, markdown_cell, short
 from .definition import Pipeline, Step
-from .flow import RunLayout, read_status
+from .flow import RunLayout, read_status, total_cost
 
 STATUS_MARK = {"ok": "ok", "failed": "FAILED", "timeout": "TIMEOUT", "skipped": "skipped", "missing": "-",
                "stopped": "stopped"}
@@ -98,13 +98,22 @@ def handled_failures(pipelines: Mapping[str, Mapping[str, Any]]) -> List[str]:
 
 
 def over_budget(pipelines: Mapping[str, Mapping[str, Any]], definition: str) -> List[str]:
-    """A line for each failed pipeline whose steps spent more than its budget: a --resume counts
-    what they spent, so it would fail again before its first step, whatever was fixed."""
-    return [f"pipeline {run_id} spent {run['cost']:g} of its budget of {run['budget']:g}: a --resume counts what "
-            f"its steps spent and would fail again at once; raise \"budget\" in {definition} first"
-            for run_id, run in pipelines.items()
-            if run.get("status") == "failed" and finite_number(run.get("budget")) and finite_number(run.get("cost"))
-            and run["cost"] > run["budget"]]
+    """A line for each failed pipeline where a plain --resume would fail again before its first
+    step: the steps before the one it goes on from (``resume_at``), whose costs it counts, spent
+    more than the budget. Where that step's own cost passed it, the resume runs it anew."""
+    notes = []
+    for run_id, run in pipelines.items():
+        steps, at, budget = run.get("steps") or {}, run.get("resume_at"), run.get("budget")
+        if run.get("status") != "failed" or at not in steps or not finite_number(budget):
+            continue
+        order = list(steps)
+        kept = total_cost(cost for cost in (steps[step].get("cost") for step in order[:order.index(at)])
+                          if finite_number(cost))
+        if kept > budget:
+            notes.append(f"pipeline {run_id}: the steps before {at}, where a --resume goes on, spent {kept:g} of its "
+                         f"budget of {budget:g}; a --resume counts that and would fail again at once: raise \"budget\" "
+                         f"in {definition} first")
+    return notes
 
 
 def answer(pipelines: Mapping[str, Mapping[str, Any]]) -> Optional[str]:

@@ -1152,10 +1152,12 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
                if summary.get("no_progress") else "Finish")
         lines += [f"Stopped before the end. {fix} with:", "", f"    {summary['resume_command']}", ""]
     if summary.get("retry_command"):
-        lines += [f"{len(summary['failed_items'])} item(s) failed. Run them again (after a fix, or for a failure of "
-                  f"the moment) with:", "", f"    {summary['retry_command']}", ""]
-        for note in summary.get("retry_notes") or ():
-            lines += [f"**Before that**: {markdown_cell(note)}", ""]
+        notes = summary.get("retry_notes") or []
+        lines += [f"{len(summary['failed_items'])} item(s) failed. "
+                  + ("A plain resume would not do for some: " + " ".join(f"{markdown_cell(note)}." for note in notes)
+                     + " Then run them again with:" if notes else
+                     "Run them again (after a fix, or for a failure of the moment) with:"),
+                  "", f"    {summary['retry_command']}", ""]
     earlier = summary.get("earlier_outputs")
     if summary.get("outputs_interrupted"):
         lines += [f"**The app's files in this folder were being written when this run was stopped**: some may be "

@@ -862,7 +862,8 @@ def test_a_function_defined_in_code_with_no_file_is_one_line_and_writes_nothing(
 def test_a_scripts_plain_sweep_main_statement_still_exits_with_the_runs_code(tmp_path):
     """``sweep.main(...)`` as a statement, its code dropped: the script ended 0 after failed items or a
     refusal, so a Slurm job never saw a failure (nor a stop's 75 to requeue on). A non-zero code
-    is now the process's all the same; an assigned one is left to the script."""
+    is now the process's all the same; an assigned one is left to the script, also where another
+    statement follows it on its line (which the line alone could not tell)."""
     body = UNGUARDED.replace('return {"y": params["x"] * 2}', 'return {"y": 1 / (params["x"] - 2)}')
     script = write_json(tmp_path / "plain.py", body + 'if __name__ == "__main__":\n'
                         '    sweep.main(fit, grid={"x": [1, 2]})\n    print("after main")\n')
@@ -871,8 +872,8 @@ def test_a_scripts_plain_sweep_main_statement_still_exits_with_the_runs_code(tmp
     assert run([str(script), *ENGINE, "--repeats", "0", "--results", str(tmp_path / "s")], cwd=tmp_path).returncode == 2
     ok = write_json(tmp_path / "ok.py", UNGUARDED + 'if __name__ == "__main__":\n    sweep.main(fit, grid={"x": [1, 2]})\n')
     assert run([str(ok), *ENGINE, "--results", str(tmp_path / "t")], cwd=tmp_path).returncode == 0
-    kept = write_json(tmp_path / "kept.py", body + 'if __name__ == "__main__":\n'
-                      '    code = sweep.main(fit, grid={"x": [1, 2]})\n    print("kept", code)\n')
+    kept = write_json(tmp_path / "kept.py", body + 'if __name__ == "__main__":\n'  # on one line with what follows
+                      '    code = sweep.main(fit, grid={"x": [1, 2]}); print("kept", code)\n')
     assigned = run([str(kept), *ENGINE, "--retries", "0", "--results", str(tmp_path / "u")], cwd=tmp_path)
     assert assigned.returncode == 0 and "kept 1" in assigned.stdout, (assigned.stdout, assigned.stderr)
 

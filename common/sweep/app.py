@@ -592,9 +592,22 @@ def _result_dropped(frame: Any) -> bool:
     if found is None:
         return False
     _, line, tree = found
-    statements = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)
-                  and node.lineno <= line <= (node.end_lineno or node.lineno)]
-    innermost = max(statements, key=lambda node: (node.lineno, node.col_offset), default=None)  # the last to start
+    caller = frame.f_back
+    try:  # where on its line the call is (Python 3.11's positions): `code = sweep.main(...); print(code)`
+        _, _, column, _ = list(caller.f_code.co_positions())[caller.f_lasti // 2]
+    except (AttributeError, IndexError, ValueError):
+        column = None
+
+    def holds(node: ast.stmt) -> bool:
+        if column is None:
+            return node.lineno <= line <= (node.end_lineno or node.lineno)
+        end = (node.end_lineno or node.lineno, node.end_col_offset if node.end_col_offset is not None else 1 << 30)
+        return (node.lineno, node.col_offset) <= (line, column) <= end
+
+    statements = [node for node in ast.walk(tree) if isinstance(node, ast.stmt) and holds(node)]
+    if column is None and sum(1 for node in statements if node.lineno == line) > 1:
+        return False  # two statements begin on the call's line: which one holds it cannot be told
+    innermost = max(statements, key=lambda node: (node.lineno, node.col_offset), default=None)
     return isinstance(innermost, ast.Expr) and isinstance(innermost.value, ast.Call)
 
 
@@ -636,8 +649,9 @@ def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, p
     """Run ``function`` over ``grid`` (dict of lists), ``points`` (list of dicts) or ``space``
     (random, with ``samples``) as a full engine program: the command line takes every engine flag
     (``--gpu``, ``--results``, ``--resume``, ``--dry-run``, ...). Returns the exit code; call it as
-    ``raise SystemExit(sweep.main(...))`` under ``if __name__ == "__main__":`` (a script's plain
-    ``sweep.main(...)`` statement exits with it all the same, where it is not 0). ``minimize`` and
+    ``raise SystemExit(sweep.main(...))`` under ``if __name__ == "__main__":`` (a plain
+    ``sweep.main(...)`` statement in the script's own code exits with it all the same, where it is
+    not 0; one in a function of the user's cannot be seen). ``minimize`` and
     ``maximize`` are ``minimise`` and ``maximise`` (as the command line's ``--minimize``)."""
     for british, american, name in ((minimise, minimize, "minimise"), (maximise, maximize, "maximise")):
         if british is not None and american is not None:  # one would silently win

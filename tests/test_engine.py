@@ -138,9 +138,10 @@ def _attempts_cut_off_by_the_wait(tmp_path: Path, process: subprocess.Popen) -> 
     assert stopped.returncode == 75, stopped.stderr
     summary = read_summary(results)
     assert summary["status"] == "stopped" and summary["items_done"] == 2, summary
-    # the two workers' next items, started as the first two ended: each cut after the wait's 0.5 s at least
-    assert summary["attempt_seconds_without_result"] >= 2 * 0.5, summary
-    assert "attempts that failed or were stopped" in (results / "summary.md").read_text()
+    # the two workers' next items, started as the first two ended: a bar each, cut after the wait's 0.5 s at least
+    assert summary["attempts_cut_off"] == 2 and summary["attempt_seconds_without_result"] >= 2 * 0.5, summary
+    markdown = (results / "summary.md").read_text()
+    assert "attempts that failed or were stopped" in markdown and "2 attempts still running when the wait" in markdown
     assert not [e for e in journal_entries(results) if e.get("type") == "attempt_failed"]  # not failures
 
 

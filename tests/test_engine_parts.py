@@ -175,3 +175,34 @@ def test_nan_for_a_number_flag_is_said_to_be_no_number():
     with pytest.raises(argparse.ArgumentTypeError, match=r"^must be at least 0, got -1$"):
         at_least(0, float)("-1")
     assert at_least(0, float)("inf") == float("inf") and at_least(1)("3") == 3
+
+
+def test_an_attempt_cut_off_by_a_stop_is_drawn_from_live_ranks_at_its_latest_start(tmp_path):
+    """At the end of a stop's wait, rank 0 draws each item still in flight from what the ranks last
+    said their workers run: a lost rank's last word is stale (its items went to others), and of two
+    live ranks' words on one item the later start is its attempt (a review drew 900 s for a 50 s
+    attempt from a lost rank's old snapshot)."""
+    from common.ranks.distribute import Leader
+    from common.results.status_file import StatusWriter
+
+    rank0 = SimpleNamespace(workers={}, rank=0, host="n0", given_up={})
+    writer = StatusWriter(tmp_path, app="toy", command="c", layout=[{"rank": r, "host": f"n{r}"} for r in range(4)],
+                          items_total=3, items_resumed=0, started_at=0.0, pool=rank0,
+                          monitor=SimpleNamespace(recent=lambda: []), every=5.0)
+
+    def running(worker: str, key: str, since: float) -> dict:
+        return {"worker": worker, "device": "cpu0", "pid": 1, "state": "running", "key": key, "since": since}
+
+    writer.absorb(1, {"rank": 1, "host": "n1", "workers": [running("rank1-cpu0", "k1", 950.0)], "gpus": []})
+    writer.absorb(2, {"rank": 2, "host": "n2", "workers": [running("rank2-cpu0", "k1", 100.0),
+                                                          running("rank2-cpu1", "k2", 960.0)], "gpus": []})
+    writer.absorb(3, {"rank": 3, "host": "n3", "workers": [running("rank3-cpu0", "k3", 900.0),
+                                                          {"worker": "rank3-cpu1", "state": "idle"}], "gpus": []})
+    writer.absorb(1, {"rank": 1, "host": "n1", "workers": [running("rank1-cpu0", "k1", 950.0),
+                                                          running("rank1-cpu1", "k3", 980.0)], "gpus": []})
+    leader = SimpleNamespace(scheduler=SimpleNamespace(in_flight={"k1": 1, "k2": 1, "k3": 1}), status=writer,
+                             clock=SimpleNamespace(time=lambda: 1000.0), lost={2: {"why": "silent"}}, cut_bars={})
+    Leader._draw_cut_off(leader)
+    assert leader.cut_bars == {
+        "k1": {"worker": "rank1-cpu0", "start": 950.0, "end": 1000.0, "ok": False, "why": "stopped"},
+        "k3": {"worker": "rank1-cpu1", "start": 980.0, "end": 1000.0, "ok": False, "why": "stopped"}}

@@ -218,10 +218,12 @@ class Leader:
         if not self.scheduler.in_flight or self.status is None:
             return
         now = self.clock.time()
-        for attempt in self.status.running_attempts():
-            if attempt["key"] in self.scheduler.in_flight and attempt["since"] < now:
-                self.cut_bars[attempt["key"]] = {"worker": attempt["worker"], "start": attempt["since"], "end": now,
-                                                 "ok": False, "why": "stopped"}
+        for attempt in self.status.running_attempts(leaving_out=set(self.lost)):
+            key, since = attempt["key"], attempt["since"]
+            if key in self.scheduler.in_flight and since < now and since > self.cut_bars.get(key, {}).get("start", -1.0):
+                # an item seen on two workers (a rank's word older than a retry elsewhere): its latest attempt
+                self.cut_bars[key] = {"worker": attempt["worker"], "start": since, "end": now, "ok": False,
+                                      "why": "stopped"}
 
     def _end(self, outcome: str, code: int) -> str:
         self.code = code
@@ -358,7 +360,11 @@ class Leader:
         """The attempts of this run but those of the kept results: failed, timed out, ended by the
         stop, a result not kept, and those the stop's wait cut off (but for a result that still came
         before the run ended)."""
-        return self.bars + [bar for key, bar in self.cut_bars.items() if key not in self.records]
+        return self.bars + self.cut_attempts()
+
+    def cut_attempts(self) -> List[dict]:
+        """The bars of the attempts the stop's wait cut off, but those whose result still came."""
+        return [bar for key, bar in self.cut_bars.items() if key not in self.records]
 
     def _attempt_failed(self, failed: Failed) -> None:
         """``failed.record`` says where and when the attempt ran (its result is None)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 from common import settings
 from common.clock import SYSTEM_CLOCK, Clock
@@ -171,13 +171,14 @@ class StatusWriter:
         except OSError:  # a full disk, or a folder moved away: both show through the journal, which stops
             pass  # the run; the status file simply goes stale
 
-    def running_attempts(self) -> List[Dict[str, Any]]:
-        """What each rank's workers run, as each rank last said (rank 0's own: now): the worker,
+    def running_attempts(self, leaving_out: Set[int] = frozenset()) -> List[Dict[str, Any]]:
+        """What each rank's workers run, as each rank last said (rank 0's own: now), but the ranks
+        ``leaving_out`` (lost: their last word is stale, their items went to others): the worker,
         the item's key and since when (epoch seconds)."""
         self.snapshots[0] = rank_snapshot(self.pool, self.monitor, self.clock)
         return [{"worker": w["worker"], "key": w["key"], "since": w["since"]}
-                for _, snapshot in sorted(self.snapshots.items()) for w in snapshot["workers"]
-                if w.get("state") == "running" and "key" in w and "since" in w]
+                for rank, snapshot in sorted(self.snapshots.items()) if rank not in leaving_out
+                for w in snapshot["workers"] if w.get("state") == "running" and "key" in w and "since" in w]
 
     def finished(self, leader: Any, code: int, error: str = "") -> None:
         """The last write, with the run's outcome from its exit code; ``error``: why rank 0 itself

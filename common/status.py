@@ -278,11 +278,16 @@ def _moved(results: Path, status: dict) -> Optional[str]:
     was, inode = status.get("results_dir"), status.get("results_inode")
     try:
         here = results.resolve()
-        # the same folder seen through a bind mount (a container's /data) has another path, not another inode
-        if not isinstance(was, str) or Path(was) == here or inode == os.stat(here).st_ino:
-            return None
+        if not isinstance(was, str) or Path(was) == here or (os.path.exists(was) and os.path.samefile(was, here)):
+            return None  # where it ran, or the same folder by another path (a link)
+        # the same inode where the job's path leads nowhere: renamed (mv), or seen through a container's bind mount
+        renamed_or_mounted = inode == os.stat(here).st_ino and not os.path.exists(was)
     except (OSError, RuntimeError, ValueError):
         return None
+    if renamed_or_mounted:
+        return (f"moved    this folder was {quoted(was)} when the job ran, a path not found here: if it was renamed, "
+                f"give --results {quoted(str(here))} in the command above (a --resume of a path with no journal starts "
+                f"the run afresh); seen through a container's bind mount, give the command there as it is")
     return f"moved    this folder was {quoted(was)} when the job ran: in the command above, give --results {quoted(str(here))}"
 
 

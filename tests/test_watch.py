@@ -492,8 +492,8 @@ def test_a_folder_the_user_may_not_look_into_is_one_line_and_exit_2():
 
 
 def test_a_moved_folder_says_where_it_was_beside_the_command_that_finishes_it(tmp_path):
-    """The resume command names the --results the job was given; status of a moved or copied folder
-    says so, and which folder to give instead."""
+    """The resume command names the --results the job was given; status of a moved, renamed or copied
+    folder says so, and which folder to give instead."""
     now = 1_000_000.0
     here = tmp_path / "moved"
     here.mkdir()
@@ -506,9 +506,16 @@ def test_a_moved_folder_says_where_it_was_beside_the_command_that_finishes_it(tm
            f"'{here.resolve()}'" in text, text
     for same in (str(here), None):  # where it ran, or a status file from before the field: nothing to say
         assert "moved " not in describe(here, {**state, "results_dir": same}, JournalReader(here / "journal.jsonl"), now)
-    # the folder itself, seen elsewhere (a container's bind mount): its inode says so
-    bound = {**state, "results_inode": os.stat(here).st_ino}
-    assert "moved " not in describe(here, bound, JournalReader(here / "journal.jsonl"), now)
+    # the folder by another path that leads to it (a link): nothing to say
+    (tmp_path / "link").symlink_to(here)
+    linked = {**state, "results_dir": str(tmp_path / "link"), "results_inode": os.stat(here).st_ino}
+    assert "moved " not in describe(here, linked, JournalReader(here / "journal.jsonl"), now)
+    # its inode where the job's path leads nowhere: renamed with mv (a review followed the old path's
+    # --resume, which ran every item again), or seen through a container's bind mount: both said
+    renamed = {**state, "results_inode": os.stat(here).st_ino}
+    assert (f"moved    this folder was '{tmp_path / 'old'}' when the job ran, a path not found here: if it was renamed, "
+            f"give --results '{here.resolve()}' in the command above") in describe(
+        here, renamed, JournalReader(here / "journal.jsonl"), now)
 
 
 def test_status_from_another_folder_says_where_the_job_was_launched(tmp_path, monkeypatch):

@@ -130,6 +130,16 @@ def test_an_agent_named_by_a_path_relative_to_the_launch_folder_is_refused_befor
     works = launched_here("--agent", f'{sys.executable} "$PIPELINE_LAUNCH_DIR/my_agent.py"')
     assert works.returncode == 0, works.stderr
     assert (results / "agent-digits-lr0_02" / "train" / "output.md").is_file()
+    # only the program and the script an interpreter runs are looked at: a command that changes folder
+    # first, or a file of the step's own that is also here, is the user's business (a review's cases)
+    from common.pipeline.app import _relative_file
+
+    (tmp_path / "prompt.md").write_text("here too")
+    monkeypatch.chdir(tmp_path)
+    assert _relative_file('cd "$PIPELINE_LAUNCH_DIR" && python3 my_agent.py') is None
+    assert _relative_file("my-agent --prompt-file prompt.md") is None
+    assert _relative_file("python3 -m agent_module prompt.md") is None
+    assert _relative_file("MODE=fast python3 -u my_agent.py > prompt.md") == "my_agent.py"
 
 
 def test_steps_stop_starting_once_the_reported_costs_pass_the_budget(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shlex
 import socket
 from dataclasses import dataclass
@@ -125,15 +126,27 @@ def agent_command(flag: Optional[str], environ: Mapping[str, str], pipelines: Li
     return agent
 
 
+#: programs whose first argument that is not an option is the script they run
+INTERPRETERS = re.compile(r"(python|pypy)[0-9.]*|bash|sh|zsh|dash|Rscript|julia|node|perl|ruby|uv|conda")
+
+
 def _relative_file(command: str) -> Optional[str]:
-    """The first word of a shell command that names a file by a path relative to the current
-    folder (``python3 agent.py``, ``./agent``), or None."""
+    """The program, or the script an interpreter is given (``python3 agent.py``, ``./agent``), where
+    the command names it by a path relative to the current folder and it is a file here; None
+    otherwise (a command that changes folder first, ``cd ... && ...``, is taken as it is)."""
     try:
         words = shlex.split(command)
     except ValueError:  # unbalanced quotes: the shell says so when the step runs
         return None
-    for word in words:
-        if word.startswith(("-", "$", "~")) or os.path.isabs(word):
+    while words and "=" in words[0] and not words[0].startswith(("=", "/", ".")):  # VAR=value before the program
+        words = words[1:]
+    if not words or words[0] in ("cd", "pushd", "env", "exec", "time", "nice"):
+        return None
+    named = [words[0]]
+    if INTERPRETERS.fullmatch(os.path.basename(words[0])):
+        named += [next((word for word in words[1:] if not word.startswith("-")), "")]
+    for word in named:
+        if not word or word.startswith(("$", "~")) or os.path.isabs(word):
             continue
         with contextlib.suppress(OSError, ValueError):
             if os.path.isfile(word):

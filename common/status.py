@@ -295,11 +295,13 @@ def _launched_elsewhere(status: dict) -> Optional[str]:
     """The note for a status command run in another folder than the job's: the commands above may
     name files and modules by paths relative to where the job was launched."""
     launched = status.get("launch_dir")
-    try:
-        if not isinstance(launched, str) or Path(launched) == Path(os.getcwd()):
-            return None
-    except (OSError, ValueError):
+    if not isinstance(launched, str):
         return None
+    try:
+        if os.path.samefile(launched, os.getcwd()):  # by a link to it too: the same folder
+            return None
+    except (OSError, ValueError):  # gone since, or this folder is: where it was is said all the same
+        pass
     return (f"folder   the job was launched in {quoted(launched)}: the command above reads its relative paths (and "
             f"a user's module) from there: cd {shlex.quote(launched)} first")
 

@@ -579,6 +579,8 @@ BAD_INPUTS = [
      ["--grid", "g.json"], ["importing 'exits'", "exited the program (SystemExit: 3)"]),
     ("positional:fit", {"g.json": {"x": [1]}, "positional.py": "def fit(params, /):\n    return {}\n"},
      ["--grid", "g.json"], ["positional-only"]),
+    ("yields:fit", {"g.json": {"x": [1]}, "yields.py": "def fit(params):\n    yield {'loss': 1}\n"},
+     ["--grid", "g.json"], ["the sweep function 'fit' yields: it must return a dict of its values"]),
     ("sweep_functions:noisy", {"g.yaml": "x: [1]\n123: [2]\n"}, ["--grid", "g.yaml"],  # YAML's unquoted 123 is a number
      ["parameter name 123 is not a string but int", "quote a name such as 123"]),
     ("partial:fit", {"g.json": {"x": [1]}, "partial.py": "import functools\ndef base(params, scale=1):\n    return {}\n"
@@ -1161,3 +1163,20 @@ def test_the_figure_draws_a_grid_with_0_on_a_log_axis_and_no_best_line_through_s
     big, categories = drawn[-1].axes
     assert len(best_lines(big)) == 1
     assert [label.get_text() for label in categories.get_xticklabels()] == ["null", "adam", "true", "sgd"]
+
+
+def test_a_spaces_choices_stand_in_the_figure_in_the_order_listed(monkeypatch):
+    """Drawn points give a choice's values in the order drawn (seed 1: tanh, gelu, elu, relu, by a
+    review): the figure takes the space's own list first."""
+    from common.sweep import report
+    from common.sweep.app import _choices
+    from common.sweep.space import sample_points
+
+    space = {"x": {"uniform": [0, 5]}, "act": {"choice": ["relu", "gelu", "tanh", "elu"]}}
+    points = sample_points(space, 12, 1)
+    assert list(dict.fromkeys(point["act"] for point in points)) != ["relu", "gelu", "tanh", "elu"]  # else no test
+    drawn = []
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: drawn.append(fig))
+    ranked = [{"params": point, "mean": point["x"], "min": point["x"], "max": point["x"], "n": 1} for point in points]
+    report._figure(ranked, ["x", "act"], "loss", "min", Path("unused"), _choices(space) + points)
+    assert [label.get_text() for label in drawn[0].axes[1].get_xticklabels()] == ["relu", "gelu", "tanh", "elu"]

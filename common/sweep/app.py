@@ -81,6 +81,9 @@ class Plan:
     goal: str = "min"  # "min" or "max"
     wants: Tuple[str, ...] = field(default_factory=tuple)  # which of ARGUMENTS the function takes
     keys: List[str] = field(default_factory=list)  # point_key of each point (empty: made from the points)
+    # each parameter's values in the order the user gave them (the grid's, the list's, a space's choices),
+    # as points: the figure's axes of values that are not numbers (empty: the points themselves)
+    listed: List[Dict[str, Any]] = field(default_factory=list)
 
 
 def _points(kind: str, value: Any, args: Any) -> Tuple[List[Dict[str, Any]], Optional[List[str]]]:
@@ -189,6 +192,13 @@ def _check_setup(setup: Callable[..., Any]) -> None:
     except TypeError as error:
         raise UsageError(f"setup {name}() cannot be called as each worker calls it, with the device or with "
                          f"nothing ({error})") from None
+
+
+def _choices(space: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """A random space's ``choice`` values in the order it lists them, as points of one parameter each
+    (drawn points give them in the order drawn)."""
+    return [{name: choice} for name, spec in space.items() if isinstance(spec, Mapping)
+            for choice in spec.get("choice") or ()]
 
 
 def _picklable(function: Callable[..., Any], what: str) -> None:
@@ -343,6 +353,9 @@ class SweepApp(App):
             if inspect.iscoroutinefunction(given) or inspect.isasyncgenfunction(given):  # nothing would await it
                 raise UsageError(f"{what} {given.__qualname__!r} is defined with async def, and a worker calls it "
                                  f"as a plain function: define it with def (it may run asyncio.run(...) inside)")
+        if inspect.isgeneratorfunction(function):  # each item would fail on the generator it returns
+            raise UsageError(f"the sweep function {function.__qualname__!r} yields: it must return a dict of its "
+                             f"values (yield gives a generator, not them)")
         wants = _wanted(function, has_setup=setup is not None)
         if "state" in wants and setup is None:  # it would be given None, and fail every item (twice) on it
             where = "--setup MODULE:FUNCTION" if self.preset is None else "setup= in sweep.main"
@@ -355,7 +368,7 @@ class SweepApp(App):
         points, keys = _points(kind, value, args)
         metric = args.minimise or args.maximise
         self.plan = Plan(function, setup, points, kind, args.repeats, metric,
-                         "max" if args.maximise else "min", wants, keys)
+                         "max" if args.maximise else "min", wants, keys, _choices(value) if kind == "samples" else [])
 
     def check_before_the_queue(self) -> None:
         """What ``python -m common.slurm`` checks on the login node, beyond :meth:`check_arguments`

@@ -330,7 +330,8 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         unranked = {point_key(item.params["point"]) for item, _ in finished} - {entry["key"] for entry in ranked}
         if unranked:
             sweep["unranked"] = len(unranked)
-            odd = next((value for _, record in finished for value in [record.result["return"].get(plan.metric)]
+            odd = next((value for item, record in finished if point_key(item.params["point"]) in unranked
+                        for value in [record.result["return"].get(plan.metric)]
                         if value is not None and not finite_number(value) and not isinstance(value, float)), None)
             if odd is not None:  # a string, a bool, a list: not a number, which the note must not call missing
                 sweep["unranked_example"] = short(odd, 40)
@@ -342,7 +343,7 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
         try:
             with warnings.catch_warnings():  # numpy's overflow warnings on axes spanning the float range
                 warnings.simplefilter("ignore", RuntimeWarning)
-                _figure(ranked, parameters, plan.metric, plan.goal, folder / FIGURE, plan.points)
+                _figure(ranked, parameters, plan.metric, plan.goal, folder / FIGURE, plan.listed + plan.points)
             sweep["figure"] = png_name(FIGURE)
         except (ValueError, OverflowError) as error:  # values matplotlib cannot lay out (near the float limit)
             _remove_figure(folder)

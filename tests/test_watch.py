@@ -615,7 +615,8 @@ def test_the_last_status_file_of_a_run_shows_no_worker_running(tmp_path):
          "since": 0.0, "together": 1},
         {"worker": "rank1-cpu1", "device": "cpu1", "pid": 12, "state": "starting"}]})
     scheduler = types.SimpleNamespace(results={"item-0000": 1, "item-0001": 2}, failed={}, in_flight={}, unresolved=0)
-    leader = types.SimpleNamespace(stopping=None, records=[1, 2], scheduler=scheduler, broken={}, lost={})
+    records = {key: types.SimpleNamespace(start=0.0) for key in ("item-0000", "item-0001")}
+    leader = types.SimpleNamespace(stopping=None, records=records, scheduler=scheduler, broken={}, lost={})
     writer.write(leader, "running")
     running = json.loads((tmp_path / "status.json").read_text())["workers"]
     assert [w["state"] for w in running] == ["given up", "running", "starting"], running
@@ -625,6 +626,26 @@ def test_the_last_status_file_of_a_run_shows_no_worker_running(tmp_path):
     assert [(w["worker"], w["state"]) for w in final["workers"]] == [
         ("rank0-cpu1", "given up"), ("rank1-cpu0", "ended"), ("rank1-cpu1", "ended")], final["workers"]
     assert "key" not in final["workers"][1]
+
+
+def test_the_rate_counts_from_when_the_first_item_started_not_from_the_workers_start_up(tmp_path):
+    """mnist_nn's workers import torch for 3.5 s before an item starts: a run 7 s old that had done 17
+    items in the last 3.5 s showed "0.276 items/s, ETA 1m05s" and finished 3 s later (a review)."""
+    import types
+
+    from common.results.status_file import StatusWriter
+    from common.testing.inprocess import FakeClock, fake_time
+
+    clock = FakeClock(7.0, epoch=0.0)  # the run started at 0 (epoch seconds), now is 7
+    pool = types.SimpleNamespace(rank=0, host="n0", workers={}, given_up={})
+    writer = StatusWriter(tmp_path, app="nn", command="python -m mnist_nn", layout=[{"rank": 0, "host": "n0"}],
+                          items_total=35, items_resumed=0, started_at=0.0, pool=pool,
+                          monitor=types.SimpleNamespace(recent=lambda: []), every=5.0, clock=fake_time(clock))
+    records = {f"item-{i}": types.SimpleNamespace(start=3.5 + 0.1 * i) for i in range(17)}
+    scheduler = types.SimpleNamespace(results=records, failed={}, in_flight={}, unresolved=18)
+    writer.write(types.SimpleNamespace(stopping=None, records=records, scheduler=scheduler, broken={}, lost={}), "running")
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["rate_per_second"] == pytest.approx(17 / 3.5) and status["eta_seconds"] == pytest.approx(18 / (17 / 3.5))
 
 
 def test_a_worker_the_file_shows_starting_but_the_journal_shows_busy_is_busy_with_a_fresh_eta(tmp_path):

@@ -122,6 +122,7 @@ class StatusWriter:
         self.heard: Dict[int, float] = {entry["rank"]: started_at for entry in layout}
         # (time, items done this run) over the rate window
         self.done: Deque[Tuple[float, int]] = deque([(started_at, 0)])
+        self.items_began: Optional[float] = None  # when the first item of this run that finished started
         self._cadence = Cadence(self.every, clock)
 
     def absorb(self, rank: int, snapshot: Dict[str, Any]) -> None:
@@ -148,7 +149,12 @@ class StatusWriter:
         self.done.append((now, this_run))
         while len(self.done) > 2 and self.done[1][0] <= now - RATE_WINDOW_SECONDS:
             self.done.popleft()
-        (_, first_done), span = self.done[0], now - self.done[0][0]
+        if self.items_began is None and this_run:  # the first results: when their items started
+            self.items_began = min(record.start for record in leader.records.values())
+        # no result can come before the first item started: the workers' start-up (torch's import, 3 s
+        # and more) counted in the span made a short run's rate half what it was, and its ETA twice
+        (window_start, first_done) = self.done[0]
+        span = now - max(window_start, self.items_began or window_start)
         rate = (this_run - first_done) / span if span > 0 else 0.0
         remaining = scheduler.unresolved
         failed = list(scheduler.failed.items())

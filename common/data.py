@@ -185,10 +185,14 @@ def _what_is_missing(name: str, data_dir: Optional[Path]) -> str:
     return f"{quoted(best)} lacks {', '.join(missing)} (plain or .gz)"
 
 
-def _missing_message(name: str, data_dir: Optional[Path], why: str) -> str:
+#: what a missing data set's message offers instead, unless the app says otherwise (mnist_nn adds --max-macs)
+OFFLINE = "--dataset digits"
+
+
+def _missing_message(name: str, data_dir: Optional[Path], why: str, offline: str = OFFLINE) -> str:
     where = "put the four files in --data-dir" if data_dir is not None else f"put them in {quoted(default_data_dir())}"
     return (f"{name}: {_what_is_missing(name, data_dir)}, and the IDX files cannot be downloaded ({why}); "
-            f"{where}, or use --dataset digits")
+            f"{where}, or use {offline}")
 
 
 def _torchvision_child(*argv: str, timeout: float) -> subprocess.CompletedProcess:
@@ -341,9 +345,11 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=DATASETS, default="mnist", help="data set")
     parser.add_argument("--data-dir", type=folder_path, default=None,
                         help="folder of the IDX files (or its mnist/, fashion-mnist/, MNIST/raw/, FashionMNIST/raw/), "
-                             "shared by every node, and the only place looked at; when not given: data/, then "
-                             "./MNIST/raw or ./FashionMNIST/raw (the reference's torchvision download), then for "
-                             "Fashion-MNIST /usr/share/datasets/fashion-mnist; a download goes to data/")
+                             "shared by every node, and the only place looked at; when not given: data/ (MNIST "
+                             "only), data/mnist/ or data/fashion-mnist/, data/MNIST/raw/ or data/FashionMNIST/raw/, "
+                             "then ./MNIST/raw or "
+                             "./FashionMNIST/raw (the reference's torchvision download), then for Fashion-MNIST "
+                             "/usr/share/datasets/fashion-mnist; a download goes to data/")
     parser.add_argument("--subsample", type=int, default=None, metavar="N",
                         help="use N training images (stratified) for quick runs; the test set is kept whole")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")
@@ -362,8 +368,9 @@ def check_data_flags(args: argparse.Namespace) -> None:
                          f"({2 * args.folds} for --folds {args.folds})")
 
 
-def check_available(name: str, data_dir: Optional[Path] = None) -> None:
-    """Cheap check on every rank: the files are there, or there is a way to download them."""
+def check_available(name: str, data_dir: Optional[Path] = None, offline: str = OFFLINE) -> None:
+    """Cheap check on every rank: the files are there, or there is a way to download them;
+    ``offline``: the flags the message offers instead (the app's quick run without the files)."""
     _check_name(name)
     if name == "digits" or find_idx_files(name, data_dir) is not None:
         return
@@ -371,10 +378,10 @@ def check_available(name: str, data_dir: Optional[Path] = None) -> None:
         raise UsageError(f"{name}: --data-dir {quoted(data_dir)} is not a folder")
     problem = _download_problem(name)
     if problem:
-        raise UsageError(_missing_message(name, data_dir, problem))
+        raise UsageError(_missing_message(name, data_dir, problem, offline))
 
 
-def ensure_available(name: str, data_dir: Optional[Path] = None) -> None:
+def ensure_available(name: str, data_dir: Optional[Path] = None, offline: str = OFFLINE) -> None:
     """Rank 0, before any work: download the IDX files once through torchvision if missing."""
     _check_name(name)
     if name == "digits" or find_idx_files(name, data_dir) is not None:
@@ -384,7 +391,8 @@ def ensure_available(name: str, data_dir: Optional[Path] = None) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UsageError(_missing_message(name, data_dir, f"cannot make {quoted(root)}: {error.strerror or error}")) from None
+        raise UsageError(_missing_message(name, data_dir, f"cannot make {quoted(root)}: {error.strerror or error}",
+                                          offline)) from None
     # one child imports torchvision (seconds of CPU) and downloads: validate() has just checked on this
     # rank that it imports and a mirror answers, so it is not asked for its mirrors once more first
     child = _torchvision_child("download", name, str(root), timeout=DOWNLOAD_SECONDS)
@@ -393,9 +401,9 @@ def ensure_available(name: str, data_dir: Optional[Path] = None) -> None:
             with contextlib.suppress(OSError):
                 root.rmdir()
         why = _no_torchvision(child) if child.returncode == _CHILD_NO_TORCHVISION else _last_line(child.stderr)
-        raise UsageError(_missing_message(name, data_dir, why))
+        raise UsageError(_missing_message(name, data_dir, why, offline))
     if find_idx_files(name, data_dir) is None:
-        raise UsageError(_missing_message(name, data_dir, "the download left no IDX files"))
+        raise UsageError(_missing_message(name, data_dir, "the download left no IDX files", offline))
 
 
 # ----- reading -----

@@ -61,6 +61,9 @@ EMBED_LIMIT_BYTES = 64 * 2 ** 20
 #: the reference's 12 12 is 732 fits of about a minute each on an A100; past this many the item
 #: list alone takes rank 0 minutes and gigabytes, and the run would take years
 MAX_FITS = 100_000
+#: what a missing MNIST's message offers instead: the README's smoke test on any machine (without the
+#: --max-macs the one candidate drawn on the digits can have 274M weights: minutes to hours on a CPU)
+OFFLINE_SMOKE = "--dataset digits --max-macs 3e5"
 #: --max-macs at least this: below it, drawing a candidate takes thousands of tries (0.07% of the
 #: reference's nets take at most 300,000 multiply-adds an image)
 MIN_MAX_MACS = 300_000
@@ -101,8 +104,9 @@ class MnistNN(App):
                                  "training set's own mean and standard deviation")
         parser.add_argument("--max-macs", type=at_least(MIN_MAX_MACS, float), default=None, metavar="N",
                             help="NOT the reference's search: draw only nets whose forward pass takes at most N "
-                                 "multiply-adds an image (so at most N weights; e.g. 3e5), redrawing bigger ones; "
-                                 "for CPUs, where the reference's nets of hundreds of millions of weights take hours")
+                                 "multiply-adds an image (so at most N weights; e.g. 3e5, the least taken), redrawing "
+                                 "bigger ones; for CPUs, where the reference's nets of hundreds of millions of weights "
+                                 "take hours")
         parser.add_argument("--certainty-images", type=at_least(0), default=100, metavar="N",
                             help="a certainty figure (each digit's probability over the models, as the reference's) "
                                  "for each of the first N test images, and one for the first test image the "
@@ -119,7 +123,7 @@ class MnistNN(App):
         check_data_flags(args)
 
     def validate(self) -> None:
-        check_available(self.args.dataset, self.args.data_dir)
+        check_available(self.args.dataset, self.args.data_dir, OFFLINE_SMOKE)
 
     def fingerprint(self) -> Dict[str, Any]:
         args = self.args
@@ -138,7 +142,7 @@ class MnistNN(App):
     # ----- rank 0 -----
     def prepare(self) -> None:
         args = self.args
-        ensure_available(args.dataset, args.data_dir)
+        ensure_available(args.dataset, args.data_dir, OFFLINE_SMOKE)
         dataset = load_dataset(args.dataset, args.data_dir, subsample=args.subsample, seed=args.seed)
         if len(dataset.y_train) < 2 * args.folds:
             raise UsageError(f"{args.dataset}: {len(dataset.y_train)} training images are too few for "

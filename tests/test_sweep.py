@@ -878,6 +878,10 @@ def test_a_scripts_plain_sweep_main_statement_still_exits_with_the_runs_code(tmp
                       '    code = sweep.main(fit, grid={"x": [1, 2]}); print("kept", code)\n')
     assigned = run([str(kept), *ENGINE, "--retries", "0", "--results", str(tmp_path / "u")], cwd=tmp_path)
     assert assigned.returncode == 0 and "kept 1" in assigned.stdout, (assigned.stdout, assigned.stderr)
+    given = write_json(tmp_path / "given.py", body + 'if __name__ == "__main__":\n'  # its code given to a call
+                       '    print("code was", sweep.main(fit, grid={"x": [1, 2]}))\n')
+    printed = run([str(given), *ENGINE, "--retries", "0", "--results", str(tmp_path / "v")], cwd=tmp_path)
+    assert printed.returncode == 0 and "code was 1" in printed.stdout, (printed.stdout, printed.stderr)
 
 
 @pytest.mark.parametrize("arguments, fragment", [

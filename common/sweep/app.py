@@ -621,7 +621,12 @@ def _result_dropped(frame: Any) -> bool:
     if column is None and sum(1 for node in statements if node.lineno == line) > 1:
         return False  # two statements begin on the call's line: which one holds it cannot be told
     innermost = max(statements, key=lambda node: (node.lineno, node.col_offset), default=None)
-    return isinstance(innermost, ast.Expr) and isinstance(innermost.value, ast.Call)
+    call = innermost.value if isinstance(innermost, ast.Expr) else None
+    if not isinstance(call, ast.Call):
+        return False
+    if column is not None:  # the statement's call is sweep.main's own, not one it is given to: print(sweep.main(...))
+        return (call.lineno, call.col_offset) == (line, column)
+    return getattr(call.func, "attr", getattr(call.func, "id", None)) == "main"
 
 
 def _unguarded_call(frame: Any) -> str:

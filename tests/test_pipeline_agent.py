@@ -140,6 +140,9 @@ def test_an_agent_named_by_a_path_relative_to_the_launch_folder_is_refused_befor
     assert _relative_file("my-agent --prompt-file prompt.md") is None
     assert _relative_file("python3 -m agent_module prompt.md") is None
     assert _relative_file("MODE=fast python3 -u my_agent.py > prompt.md") == "my_agent.py"
+    assert _relative_file("env A=1 time -p python3 my_agent.py") == "my_agent.py"  # past the wrappers
+    (tmp_path / "claude").write_text("")  # a bare program name is looked up on PATH, not here
+    assert _relative_file("claude -p") is None and _relative_file("./claude -p") == "./claude"
 
 
 def test_steps_stop_starting_once_the_reported_costs_pass_the_budget(tmp_path):

@@ -127,17 +127,34 @@ def agent_command(flag: Optional[str], environ: Mapping[str, str], pipelines: Li
 
 
 #: programs whose first argument that is not an option is the script they run
-INTERPRETERS = re.compile(r"(python|pypy)[0-9.]*|bash|sh|zsh|dash|Rscript|julia|node|perl|ruby|uv|conda")
+INTERPRETERS = re.compile(r"(python|pypy)[0-9.]*|bash|sh|zsh|dash|Rscript|julia|node|perl|ruby")
+#: words before the program that the shell or a wrapper takes (its program follows them)
+WRAPPERS = ("env", "time", "nice", "exec", "command", "nohup")
 
 
 def _relative_file(command: str) -> Optional[str]:
-    """The program, or the script an interpreter is given (``python3 agent.py``, ``./agent``), where
-    the command names it by a path relative to the current folder and it is a file here; None
-    otherwise (a command that changes folder first, ``cd ... && ...``, is taken as it is)."""
+    """The program named by a relative path (``./agent``, ``bin/agent``: a bare name is looked up
+    on PATH), or the script an interpreter is given (``python3 agent.py``), where it is a file
+    here; None otherwise (a command that changes folder first, ``cd ... && ...``, is taken as it is)."""
     try:
         words = shlex.split(command)
     except ValueError:  # unbalanced quotes: the shell says so when the step runs
         return None
+    while words and (words[0] in WRAPPERS or ("=" in words[0] and not words[0].startswith(("=", "/", ".")))
+                     or (words[0].startswith("-") and len(words) > 1)):  # env A=1, time -p, VAR=value
+        words = words[1:]
+    if not words or words[0] in ("cd", "pushd"):
+        return None
+    named = [words[0]] if "/" in words[0] else []
+    if INTERPRETERS.fullmatch(os.path.basename(words[0])):
+        named += [next((word for word in words[1:] if not word.startswith("-")), "")]
+    for word in named:
+        if not word or word.startswith(("$", "~")) or os.path.isabs(word):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if os.path.isfile(word):
+                return word
+    return None
     while words and "=" in words[0] and not words[0].startswith(("=", "/", ".")):  # VAR=value before the program
         words = words[1:]
     if not words or words[0] in ("cd", "pushd", "env", "exec", "time", "nice"):

@@ -186,7 +186,7 @@ def test_an_attempt_cut_off_by_a_stop_is_drawn_from_live_ranks_at_its_latest_sta
     from common.results.status_file import StatusWriter
 
     rank0 = SimpleNamespace(workers={}, rank=0, host="n0", given_up={})
-    writer = StatusWriter(tmp_path, app="toy", command="c", layout=[{"rank": r, "host": f"n{r}"} for r in range(4)],
+    writer = StatusWriter(tmp_path, app="toy", command="c", layout=[{"rank": r, "host": f"n{r}"} for r in range(5)],
                           items_total=3, items_resumed=0, started_at=0.0, pool=rank0,
                           monitor=SimpleNamespace(recent=lambda: []), every=5.0)
 
@@ -200,8 +200,12 @@ def test_an_attempt_cut_off_by_a_stop_is_drawn_from_live_ranks_at_its_latest_sta
                                                           {"worker": "rank3-cpu1", "state": "idle"}], "gpus": []})
     writer.absorb(1, {"rank": 1, "host": "n1", "workers": [running("rank1-cpu0", "k1", 950.0),
                                                           running("rank1-cpu1", "k3", 980.0)], "gpus": []})
-    leader = SimpleNamespace(scheduler=SimpleNamespace(in_flight={"k1": 1, "k2": 1, "k3": 1}), status=writer,
-                             clock=SimpleNamespace(time=lambda: 1000.0), lost={2: {"why": "silent"}}, cut_bars={})
+    writer.absorb(4, {"rank": 4, "host": "n4", "workers": [running("rank4-cpu0", "k4", 900.0)], "gpus": []})
+    # rank 4's word is older than its worker's failed attempt (a retry elsewhere not told yet): not drawn
+    failed = [{"worker": "rank4-cpu0", "start": 900.0, "end": 940.0, "ok": False, "why": "failed"}]
+    leader = SimpleNamespace(scheduler=SimpleNamespace(in_flight={"k1": 1, "k2": 1, "k3": 1, "k4": 1}), status=writer,
+                             clock=SimpleNamespace(time=lambda: 1000.0), lost={2: {"why": "silent"}}, cut_bars={},
+                             bars=failed, records={})
     Leader._draw_cut_off(leader)
     assert leader.cut_bars == {
         "k1": {"worker": "rank1-cpu0", "start": 950.0, "end": 1000.0, "ok": False, "why": "stopped"},

@@ -218,8 +218,14 @@ class Leader:
         if not self.scheduler.in_flight or self.status is None:
             return
         now = self.clock.time()
+        last_end: Dict[str, float] = {}  # worker -> the end of its latest attempt known here
+        for worker, end in [(bar["worker"], bar["end"]) for bar in self.bars] + \
+                [(record.worker, record.end) for record in self.records.values()]:
+            last_end[worker] = max(end, last_end.get(worker, end))
         for attempt in self.status.running_attempts(leaving_out=set(self.lost)):
             key, since = attempt["key"], attempt["since"]
+            if since < last_end.get(attempt["worker"], since):  # a word older than that worker's last end
+                continue
             if key in self.scheduler.in_flight and since < now and since > self.cut_bars.get(key, {}).get("start", -1.0):
                 # an item seen on two workers (a rank's word older than a retry elsewhere): its latest attempt
                 self.cut_bars[key] = {"worker": attempt["worker"], "start": since, "end": now, "ok": False,

@@ -154,7 +154,9 @@ class StatusWriter:
         # no result can come before the first item started: the workers' start-up (torch's import, 3 s
         # and more) counted in the span made a short run's rate half what it was, and its ETA twice
         (window_start, first_done) = self.done[0]
-        span = now - max(window_start, self.items_began or window_start)
+        # a start told by a node whose clock runs ahead of this one's may lie in this one's future: not taken
+        began = self.items_began if self.items_began is not None and self.items_began < now else window_start
+        span = now - max(window_start, began)
         rate = (this_run - first_done) / span if span > 0 else 0.0
         remaining = scheduler.unresolved
         failed = list(scheduler.failed.items())

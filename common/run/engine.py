@@ -903,7 +903,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         summary["stopped_because"] = leader.stopping  # the signal: a walltime warning or a cancel, told apart
     if outcome == "stopped" or interrupted:
         summary["resume_command"] = _resume_command(app, argv)
-        summary["attempts_cut_off"] = len(leader.cut_attempts())  # drawn grey: still running when the wait ended
+        summary["items_cut_off"] = leader.cut_off  # still running when the wait for them ended
+        summary["attempts_cut_off"] = len(leader.cut_attempts())  # of those, drawn grey (where their start was told)
         if outcome == "stopped" and failure is None and not leader.gave_up and _made_no_progress(app, leader, walltime):
             summary["no_progress"] = True  # exit 76: a requeue with the same --time would only repeat it
     elif failed:  # a resume runs the failed items again (after a fix, or for a failure of the moment)
@@ -1145,11 +1146,11 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         lines += [f"- **lost rank {lost['rank']} on {lost['host']}** ({lost['why']}): its "
                   f"{lost['items_reassigned']} item(s) ran on the other ranks", ""]
     if summary.get("stopped_because"):
-        cut = summary.get("attempts_cut_off") or 0
+        cut = summary.get("items_cut_off") or 0
         lines += [f"**Stopped{' for lack of space' if summary.get('no_space') else ''}**: "
-                  f"{summary['stopped_because']}." + (f" {counted(cut, 'attempt')} still running when the wait for them "
-                                                      f"ended {'was' if cut == 1 else 'were'} cut off (grey in the "
-                                                      f"timeline); {'its item runs' if cut == 1 else 'their items run'} "
+                  f"{summary['stopped_because']}." + (f" {counted(cut, 'item')} still running when the wait for "
+                                                      f"{'it' if cut == 1 else 'them'} ended {'was' if cut == 1 else 'were'} "
+                                                      f"cut off (grey in the timeline); {'it runs' if cut == 1 else 'they run'} "
                                                       f"again on --resume." if cut else ""), ""]
     if summary.get("resume_command"):
         fix = ("After a fix, finish" if summary["status"] == "failed"  # --stop-after-failures

@@ -155,20 +155,6 @@ def _relative_file(command: str) -> Optional[str]:
             if os.path.isfile(word):
                 return word
     return None
-    while words and "=" in words[0] and not words[0].startswith(("=", "/", ".")):  # VAR=value before the program
-        words = words[1:]
-    if not words or words[0] in ("cd", "pushd", "env", "exec", "time", "nice"):
-        return None
-    named = [words[0]]
-    if INTERPRETERS.fullmatch(os.path.basename(words[0])):
-        named += [next((word for word in words[1:] if not word.startswith("-")), "")]
-    for word in named:
-        if not word or word.startswith(("$", "~")) or os.path.isabs(word):
-            continue
-        with contextlib.suppress(OSError, ValueError):
-            if os.path.isfile(word):
-                return word
-    return None
 
 
 @dataclass

@@ -594,6 +594,20 @@ def test_followers_report_their_workers_as_soon_as_rank_0_rewrites_the_file(tmp_
         if reporter.due():
             sent.append(round(clock.monotonic() - 1000.0, 1))
     assert sent == [0.0, 0.5, 1.5, 3.5, 7.5, 12.5, 17.5, 22.5, 27.5], sent
+    # and at once when a worker becomes ready: a review saw "rank1-cpu0 starting" for seconds after
+    # it had begun its first item (the worker importing torch, ready at 2.6 s, told only at 3.5)
+    import types
+
+    worker = types.SimpleNamespace(ready=False)
+    reporter = RankReporter(pool=types.SimpleNamespace(workers={"rank1-cpu0": worker}), monitor=None, every=5.0,
+                            clock=fake_time(clock))
+    sent = []
+    for tenth in range(100):
+        clock.now = 2000.0 + tenth / 10
+        worker.ready = tenth >= 26
+        if reporter.due():
+            sent.append(round(clock.monotonic() - 2000.0, 1))
+    assert sent == [0.0, 0.5, 1.5, 2.6, 3.5, 7.5], sent
 
 
 def test_the_last_status_file_of_a_run_shows_no_worker_running(tmp_path):

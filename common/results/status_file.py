@@ -80,9 +80,15 @@ class RankReporter:
         self.pool, self.monitor, self.clock = pool, monitor, clock
         self.every = every or status_seconds()
         self._cadence = Cadence(self.every, clock)
+        self._ready: Tuple[str, ...] = ()  # the workers ready at the last look
 
     def due(self) -> bool:
-        return self._cadence.due()
+        """On the cadence, and as soon as a worker has become ready (or left): between two
+        snapshots seconds apart, rank 0's file said a follower's workers were "starting" while
+        they ran items."""
+        ready = tuple(sorted(name for name, worker in getattr(self.pool, "workers", {}).items() if worker.ready))
+        changed, self._ready = ready != self._ready, ready
+        return self._cadence.due() or changed
 
     def snapshot(self) -> Dict[str, Any]:
         return rank_snapshot(self.pool, self.monitor, self.clock)

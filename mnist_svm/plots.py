@@ -9,7 +9,7 @@ from typing import Any, List
 import numpy as np
 from matplotlib.colors import LogNorm
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
 from common.results.layout import PER_GAMMA_FOLDER
 from common.results.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
@@ -33,6 +33,9 @@ def plot_heatmap(grid: Grid, table: np.ndarray, best_i_c: int, best_i_gamma: int
     plain = FuncFormatter(lambda value, _: f"{value:g}")
     bar.ax.yaxis.set_major_formatter(plain)
     bar.ax.yaxis.set_minor_formatter(plain)
+    if norm is not None and norm.vmax < 10 * norm.vmin:  # within a decade a log bar labels its low end only
+        bar.set_ticks([t for t in MaxNLocator(nbins=5).tick_values(norm.vmin, norm.vmax) if norm.vmin <= t <= norm.vmax])
+        bar.ax.yaxis.set_minor_formatter(NullFormatter())
     folds_done = np.sum(~np.isnan(table), axis=0)  # a mean of fewer folds than the title says is marked so
     partial = (folds_done > 0) & (folds_done < grid.folds)
     if grid.n_tuning <= 8:

@@ -430,3 +430,24 @@ def test_the_heatmaps_ticks_sit_on_its_cells_and_name_their_values(tmp_path, mon
     for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
         boxes = [label.get_window_extent(renderer) for label in labels if label.get_text()]
         assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), [label.get_text() for label in labels]
+
+
+def test_the_heatmaps_colour_bar_names_values_across_a_range_within_a_decade(tmp_path, monkeypatch):
+    """Errors from 5 % to 15.7 % on the log colour bar were labelled 5, 6, 7, 8, 9, 10 only (its
+    decade's minor ticks), nothing for the upper half of the cells (a review): within a decade the
+    bar now names evenly spaced values across the whole range."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from mnist_svm import plots
+    from mnist_svm.grid import Grid
+
+    grid = Grid(n_tuning=4, folds=5)
+    table = np.broadcast_to(np.linspace(0.05, 0.157, 16).reshape(1, 4, 4), (5, 4, 4)).copy()
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig) or [])
+    plots.plot_heatmap(grid, table, 0, 0, tmp_path / "heatmap")
+    FigureCanvasAgg(drawn[0]).draw()
+    bar = drawn[0].axes[1]
+    named = [float(label.get_text()) for label in bar.get_yticklabels() if label.get_text()]
+    assert len(named) >= 3 and min(named) < 7 and max(named) > 13, named
+    assert all(5 <= value <= 15.7 for value in named), named

@@ -278,10 +278,13 @@ def _moved(results: Path, status: dict) -> Optional[str]:
     was, inode = status.get("results_dir"), status.get("results_inode")
     try:
         here = results.resolve()
-        if not isinstance(was, str) or Path(was) == here or (os.path.exists(was) and os.path.samefile(was, here)):
-            return None  # where it ran, or the same folder by another path (a link)
+        if not isinstance(was, str) or Path(was) == here:
+            return None
+        there = os.path.exists(was)
+        if there and os.path.samefile(was, here):
+            return None  # the same folder by another path (a link)
         # the same inode where the job's path leads nowhere: renamed (mv), or seen through a container's bind mount
-        renamed_or_mounted = inode == os.stat(here).st_ino and not os.path.exists(was)
+        renamed_or_mounted = not there and inode == os.stat(here).st_ino
     except (OSError, RuntimeError, ValueError):
         return None
     if renamed_or_mounted:

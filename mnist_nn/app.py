@@ -21,7 +21,7 @@ import numpy as np
 
 from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields, check_range, percent, resumed_note
 from common.argtypes import at_least
-from common.data import add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
+from common.data import OFFLINE, add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
 from common.devices import Device
 from common.errors import UsageError
 from common.items import Item, torch_seed
@@ -224,7 +224,7 @@ class MnistNN(App):
 
     def _offline(self) -> str:
         """What a missing MNIST's line offers instead: the smoke test's flags, --max-macs where not given."""
-        return OFFLINE_SMOKE if self.args.max_macs is None else "--dataset digits"
+        return OFFLINE_SMOKE if self.args.max_macs is None else OFFLINE
 
     def output_names(self) -> tuple:
         """What finish and the workers write (the reference's figure names too: prob_*, test_*)."""

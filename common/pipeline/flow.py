@@ -491,9 +491,10 @@ class PipelineRunner:
                               queued_seconds=round(sum(h["queued_seconds"] for h in history), 3))
         status.update(memory_limit=step.memory_text, max_rss_bytes=_peak(h.get("max_rss_bytes") for h in history),
                       cost=round(total_cost(h["cost"] for h in history), 6), history=(earlier + history)[-MAX_HISTORY:])
-        written = output.is_file() and (older_output is None or _file_identity(output) != older_output)
+        identity = _file_identity(output) if output.is_file() else None
+        written = identity is not None and (older_output is None or identity != older_output)
         status["output"] = str(output.relative_to(self.layout.results)) if written else None
-        status["output_bytes"] = _size(output) if written else None
+        status["output_bytes"] = identity[2] if written and identity is not None else None  # its size
         self._write_status(step, status)
         if not_retried == STOPPING:
             raise RunStopping(step.id)
@@ -601,14 +602,6 @@ class PipelineRunner:
                 "started": began, "ended": time.time(), "seconds": round(time.monotonic() - clock, 3),
                 "cost": round(walk.spent, 6), "budget": self.pipeline.budget, "order": walk.order,
                 "steps": {s.id: statuses[s.id] for s in steps if s.id in statuses}}
-
-
-def _size(path: Path) -> Optional[int]:
-    """The file's size in bytes, None where it cannot be read."""
-    try:
-        return path.stat().st_size
-    except OSError:
-        return None
 
 
 def _file_identity(path: Path) -> Optional[Tuple[int, int, int, int]]:

@@ -89,12 +89,18 @@ def handled_failures(pipelines: Mapping[str, Mapping[str, Any]]) -> List[str]:
         elif run.get("status") == "failed" and run.get("resume_at") in steps:
             # failed later, unhandled: a plain --resume goes on at that step, past the ones handled before it
             # (the example's evaluate failed, went on to report, which failed for it: evaluate is what to run)
-            before = list(steps)[:list(steps).index(run["resume_at"])]
+            before = _steps_before(steps, run["resume_at"])
         else:
             continue
         named += [f"{run_id}/{step}" for step in before if steps[step].get("status") in ("failed", "timeout")
                   and not (resumed_now and steps[step].get("previous_run"))]
     return named
+
+
+def _steps_before(steps: Mapping[str, Any], at: str) -> List[str]:
+    """The steps, in the pipeline's order, before ``at``: those a plain --resume from it keeps."""
+    order = list(steps)
+    return order[:order.index(at)]
 
 
 def over_budget(pipelines: Mapping[str, Mapping[str, Any]], definition: str) -> List[str]:
@@ -106,8 +112,7 @@ def over_budget(pipelines: Mapping[str, Mapping[str, Any]], definition: str) -> 
         steps, at, budget = run.get("steps") or {}, run.get("resume_at"), run.get("budget")
         if run.get("status") != "failed" or at not in steps or not finite_number(budget):
             continue
-        order = list(steps)
-        kept = total_cost(cost for cost in (steps[step].get("cost") for step in order[:order.index(at)])
+        kept = total_cost(cost for cost in (steps[step].get("cost") for step in _steps_before(steps, at))
                           if finite_number(cost))
         if kept > budget:
             notes.append(f"pipeline {run_id}: the steps before {at}, where a --resume goes on, spent {kept:g} of its "

@@ -11,6 +11,7 @@ nothing from the leader that long stops by itself. Neither waits forever.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
@@ -219,8 +220,8 @@ class Leader:
             return
         now = self.clock.time()
         last_end: Dict[str, float] = {}  # worker -> the end of its latest attempt known here
-        for worker, end in [(bar["worker"], bar["end"]) for bar in self.bars] + \
-                [(record.worker, record.end) for record in self.records.values()]:
+        for worker, end in itertools.chain(((bar["worker"], bar["end"]) for bar in self.bars),
+                                           ((record.worker, record.end) for record in self.records.values())):
             last_end[worker] = max(end, last_end.get(worker, end))
         for attempt in self.status.running_attempts(leaving_out=set(self.lost)):
             key, since = attempt["key"], attempt["since"]

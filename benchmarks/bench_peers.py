@@ -305,11 +305,13 @@ def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, An
                                   if s in resume else "not run (its checkpointing not set up)" for s in systems) + " |")
     versions = sorted({r["version"] for r in runs if r.get("version")})
     notes = [f"Medians of {rounds} interleaved round(s); in brackets the median ratio to ProcessPoolExecutor's "
-             f"figure in the same round."]
+             f"figure in the same round.",
+             "Parsl runs with retries=1 (its default is 0, with which a task whose worker is killed fails "
+             "instead of running again); the other peers run at their defaults except where a row says."]
     if "stop" in ran:
         notes.append(f"The hung-worker row: one round, ours with --worker-timeout {HUNG_TIMEOUT:g} (default 300 s), "
-                     f"Dask with its worker-ttl at the same {HUNG_TIMEOUT:g} s (default 5 minutes), the other peers at "
-                     f"their defaults (no setting of theirs that ends a hung worker and reruns its item was found), "
+                     f"Dask with its worker-ttl at the same {HUNG_TIMEOUT:g} s (default 5 minutes), no liveness setting of "
+                     f"the other peers tuned (no setting of theirs that ends a hung worker and reruns its item was found), "
                      f"each killed at {cap:.0f} s.")
     if resume and any(s not in resume for s in systems):
         notes.append("The rerun row: the peers were run without their own checkpointing (Parsl's, joblib.Memory), "

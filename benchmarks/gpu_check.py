@@ -274,7 +274,7 @@ class Check:
 
     # ----- the steps -----
     def mnist_nn(self, dataset: str, workers_per_gpu: int) -> Dict[str, Any]:
-        """The default seed's 2 2 on the digits (nets of up to 501M weights), 1 1 on Fashion-MNIST;
+        """The default seed's 2 2 on the digits (nets of up to 274M weights), 1 1 on Fashion-MNIST;
         every item done, and NVML samples of every GPU, with memory in use."""
         results = self.out / "runs" / f"mnist_nn-{dataset}-wpg{workers_per_gpu}"
         shutil.rmtree(results, ignore_errors=True)

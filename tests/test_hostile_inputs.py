@@ -268,6 +268,26 @@ def test_a_complete_run_with_stdout_closed_or_full_exits_0(tmp_path, where):
     assert "Best penalty parameter" not in (results / "journal.jsonl").read_text()
 
 
+def test_a_launcher_killed_as_the_closing_lines_pass_leaves_the_run_complete(tmp_path):
+    """``mpiexec -n 2 python -m mnist_svm ... | head -2``: the reader leaves, mpiexec dies of SIGPIPE
+    as it passes the headline on, and hydra kills the ranks. Here rank 0 is killed the moment its
+    first line reaches stdout: by then the folder says complete and its hold is released, so the
+    status command does not call a finished run killed."""
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "mnist_svm", "2", *SVM, "--results", str(results)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        first = proc.stdout.readline()
+        proc.kill()
+    finally:
+        proc.communicate(timeout=60)
+    assert first.strip(), "no closing line on stdout"
+    assert state_of(results) == "complete"
+    assert not (results / "hold.json").exists()
+    status = status_of(results)
+    assert status.returncode == 0 and "GONE" not in status.stdout, status.stdout + status.stderr
+
+
 def test_stderr_full_keeps_the_exit_codes(tmp_path):
     """``2>/dev/full``: a refusal is still exit 2, a complete run still 0."""
     with open("/dev/full", "w") as full:

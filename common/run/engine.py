@@ -481,12 +481,14 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
         return EXIT_USAGE
     app.args.threads = comm.bcast(app.args.threads)  # a resume keeps its earlier run's (rank 0 read it)
     fingerprint, hold, items = checked or (None, None, None)
+    ending = Ending()
     try:
-        code = _run(comm, app, notice, fingerprint, argv, stop, failures, items)
+        code = _run(comm, app, notice, fingerprint, argv, stop, failures, items, ending)
     except Exception as error:
         _end_children()
         if hold is not None:
             hold.release()
+        ending.print()
         if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):  # a limit, not a bug
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
             message = (f"{app_class.name}: error: {error.strerror} (this rank's limit on open files, ulimit -n, is "
@@ -506,6 +508,7 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
         raise
     if hold is not None:
         hold.release()
+    ending.print()  # the run's folder says how it ended: a launcher dying as these pass loses nothing
     if not comm.finalize:  # a rank is gone: MPI_Finalize would wait for it forever
         logging.shutdown()
         sys.stdout.flush()
@@ -566,7 +569,7 @@ def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]
 
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
-         stop: StopFlag, failures: WriteFailures, items: Optional[List[Item]]) -> int:
+         stop: StopFlag, failures: WriteFailures, items: Optional[List[Item]], ending: Ending) -> int:
     """The run on this rank. Rank 0 starts its timeline's drawing process first: it starts its
     interpreter while rank 0 makes the plan and the journal, and imports matplotlib while the
     workers start and the items run, in a thread at niceness 10 (it takes what they leave), so
@@ -577,7 +580,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         # multiprocessing's resource tracker, which starting a worker needs: its interpreter (a third
         # one beside the 2 workers' on 2 cores) starts now, not at the same time as the workers'
         start_resource_tracker()
-        return _run_rank(comm, app, notice, fingerprint, argv, stop, failures, drawer, items)
+        return _run_rank(comm, app, notice, fingerprint, argv, stop, failures, drawer, items, ending)
     finally:
         if drawer is not None:
             drawer.close()
@@ -585,8 +588,9 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
 
 def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
               stop: StopFlag, failures: WriteFailures, drawer: Optional[TimelineDrawer],
-              items: Optional[List[Item]]) -> int:
-    """``items``: rank 0's, checked before the results folder was made (None on the other ranks)."""
+              items: Optional[List[Item]], ending: Ending) -> int:
+    """``items``: rank 0's, checked before the results folder was made (None on the other ranks);
+    ``ending``: where rank 0's last lines wait for the hold's release."""
     args, devices = app.args, app.devices
     host = socket.gethostname().split(".")[0]
     results: Path = args.results
@@ -687,11 +691,11 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
             stop.outputs_interruptible = True
             try:
                 code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
-                               started_at, failures, drawer, walltime=stop.first == WALLTIME_SIGNAL)
+                               started_at, failures, drawer, walltime=stop.first == WALLTIME_SIGNAL, ending=ending)
             except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
-                print(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item "
-                      f"is journaled: write them with the same launcher and: "
-                      f"{_resume_command(app, argv)}", file=sys.stderr)
+                ending.lines.clear()  # what it queued before (a headline) no longer holds
+                ending.say(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished "
+                           f"item is journaled: write them with the same launcher and: {_resume_command(app, argv)}")
                 code = EXIT_STOPPED
             except Exception:  # a bug: the status file must not say "finishing" for ever (the traceback follows)
                 status.finished(leader, EXIT_FAILED_ITEMS)
@@ -787,9 +791,9 @@ def _same_node_peers(comm: Any, host: str, what: Any) -> List[int]:
 
 def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: Leader, journal: Journal, resumed: dict,
             items: list, layout: list, reports: list, started_at: float, failures: WriteFailures,
-            drawer: Optional[TimelineDrawer] = None, *, walltime: bool = False) -> int:
-    """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code.
-    ``walltime``: the first stop signal was Slurm's walltime warning."""
+            drawer: Optional[TimelineDrawer] = None, *, walltime: bool = False, ending: Ending) -> int:
+    """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code; what
+    to say at the end, in ``ending``. ``walltime``: the first stop signal was Slurm's walltime warning."""
     args = app.args
     results: Path = args.results
     files = ResultsLayout(results)
@@ -926,7 +930,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                  outcome != "stopped" or bool(where)))))
     late = failures.first if failure is None else None
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
-        _closing(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
+        ending.say(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
                  f"{late.remedy()}, then write them with the same launcher and: "
                  f"{_resume_command(app, argv)}")
         return EXIT_STOPPED
@@ -934,16 +938,16 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         write_report(results)
     if failure is not None:
         journaled = summary["items_journaled"]
-        _closing(f"{app.name}: stopped: {failure.describe()}; {'?' if journaled is None else journaled} of "
+        ending.say(f"{app.name}: stopped: {failure.describe()}; {'?' if journaled is None else journaled} of "
                  f"{len(items)} items are safely journaled; {failure.remedy()}, then finish with the same launcher and: "
                  f"{summary['resume_command']}")
         return EXIT_STOPPED
     if interrupted:
-        _closing(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item is "
+        ending.say(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item is "
                  f"journaled: write them with the same launcher and: {summary['resume_command']}")
         return EXIT_STOPPED
     if outcome == "stopped" and leader.gave_up:
-        _closing(f"{app.name}: failed: {leader.stopping}: stopped with {len(records)} of {len(items)} items done; "
+        ending.say(f"{app.name}: failed: {leader.stopping}: stopped with {len(records)} of {len(items)} items done; "
                  f"their errors are in {results}/summary.md; after a fix (or with a larger --stop-after-failures, "
                  f"where such failures are expected), finish with the same launcher and: {summary['resume_command']}")
         return EXIT_FAILED_ITEMS
@@ -954,11 +958,11 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         said = (f"; none finished in this run's {summary['wall_seconds']:.0f} s, and the "
                 f"{counted(leader.cut_off, 'item')} still running when {ended} were cut off: {caveat}a job requeued "
                 f"with the same --time would cut them off again; give it a longer --time" if stalled else "")
-        _closing(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done{said}; "
+        ending.say(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done{said}; "
                  f"finish with the same launcher and: {summary['resume_command']}")
         return EXIT_NO_PROGRESS if stalled else EXIT_STOPPED
     if outputs_error is not None:
-        _closing(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
+        ending.say(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
                  f"{outputs_error} (traceback in {RANK0_LOG}); every result is journaled: after "
                  f"a fix, write the outputs with the same launcher and: "
                  f"{_resume_command(app, argv)}")
@@ -968,21 +972,20 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
             headline = [str(line) for line in app.headline(run, summary) or ()]
         except Exception as error:  # the app's own code: its outputs are written; say so, in one line
             log_to_files(f"{app.name}: making its closing lines failed:\n{traceback.format_exc().rstrip()}")
-            _closing(f"{app.name}: its closing lines could not be made: {error_line(described(error))} (the traceback "
+            ending.say(f"{app.name}: its closing lines could not be made: {error_line(described(error))} (the traceback "
                      f"is in {RANK0_LOG})")
             headline = []
         for line in headline:
-            print(line)
-        sys.stdout.flush()
+            ending.headline(line)
     earlier = f" ({len(resumed)} from an earlier run)" if resumed else ""  # of those done, not of the failed
     counts = f"{len(records)} of {len(items)} items" + (f" done{earlier}, {len(failed)} failed" if failed else earlier)
     outputs = f", the outputs {summary['outputs_seconds']:.1f} s more" if summary.get("outputs_seconds") else ""
-    _closing(f"{app.name}: {summary['status']}: {counts}{',' if failed else ''} in "
+    ending.say(f"{app.name}: {summary['status']}: {counts}{',' if failed else ''} in "
              f"{summary['wall_seconds']:.1f} s{outputs}; results in {results}/ (summary.md)")
     if failed:
         for note in summary["retry_notes"]:
-            _closing(f"{app.name}: {note}")
-        _closing(f"{app.name}: run the failed items again with the same launcher and: {summary['retry_command']}")
+            ending.say(f"{app.name}: {note}")
+        ending.say(f"{app.name}: run the failed items again with the same launcher and: {summary['retry_command']}")
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
 
 
@@ -1097,10 +1100,31 @@ def _placement(layout: List[Dict[str, Any]]) -> str:
                      for entry in layout)
 
 
-def _closing(line: str) -> None:
-    """How the run ended, on stderr and in rank 0's log (which otherwise ends at the start-up lines)."""
-    print(line, file=sys.stderr)
-    log_to_files(line, logging.INFO)
+class Ending:
+    """Rank 0's lines that say how the run ended: in its log at once (which otherwise ends at the
+    start-up lines), on the console only once everything they describe is on disk (the summary,
+    status.json's last word, the hold released). Under a launcher the console passes through it,
+    and a launcher that dies as they pass (``mpiexec ... | head -2``: SIGPIPE, and hydra kills
+    the ranks) then cuts off nothing but the console: the folder still says how the run ended."""
+
+    def __init__(self) -> None:
+        self.lines: List[Tuple[bool, str]] = []  # (on stderr, the line)
+
+    def say(self, line: str) -> None:
+        """A line on stderr (and in the log)."""
+        log_to_files(line, logging.INFO)
+        self.lines.append((True, line))
+
+    def headline(self, line: str) -> None:
+        """One of the app's closing lines, on stdout."""
+        self.lines.append((False, line))
+
+    def print(self) -> None:
+        lines, self.lines = self.lines, []
+        for on_stderr, line in lines:
+            print(line, file=sys.stderr if on_stderr else sys.stdout)
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def _made_no_progress(app: App, leader: Leader, walltime: bool) -> bool:

@@ -80,7 +80,7 @@ class RunInfo:
 class App:
     """Base class of an application. Override what you need."""
 
-    #: program name; the default results folder is ``results/<name>``
+    #: program name; the default results folder is ``results/<name>`` (see :meth:`results_name`)
     name: str = "app"
     #: one line for ``--help``
     description: str = ""
@@ -127,6 +127,18 @@ class App:
         return list(dict.fromkeys(d.gpu_name for d in self.devices if d.is_gpu))
 
     # ----- command line (every rank) -----
+    @classmethod
+    def results_name(cls, args: argparse.Namespace) -> str:
+        """The default results folder's name under ``results/``: the app's. An app that runs the
+        user's own script or definition (the sweep, the pipelines) names it after that, so that
+        two of them never share a folder by default."""
+        return cls.name
+
+    @classmethod
+    def results_name_help(cls) -> str:
+        """:meth:`results_name` as ``--help`` says it, before any argument is known."""
+        return cls.name
+
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Add the app's own arguments; the engine's (--gpu, --seed, ...) are already there."""

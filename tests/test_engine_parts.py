@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import errno
 import re
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -210,3 +212,26 @@ def test_an_attempt_cut_off_by_a_stop_is_drawn_from_live_ranks_at_its_latest_sta
     assert leader.cut_bars == {
         "k1": {"worker": "rank1-cpu0", "start": 950.0, "end": 1000.0, "ok": False, "why": "stopped"},
         "k3": {"worker": "rank1-cpu1", "start": 980.0, "end": 1000.0, "ok": False, "why": "stopped"}}
+
+
+def test_each_script_module_and_definition_gets_a_default_results_folder_of_its_own(monkeypatch):
+    """The README's two sweep examples, or ml.json and agent.json, run one after the other without
+    --results shared results/sweep (results/pipeline), and the second was refused as another run's."""
+    from common.pipeline.app import PipelineApp
+    from common.run.cli import build_parser
+    from common.sweep.app import Preset, SweepApp
+    from mnist_svm.app import MnistSvm
+
+    def results(app_class, *argv: str) -> Path:
+        return build_parser(app_class, quiet=True).parse_args(list(argv)).results
+
+    assert results(PipelineApp, "examples/pipelines/ml.json") == Path("results/ml")
+    assert results(PipelineApp, "agent.yaml", "--results", "elsewhere") == Path("elsewhere")
+    assert results(SweepApp, "my_sweeps.svm:fit") == Path("results/svm")
+    assert results(MnistSvm, "2") == Path("results/mnist_svm")
+    # sweep.main in a script: the script's name, whatever module its function comes from
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/somewhere/svm_digits.py", raising=False)
+    scripted = type("SweepApp", (SweepApp,), {"preset": Preset(function=len), "module": ""})
+    assert results(scripted) == Path("results/svm_digits")
+    assert "default: results/svm_digits)" in build_parser(scripted, quiet=True).format_help().replace("\n", " ")
+    assert "(default: results/mnist_svm)" in build_parser(MnistSvm, quiet=True).format_help()

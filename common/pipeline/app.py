@@ -177,6 +177,16 @@ class PipelineApp(App):
                    "fallbacks, retries and resume; the pipelines of a file spread over every GPU of every node.")
 
     @classmethod
+    def results_name(cls, args: argparse.Namespace) -> str:
+        """Each definition its own folder: ``ml.json`` -> ``results/ml``."""
+        definition = getattr(args, "definition", None)
+        return Path(definition).stem if definition else cls.name
+
+    @classmethod
+    def results_name_help(cls) -> str:
+        return "DEFINITION's name (ml.json -> results/ml)"
+
+    @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("definition", type=Path, help="pipeline definition (JSON, or YAML with PyYAML)")
         parser.add_argument("--resource", action="append", default=[], metavar="NAME=N",

@@ -8,7 +8,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 from common.argtypes import at_least, folder
 from common.errors import UsageError, quoted
@@ -48,13 +48,18 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, quiet: bool = False, **kwargs: Any):
         self.quiet = quiet
+        #: the ``--results`` of a command line that gives none, from its other arguments
+        self.default_results: Optional[Callable[[argparse.Namespace], Path]] = None
         self._given: List[str] = []  # the arguments being parsed, for the hints of error()
         # no prefixes: --fold would be --folds, --resum --resume; a misspelt flag is told instead
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
         self._given = [str(arg) for arg in (sys.argv[1:] if args is None else args)]
-        return super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)
+        if self.default_results is not None and getattr(parsed, "results", ...) is None:
+            parsed.results = self.default_results(parsed)
+        return parsed, extras
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message}{self._did_you_mean(message) or self._swallowed(message)} (see --help)")
@@ -149,8 +154,9 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                         help="seconds a worker's setup (its data loaded, its model built) may take before it is "
                              "killed and started again (after 3 failed starts its device is given up); 0: no limit "
                              f"(default: {DEFAULT_SETUP_TIMEOUT:g})")
-    engine.add_argument("--results", type=folder, default=Path("results") / app_class.name,
-                        help="results folder")
+    engine.add_argument("--results", type=folder, default=None,
+                        help=f"results folder (default: results/{app_class.results_name_help()})")
+    parser.default_results = lambda args: Path("results") / app_class.results_name(args)
     engine.add_argument("--no-progress", action="store_true", help="no progress bar")
     if "--dry-run" not in parser._option_string_actions:  # an app may have its own (the pipelines')
         engine.add_argument("--dry-run", action="store_true",

@@ -263,7 +263,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
     if journaled:
         if not args.resume:
             other = _other_run(journal_path, fingerprint, app.fingerprint_left_out())
-            if other:  # --resume would only be refused next (a shared default folder: results/sweep)
+            if other:  # --resume would only be refused next (two functions of one module, by default)
                 raise UsageError(f"{quoted(folder)} already holds the journal of another run ({other}); choose "
                                  f"another --results (or continue that run with its own arguments and --resume)")
             raise UsageError(f"{quoted(folder)} already holds the journal of an earlier run; pass --resume to continue it "

@@ -247,6 +247,24 @@ class SweepApp(App):
     #: each item's seed as the function gets it: 32 bits of the item's stream, without its SeedSequence
     seed_form = "int32"
 
+    @classmethod
+    def results_name(cls, args: argparse.Namespace) -> str:
+        """Each script or module its own folder: ``svm_digits.py`` or ``svm_digits:fit`` ->
+        ``results/svm_digits``."""
+        if cls.preset is not None:  # sweep.main in the program that was started
+            script = getattr(sys.modules.get("__main__"), "__file__", None)
+            if script and Path(script).stem != "__main__":
+                return Path(script).stem
+            module = getattr(cls.preset.function, "__module__", "") or ""
+        else:
+            module = str(getattr(args, "function", "")).partition(":")[0]
+        name = module.rpartition(".")[2]
+        return name if name and name != "__main__" else cls.name
+
+    @classmethod
+    def results_name_help(cls) -> str:
+        return cls.results_name(argparse.Namespace()) if cls.preset is not None else "MODULE (a.b:fit -> results/b)"
+
     def __init__(self, args: argparse.Namespace):
         super().__init__(args)
         self.preset = type(self).preset

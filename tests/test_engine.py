@@ -210,6 +210,8 @@ def test_stopped_run_resumes_to_the_same_results_without_recomputing(tmp_path, s
     # which signal stopped it, written down (a walltime warning or a cancel, told apart after the job)
     assert read_summary(tmp_path / "r")["stopped_because"] == f"received {sig.name}"
     assert f"**Stopped**: received {sig.name}." in (tmp_path / "r" / "summary.md").read_text()
+    # the command is the program's: summary.md says, as stderr does, that it goes under the launcher
+    assert "Finish with the same launcher (2 ranks) and:" in (tmp_path / "r" / "summary.md").read_text()
     done_before = {e["key"] for e in journal_entries(tmp_path / "r") if e.get("type") == "result"}
     assert 6 <= len(done_before) < 38
     resumed = run(args + ["--resume"], ranks=2)

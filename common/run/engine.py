@@ -1176,17 +1176,19 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
                                                       f"{'it' if cut == 1 else 'them'} ended {'was' if cut == 1 else 'were'} "
                                                       f"cut off (grey in the timeline); {'it runs' if cut == 1 else 'they run'} "
                                                       f"again on --resume." if cut else ""), ""]
+    # the command is the program's: a run of several ranks goes on under its launcher (mpiexec, srun)
+    launcher = f" the same launcher ({summary.get('ranks')} ranks) and" if (summary.get("ranks") or 1) > 1 else ""
     if summary.get("resume_command"):
         fix = ("After a fix, finish" if summary["status"] == "failed"  # --stop-after-failures
                else "No item finished in the job's time: give the job a longer --time, then finish"
                if summary.get("no_progress") else "Finish")
-        lines += [f"Stopped before the end. {fix} with:", "", f"    {summary['resume_command']}", ""]
+        lines += [f"Stopped before the end. {fix} with{launcher}:", "", f"    {summary['resume_command']}", ""]
     if summary.get("retry_command"):
         notes = summary.get("retry_notes") or []
         lines += [f"{len(summary['failed_items'])} item(s) failed. "
                   + ("A plain resume would not do for some: " + " ".join(f"{markdown_cell(note)}." for note in notes)
-                     + " Then run them again with:" if notes else
-                     "Run them again (after a fix, or for a failure of the moment) with:"),
+                     + f" Then run them again with{launcher}:" if notes else
+                     f"Run them again (after a fix, or for a failure of the moment) with{launcher}:"),
                   "", f"    {summary['retry_command']}", ""]
     earlier = summary.get("earlier_outputs")
     if summary.get("outputs_interrupted"):

@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N",
                         help="GPUs per node, or TYPE:N for a GPU type the cluster names (a100:4); the rank uses "
                              "them all (a GPU job needs it; or --cpu)")
-    parser.add_argument("--time", default="01:00:00", help="walltime HH:MM:SS or D-HH:MM:SS (default 01:00:00)")
+    parser.add_argument("--time", default="01:00:00", help="walltime in any of sbatch's forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
+                             "(default 01:00:00)")
     parser.add_argument("--partition", help="Slurm partition")
     parser.add_argument("--account", help="Slurm account to charge")
     parser.add_argument("--container", metavar="IMAGE", help="run the program in this Apptainer image (apptainer exec --nv IMAGE)")

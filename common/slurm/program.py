@@ -102,6 +102,28 @@ def check_program(command: List[str], cpu_job: bool = False) -> None:
         raise UsageError(f"{target}: {error}") from None
 
 
+def data_note(command: List[str]) -> Optional[str]:
+    """For a shipped app whose data set is not in this folder (the job's, as it is submitted from
+    here): the job will download it on its first node, after the wait in the queue, and many
+    clusters' compute nodes have no internet. Said, not refused: they may have it, or the files
+    may be where only they look."""
+    from common.run.cli import build_parser
+
+    from ..data import find_idx_files
+
+    app_class = _app_class(command[0]) if not command[0].endswith(".py") else None
+    if app_class is None:
+        return None
+    args = build_parser(app_class, quiet=True).parse_args(command[1:])  # checked by check_program before
+    name, data_dir = getattr(args, "dataset", None), getattr(args, "data_dir", None)
+    if name in (None, "digits") or find_idx_files(name, data_dir) is not None:
+        return None
+    where = quoted(str(data_dir)) if data_dir is not None else "data/ (or the reference's ./MNIST/raw)"
+    return (f"{name}: its files are not in {where} here; the job would download them on its first node, which "
+            f"needs the internet there; where compute nodes have none, download them here first: "
+            f"python -m common.data download {name} {data_dir or 'data'}")
+
+
 def _check_definition(path: Path, container: Optional[str]) -> list:
     """The pipeline definition exists and passes the runner's own checks of its format, with the
     default image the job would give steps that name none (the program's --container, else

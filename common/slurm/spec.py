@@ -18,8 +18,18 @@ MPI_PLUGINS = ("pmi2", "pmix")
 MAX_NODES = 100_000
 #: more GPUs per node, ranks per node or CPUs per rank than any node has
 MAX_PER_NODE = {"--gpus-per-node": 256, "--ntasks-per-node": 4096, "--cpus-per-task": 16384}
-#: ASCII digits only: Python's \d also takes other scripts' digits, which sbatch refuses after submission
-_TIME = re.compile(r"^(?:([0-9]+)-)?([0-9]+):([0-9][0-9]):([0-9][0-9])$")
+#: Slurm's six walltime forms (sbatch(1), --time), each with the parts it gives; ASCII digits only:
+#: Python's \d also takes other scripts' digits, which sbatch refuses after submission
+_TIME_FORMS = [(re.compile(pattern), parts) for pattern, parts in [
+    (r"^([0-9]+)$", ("minutes",)),
+    (r"^([0-9]+):([0-9]+)$", ("minutes", "seconds")),
+    (r"^([0-9]+):([0-9]+):([0-9]+)$", ("hours", "minutes", "seconds")),
+    (r"^([0-9]+)-([0-9]+)$", ("days", "hours")),
+    (r"^([0-9]+)-([0-9]+):([0-9]+)$", ("days", "hours", "minutes")),
+    (r"^([0-9]+)-([0-9]+):([0-9]+):([0-9]+)$", ("days", "hours", "minutes", "seconds")),
+]]
+#: the forms, as the errors name them
+TIME_FORMS_SAID = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 #: more restarts than anyone means; a number this size also stays inside the script's integer test
 MAX_REQUEUES = 1000
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -31,13 +41,17 @@ MAX_WALLTIME_DAYS = 365
 
 
 def parse_walltime(text: str) -> int:
-    """Seconds in a Slurm walltime written ``HH:MM:SS`` or ``D-HH:MM:SS``."""
-    match = _TIME.match(text.strip())
-    if not match:
-        raise UsageError(f"--time {text!r}: expected HH:MM:SS or D-HH:MM:SS, e.g. 24:00:00")
-    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-    if minutes > 59 or seconds > 59 or (days and hours > 23):
-        raise UsageError(f"--time {text!r}: minutes and seconds must be below 60 (and hours below 24 after a day count)")
+    """Seconds in a Slurm walltime, in any of the forms sbatch takes (``90``, ``12:00:00``, ``2-12``)."""
+    match, names = next(((found, names) for found, names in ((pattern.match(text.strip()), names)
+                                                              for pattern, names in _TIME_FORMS) if found), (None, ()))
+    if match is None:
+        raise UsageError(f"--time {text!r}: expected {TIME_FORMS_SAID} (as sbatch takes them), e.g. 24:00:00")
+    parts = dict(zip(names, (int(part) for part in match.groups())))
+    days, hours, minutes, seconds = (parts.get(name, 0) for name in ("days", "hours", "minutes", "seconds"))
+    # the first part is a count of its unit (90 minutes); a later one is below the next unit up
+    if seconds > 59 or (minutes > 59 and names[0] != "minutes") or (hours > 23 and names[0] == "days"):
+        raise UsageError(f"--time {text!r}: minutes and seconds after the first part must be below 60, hours "
+                         f"after a day count below 24")
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     if total <= 0:
         raise UsageError(f"--time {text!r}: the walltime must be longer than zero")
@@ -53,6 +67,13 @@ def program_of(command: List[str]) -> Tuple[List[str], str]:
     ``.py`` runs as a script.
     """
     target = command[0]
+    if PurePosixPath(target).name.startswith("python") and len(command) > 1 and (
+            command[1] == "-m" or command[1].endswith(".py")):  # `-- python -m mnist_svm 24`
+        module = command[1] == "-m"
+        rest = command[2:] if module else command[1:]
+        raise UsageError(f"command {shlex.join(command[:len(command) - len(rest) + 1])}: give the program without "
+                         f"its interpreter: -- {shlex.join(rest)} (the job starts it with "
+                         f"python{' -m' if module else ''} itself)")
     if target.endswith(".py"):
         return ["python", target], PurePosixPath(target).stem
     if not _MODULE.match(target):

@@ -180,6 +180,11 @@ def _words(words: List[str]) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
+def _in_double_quotes(text: str) -> str:
+    """``text`` as it may stand inside a shell's double quotes: what they still expand, escaped."""
+    return re.sub(r'([$`"\\])', r"\\\1", text)
+
+
 def header(spec: JobSpec) -> List[str]:
     """The ``#SBATCH`` lines."""
     options = [f"--job-name={spec.name}", f"--nodes={spec.nodes}",
@@ -257,7 +262,8 @@ def _checks(spec: JobSpec) -> str:
     if "://" not in spec.container:
         where = "" if spec.container.startswith("/") else " in $PWD"  # a relative path: from the submit folder
         lines += [f"if [ ! -e {image} ]; then",
-                  f'    log "the image "{image}": no such file or folder{where} on $(hostname): the run was not started"',
+                  f'    log "the image \\"{_in_double_quotes(spec.container)}\\": no such file or folder{where} on '
+                  f'$(hostname): the run was not started"',
                   "    exit 2",
                   "fi"]
     if spec.bind_sources:

@@ -96,4 +96,6 @@ def test_the_title_counts_in_words_and_says_when_items_share_a_bar(tmp_path, mon
     group = [{"worker": f"rank0-cpu{i % 2}", "start": 1e9 + i // 4, "end": 1e9 + i // 4 + 0.5, "ok": True}
              for i in range(8)]
     timeline.plot_timeline(group, tmp_path / "group")
-    assert titles == ["20 attempts on 1 worker", "8 attempts (4 bars: items run together share one) on 2 workers"]
+    timeline.plot_timeline([{**bar, "worker": "rank0-cpu0"} for bar in group[:4]], tmp_path / "a-group")
+    assert titles == ["20 attempts on 1 worker", "8 attempts (4 bars: items run together share one) on 2 workers",
+                      "4 attempts (1 bar: items run together share one) on 1 worker"]

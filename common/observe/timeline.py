@@ -60,7 +60,7 @@ def plot_timeline(bars: List[Mapping], path_without_suffix: Path) -> list:
     # attempts, not items: an item retried is a bar per attempt (summary.md counts the items that failed for good);
     # the items of a group run together share one bar (mnist_svm's fits of a grid point: 81 attempts, 21 bars)
     shared = len({(bar["worker"], bar["start"], bar["end"]) for bar in bars})
-    together = f" ({shared} bars: items run together share one)" if shared < len(bars) else ""
+    together = f" ({counted(shared, 'bar')}: items run together share one)" if shared < len(bars) else ""
     ax.set_title(f"{counted(len(bars), 'attempt')}{together} on {counted(len(workers), 'worker')}"
                  + "".join(f", {count} {LABELS[kind]}" for kind, count in counts.items() if count))
     ax.grid(axis="x", alpha=0.3)

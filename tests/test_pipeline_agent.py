@@ -426,6 +426,11 @@ def test_a_dry_run_refuses_what_the_run_would_and_says_what_a_resume_skips(tmp_p
     plan = cli(definition, results, "--dry-run", "--resume")
     assert plan.returncode == 0, plan.stderr
     assert "finished: --resume skips it" in plan.stdout and "--resume goes on at step 'b'" in plan.stdout, plan.stdout
+    # from a step: that pipeline alone runs, and the plan said nothing of the others (as if they ran)
+    plan = cli(definition, results, "--dry-run", "--resume", "broken/a")
+    assert plan.returncode == 0, plan.stderr
+    assert "resume from step 'a'" in plan.stdout and "not run: --resume broken/a runs 'broken' alone" in plan.stdout, \
+        plan.stdout
     assert snapshot(results) == before
 
 

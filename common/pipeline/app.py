@@ -240,7 +240,11 @@ class PipelineApp(App):
         read-only; with --resume, where each pipeline goes on, or that it is finished."""
         starts = {}
         if self.resume_from:
-            starts[self.resume_from[0]] = f"resume from step {self.resume_from[1]!r}"
+            run_id, step_id = self.resume_from
+            for pipeline in self.pipelines:  # the others are not run at all, finished or not
+                starts[pipeline.name] = (f"resume from step {step_id!r}" if pipeline.name == run_id else
+                                         f"not run: --resume {run_id}/{step_id} runs {run_id!r} alone" +
+                                         ("" if self._finished_key(pipeline.name, self.journaled) else " (unfinished)"))
         elif self.args.resume:
             for pipeline in self.pipelines:
                 point = self.resume_point(pipeline)

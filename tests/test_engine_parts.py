@@ -229,9 +229,19 @@ def test_each_script_module_and_definition_gets_a_default_results_folder_of_its_
     assert results(PipelineApp, "agent.yaml", "--results", "elsewhere") == Path("elsewhere")
     assert results(SweepApp, "my_sweeps.svm:fit") == Path("results/svm")
     assert results(MnistSvm, "2") == Path("results/mnist_svm")
-    # sweep.main in a script: the script's name, whatever module its function comes from
-    monkeypatch.setattr(sys.modules["__main__"], "__file__", "/somewhere/svm_digits.py", raising=False)
-    scripted = type("SweepApp", (SweepApp,), {"preset": Preset(function=len), "module": ""})
-    assert results(scripted) == Path("results/svm_digits")
-    assert "default: results/svm_digits)" in build_parser(scripted, quiet=True).format_help().replace("\n", " ")
+    def scripted(path: str) -> type:
+        """sweep.main(fit) in the program started: fit defined in ``path``, run as __main__ (as the script
+        itself, or under python -m cProfile, or as a package's __main__.py)."""
+        namespace = {"__name__": "__main__"}
+        exec(compile("def fit(params):\n    return {}\n", path, "exec"), namespace)
+        return type("SweepApp", (SweepApp,), {"preset": Preset(function=namespace["fit"]), "module": ""})
+
+    assert results(scripted("/somewhere/svm_digits.py")) == Path("results/svm_digits")
+    assert results(scripted("/somewhere/pk/__main__.py")) == Path("results/pk")
+    assert results(scripted("<string>")) == Path("results/sweep")  # python -c
+    help_text = build_parser(scripted("/somewhere/svm_digits.py"), quiet=True).format_help().replace("\n", " ")
+    assert "default: results/svm_digits)" in help_text
+    # its function imported from a module: the program started names it (python -m pkg.runner)
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", SimpleNamespace(name="pkg.runner"), raising=False)
+    assert results(type("SweepApp", (SweepApp,), {"preset": Preset(function=len), "module": ""})) == Path("results/runner")
     assert "(default: results/mnist_svm)" in build_parser(MnistSvm, quiet=True).format_help()

@@ -1184,3 +1184,24 @@ def test_a_spaces_choices_stand_in_the_figure_in_the_order_listed(monkeypatch):
     ranked = [{"params": point, "mean": point["x"], "min": point["x"], "max": point["x"], "n": 1} for point in points]
     report._figure(ranked, ["x", "act"], "loss", "min", Path("unused"), _choices(space) + points)
     assert [label.get_text() for label in drawn[0].axes[1].get_xticklabels()] == ["relu", "gelu", "tanh", "elu"]
+
+
+def test_a_resume_finds_a_run_in_the_default_folder_of_earlier_versions(tmp_path):
+    """Until sweep scripts and modules had default folders of their own, every sweep's was
+    results/sweep: a --resume without --results of such a run (a Slurm job requeued after an
+    update) would have started it again from nothing in results/MODULE. It goes on there instead,
+    and says so; another function's journal there is left alone."""
+    (tmp_path / "mine.py").write_text("def fit(params):\n    return {'loss': params['x']}\n\n"
+                                      "def other(params):\n    return {'loss': -params['x']}\n")
+    (tmp_path / "grid.json").write_text(json.dumps({"x": [1, 2, 3]}))
+    common = ["--grid", "grid.json", *ENGINE, "--workers", "1"]
+    earlier = run(["-m", "common.sweep", "mine:fit", *common, "--results", "results/sweep"], cwd=tmp_path)
+    assert earlier.returncode == 0, earlier.stderr
+    resumed = run(["-m", "common.sweep", "mine:fit", *common, "--resume"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert ("sweep: --resume: this run's journal is in 'results/sweep', the default folder of earlier versions "
+            "(now 'results/mine'): resuming it there") in resumed.stderr
+    assert "3 of 3 items (3 from an earlier run)" in resumed.stderr and not (tmp_path / "results/mine").exists()
+    other = run(["-m", "common.sweep", "mine:other", *common, "--resume"], cwd=tmp_path)
+    assert other.returncode == 0 and "default folder of earlier versions" not in other.stderr, other.stderr
+    assert len(rows(tmp_path / "results" / "mine")) == 3  # run from the start, in its own folder

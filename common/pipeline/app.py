@@ -209,6 +209,12 @@ class PipelineApp(App):
                             help="print the definition format as JSON Schema (for editors) and exit")
 
     # ----- every rank -----
+    @property
+    def results(self) -> Path:
+        """The results folder, absolute: the steps run in folders of their own. Read from the
+        arguments each time: a --resume may have found the run in an earlier version's default."""
+        return Path(self.args.results).absolute()
+
     def validate(self) -> None:
         image = default_image(self.args.container, os.environ)
         self.pipelines = load_definition(self.args.definition, default_image=image)
@@ -222,7 +228,6 @@ class PipelineApp(App):
             raise UsageError(f"{shown_path(self.args.definition)}: a step runs in a container, but {missing_apptainer()}")
         self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
         self.agent = agent_command(self.args.agent, os.environ, self.pipelines, shown_path(self.args.definition))
-        self.results = Path(self.args.results).absolute()
         if any(s.container for p in self.pipelines for s in p.steps) and breaks_bind(str(self.results)):
             raise UsageError(f"--results {self.results}: a step runs in a container, and apptainer's --bind would read "
                              "the ':' or ',' in this path as separators; choose a results folder without them")

@@ -59,6 +59,7 @@ class Parser(argparse.ArgumentParser):
         parsed, extras = super().parse_known_args(args, namespace)
         if self.default_results is not None and getattr(parsed, "results", ...) is None:
             parsed.results = self.default_results(parsed)
+            parsed.results_given = False  # a --resume may look in the folder an earlier version defaulted to
         return parsed, extras
 
     def error(self, message: str) -> None:  # type: ignore[override]

@@ -240,9 +240,10 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
     """What :func:`_check_results_folder` refuses, found without writing anything (a dry run
     refuses the same); returns the run's fingerprint and sets ``app.journaled``."""
     args = app.args
+    fingerprint = {"app": app.name, **engine_fingerprint(args), **app.fingerprint()}
+    _resume_where_it_was(app, fingerprint)
     folder: Path = args.results
     journal_path = ResultsLayout(folder).journal
-    fingerprint = {"app": app.name, **engine_fingerprint(args), **app.fingerprint()}
     old_data = None  # the data the journal's items were computed on, where it says
     kept_threads = None  # a resume without --threads: the count the journal's runs used
     try:
@@ -339,6 +340,24 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         # otherwise start the run from nothing without a word
         log.info("%s: --resume: no journal in %s, so the run starts from the beginning", app.name, folder.absolute())
     return fingerprint
+
+
+def _resume_where_it_was(app: App, fingerprint: dict) -> None:
+    """A --resume without --results of a run made before a sweep script or pipeline definition had
+    a default folder of its own: its journal is in ``results/<app>`` (results/sweep,
+    results/pipeline), and the new default holds none. Resumed there, said, rather than started
+    again from nothing in the new folder (a Slurm job's every start passes --resume)."""
+    args = app.args
+    earlier = Path("results") / app.name
+    if (not args.resume or getattr(args, "results_given", True) or Path(args.results) == earlier
+            or holds_journal(ResultsLayout(args.results).journal) or not holds_journal(ResultsLayout(earlier).journal)
+            or _other_run(ResultsLayout(earlier).journal, fingerprint, app.fingerprint_left_out()) is not None):
+        return
+    said = (f"{app.name}: --resume: this run's journal is in {quoted(str(earlier))}, the default folder of earlier "
+            f"versions (now {quoted(str(args.results))}): resuming it there")
+    print(said, file=sys.stderr)
+    log.info(said)
+    args.results = earlier
 
 
 def _other_run(journal_path: Path, fingerprint: dict, left_out: Dict[str, Any]) -> Optional[str]:
@@ -480,6 +499,7 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     if failed:
         return EXIT_USAGE
     app.args.threads = comm.bcast(app.args.threads)  # a resume keeps its earlier run's (rank 0 read it)
+    app.args.results = comm.bcast(app.args.results)  # and its folder, where an earlier version's default held it
     fingerprint, hold, items = checked or (None, None, None)
     ending = Ending()
     try:

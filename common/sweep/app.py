@@ -252,14 +252,20 @@ class SweepApp(App):
         """Each script or module its own folder: ``svm_digits.py`` or ``svm_digits:fit`` ->
         ``results/svm_digits``."""
         if cls.preset is not None:  # sweep.main in the program that was started
-            script = getattr(sys.modules.get("__main__"), "__file__", None)
-            if script and Path(script).stem != "__main__":
-                return Path(script).stem
-            module = getattr(cls.preset.function, "__module__", "") or ""
+            function, main = cls.preset.function, sys.modules.get("__main__")
+            code = getattr(function, "__code__", None)
+            if getattr(function, "__module__", None) == "__main__" and code is not None:
+                # the file that defines it: the script (also under python -m cProfile), or a package's __main__
+                path = Path(code.co_filename)
+                module = path.parent.name if path.stem == "__main__" else path.stem
+            elif getattr(main, "__spec__", None) is not None:  # python -m pkg.script, its function imported
+                module = main.__spec__.name.removesuffix(".__main__")
+            else:
+                module = Path(getattr(main, "__file__", "") or "").stem
         else:
             module = str(getattr(args, "function", "")).partition(":")[0]
         name = module.rpartition(".")[2]
-        return name if name and name != "__main__" else cls.name
+        return name if name and not name.startswith("<") and name != "__main__" else cls.name  # python -c: "<string>"
 
     @classmethod
     def results_name_help(cls) -> str:

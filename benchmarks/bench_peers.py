@@ -86,7 +86,7 @@ def command(system: str, spec: Path, out: Path, extra: List[str], baseline_app: 
 
 #: the hung-worker workload: ours ends a worker silent this long (--worker-timeout), and so does
 #: Dask (its scheduler drops a worker silent for its worker-ttl); no such setting was found for the
-#: other peers, which stay at their defaults
+#: other peers, whose liveness stays at its defaults (Parsl runs with retries=1 in every workload)
 HUNG_TIMEOUT = 10.0
 HUNG_SETTINGS = {"dask": {"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": f"{HUNG_TIMEOUT:g}s"}}
 
@@ -305,9 +305,10 @@ def markdown(runs: List[Dict[str, Any]], systems: List[str], table: Dict[str, An
                                   if s in resume else "not run (its checkpointing not set up)" for s in systems) + " |")
     versions = sorted({r["version"] for r in runs if r.get("version")})
     notes = [f"Medians of {rounds} interleaved round(s); in brackets the median ratio to ProcessPoolExecutor's "
-             f"figure in the same round.",
-             "Parsl runs with retries=1 (its default is 0, with which a task whose worker is killed fails "
-             "instead of running again); the other peers run at their defaults except where a row says."]
+             f"figure in the same round."]
+    if "parsl" in systems:
+        notes.append("Parsl runs with retries=1 (its default is 0, with which a task whose worker is killed fails "
+                     "instead of running again); the other peers run at their defaults except where a row says.")
     if "stop" in ran:
         notes.append(f"The hung-worker row: one round, ours with --worker-timeout {HUNG_TIMEOUT:g} (default 300 s), "
                      f"Dask with its worker-ttl at the same {HUNG_TIMEOUT:g} s (default 5 minutes), no liveness setting of "

@@ -64,6 +64,7 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--", "python", "-m", "mnist_svm", "4"],
      "command python -m mnist_svm: give the program without its interpreter: -- mnist_svm 4 (the job starts it with "
      "python -m itself)"),
+    (["--gpus-per-node", "1", "--", "python3.11", "-m", "mnist_svm", "4"], "give the program without its interpreter"),
     (["--gpus-per-node", "1", "--", ".venv/bin/python3", "tests/toy_app.py", "3"], "-- tests/toy_app.py 3 (the job"),
     (["--gpus-per-node", "1", "--time", "99999-00:00:00", "--", "mnist_svm", "4"], "at most 365 days"),
     (["--gpus-per-node", "1", "--time", "00:04:00", "--", "mnist_svm", "4"], "warning"),
@@ -168,6 +169,15 @@ def test_a_sweep_from_the_shell_is_checked_before_the_queue(tmp_path):
         assert refused.stderr.count("\n") == 1 and message in refused.stderr, refused.stderr
 
 
+def test_a_script_named_like_the_interpreter_is_a_script():
+    """``-- python_runner.py other.py`` was refused as if ``python_runner.py`` were the interpreter."""
+    made = generate_script("--cpu", "--", "tests/python_runner.py", "other.py")
+    assert made.returncode == 2 and "no such file" in made.stderr and "interpreter" not in made.stderr, made.stderr
+    from common.slurm.spec import program_of
+
+    assert program_of(["python_runner.py", "other.py"]) == (["python", "python_runner.py"], "python_runner")
+
+
 def test_every_walltime_form_sbatch_takes_is_taken():
     """``--time 90`` was refused ("expected HH:MM:SS or D-HH:MM:SS"), though sbatch takes minutes,
     MM:SS, HH:MM:SS, D-HH, D-HH:MM and D-HH:MM:SS; the script's #SBATCH line keeps the form given."""
@@ -179,7 +189,7 @@ def test_every_walltime_form_sbatch_takes_is_taken():
     assert made.returncode == 0 and "#SBATCH --time=90\n" in made.stdout, made.stderr
 
 
-def test_a_data_set_missing_here_is_noted_before_the_queue(tmp_path):
+def test_a_data_set_missing_here_is_noted_before_the_queue(tmp_path, monkeypatch):
     """The GPU scripts read MNIST by default; submitted from a folder without it, the job would try
     to download it on a compute node, after its wait in the queue (many have no internet): the
     generator says so, and how to download it first, but still writes the script."""
@@ -192,8 +202,16 @@ def test_a_data_set_missing_here_is_noted_before_the_queue(tmp_path):
     assert missing.stderr.count("\n") == 1 and missing.stderr.startswith("python -m common.slurm: note: mnist: its "
                                                                         "files are not in data/"), missing.stderr
     assert missing.stderr.rstrip().endswith("download them here first: python -m common.data download mnist data")
-    elsewhere = generated("mnist_nn", "1", "1", "--data-dir", "scratch/mnist")
-    assert "not in 'scratch/mnist' here" in elsewhere.stderr and "download mnist scratch/mnist" in elsewhere.stderr
+    elsewhere = generated("mnist_nn", "1", "1", "--data-dir", "scratch/my mnist")
+    assert "not in 'scratch/my mnist' here" in elsewhere.stderr, elsewhere.stderr
+    assert "download mnist 'scratch/my mnist'" in elsewhere.stderr  # a command that can be pasted
+    import common.data
+    from common.slurm.program import data_note
+
+    monkeypatch.setattr(common.data, "find_idx_files", lambda *args: None)  # no Debian copy here either
+    assert "the reference's ./FashionMNIST/raw" in (data_note(["mnist_nn", "1", "1", "--dataset", "fashion-mnist"]) or "")
+    # in a container, --data-dir is the container's path (a --bind target): not this host's to look at
+    assert data_note(["mnist_svm", "4", "--data-dir", "/data"], container="img.sif") is None
     assert generated("mnist_svm", "4", "--dataset", "digits").stderr == ""  # scikit-learn's: nothing to fetch
 
 

@@ -60,7 +60,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         check_program(spec.command, cpu_job=spec.cpu)
         check_container(spec.container)
         script = render(spec)
-        missing = data_note(spec.command)
+        missing = data_note(spec.command, spec.container)
         if missing:
             print(f"python -m common.slurm: note: {missing}", file=sys.stderr)
         for source in spec.bind_sources if spec.container else []:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import shlex
 import stat
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -102,26 +103,27 @@ def check_program(command: List[str], cpu_job: bool = False) -> None:
         raise UsageError(f"{target}: {error}") from None
 
 
-def data_note(command: List[str]) -> Optional[str]:
+def data_note(command: List[str], container: Optional[str] = None) -> Optional[str]:
     """For a shipped app whose data set is not in this folder (the job's, as it is submitted from
     here): the job will download it on its first node, after the wait in the queue, and many
     clusters' compute nodes have no internet. Said, not refused: they may have it, or the files
-    may be where only they look."""
+    may be where only they look. In a container (``container``), a --data-dir is the
+    container's path, not this host's: not looked at."""
     from common.run.cli import build_parser
 
-    from ..data import find_idx_files
+    from ..data import find_idx_files, reference_download_dir
 
     app_class = _app_class(command[0]) if not command[0].endswith(".py") else None
     if app_class is None:
         return None
     args = build_parser(app_class, quiet=True).parse_args(command[1:])  # checked by check_program before
     name, data_dir = getattr(args, "dataset", None), getattr(args, "data_dir", None)
-    if name in (None, "digits") or find_idx_files(name, data_dir) is not None:
+    if name in (None, "digits") or (container and data_dir is not None) or find_idx_files(name, data_dir) is not None:
         return None
-    where = quoted(str(data_dir)) if data_dir is not None else "data/ (or the reference's ./MNIST/raw)"
+    where = quoted(str(data_dir)) if data_dir is not None else f"data/ (or the reference's ./{reference_download_dir(name)})"
     return (f"{name}: its files are not in {where} here; the job would download them on its first node, which "
             f"needs the internet there; where compute nodes have none, download them here first: "
-            f"python -m common.data download {name} {data_dir or 'data'}")
+            f"python -m common.data download {shlex.quote(name)} {shlex.quote(str(data_dir or 'data'))}")
 
 
 def _check_definition(path: Path, container: Optional[str]) -> list:

@@ -32,6 +32,8 @@ _TIME_FORMS = [(re.compile(pattern), parts) for pattern, parts in [
 TIME_FORMS_SAID = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 #: more restarts than anyone means; a number this size also stays inside the script's integer test
 MAX_REQUEUES = 1000
+#: a Python interpreter's name (python, python3, python3.11), not a script's (python_runner.py)
+_INTERPRETER = re.compile(r"^python[0-9.]*$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _SAFE_WORD = re.compile(r"^[\w.,:@%+=/-]+$")
 
@@ -67,7 +69,7 @@ def program_of(command: List[str]) -> Tuple[List[str], str]:
     ``.py`` runs as a script.
     """
     target = command[0]
-    if PurePosixPath(target).name.startswith("python") and len(command) > 1 and (
+    if _INTERPRETER.match(PurePosixPath(target).name) and len(command) > 1 and (
             command[1] == "-m" or command[1].endswith(".py")):  # `-- python -m mnist_svm 24`
         module = command[1] == "-m"
         rest = command[2:] if module else command[1:]

@@ -206,12 +206,12 @@ def test_a_data_set_missing_here_is_noted_before_the_queue(tmp_path, monkeypatch
     assert "not in 'scratch/my mnist' here" in elsewhere.stderr, elsewhere.stderr
     assert "download mnist 'scratch/my mnist'" in elsewhere.stderr  # a command that can be pasted
     import common.data
-    from common.slurm.program import data_note
+    from common.slurm.program import check_program, data_note
 
     monkeypatch.setattr(common.data, "find_idx_files", lambda *args: None)  # no Debian copy here either
-    assert "the reference's ./FashionMNIST/raw" in (data_note(["mnist_nn", "1", "1", "--dataset", "fashion-mnist"]) or "")
+    assert "the reference's ./FashionMNIST/raw" in (data_note(check_program(["mnist_nn", "1", "1", "--dataset", "fashion-mnist"])) or "")
     # in a container, --data-dir is the container's path (a --bind target): not this host's to look at
-    assert data_note(["mnist_svm", "4", "--data-dir", "/data"], container="img.sif") is None
+    assert data_note(check_program(["mnist_svm", "4", "--data-dir", "/data"]), container="img.sif") is None
     assert generated("mnist_svm", "4", "--dataset", "digits").stderr == ""  # scikit-learn's: nothing to fetch
 
 

@@ -349,9 +349,11 @@ def _resume_where_it_was(app: App, fingerprint: dict) -> None:
     again from nothing in the new folder (a Slurm job's every start passes --resume)."""
     args = app.args
     earlier = Path("results") / app.name
-    if (not args.resume or getattr(args, "results_given", True) or Path(args.results) == earlier
-            or holds_journal(ResultsLayout(args.results).journal) or not holds_journal(ResultsLayout(earlier).journal)
-            or _other_run(ResultsLayout(earlier).journal, fingerprint, app.fingerprint_left_out()) is not None):
+    if not args.resume or getattr(args, "results_given", True) or Path(args.results) == earlier:
+        return
+    journal = ResultsLayout(earlier).journal
+    if (holds_journal(ResultsLayout(args.results).journal) or not holds_journal(journal)
+            or _other_run(journal, fingerprint, app.fingerprint_left_out()) is not None):
         return
     said = (f"{app.name}: --resume: this run's journal is in {quoted(str(earlier))}, the default folder of earlier "
             f"versions (now {quoted(str(args.results))}): resuming it there")

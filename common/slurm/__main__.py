@@ -57,10 +57,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(path)
             return 0
         spec = spec_from_args(args, command)
-        check_program(spec.command, cpu_job=spec.cpu)
+        program_args = check_program(spec.command, cpu_job=spec.cpu)
         check_container(spec.container)
         script = render(spec)
-        missing = data_note(spec.command, spec.container)
+        missing = data_note(program_args, spec.container)
         if missing:
             print(f"python -m common.slurm: note: {missing}", file=sys.stderr)
         for source in spec.bind_sources if spec.container else []:

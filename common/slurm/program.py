@@ -8,6 +8,7 @@ pipeline definition (read and checked as the pipeline runner does), the containe
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import os
@@ -57,9 +58,10 @@ def _app_class(target: str) -> Optional[type]:
                      f"can be imported here, or a .py file")
 
 
-def check_program(command: List[str], cpu_job: bool = False) -> None:
+def check_program(command: List[str], cpu_job: bool = False) -> Optional[argparse.Namespace]:
     """Refuse, as the app itself would, a program whose arguments or files are wrong; in a CPU job
-    (``cpu_job``), one told to use GPUs (its nodes have none for it)."""
+    (``cpu_job``), one told to use GPUs (its nodes have none for it). Returns a shipped app's
+    parsed arguments (None for a script or a user's module)."""
     from common.run.cli import build_parser
 
     from ..devices import check_workers_on_gpus, check_workers_per_gpu, names_cpu, parse_gpu_spec
@@ -68,10 +70,10 @@ def check_program(command: List[str], cpu_job: bool = False) -> None:
     if target.endswith(".py"):
         if not _is_file(target, "the program"):
             raise UsageError(f"{quoted(target)}: no such file (the job runs it from this folder)")
-        return
+        return None
     app_class = _app_class(target)
     if app_class is None:
-        return
+        return None
     try:
         args = build_parser(app_class, quiet=True).parse_args(command[1:])
     except SystemExit:  # --help: the job would print its help and end
@@ -101,22 +103,19 @@ def check_program(command: List[str], cpu_job: bool = False) -> None:
             app_class(args).check_before_the_queue()
     except UsageError as error:
         raise UsageError(f"{target}: {error}") from None
+    return args
 
 
-def data_note(command: List[str], container: Optional[str] = None) -> Optional[str]:
+def data_note(args: Optional[argparse.Namespace], container: Optional[str] = None) -> Optional[str]:
     """For a shipped app whose data set is not in this folder (the job's, as it is submitted from
     here): the job will download it on its first node, after the wait in the queue, and many
     clusters' compute nodes have no internet. Said, not refused: they may have it, or the files
-    may be where only they look. In a container (``container``), a --data-dir is the
-    container's path, not this host's: not looked at."""
-    from common.run.cli import build_parser
-
+    may be where only they look. ``args``: what :func:`check_program` returned. In a container
+    (``container``), a --data-dir is the container's path, not this host's: not looked at."""
     from ..data import find_idx_files, reference_download_dir
 
-    app_class = _app_class(command[0]) if not command[0].endswith(".py") else None
-    if app_class is None:
+    if args is None:
         return None
-    args = build_parser(app_class, quiet=True).parse_args(command[1:])  # checked by check_program before
     name, data_dir = getattr(args, "dataset", None), getattr(args, "data_dir", None)
     if name in (None, "digits") or (container and data_dir is not None) or find_idx_files(name, data_dir) is not None:
         return None

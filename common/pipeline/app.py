@@ -15,9 +15,7 @@ import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import settings
 from ..app import App, RunInfo, finite_number
@@ -29,6 +27,9 @@ from .container import CONTAINER_ENV, default_image, find_apptainer, missing_app
 from .definition import POOL_PATTERN, Pipeline, breaks_bind, check_pools, load_definition, shown_path
 from .flow import INTERRUPTED, STOPPING, PipelineRunner, RunLayout, RunStopping, read_progress
 from .report import plan_text, statuses_on_disk, summary_markdown
+
+if TYPE_CHECKING:  # a pipeline's processes need no numpy of their own (0.1 s of CPU each)
+    import numpy as np
 
 RESOURCE_ENV_PREFIX = "PIPELINE_RESOURCE_"
 #: the name the pipeline format itself uses, read beside ours (ours wins where both are set)

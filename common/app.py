@@ -239,6 +239,12 @@ class App:
         error, say). ``summary`` is summary.json's content; None: no such line."""
         return None
 
+    def first_result_warning(self, result: Any) -> Optional[str]:
+        """Rank 0, once, on the first result the run gets: a line to print at once where that result
+        shows the outputs will not be what the user asked for (a sweep's ``--minimise`` naming a value
+        its function does not return), so that it is read hours before the end. None: nothing to say."""
+        return None
+
     def output_names(self) -> Tuple[str, ...]:
         """The names (``fnmatch`` patterns) of what ``finish`` and the workers write at the top of
         the results folder: files, and folders such as ``models``. A run without a journal to

@@ -412,6 +412,7 @@ def test_a_point_some_of_whose_repeats_diverged_ranks_after_those_whose_all_ran(
     assert (best[2]["n"], best[2]["repeats"], best[2]["mean"]) == (3, 6, 0.01)  # seed 3: three odd seeds
     assert "| 3 | 1.0 | 0.01 | 0 | 3 of 6 |" in (tmp_path / "r" / "summary.md").read_text()
     assert ran.stdout.splitlines()[-1] == "best loss: 0.501 (mean of 6 repeats) at lr=0.001", ran.stdout
+    assert "first result" not in ran.stderr, ran.stderr  # a NaN is a number: nothing misnamed
     # repeats that raised count as missing too (before, 3 finished of 3 made it a complete point)
     raised = sweep("sweep_functions:raises_mostly", tmp_path / "raised", "--grid", str(grid), "--repeats", "6", "--seed",
                    "3", "--minimise", "loss", "--retries", "0")
@@ -997,25 +998,41 @@ def test_yaml_reads_plain_words_and_numbers_as_yaml_1_2_does(tmp_path):
 def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_path):
     """--minimise with a misspelt name: the run completes (results.csv has every value), and its last
     line says nothing was ranked and what the function returned, instead of passing for a run with
-    no metric."""
+    no metric. It is said as the first result comes too (not hours later, at the end), with the
+    --resume that ranks the results without running them again, which works."""
     result = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(write_json(tmp_path / "g.json", {"x": [1, 2]})),
                    "--minimise", "los", workers=1)
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]
     # the numbers it returned, not every name (a string or a list is not what --minimise takes)
-    assert last == "nothing to rank: no result holds a finite number named 'los' (the function returned numbers " \
-                   "named 'loss', 'draw', 'seed_seen')", last
-    # a name it returns, but not as a number: said so
+    returned = "the function returned numbers named 'loss', 'draw', 'seed_seen'"
+    hint = "a --resume with --minimise loss ranks the results without running an item again"
+    assert last == f"nothing to rank: no result holds a finite number named 'los' ({returned}); {hint}", last
+    early = f"sweep: the first result holds no number named 'los' ({returned}), so nothing may be ranked; the run " \
+            f"goes on, and {hint}"
+    logged = result.stderr.splitlines()
+    assert sum(line.endswith(early) for line in logged) == 1, result.stderr
+    assert [line.endswith(early) for line in logged].index(True) < \
+        [line.endswith("the items ended in") or "the items ended in" in line for line in logged].index(True), logged
+    again = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(tmp_path / "g.json"), "--resume",
+                  "--minimise", "loss", workers=1)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().splitlines()[-1].startswith("best loss: "), again.stdout
+    assert "2 of 2 items (2 from an earlier run)" in again.stderr and "first result" not in again.stderr, again.stderr
+    # a name it returns, but not as a number: said so; no number is close to it
     named = sweep("sweep_functions:noisy", tmp_path / "k", "--grid", str(tmp_path / "g.json"), "--minimise", "kind",
                   workers=1)
     assert named.stdout.strip().splitlines()[-1] == "nothing to rank: no result holds a finite number named 'kind' " \
-        "(it returned 'kind' as a string; the function returned numbers named 'loss', 'draw', 'seed_seen')", named.stdout
+        f"(it returned 'kind' as a string; {returned}); a --resume with --minimise NAME ranks the results without " \
+        "running an item again", named.stdout
+    assert "sweep: the first result holds no number named 'kind' (it returned 'kind' as a string;" in named.stderr
     # a return of many numbers: the first 20 of them (10,000 made a line of 89 KB)
     result = sweep("sweep_functions:many_numbers", tmp_path / "m", "--grid", str(tmp_path / "g.json"),
                    "--minimise", "los", workers=1)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1].endswith(
-        "(the function returned numbers named " + ", ".join(repr(f"m{i}") for i in range(20)) + " and 10 more)"), \
+        "(the function returned numbers named " + ", ".join(repr(f"m{i}") for i in range(20)) + " and 10 more); a "
+        "--resume with --minimise NAME ranks the results without running an item again"), \
         result.stdout
 
 

@@ -104,13 +104,15 @@ class Leader:
                  liveness: FollowerWatch, stop_signal: Callable[[], Optional[str]], grace: float, total_capacity: int,
                  global_pools: Optional[Dict[str, int]] = None, status: Optional[Any] = None,
                  on_idle: Optional[Callable[[], None]] = None, stop_after_failures: Optional[int] = None,
-                 clock: Clock = SYSTEM_CLOCK, write_failures: Optional[WriteFailures] = None):
+                 clock: Clock = SYSTEM_CLOCK, write_failures: Optional[WriteFailures] = None,
+                 first_result: Optional[Callable[[Any], Optional[str]]] = None):
         """``liveness``: the watch over the other ranks; ``status``: status.json's writer
         (``common.results.status_file.StatusWriter``), or None; ``on_idle``: called once, the first time
         rank 0 has had nothing to do for IDLE_SECONDS after a result came (the runner warms the
         end-of-run figures up then, without slowing a busy rank 0); ``write_failures``: the run's,
         where an item's output that found no space is noted; ``stop_after_failures``: the run stops
-        once this many items have failed for good (None: never)."""
+        once this many items have failed for good (None: never); ``first_result``: called with the
+        first result kept, and what it returns (a warning) is printed with this rank's tag."""
         self.comm, self.pool, self.scheduler, self.journal = comm, pool, scheduler, journal
         self.clock = clock
         self.write_failures = write_failures or WriteFailures()
@@ -139,6 +141,7 @@ class Leader:
         self.code = EXIT_OK
         self.status = status
         self.on_idle = on_idle
+        self.first_result = first_result
         self.tag = rank_tag(0)  # its messages begin as its log lines do
 
     @property
@@ -356,7 +359,18 @@ class Leader:
                 self.bars.append({"worker": record.worker, "start": record.start, "end": record.end, "ok": True})
         if count:
             self.progress.advance(count)
+        if self.first_result is not None:
+            self._first_kept(records)
         journal.maybe_sync()
+
+    def _first_kept(self, records: List[Record]) -> None:
+        """The first result kept (not one that came twice) goes to ``first_result``, once."""
+        first = next((record for record in records if self.records.get(record.key) is record), None)
+        if first is not None:
+            check, self.first_result = self.first_result, None
+            warning = check(first.result)
+            if warning:
+                self.progress.write(f"{self.tag} {warning}")
 
     def timeline_bars(self) -> List[dict]:
         """Every attempt of this run, for the timeline: the kept results' and then the others."""

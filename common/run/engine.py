@@ -685,7 +685,8 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                 leader = Leader(comm, pool, scheduler, journal, progress=progress, liveness=liveness, stop_signal=stop,
                                 grace=args.grace, total_capacity=total_capacity, global_pools=global_pools,
                                 status=status, on_idle=preloading.start, write_failures=failures,
-                                stop_after_failures=args.stop_after_failures)
+                                stop_after_failures=args.stop_after_failures,
+                                first_result=lambda result: _named(app, app.first_result_warning(result)))
                 try:
                     outcome = leader.run()
                 except Exception as error:  # a bug: the status file must not say "running" until it goes stale
@@ -1037,6 +1038,11 @@ def _world_mismatch(launched: int, size: int) -> str:
         why = "mpi4py is not installed in this Python (pip install mpi4py mpich)"
     return (f"the launcher started {launched} ranks, but MPI joined this one to a world of {size}: {why}; "
             f"nothing was run")
+
+
+def _named(app: App, line: Optional[str]) -> Optional[str]:
+    """An app's line as rank 0 prints its own: after the app's name."""
+    return f"{app.name}: {line}" if line else None
 
 
 def _resume_command(app: App, argv: List[str]) -> str:

@@ -503,6 +503,9 @@ class SweepApp(App):
     def summary_markdown(self, summary: Mapping[str, Any]) -> str:
         return report.markdown(summary.get("sweep") or {})
 
+    def first_result_warning(self, result: Any) -> Optional[str]:
+        return report.first_result_warning(self.plan, result.get("return") if isinstance(result, dict) else None)
+
     def headline(self, run: RunInfo, summary: Mapping[str, Any]) -> List[str]:
         return report.headline(summary.get("sweep") or {})
 

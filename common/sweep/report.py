@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import difflib
 import gc
 import io
 import itertools
@@ -252,6 +253,37 @@ def _best(finished: List[Any], metric: str, goal: str, repeats: int) -> List[Dic
     return ranked
 
 
+def first_result_warning(plan: "Plan", returned: Any) -> Optional[str]:
+    """Where the first result holds no number named as --minimise/--maximise says (a misspelt name):
+    said as it comes, not only once every item has run. A NaN is a number (a training that diverged)."""
+    if not plan.metric or not isinstance(returned, dict) or _number(returned.get(plan.metric)):
+        return None
+    return (f"the first result holds no number named {plan.metric!r} ({_returned(plan.metric, [returned])}), so "
+            f"nothing may be ranked; the run goes on, and {_ranked_by_resume(plan, [returned])}")
+
+
+def _returned(metric: str, dicts: List[Mapping[str, Any]]) -> str:
+    """What the function returned instead of a number named ``metric``: the names of its numbers
+    (the first NAMES_SHOWN), and the kind of value it gave that name, if any."""
+    numbers = _names(dicts, _number)
+    shown = ", ".join(map(repr, numbers[:NAMES_SHOWN])) + (f" and {len(numbers) - NAMES_SHOWN} more"
+                                                           if len(numbers) > NAMES_SHOWN else "")
+    returned = f"the function returned numbers named {shown}" if numbers else "the function returned no named numbers"
+    given = next((entry[metric] for entry in dicts if metric in entry), _ABSENT)
+    if given is not _ABSENT and not _number(given):
+        returned = f"it returned {metric!r} as {kind_of(given)}; {returned}"
+    return returned
+
+
+def _ranked_by_resume(plan: "Plan", dicts: List[Mapping[str, Any]]) -> str:
+    """How to rank what ran without running it again: the metric is not in the run's fingerprint,
+    so a --resume that names another takes every result from the journal. The name meant is the
+    closest number returned, where one is close."""
+    close = difflib.get_close_matches(plan.metric or "", _names(dicts, _number), n=1, cutoff=0.6)
+    name = close[0] if close and close[0].isidentifier() else "NAME"  # a name the shell takes as it is
+    return f"a --resume with {_flag(plan.goal)} {name} ranks the results without running an item again"
+
+
 def _repeats_text(entry: Mapping[str, Any]) -> str:
     """"3", or "1 of 6" where some repeats returned no finite value."""
     return f"{entry['n']}" if entry["n"] == entry["repeats"] else f"{entry['n']} of {entry['repeats']}"
@@ -310,15 +342,8 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
     carried: Dict[str, Any] = {}  # the ranking a resume without either flag leaves out, kept for the next one
     if plan.metric and not ranked:
         dicts = [returned for returned in returns if isinstance(returned, dict)]
-        numbers = _names(dicts, _number)
-        shown = ", ".join(map(repr, numbers[:NAMES_SHOWN])) + (f" and {len(numbers) - NAMES_SHOWN} more"
-                                                               if len(numbers) > NAMES_SHOWN else "")
-        returned = f"the function returned numbers named {shown}" if numbers else \
-            "the function returned no named numbers"
-        given = next((entry[plan.metric] for entry in dicts if plan.metric in entry), _ABSENT)
-        if given is not _ABSENT and not _number(given):
-            returned = f"it returned {plan.metric!r} as {kind_of(given)}; {returned}"
-        sweep["note"] = f"no result holds a finite number named {plan.metric!r} ({returned})"
+        sweep["note"] = f"no result holds a finite number named {plan.metric!r} ({_returned(plan.metric, dicts)}); " \
+                        f"{_ranked_by_resume(plan, dicts)}"
     elif plan.metric is None:  # a summary.json here is the run this one resumes (else the folder was refused)
         dropped = _earlier_ranking(folder)
         if dropped is not None:  # a resume given neither flag: say so, rather than drop the figure without a word

@@ -16,20 +16,28 @@ CERTAINTY_FILE = re.compile(r"(test_image|first_misclassified)_[0-9]+\.(png|pdf|
 
 
 def plot_ensemble_errors(model_errors: Sequence[float], bootstraps: Sequence[int], ensemble: Mapping[str, float],
-                         path: Path) -> None:
-    """One bar per model, and the ensemble's two test errors as lines across them."""
+                         path: Path) -> Any:
+    """One bar per model, and the ensemble's two test errors as lines across them; returns the figure.
+
+    The axis ends at 100%: errors high enough to leave the legend no room above them (nets that did
+    not learn, 90% on ten digits) put it under the axes instead of stretching the axis past 100%."""
     fig, ax = new_figure(max(4.0, 0.5 * len(model_errors) + 2.5), 3.5)
     ax.bar(range(len(model_errors)), np.asarray(model_errors) * 100, color="#9bb7d4", label="single model")
     ax.axhline(ensemble["majority_vote"] * 100, color="#c0392b", label="ensemble: majority vote")
     ax.axhline(ensemble["mean_probability"] * 100, color="#27ae60", linestyle="--", label="ensemble: mean probability")
-    top = max(list(model_errors) + list(ensemble.values()))
-    ax.set_ylim(0, max(top * 100 * 1.45, 1e-3))
+    top = max(list(model_errors) + list(ensemble.values())) * 100
+    room = top * 1.45  # headroom above the highest bar or line for the legend
+    ax.set_ylim(0, max(min(room, 100.0), top, 1e-3))
     ax.set_xticks(range(len(model_errors)), [str(b) for b in bootstraps])
     ax.set_xlabel("bootstrap model")
     ax.set_ylabel("test error (%)")
     ax.set_title("Test error: each model and the ensemble")
-    ax.legend(fontsize="small", loc="upper right")
+    if room <= 100:
+        ax.legend(fontsize="small", loc="upper right")
+    else:
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     save_figure(fig, path)
+    return fig
 
 
 def plot_certainty(probabilities: np.ndarray, images: np.ndarray, labels: np.ndarray, votes: np.ndarray,

@@ -139,3 +139,20 @@ def test_the_same_figure_gives_the_same_bytes_in_every_format(tmp_path):
         written.append([path.read_bytes() for path in save_figure(fig, tmp_path / f"figure{attempt}")])
     assert [len(files) for files in written] == [len(FIGURE_FORMATS)] * 2
     assert written[0] == written[1]
+
+
+@pytest.mark.parametrize("errors", [[0.012, 0.03, 0.02], [0.9, 0.88, 0.91], [1.0, 1.0, 1.0]])
+def test_the_ensemble_error_axis_ends_at_100_percent_and_its_legend_covers_no_bar(tmp_path, errors):
+    """Nets that did not learn (90% error on ten digits) stretched the axis to 130% to make room for
+    the legend; the axis ends at 100% now, the legend under the axes where the bars leave it none."""
+    from mnist_nn.plots import plot_ensemble_errors
+
+    ensemble = {"majority_vote": min(errors), "mean_probability": min(errors)}
+    fig = plot_ensemble_errors(errors, [0, 1, 2], ensemble, tmp_path / "ensemble_error")
+    assert_figure(tmp_path / "ensemble_error", ("png", "svg", "pdf"))
+    (ax,) = fig.axes
+    bottom, top = ax.get_ylim()
+    assert bottom == 0 and max(errors) * 100 <= top <= 100, (bottom, top)
+    fig.draw_without_rendering()
+    legend = ax.get_legend().get_window_extent()
+    assert not any(legend.overlaps(bar.get_window_extent()) for bar in ax.patches), errors

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from common.errors import counted
 from common.results.layout import CERTAINTY_FOLDER, MISCLASSIFIED_NAME, TEST_IMAGE_NAME
 from common.results.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
@@ -70,7 +71,7 @@ def plot_certainty(probabilities: np.ndarray, images: np.ndarray, labels: np.nda
         right.set_xticks(range(n_classes))
         right.set_xlabel("digit")
         right.set_ylabel("certainty (probability)")
-        right.set_title(f"each digit's probability over {n_models} model(s)")
+        right.set_title(f"each digit's probability over {counted(n_models, 'model')}")
         boxes: Dict[str, list] = {}
         for name, index, title in pages:
             picture.set_data(images[index])

@@ -11,6 +11,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
+from common.errors import counted
 from common.results.layout import PER_GAMMA_FOLDER
 from common.results.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
@@ -65,7 +66,7 @@ def plot_heatmap(grid: Grid, table: np.ndarray, best_i_c: int, best_i_gamma: int
         ax.tick_params(axis="x", labelrotation=90)
     ax.set_xlabel("C (log scale)")
     ax.set_ylabel("gamma (log scale)")
-    missing = f"\n{int(partial.sum())} cell(s) the mean of the folds that finished" if partial.any() else ""
+    missing = f"\n{counted(int(partial.sum()), 'cell')}: the mean of the folds that finished" if partial.any() else ""
     ax.set_title(f"{grid.folds}-fold cross-validation error; best (star): "
                  f"C={grid.c_values[best_i_c]:.3g}, gamma={grid.gamma_values[best_i_gamma]:.3g}{missing}", fontsize=10)
     return save_figure(fig, path)

@@ -179,7 +179,7 @@ def test_failed_items_say_how_to_run_them_again_and_a_resume_says_what_it_ran(tm
     assert f"the items ended in {said['wall_seconds']:.1f} s; writing the outputs" in failed.stderr
     assert f" s, the outputs {said['outputs_seconds']:.1f} s more; results in " in closing, closing
     assert retry == f"toy: run the failed items again with the same launcher and: {command}", failed.stderr
-    assert f"1 item(s) failed. Run them again (after a fix, or for a failure of the moment) with:\n\n    {command}\n" \
+    assert f"1 item failed. Run it again (after a fix, or for a failure of the moment) with:\n\n    {command}\n" \
         in (results / "summary.md").read_text()
     shown = subprocess.run([sys.executable, "-m", "common.status", str(results)], cwd=REPO, capture_output=True, text=True,
                            timeout=60)

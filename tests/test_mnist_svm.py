@@ -388,7 +388,7 @@ def test_a_heatmap_cell_of_fewer_folds_than_the_title_says_is_marked(tmp_path, m
     [figure] = drawn
     assert isinstance(figure, matplotlib.figure.Figure)
     ax = figure.axes[0]
-    assert ax.get_title().endswith("\n1 cell(s) the mean of the folds that finished"), ax.get_title()
+    assert ax.get_title().endswith("\n1 cell: the mean of the folds that finished"), ax.get_title()
     texts = [text.get_text() for text in ax.texts]
     if n_tuning <= 8:
         assert texts.count("20.0\n(2/5 folds)") == 1 and texts.count("failed") == 1, texts

@@ -322,7 +322,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert not results.exists()
     plan = proc.stdout
     # the gpu pool as the run sizes it: here no GPU (--gpu cpu), so one step per worker
-    assert "Dry run: 2 pipeline(s)" in plan and "pools: gpu=1 per rank (no GPU: one per worker), licence=2" in plan
+    assert "Dry run: 2 pipelines" in plan and "pools: gpu=1 per rank (no GPU: one per worker), licence=2" in plan
     three = cli(EXAMPLES / "agent.json", results, "--dry-run", "--agent", AGENT, "--workers", "3")
     assert "pools: gpu=3 per rank (no GPU: one per worker);" in three.stdout, three.stderr
     # par() and pipelines run as many at once as there are workers: said before the run, not found out

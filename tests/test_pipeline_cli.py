@@ -456,7 +456,7 @@ def test_a_failed_pipeline_still_reports_what_its_steps_cost(tmp_path):
     note = f'pipeline p: the steps before c, where a --resume goes on, spent 1.2 of its budget of 1; a --resume ' \
            f'counts that and would fail again at once: raise "budget" in {definition} first'
     assert f"pipeline: {note}\npipeline: run the failed items again" in ran.stderr, ran.stderr
-    assert f"1 item(s) failed. A plain resume would not do for some: {note}. Then run them again with:" \
+    assert f"1 item failed. A plain resume would not do for some: {note}. Then run it again with:" \
         in (results / "summary.md").read_text()
     assert read_summary(results)["retry_notes"] == [note]
     again = pipeline_cli(definition, results, "--resume")

@@ -194,7 +194,7 @@ def test_dry_run_plans_the_document_definitions(tmp_path, image, monkeypatch):
     monkeypatch.setenv("PIPELINE_CONTAINER", str(image))
     proc = run(pipeline_command(PAR, results, "--agent", AGENT, "--dry-run"))
     assert proc.returncode == 0, proc.stderr
-    assert "Dry run: 2 pipeline(s)" in proc.stdout and "pipeline task-1\n  1. task: prompt 'Train model A" in proc.stdout
+    assert "Dry run: 2 pipelines" in proc.stdout and "pipeline task-1\n  1. task: prompt 'Train model A" in proc.stdout
     assert proc.stdout.count("mounts /data at /data (read-only), /output at /output") == 2
     assert not results.exists()
 

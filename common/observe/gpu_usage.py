@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from common.errors import counted
 from common.observe.gpu_monitor import Sample
 from common.results.layout import GPU_USAGE_STEM, ResultsLayout, png_name, worker_name
 from common.results.outputs import atomic_write_text, new_figure, save_figure
@@ -79,7 +80,7 @@ def _plot(series: Mapping[str, Mapping[str, Any]], path_without_suffix: Path) ->
         if field == "util_percent":
             ax.set_ylim(0, 105)
     axes[-1, 0].set_xlabel("seconds since the first sample")
-    axes[0, 0].set_title(f"GPU use: {len(series)} GPU(s) on {len({e['host'] for e in series.values()})} node(s)")
+    axes[0, 0].set_title(f"GPU use: {counted(len(series), 'GPU')} on {counted(len({e['host'] for e in series.values()}), 'node')}")
     # one entry per GPU, even one that NVML gives only some measures of (a MIG slice)
     handles = [Line2D([], [], color=colours[name], linestyle=styles[name], label=f"{name} ({series[name]['host']})")
                for name in names]

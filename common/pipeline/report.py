@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..app import finite_number
-from ..errors import error_line, markdown_cell, short
+from ..errors import counted, error_line, markdown_cell, short
 from .definition import Pipeline, Step
 from .flow import RunLayout, read_status, total_cost
 
@@ -207,7 +207,7 @@ def plan_text(pipelines: List[Pipeline], capacities: Mapping[str, Any], queue_ti
     """The plan of ``--dry-run``: pipelines, their steps, pools (capacity, or its words), conditions
     and jumps, in words. ``workers``: this rank's, each running one step at a time."""
     pools = ", ".join(f"{name}={cap}" for name, cap in sorted(capacities.items()))
-    lines = [f"Dry run: {len(pipelines)} pipeline(s); nothing is run or written.",
+    lines = [f"Dry run: {counted(len(pipelines), 'pipeline')}; nothing is run or written.",
              f"results: {results}",
              f"workers: {workers} on this rank, each running one step at a time, so at most {workers} at once here "
              f"(pools permitting; more with --workers N on the CPU, or one per GPU with --gpu all on a GPU node)",

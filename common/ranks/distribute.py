@@ -537,7 +537,7 @@ class Leader:
         if all(rank in self.broken for rank in live) and not self.scheduler.all_resolved():
             reasons = set(self.pool.given_up.values()) | {self.broken[rank] for rank in live}
             if self.lost:
-                reasons.add(f"rank(s) {', '.join(str(r) for r in self.lost)} lost")
+                reasons.add(f"{'rank' if len(self.lost) == 1 else 'ranks'} {', '.join(str(r) for r in self.lost)} lost")
             self.scheduler.fail_remaining(f"no worker could start: {'; '.join(sorted(reasons))}")
             self.report_failures()
 

@@ -1196,7 +1196,7 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
              ""]
     for lost in summary.get("lost_ranks", []):
         lines += [f"- **lost rank {lost['rank']} on {lost['host']}** ({lost['why']}): its "
-                  f"{lost['items_reassigned']} item(s) ran on the other ranks", ""]
+                  f"{counted(lost['items_reassigned'], 'item')} ran on the other ranks", ""]
     if summary.get("stopped_because"):
         cut = summary.get("items_cut_off") or 0
         lines += [f"**Stopped{' for lack of space' if summary.get('no_space') else ''}**: "
@@ -1213,10 +1213,11 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
         lines += [f"Stopped before the end. {fix} with{launcher}:", "", f"    {summary['resume_command']}", ""]
     if summary.get("retry_command"):
         notes = summary.get("retry_notes") or []
-        lines += [f"{len(summary['failed_items'])} item(s) failed. "
+        failed = len(summary["failed_items"])
+        lines += [f"{counted(failed, 'item')} failed. "
                   + ("A plain resume would not do for some: " + " ".join(f"{markdown_cell(note)}." for note in notes)
-                     + f" Then run them again with{launcher}:" if notes else
-                     f"Run them again (after a fix, or for a failure of the moment) with{launcher}:"),
+                     + f" Then run {'it' if failed == 1 else 'them'} again with{launcher}:" if notes else
+                     f"Run {'it' if failed == 1 else 'them'} again (after a fix, or for a failure of the moment) with{launcher}:"),
                   "", f"    {summary['retry_command']}", ""]
     earlier = summary.get("earlier_outputs")
     if summary.get("outputs_interrupted"):

@@ -505,7 +505,7 @@ def markdown(sweep: Mapping[str, Any]) -> str:
     if not sweep:
         return ""
     lines = [f"## Sweep of `{sweep['function']}`", "",
-             f"- {sweep['points']} points ({sweep['kind']}) x {sweep['repeats']} repeat(s); parameters: "
+             f"- {sweep['points']} points ({sweep['kind']}) x {counted(sweep['repeats'], 'repeat')}; parameters: "
              + ", ".join(f"`{p}`" for p in sweep["parameters"]),
              "- `results.csv`: one row per item (parameters, repeat, seed, every scalar returned, seconds, host, "
              "device); `results.jsonl`: each item's whole return", ""]

@@ -412,7 +412,13 @@ def test_a_point_some_of_whose_repeats_diverged_ranks_after_those_whose_all_ran(
     assert (best[2]["n"], best[2]["repeats"], best[2]["mean"]) == (3, 6, 0.01)  # seed 3: three odd seeds
     assert "| 3 | 1.0 | 0.01 | 0 | 3 of 6 |" in (tmp_path / "r" / "summary.md").read_text()
     assert ran.stdout.splitlines()[-1] == "best loss: 0.501 (mean of 6 repeats) at lr=0.001", ran.stdout
-    assert "first result" not in ran.stderr, ran.stderr  # a NaN is a number: nothing misnamed
+    assert "first result" not in ran.stderr, ran.stderr
+    # a first result that diverged (NaN, which reaches rank 0 as null) is no sign of a misspelt name
+    nan_first = sweep("sweep_functions:diverges", tmp_path / "nan", "--grid",
+                      str(write_json(tmp_path / "lr.json", {"lr": [1.0]})), "--seed", "1", "--minimise", "loss")
+    assert nan_first.returncode == 0 and "first result" not in nan_first.stderr, nan_first.stderr
+    assert nan_first.stdout.splitlines()[-1] == "nothing to rank: no result holds a finite number named 'loss' (it " \
+        "returned 'loss' as null; the function returned no named numbers)", nan_first.stdout  # and no other name to give
     # repeats that raised count as missing too (before, 3 finished of 3 made it a complete point)
     raised = sweep("sweep_functions:raises_mostly", tmp_path / "raised", "--grid", str(grid), "--repeats", "6", "--seed",
                    "3", "--minimise", "loss", "--retries", "0")
@@ -426,6 +432,29 @@ def test_a_point_some_of_whose_repeats_diverged_ranks_after_those_whose_all_ran(
         top = {"params": {"lr": 1.0}, "mean": 0.01, "n": n, "repeats": 6}
         assert headline({"metric": "loss", "best": [top]}) == [f"best loss: 0.01 ({said} that returned a finite value) "
                                                                 f"at lr=1.0"]
+
+
+def test_the_early_warning_of_a_misnamed_metric_and_the_resume_it_suggests():
+    """The first result's warning, in-process: a null (a NaN) or a number is no sign of a misspelt
+    name; the name suggested is the closest number returned, quoted for the shell, never the metric
+    itself, and none where the function returned no other number."""
+    from common.sweep.app import Plan
+    from common.sweep.report import first_result_warning
+
+    def warning(metric, returned, goal="min"):
+        return first_result_warning(Plan(print, None, [{}], "grid", 1, metric, goal), returned)
+
+    assert warning("loss", {"loss": None}) is None and warning("loss", {"loss": 2.5}) is None
+    assert warning(None, {"x": 1}) is None
+    said = warning("val_loss", {"val-loss": 0.3, "epochs": 4})
+    assert said.endswith(", and a --resume with --minimise val-loss ranks the finished items without running them "
+                         "again"), said
+    assert "--maximise 'val loss' ranks" in warning("val_loss", {"val loss": 0.3}, goal="max")
+    assert "--minimise NAME ranks" in warning("los", {"-loss": 0.3})  # read as a flag, unquoted or not
+    assert "--minimise NAME ranks" in warning("accuracy", {"f1": 0.3, "loss": 1.0})  # nothing close
+    assert warning("loss", {"loss": "low", "status": "ok"}).endswith(
+        "(it returned 'loss' as a string; the function returned no named numbers), so nothing may be ranked; the run "
+        "goes on"), warning("loss", {"loss": "low"})
 
 
 def test_points_tied_with_the_best_are_counted_beside_it(tmp_path):
@@ -1006,14 +1035,15 @@ def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_
     last = result.stdout.strip().splitlines()[-1]
     # the numbers it returned, not every name (a string or a list is not what --minimise takes)
     returned = "the function returned numbers named 'loss', 'draw', 'seed_seen'"
-    hint = "a --resume with --minimise loss ranks the results without running an item again"
+    hint = "a --resume with --minimise loss ranks the finished items without running them again"
     assert last == f"nothing to rank: no result holds a finite number named 'los' ({returned}); {hint}", last
     early = f"sweep: the first result holds no number named 'los' ({returned}), so nothing may be ranked; the run " \
             f"goes on, and {hint}"
     logged = result.stderr.splitlines()
     assert sum(line.endswith(early) for line in logged) == 1, result.stderr
     assert [line.endswith(early) for line in logged].index(True) < \
-        [line.endswith("the items ended in") or "the items ended in" in line for line in logged].index(True), logged
+        ["the items ended in" in line for line in logged].index(True), logged
+    assert early in (tmp_path / "r" / "logs" / "rank0.log").read_text()  # the run's story, afterwards
     again = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(tmp_path / "g.json"), "--resume",
                   "--minimise", "loss", workers=1)
     assert again.returncode == 0, again.stderr
@@ -1023,8 +1053,8 @@ def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_
     named = sweep("sweep_functions:noisy", tmp_path / "k", "--grid", str(tmp_path / "g.json"), "--minimise", "kind",
                   workers=1)
     assert named.stdout.strip().splitlines()[-1] == "nothing to rank: no result holds a finite number named 'kind' " \
-        f"(it returned 'kind' as a string; {returned}); a --resume with --minimise NAME ranks the results without " \
-        "running an item again", named.stdout
+        f"(it returned 'kind' as a string; {returned}); a --resume with --minimise NAME ranks the finished items " \
+        "without running them again", named.stdout
     assert "sweep: the first result holds no number named 'kind' (it returned 'kind' as a string;" in named.stderr
     # a return of many numbers: the first 20 of them (10,000 made a line of 89 KB)
     result = sweep("sweep_functions:many_numbers", tmp_path / "m", "--grid", str(tmp_path / "g.json"),
@@ -1032,7 +1062,7 @@ def test_a_metric_no_result_holds_is_said_on_stdout_with_the_names_returned(tmp_
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1].endswith(
         "(the function returned numbers named " + ", ".join(repr(f"m{i}") for i in range(20)) + " and 10 more); a "
-        "--resume with --minimise NAME ranks the results without running an item again"), \
+        "--resume with --minimise NAME ranks the finished items without running them again"), \
         result.stdout
 
 

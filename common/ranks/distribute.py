@@ -371,6 +371,7 @@ class Leader:
             warning = check(first.result)
             if warning:
                 self.progress.write(f"{self.tag} {warning}")
+                log_to_files(warning, logging.WARNING)  # the rank's log tells the run's story afterwards
 
     def timeline_bars(self) -> List[dict]:
         """Every attempt of this run, for the timeline: the kept results' and then the others."""

@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import operator
+import shlex
 import statistics
 import warnings
 from collections import Counter
@@ -254,12 +255,20 @@ def _best(finished: List[Any], metric: str, goal: str, repeats: int) -> List[Dic
 
 
 def first_result_warning(plan: "Plan", returned: Any) -> Optional[str]:
-    """Where the first result holds no number named as --minimise/--maximise says (a misspelt name):
-    said as it comes, not only once every item has run. A NaN is a number (a training that diverged)."""
-    if not plan.metric or not isinstance(returned, dict) or _number(returned.get(plan.metric)):
+    """Where the first result gives the name --minimise/--maximise names no number (a misspelt name):
+    said as it comes, not only once every item has run. A null is no sign of one: a training that
+    diverged returns NaN, which reaches rank 0 as null (JSON has no NaN)."""
+    if not plan.metric or not isinstance(returned, dict) or not _misnamed(plan.metric, [returned]):
         return None
+    hint = _ranked_by_resume(plan, [returned])
     return (f"the first result holds no number named {plan.metric!r} ({_returned(plan.metric, [returned])}), so "
-            f"nothing may be ranked; the run goes on, and {_ranked_by_resume(plan, [returned])}")
+            f"nothing may be ranked; the run goes on" + (f", and {hint}" if hint else ""))
+
+
+def _misnamed(metric: str, dicts: List[Mapping[str, Any]]) -> bool:
+    """No result gives ``metric`` a number or null (a NaN): the name is not one the function returns
+    as a number, rather than a number no run of it reached."""
+    return not any(metric in entry and (entry[metric] is None or _number(entry[metric])) for entry in dicts)
 
 
 def _returned(metric: str, dicts: List[Mapping[str, Any]]) -> str:
@@ -275,13 +284,18 @@ def _returned(metric: str, dicts: List[Mapping[str, Any]]) -> str:
     return returned
 
 
-def _ranked_by_resume(plan: "Plan", dicts: List[Mapping[str, Any]]) -> str:
-    """How to rank what ran without running it again: the metric is not in the run's fingerprint,
-    so a --resume that names another takes every result from the journal. The name meant is the
-    closest number returned, where one is close."""
-    close = difflib.get_close_matches(plan.metric or "", _names(dicts, _number), n=1, cutoff=0.6)
-    name = close[0] if close and close[0].isidentifier() else "NAME"  # a name the shell takes as it is
-    return f"a --resume with {_flag(plan.goal)} {name} ranks the results without running an item again"
+def _ranked_by_resume(plan: "Plan", dicts: List[Mapping[str, Any]]) -> Optional[str]:
+    """How to rank what finished without running it again, where the name looks misspelt and the
+    function returned other numbers: the metric is not in the run's fingerprint, so a --resume that
+    names another takes every finished item's result from the journal. The name meant is the
+    closest number returned, where one is close (quoted for the shell). None: no other name to give."""
+    metric = plan.metric or ""
+    numbers = [name for name in _names(dicts, _number) if name != metric]
+    if not numbers or not _misnamed(metric, dicts):
+        return None
+    close = difflib.get_close_matches(metric, numbers, n=1, cutoff=0.6)
+    name = shlex.quote(close[0]) if close and not close[0].startswith("-") else "NAME"  # "-x": read as a flag
+    return f"a --resume with {_flag(plan.goal)} {name} ranks the finished items without running them again"
 
 
 def _repeats_text(entry: Mapping[str, Any]) -> str:
@@ -342,8 +356,9 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
     carried: Dict[str, Any] = {}  # the ranking a resume without either flag leaves out, kept for the next one
     if plan.metric and not ranked:
         dicts = [returned for returned in returns if isinstance(returned, dict)]
-        sweep["note"] = f"no result holds a finite number named {plan.metric!r} ({_returned(plan.metric, dicts)}); " \
-                        f"{_ranked_by_resume(plan, dicts)}"
+        hint = _ranked_by_resume(plan, dicts)
+        sweep["note"] = f"no result holds a finite number named {plan.metric!r} ({_returned(plan.metric, dicts)})" \
+                        + (f"; {hint}" if hint else "")
     elif plan.metric is None:  # a summary.json here is the run this one resumes (else the folder was refused)
         dropped = _earlier_ranking(folder)
         if dropped is not None:  # a resume given neither flag: say so, rather than drop the figure without a word

@@ -24,7 +24,7 @@ from common.results.journal import JournalReader, WorkerTally, holds_journal
 from common.results.layout import JOURNAL_NAME, RANK0_LOG, STATUS_NAME, ResultsLayout
 from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
-from common.run.cli import Parser
+from common.run.cli import Parser, run_it
 
 from .errors import EXIT_FAILED_ITEMS, EXIT_NO_PROGRESS, EXIT_OK, EXIT_STOPPED, UsageError, error_line, quoted
 
@@ -228,6 +228,7 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     resume = (summary.get("resume_command") if summary and _same_start(summary, status) else None) \
         or status.get("resume_command")
     crash = status.get("error") if state == "failed" and not lost else None
+    again = run_it(len(status.get("ranks") or []) or 1)  # how the command said below is run
     if crash:  # rank 0 itself failed (a bug): what finished is journaled, and a resume goes on from it
         lines.append(f"error    rank 0 failed: {crash} (the traceback is in {RANK0_LOG})")
     # the items ended but the app's outputs could not be written (its finish() raised): a resume writes them
@@ -240,9 +241,9 @@ def describe(results: Path, status: Optional[dict], journal: JournalReader, now:
     if ((state == "stopped" or lost) or crash or outputs_failed or gave_up) and isinstance(resume, str) and resume:
         first = ("after a fix, " if crash or outputs_failed or gave_up else
                  "with a longer --time (no item finished in the job's time), " if status.get("no_progress") else "")
-        lines.append(f"resume   {first}with the same launcher and: {resume}")
+        lines.append(f"resume   {first}{again} {resume}")
     elif state == "failed" and failed and isinstance(resume, str) and resume and not lost:
-        lines.append(f"retry    the failed items with the same launcher and: {resume}")
+        lines.append(f"retry    the failed items {again} {resume}")
 
     moved = _moved(results, status)
     if moved and any(line.startswith(("resume ", "retry ")) for line in lines):

@@ -212,6 +212,7 @@ def test_stopped_run_resumes_to_the_same_results_without_recomputing(tmp_path, s
     assert f"**Stopped**: received {sig.name}." in (tmp_path / "r" / "summary.md").read_text()
     # the command is the program's: summary.md says, as stderr does, that it goes under the launcher
     assert "Finish with the same launcher (2 ranks) and:" in (tmp_path / "r" / "summary.md").read_text()
+    assert "; finish with the same launcher (2 ranks) and: " in stopped.stderr, stopped.stderr
     done_before = {e["key"] for e in journal_entries(tmp_path / "r") if e.get("type") == "result"}
     assert 6 <= len(done_before) < 38
     resumed = run(args + ["--resume"], ranks=2)
@@ -499,7 +500,7 @@ def test_an_error_in_the_apps_finish_ends_every_rank_in_one_line_and_resume_writ
     shown = status_of(tmp_path / "r")
     assert shown.returncode == 1 and "\nerror    writing the outputs failed: RuntimeError: a bug in finish() (the " \
         "traceback is in logs/rank0.log); every result is journaled\n" in shown.stdout, shown.stdout
-    assert "\nresume   after a fix, with the same launcher and: " in shown.stdout and " --resume\n" in shown.stdout
+    assert "\nresume   after a fix, with the same launcher (2 ranks) and: " in shown.stdout and " --resume\n" in shown.stdout
     again = run(args + ["--resume"], timeout=120)
     assert again.returncode == 0, again.stderr
     assert read_summary(tmp_path / "r")["items_this_run"] == 0 and (tmp_path / "r" / "values.json").is_file()

@@ -158,7 +158,7 @@ def test_a_stopped_job_says_how_to_finish_it(tmp_path, quick_status):
     shown = status(results)
     text = shown.stdout
     assert text.startswith("toy: stopped") and shown.returncode == 75, text  # 75: --resume finishes it
-    assert re.search(r"items +\d+ of 40 done", text) and "resume   with the same launcher and: python" in text and "--resume" in text, text
+    assert re.search(r"items +\d+ of 40 done", text) and "resume   with: python" in text and "--resume" in text, text
 
 
 def as_if_on(results: Path, host: str) -> None:
@@ -224,7 +224,7 @@ def test_a_job_killed_on_this_host_is_reported_gone_at_once(tmp_path, quick_stat
     assert shown.returncode == 75, shown.stderr
     assert "--resume" in text and "rank0-cpu0" not in text, text  # no worker shown as starting or running
     # the command that finishes it, which the status file keeps (a killed job wrote no summary)
-    assert re.search(r"^resume   with the same launcher and: python .*toy_app\.py 40 .*--resume$", text, re.M), text
+    assert re.search(r"^resume   with: python .*toy_app\.py 40 .*--resume$", text, re.M), text
     entries = [json.loads(line) for line in (results / "journal.jsonl").read_text().splitlines()]
     done = [e for e in entries if e["type"] == "result"]
     # until its last sign of life: the journal's last line, or a status refresh after it
@@ -301,7 +301,7 @@ if __name__ == "__main__":
     # what happened, where its traceback is, and how to go on: the journal kept what finished
     assert "\nerror    rank 0 failed: RuntimeError: a bug in rank 0's loop (the traceback is in logs/rank0.log)\n" \
         in shown.stdout, shown.stdout
-    assert re.search(r"^resume   after a fix, with the same launcher and: python .*buggy_app\.py 10 .*--resume$",
+    assert re.search(r"^resume   after a fix, with: python .*buggy_app\.py 10 .*--resume$",
                      shown.stdout, re.M), shown.stdout
     log_text = (results / "logs" / "rank0.log").read_text()
     assert "unexpected error:" in log_text and "RuntimeError: a bug in rank 0's loop" in log_text, log_text
@@ -501,7 +501,11 @@ def test_a_moved_folder_says_where_it_was_beside_the_command_that_finishes_it(tm
              "items_total": 4, "items_done": 2, "resume_command": "python toy.py 4 --results old --resume",
              "results_dir": str(tmp_path / "old")}
     text = describe(here, state, JournalReader(here / "journal.jsonl"), now)
-    assert "resume   with the same launcher and: python toy.py 4 --results old --resume\n" in text, text
+    assert "resume   with: python toy.py 4 --results old --resume\n" in text, text
+    # a run of several ranks goes on under its launcher, with as many ranks
+    ranks = [{"rank": 0, "host": "a", "heard": now - 1.0}, {"rank": 1, "host": "b", "heard": now - 1.0}]
+    assert "resume   with the same launcher (2 ranks) and: python toy.py 4 --results old --resume\n" in describe(
+        here, dict(state, ranks=ranks), JournalReader(here / "journal.jsonl"), now)
     assert f"moved    this folder was '{tmp_path / 'old'}' when the job ran: in the command above, give --results " \
            f"'{here.resolve()}'" in text, text
     for same in (str(here), None):  # where it ran, or a status file from before the field: nothing to say

@@ -186,6 +186,12 @@ def python_command(environ: Optional[Mapping[str, str]] = None, executable: Opti
     return shlex.quote(executable)
 
 
+def run_it(ranks: int) -> str:
+    """How to run a command the engine prints (a resume, a retry): a run of several ranks goes on
+    under its launcher (mpiexec, srun) with as many ranks; a run of one, as printed."""
+    return f"with the same launcher ({ranks} ranks) and:" if ranks > 1 else "with:"
+
+
 def module_command(argv: list) -> str:
     """How this program was started, for the resume hint: ``python -m mnist_svm ...``."""
     main = sys.modules.get("__main__")

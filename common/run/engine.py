@@ -80,7 +80,7 @@ from common.results.layout import (
 from common.results.outputs import atomic_write_json, atomic_write_text, check_replaceable, preload_figures, to_jsonable
 from common.results.regular_file import in_place, refuse_unless_regular
 from common.results.status_file import RankReporter, StatusWriter
-from common.run.cli import MAX_THREADS, build_parser, module_command
+from common.run.cli import MAX_THREADS, build_parser, module_command, run_it
 from common.signals import WALLTIME_SIGNAL, StopFlag, ignore_stop_signals, start_resource_tracker
 from common.workers.pool import PoolSettings, WorkerPool
 from common.workers.spawnable import module_beside_main, unreachable_from_workers
@@ -718,7 +718,7 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
             except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
                 ending.lines.clear()  # what it queued before (a headline) no longer holds
                 ending.say(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished "
-                           f"item is journaled: write them with the same launcher and: {_resume_command(app, argv)}")
+                           f"item is journaled: write them {run_it(comm.size)} {_resume_command(app, argv)}")
                 code = EXIT_STOPPED
             except Exception:  # a bug: the status file must not say "finishing" for ever (the traceback follows)
                 status.finished(leader, EXIT_FAILED_ITEMS)
@@ -818,6 +818,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     """Rank 0: the app's outputs, summary.json and summary.md, the timeline; the exit code; what
     to say at the end, in ``ending``. ``walltime``: the first stop signal was Slurm's walltime warning."""
     args = app.args
+    again = run_it(len(layout))  # how the commands said below are run
     results: Path = args.results
     files = ResultsLayout(results)
     scheduler = leader.scheduler
@@ -826,8 +827,8 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     failure = failures.first
     if failure is not None and failure.moved_away:  # outputs written now would have no journal behind them
         print(f"{app.name}: stopped: {failure.describe()}; nothing more is written ({len(records)} of {len(items)} "
-              f"items had finished, in that journal); if it was renamed, move it back, then finish with the same "
-              f"launcher and: {_resume_command(app, argv)}", file=sys.stderr)
+              f"items had finished, in that journal); if it was renamed, move it back, then finish "
+              f"{run_it(len(layout))} {_resume_command(app, argv)}", file=sys.stderr)
         return EXIT_STOPPED
     failed = [{"key": key, "error": error} for key, error in scheduler.failed.items()]
     final_items = [scheduler.items[item.key] for item in items]
@@ -954,7 +955,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     late = failures.first if failure is None else None
     if late is not None:  # the summary itself: summary.json and the outputs beside it may disagree
         ending.say(f"{app.name}: stopped: {late.describe()}: the outputs in {quoted(str(results))} are incomplete; "
-                 f"{late.remedy()}, then write them with the same launcher and: "
+                 f"{late.remedy()}, then write them {again} "
                  f"{_resume_command(app, argv)}")
         return EXIT_STOPPED
     if failure is None:
@@ -962,17 +963,17 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if failure is not None:
         journaled = summary["items_journaled"]
         ending.say(f"{app.name}: stopped: {failure.describe()}; {'?' if journaled is None else journaled} of "
-                 f"{len(items)} items are safely journaled; {failure.remedy()}, then finish with the same launcher and: "
+                 f"{len(items)} items are safely journaled; {failure.remedy()}, then finish {again} "
                  f"{summary['resume_command']}")
         return EXIT_STOPPED
     if interrupted:
         ending.say(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished item is "
-                 f"journaled: write them with the same launcher and: {summary['resume_command']}")
+                 f"journaled: write them {again} {summary['resume_command']}")
         return EXIT_STOPPED
     if outcome == "stopped" and leader.gave_up:
         ending.say(f"{app.name}: failed: {leader.stopping}: stopped with {len(records)} of {len(items)} items done; "
                  f"their errors are in {results}/summary.md; after a fix (or with a larger --stop-after-failures, "
-                 f"where such failures are expected), finish with the same launcher and: {summary['resume_command']}")
+                 f"where such failures are expected), finish {again} {summary['resume_command']}")
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
         stalled = bool(summary.get("no_progress"))
@@ -982,12 +983,12 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
                 f"{counted(leader.cut_off, 'item')} still running when {ended} were cut off: {caveat}a job requeued "
                 f"with the same --time would cut them off again; give it a longer --time" if stalled else "")
         ending.say(f"{app.name}: stopped ({leader.stopping}) with {len(records)} of {len(items)} items done{said}; "
-                 f"finish with the same launcher and: {summary['resume_command']}")
+                 f"finish {again} {summary['resume_command']}")
         return EXIT_NO_PROGRESS if stalled else EXIT_STOPPED
     if outputs_error is not None:
         ending.say(f"{app.name}: failed: {len(records)} of {len(items)} items done, but writing the outputs failed: "
                  f"{outputs_error} (traceback in {RANK0_LOG}); every result is journaled: after "
-                 f"a fix, write the outputs with the same launcher and: "
+                 f"a fix, write the outputs {again} "
                  f"{_resume_command(app, argv)}")
         return EXIT_FAILED_ITEMS
     if not failed and run is not None:  # complete: the app's headline, as the reference's closing prints
@@ -1008,7 +1009,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if failed:
         for note in summary["retry_notes"]:
             ending.say(f"{app.name}: {note}")
-        ending.say(f"{app.name}: run the failed items again with the same launcher and: {summary['retry_command']}")
+        ending.say(f"{app.name}: run the failed items again {again} {summary['retry_command']}")
     return EXIT_FAILED_ITEMS if failed else EXIT_OK
 
 
@@ -1205,19 +1206,19 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
                                                       f"cut off (grey in the timeline); {'it runs' if cut == 1 else 'they run'} "
                                                       f"again on --resume." if cut else ""), ""]
     # the command is the program's: a run of several ranks goes on under its launcher (mpiexec, srun)
-    launcher = f" the same launcher ({summary.get('ranks')} ranks) and" if (summary.get("ranks") or 1) > 1 else ""
+    again = run_it(summary.get("ranks") or 1)
     if summary.get("resume_command"):
         fix = ("After a fix, finish" if summary["status"] == "failed"  # --stop-after-failures
                else "No item finished in the job's time: give the job a longer --time, then finish"
                if summary.get("no_progress") else "Finish")
-        lines += [f"Stopped before the end. {fix} with{launcher}:", "", f"    {summary['resume_command']}", ""]
+        lines += [f"Stopped before the end. {fix} {again}", "", f"    {summary['resume_command']}", ""]
     if summary.get("retry_command"):
         notes = summary.get("retry_notes") or []
         failed = len(summary["failed_items"])
         lines += [f"{counted(failed, 'item')} failed. "
                   + ("A plain resume would not do for some: " + " ".join(f"{markdown_cell(note)}." for note in notes)
-                     + f" Then run {'it' if failed == 1 else 'them'} again with{launcher}:" if notes else
-                     f"Run {'it' if failed == 1 else 'them'} again (after a fix, or for a failure of the moment) with{launcher}:"),
+                     + f" Then run {'it' if failed == 1 else 'them'} again {again}" if notes else
+                     f"Run {'it' if failed == 1 else 'them'} again (after a fix, or for a failure of the moment) {again}"),
                   "", f"    {summary['retry_command']}", ""]
     earlier = summary.get("earlier_outputs")
     if summary.get("outputs_interrupted"):

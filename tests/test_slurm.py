@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.errors import quoted
 from common.slurm.shipped import SHIPPED, shipped_scripts
 from helpers import REPO, TOY, generate_script, journal_entries, read_summary, run, wait_for_results, wait_until
 from slurm_cluster import slurm  # noqa: F401  (the session's Slurm, a fixture)
@@ -193,9 +194,9 @@ def test_a_data_set_missing_here_is_noted_before_the_queue(tmp_path, monkeypatch
     """The GPU scripts read MNIST by default; submitted from a folder without it, the job would try
     to download it on a compute node, after its wait in the queue (many have no internet): the
     generator says so, and how to download it first, but still writes the script."""
-    def generated(*program: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*GENERATOR, "--gpus-per-node", "1", "--", *program], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+    def generated(*program: str) -> subprocess.CompletedProcess:  # --venv: the note of test_a_venv_... only
+        return subprocess.run([*GENERATOR, "--gpus-per-node", "1", "--venv", str(REPO / ".venv"), "--", *program],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
 
     missing = generated("mnist_svm", "24")
     assert missing.returncode == 0 and missing.stdout.startswith("#!/bin/bash"), missing.stderr
@@ -213,6 +214,40 @@ def test_a_data_set_missing_here_is_noted_before_the_queue(tmp_path, monkeypatch
     # in a container, --data-dir is the container's path (a --bind target): not this host's to look at
     assert data_note(check_program(["mnist_svm", "4", "--data-dir", "/data"]), container="img.sif") is None
     assert generated("mnist_svm", "4", "--dataset", "digits").stderr == ""  # scikit-learn's: nothing to fetch
+
+
+def test_a_venv_missing_from_the_submit_folder_is_noted_and_a_program_not_found_is_not_restarted(tmp_path):
+    """A sweep of one's own module is submitted from one's own folder, which has no .venv: the job
+    ran whatever python the PATH it was submitted with had, and where there was none, exit 127,
+    started again three times. The generator notes it (naming the venv running it); the script
+    does not start again a program that could not be started."""
+    (tmp_path / "mine.py").write_text("def fit(params):\n    return {}\n")
+    (tmp_path / "grid.json").write_text(json.dumps({"x": [1]}))
+
+    def generated(*options: str, program=("common.sweep", "mine:fit", "--grid", "grid.json")):
+        return subprocess.run([*GENERATOR, "--cpu", *options, "--", *program], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+
+    made = generated()
+    assert made.returncode == 0 and made.stdout.startswith("#!/bin/bash"), made.stderr
+    assert made.stderr == "python -m common.slurm: note: --venv .venv: no virtual environment there from this folder, " \
+        "where the job starts; it would run the python on the PATH it is submitted with; give --venv " \
+        f"{shlex.quote(sys.prefix)} (the one running this)\n", made.stderr
+    assert generated("--venv", sys.prefix).stderr == "" and generated("--venv", "none").stderr == ""
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "activate").write_text("")
+    assert generated().stderr == ""
+    # a --setup in a module of its own is looked for as the function's is
+    refused = generated(program=("common.sweep", "mine:fit", "--grid", "grid.json", "--setup", "mnie:load"))
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    assert refused.stderr == f"python -m common.slurm: error: common.sweep: --setup cannot find module 'mnie' from " \
+                             f"{quoted(str(tmp_path))}, where the job starts\n", refused.stderr
+    # the job's shell finds no program to run: one attempt, not three more 5 s apart
+    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"; exit 127')
+    ran = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 127 and calls.read_text() == "started\n", ran.stdout + ran.stderr
+    assert "the run could not be started (exit 127: a command not found or not executable): not starting it again" \
+        in ran.stdout + ran.stderr
 
 
 def test_the_image_a_node_lacks_is_named_in_quotes():

@@ -14,6 +14,7 @@ import importlib.util
 import os
 import shlex
 import stat
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -123,6 +124,20 @@ def data_note(args: Optional[argparse.Namespace], container: Optional[str] = Non
     return (f"{name}: its files are not in {where} here; the job would download them on its first node, which "
             f"needs the internet there; where compute nodes have none, download them here first: "
             f"python -m common.data download {shlex.quote(name)} {shlex.quote(str(data_dir or 'data'))}")
+
+
+def venv_note(venv: Optional[str], container: Optional[str] = None) -> Optional[str]:
+    """The job sources ``venv``/bin/activate in the folder it is submitted from (this one); where
+    there is none, it runs the python on the PATH that sbatch hands it, whatever environment was
+    active when the job was submitted: a user's own folder (a sweep of their module, which must
+    be submitted from there) has no .venv. Said, not refused: that PATH may well be right."""
+    if not venv or container or (Path(venv) / "bin" / "activate").is_file():
+        return None
+    here = sys.prefix if sys.prefix != sys.base_prefix else None  # the virtual environment running this
+    fix = (f"give --venv {shlex.quote(here)} (the one running this)" if here else
+           "give --venv PATH, or --venv none where the job's PATH has the Python and packages to use")
+    return (f"--venv {venv}: no virtual environment there from this folder, where the job starts; it would run the "
+            f"python on the PATH it is submitted with; {fix}")
 
 
 def _check_definition(path: Path, container: Optional[str]) -> list:

@@ -116,6 +116,9 @@ while :; do
     wait "$step"
     rc=$?
     case $rc in 0|1|2|{{exit_stopped}}|{{exit_no_progress}}) break ;; esac
+    # 126 and 127: the shell's "not executable" and "not found" (no python on the PATH): not a fault of the moment
+    case $rc in 126|127) log "the run could not be started (exit $rc: a command not found or not executable):" \
+        "not starting it again"; break ;; esac
     # A stop that came as the step went down, or while it is down: what finished is journaled, and
     # the job ends as stopped (requeued for the walltime warning), with no step started again.
     if [ -n "$stop_signal" ]; then

@@ -402,13 +402,18 @@ class SweepApp(App):
         args = self.args
         if self.preset is not None:
             return
-        module_name, _ = split_target(args.function)
-        try:  # a package's __init__ runs to find a module in it; whatever it raises is a module not found here
-            found = importlib.util.find_spec(module_name) is not None
-        except Exception:
-            found = False
-        if not found:
-            raise UsageError(f"cannot find module {module_name!r} from {quoted(os.getcwd())}, where the job starts")
+        targets = [("", args.function)]
+        if args.setup and ":" in args.setup:  # a setup without a module is in the function's
+            targets.append(("--setup ", args.setup))
+        for flag, target in targets:
+            module_name, _ = split_target(target)
+            try:  # a package's __init__ runs to find a module in it; whatever it raises is a module not found here
+                found = importlib.util.find_spec(module_name) is not None
+            except Exception:
+                found = False
+            if not found:
+                raise UsageError(f"{flag}cannot find module {module_name!r} from {quoted(os.getcwd())}, where the job "
+                                 f"starts")
         for kind, flag in (("grid", "grid"), ("points", "points"), ("samples", "space")):
             path = getattr(args, flag)
             if path is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import counted
 from helpers import (
     REPO,
     TOY,
@@ -238,10 +239,10 @@ def test_a_resume_without_threads_keeps_the_thread_count_of_the_run_it_resumes(t
     starts = [entry for entry in journal_entries(results) if entry.get("type") == "start"]
     first = starts[0]["layout"][0]["threads"]
     assert len(starts) == 2 and starts[1]["layout"][0]["threads"] == first, starts
-    assert f"resuming with {first} torch/BLAS thread(s) per worker, as the run being resumed" in resumed.stderr
+    assert f"resuming with {counted(first, 'torch/BLAS thread')} per worker, as the run being resumed" in resumed.stderr
     # kept on fewer cores per worker than it had: more threads than cores, said once, with the count that fits
     cores = len(os.sched_getaffinity(0))
-    crowded = f"2 worker(s) x {first} thread(s) on {cores} core(s): more threads than cores"
+    crowded = f"2 workers x {counted(first, 'thread')} on {counted(cores, 'core')}: more threads than cores"
     assert (crowded in resumed.stderr) == (2 * first > cores), resumed.stderr
     if crowded in resumed.stderr:  # it told a resume to use --threads 1, which a resume refuses
         assert "fits in a new run" in resumed.stderr and "a resume keeps the count" in resumed.stderr, resumed.stderr
@@ -260,7 +261,7 @@ def test_a_resume_without_threads_keeps_the_threads_its_run_was_given(tmp_path):
     assert_usage_error(run(args + ["--threads", "2", "--resume"]), "threads 1 (journal) vs 2 (now)")
     resumed = run(args + ["--resume"])
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming with 1 torch/BLAS thread(s) per worker, as the run being resumed" in resumed.stderr
+    assert "resuming with 1 torch/BLAS thread per worker, as the run being resumed" in resumed.stderr
     starts = [entry for entry in journal_entries(results) if entry.get("type") == "start"]
     assert [start_["layout"][0]["threads"] for start_ in starts] == [1, 1]
 

@@ -16,6 +16,7 @@ from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers import (
@@ -284,6 +285,13 @@ def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path
     assert not (tmp_path / "r" / "sweep.png").exists()  # no --minimise this time: the old figure is gone
     told = "the run it resumes ranked by 'loss': give --minimise loss to rank and draw it"
     assert told in fewer.stdout and told in (tmp_path / "r" / "summary.md").read_text()
+    # the three points the journal holds beyond this space are said to be left out, as the run starts and at its end
+    left = "3 results in the journal are of points not in this space, and left out of results.csv and the ranking " \
+           "(the journal keeps them: a --resume given the space that ran them takes them again)"
+    assert f"sweep: {left}\n" in fewer.stderr and f"note: {left}\n" in fewer.stdout, fewer.stderr + fewer.stdout
+    assert f"{left}." in (tmp_path / "r" / "summary.md").read_text()
+    assert read_summary(tmp_path / "r")["sweep"]["journal_left_out"] == 3
+    assert "journal_left_out" not in read_summary(tmp_path / "r") and "not in this space" not in again.stderr
     other = sweep("sweep_functions:raises", tmp_path / "r", "--grid", str(grid), "--resume")
     assert_usage_error(other, "other arguments", "function")
     # without --resume: the hint was "pass --resume to continue it", which the line above refuses
@@ -600,7 +608,9 @@ BAD_INPUTS = [
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "nothing_here"],
      ["has no 'nothing_here'"]),
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "NOT_A_FUNCTION"],
-     ["--setup 'sweep_functions:NOT_A_FUNCTION' is not a function"]),
+     ["--setup 'sweep_functions:NOT_A_FUNCTION' is not a function but an integer"]),
+    ("unset:fit", {"g.json": {"x": [1]}, "unset.py": "fit = None\n"}, ["--grid", "g.json"],
+     ["MODULE:FUNCTION 'unset:fit' is not a function but None"]),  # was "has no 'fit'"
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "wrong_signature"],
      ["setup wrong_signature() cannot be called as each worker calls it", "missing a required argument: 'y'"]),
     ("sweep_functions:noisy", {"p.json": [{"x": 1}, {"x": 1, "repeat": 1}]}, ["--points", "p.json", "--repeats", "2"],
@@ -1252,3 +1262,34 @@ def test_a_resume_finds_a_run_in_the_default_folder_of_earlier_versions(tmp_path
     other = run(["-m", "common.sweep", "mine:other", *common, "--resume"], cwd=tmp_path)
     assert other.returncode == 0 and "default folder of earlier versions" not in other.stderr, other.stderr
     assert len(rows(tmp_path / "results" / "mine")) == 3  # run from the start, in its own folder
+
+
+def test_the_figure_draws_a_best_line_only_where_points_share_values(tmp_path):
+    """20 random samples of two floats got a red "best" line in each panel, joining every point (the
+    documentation says it is drawn for a grid's values, not random samples'), and the legend was on
+    the first panel whatever had a line. In-process, on ranked entries as the report makes them."""
+    from common.sweep.report import _figure
+
+    rng = np.random.default_rng(0)
+
+    def entries(points):
+        return [{"params": point, "mean": float(rng.random()), "min": 0.0, "max": 1.0, "n": 1} for point in points]
+
+    def lines(fig):
+        return [any(line.get_label().startswith("best") for line in ax.get_lines()) for ax in fig.axes if ax.get_visible()]
+
+    def legend_panel(fig):
+        return [ax.get_legend() is not None for ax in fig.axes if ax.get_visible()]
+
+    samples = [{"lr": float(rng.uniform(1e-4, 1)), "dropout": float(rng.uniform(0, 0.5))} for _ in range(20)]
+    fig = _figure(entries(samples), ["lr", "dropout"], "acc", "max", tmp_path / "samples")
+    assert lines(fig) == [False, False] and legend_panel(fig) == [True, False]
+    grid = [{"C": c, "gamma": g} for c in (0.1, 1.0, 10.0) for g in (0.01, 0.1)]
+    assert lines(_figure(entries(grid), ["C", "gamma"], "error", "min", tmp_path / "grid")) == [True, True]
+    # a random float beside a random choice: the choice's panel has the line, and the legend with it
+    mixed = [{"lr": float(rng.uniform(0, 1)), "kind": ["a", "b", "c"][i % 3]} for i in range(12)]
+    fig = _figure(entries(mixed), ["lr", "kind"], "error", "min", tmp_path / "mixed", mixed)
+    assert lines(fig) == [False, True] and legend_panel(fig) == [False, True]
+    # one parameter: its line is the curve itself, however many values
+    single = [{"x": float(x)} for x in rng.uniform(0, 1, 40)]
+    assert lines(_figure(entries(single), ["x"], "loss", "min", tmp_path / "single")) == [True]

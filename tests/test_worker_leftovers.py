@@ -33,8 +33,8 @@ def test_a_thread_that_never_ends_does_not_hold_the_run_until_its_worker_is_kill
     ended = time.time()
     assert ran.returncode == 0, ran.stderr
     log = (tmp_path / "r" / "logs" / "rank0-cpu0.log").read_text()
-    said = "1 thread(s) started by the app's code still run (never-ends)" if batch else \
-        "2 thread(s) started by the app's code still run (never-ends, never-ends)"
+    said = "1 thread started by the app's code still runs (never-ends)" if batch else \
+        "2 threads started by the app's code still run (never-ends, never-ends)"
     warned = [line for line in log.splitlines()
               if f"WARNING {said}: the worker ends without waiting for them past {THREAD_GRACE_SECONDS:g} s" in line]
     assert len(warned) == 1, log

@@ -333,8 +333,8 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
     if kept_threads is not None:
         args.threads = kept_threads
         if not getattr(args, "dry_run", False):
-            log.info("%s: resuming with %d torch/BLAS thread(s) per worker, as the run being resumed (results "
-                     "depend on the count)", app.name, kept_threads)
+            log.info("%s: resuming with %s per worker, as the run being resumed (results depend on the count)",
+                     app.name, counted(kept_threads, "torch/BLAS thread"))
     if args.resume and not journaled and not getattr(args, "dry_run", False):
         # a Slurm job's first start; or a relative --results pasted in another folder, which would
         # otherwise start the run from nothing without a word
@@ -798,11 +798,11 @@ def _thread_count(comm: Any, host: str, name: str, workers: int, given: Optional
     fair = max(1, len(cores) // (workers * sharing))
     threads = given or fair
     if threads > fair and threads * workers * sharing > len(cores) and comm.rank == peers[0]:
-        log.warning("%s: rank %d: %d worker(s) x %d thread(s)%s on %d core(s): more threads than cores slow "
+        log.warning("%s: rank %d: %s x %s%s on %s: more threads than cores slow "
                     "every worker down; --threads %d fits in a new run (a reduction's last bits can then differ "
                     "from a run with %d; a resume keeps the count of the run it resumes: there, fewer workers fit)",
-                    name, comm.rank, workers, threads, f" x {sharing} ranks on this node" if sharing > 1 else "",
-                    len(cores), fair, threads)
+                    name, comm.rank, counted(workers, "worker"), counted(threads, "thread"),
+                    f" x {sharing} ranks on this node" if sharing > 1 else "", counted(len(cores), "core"), fair, threads)
     return threads
 
 

@@ -140,13 +140,14 @@ def resolve(target: str, what: str = "MODULE:FUNCTION") -> Callable[..., Any]:
                          f"(SystemExit: {exit_.code}): a module to sweep must not run anything when imported; "
                          f"put that under `if __name__ == \"__main__\":`") from None
     found: Any = module
+    missing = object()
     for part in name.split("."):
-        found = getattr(found, part, None)
-        if found is None:
+        found = getattr(found, part, missing)
+        if found is missing:
             raise UsageError(f"module {module_name!r} ({quoted(getattr(module, '__file__', module_name))}) has no "
                              f"{name!r}")
-    if not callable(found):
-        raise UsageError(f"{what} {target!r} is not a function but a value of type {type(found).__name__}")
+    if not callable(found):  # a name set to None, 3, a list: said as what it is, not as missing
+        raise UsageError(f"{what} {target!r} is not a function but {'None' if found is None else kind_of(found)}")
     return found
 
 
@@ -275,6 +276,7 @@ class SweepApp(App):
         super().__init__(args)
         self.preset = type(self).preset
         self.plan: Optional[Plan] = None
+        self.left_out = 0  # rank 0: results in the journal resumed of points not in this space
 
     def __reduce__(self) -> Any:
         """Workers unpickle a plain SweepApp: the subclass :func:`main` makes exists only in the rank.
@@ -442,6 +444,9 @@ class SweepApp(App):
                 raise UsageError(f"cannot resume: the item {item.key} is {ours} here, but {theirs} in the journal "
                                  f"(one key, two items); rename the parameter 'repeat' and run in a new --results "
                                  f"folder")
+        self.left_out = len(self.journaled.keys() - {item.key for item in items})
+        if self.left_out:  # said as the run starts, and again at its end
+            log.info("%s: %s", self.name, report.left_out_line(self.left_out))
         return items
 
     def check_result(self, key: str, result: Any) -> None:
@@ -496,7 +501,7 @@ class SweepApp(App):
 
     # ----- rank 0, at the end -----
     def finish(self, run: RunInfo) -> Dict[str, Any]:
-        return report.write(run, self.plan)
+        return report.write(run, self.plan, self.left_out)
 
     def where_stopped(self, run: RunInfo) -> Dict[str, Any]:
         """A stopped run writes no sweep section: it keeps the ranking a later resume is told of."""

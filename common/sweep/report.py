@@ -42,9 +42,10 @@ OUTPUT_NAMES = (RESULTS_CSV, RESULTS_JSONL, *figure_names(FIGURE))
 BEST_ROWS = 5
 #: a numeric parameter whose values span this factor or more is drawn on a log axis
 LOG_SPAN = 100.0
-#: a parameter with more distinct values than this gets no "best" line unless its values are shared
-#: by two points each on average (a big grid's): joining a best per value of random samples would join
-#: every point, a zigzag that says nothing
+#: a parameter with more distinct values than this gets a "best" line only where its values are shared
+#: by two points each on average (a big grid's); one with fewer, where some value is shared at all.
+#: Joining a best per value of random samples (a value each) would join every point, a zigzag that
+#: says nothing
 BEST_LINE_VALUES = 30
 #: past this many points a panel's marks are drawn as pixels in the SVG and PDF (the axes stay vectors)
 RASTER_POINTS = 5000
@@ -334,8 +335,10 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
-    """Write the sweep's files into ``run.results_dir``; returns summary.json's ``sweep`` field."""
+def write(run: "RunInfo", plan: "Plan", left_out: int = 0) -> Dict[str, Any]:
+    """Write the sweep's files into ``run.results_dir``; returns summary.json's ``sweep`` field.
+    ``left_out``: results in the journal of points not in this run's space (a resume given a
+    smaller grid), which are not in the files."""
     folder = Path(run.results_dir)
     with _collector_paused():
         finished = _finished(run)
@@ -353,6 +356,8 @@ def write(run: "RunInfo", plan: "Plan") -> Dict[str, Any]:
                              "best": [], "figure": None, "files": [RESULTS_CSV, RESULTS_JSONL]}
     if shared:
         sweep["shared_seeds"] = shared
+    if left_out:
+        sweep["journal_left_out"] = left_out
     carried: Dict[str, Any] = {}  # the ranking a resume without either flag leaves out, kept for the next one
     if plan.metric and not ranked:
         dicts = [returned for returned in returns if isinstance(returned, dict)]
@@ -450,15 +455,17 @@ def _remove_figure(folder: Path) -> None:
 
 
 def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, goal: str, path: Path,
-            points: Sequence[Mapping[str, Any]] = ()) -> None:
+            points: Sequence[Mapping[str, Any]] = ()) -> Any:
     """One panel per parameter: each point's mean (repeats as a bar from their lowest to highest
-    value), and the best value at each of the parameter's values as a line (where the values repeat
-    across points or are few: a grid's, not random samples'). Values that are not numbers stand in
-    the order ``points`` (the space's) gives them, not in the ranking's."""
+    value), and the best value at each of the parameter's values as a line (where points share
+    values: a grid's, a random choice's, not random samples' floats; or where it is the only
+    parameter). Values that are not numbers stand in the order ``points`` (the space's) gives them,
+    not in the ranking's. The legend is on the first panel with a line. Returns the figure."""
     columns = min(3, len(parameters))
     rows = math.ceil(len(parameters) / columns)
     fig, axes = new_figure(4.2 * columns, 3.3 * rows, rows, columns, squeeze=False)
     pick = min if goal == "min" else max
+    lined = []  # the panels with a best line
     for index, ax in enumerate(axes.flat):
         if index >= len(parameters):
             ax.set_visible(False)
@@ -490,9 +497,11 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
         order = sorted(best)
         # a value shared by points on average (a grid's 50 x 40): a line through the best of each says
         # something; a value each (random samples): it would join every point
-        if len(order) <= BEST_LINE_VALUES or len(parameters) == 1 or len(positions) >= 2 * len(order):
+        shared = len(positions) >= 2 * len(order) or (len(order) <= BEST_LINE_VALUES and len(order) < len(positions))
+        if shared or len(parameters) == 1:
             ax.plot(order, [best[x] for x in order], "-", color="tab:red", lw=1.5,
                     label=f"best ({'lowest' if goal == 'min' else 'highest'})")
+            lined.append(ax)
         positive = [x for x in positions if x > 0] if numeric else []
         if positive and min(positions) >= 0 and max(positive) / min(positive) >= LOG_SPAN:
             if min(positions) > 0:
@@ -502,9 +511,9 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
         ax.set_xlabel(name)
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-        if index == 0:
-            ax.legend(fontsize=7)
+    (lined or [axes.flat[0]])[0].legend(fontsize=7)
     save_figure(fig, path)
+    return fig
 
 
 def _params_text(params: Mapping[str, Any]) -> str:
@@ -528,6 +537,8 @@ def markdown(sweep: Mapping[str, Any]) -> str:
         lines += [f"Nothing to rank: {sweep['note']}.", ""]
     if sweep.get("shared_seeds"):
         lines += [shared_seeds_line(sweep["shared_seeds"], markdown_cell) + ".", ""]
+    if sweep.get("journal_left_out"):
+        lines += [left_out_line(sweep["journal_left_out"]) + ".", ""]
     if sweep.get("figure_note"):
         lines += [f"No figure: {sweep['figure_note']}.", ""]
     best = sweep.get("best") or []
@@ -565,10 +576,20 @@ def shared_seeds_line(shared: Mapping[str, Any], shown: Callable[[str], str] = s
             f"function that takes `rng` gets each item's own stream")
 
 
+def left_out_line(count: int) -> str:
+    """Results the journal holds of points this run's space has not (a resume given a smaller or
+    another grid): said, since a best of the rest reads as the best of all that ran."""
+    return (f"{counted(count, 'result')} in the journal {'is' if count == 1 else 'are'} of points not in this space, and "
+            f"left out of results.csv and the ranking (the journal keeps {'it' if count == 1 else 'them'}: a --resume "
+            f"given the space that ran {'it' if count == 1 else 'them'} takes {'it' if count == 1 else 'them'} again)")
+
+
 def headline(sweep: Mapping[str, Any]) -> List[str]:
     """The line printed on stdout after a complete run: the best point, where a metric was named
     (or why nothing was ranked: a misspelt name should not pass for a run without one)."""
     notes = [f"note: {shared_seeds_line(sweep['shared_seeds'])}"] if sweep.get("shared_seeds") else []
+    if sweep.get("journal_left_out"):
+        notes.append(f"note: {left_out_line(sweep['journal_left_out'])}")
     best = best_line(sweep)
     if best is None:
         return ([f"nothing to rank: {sweep['note']}"] if sweep.get("note") else []) + notes

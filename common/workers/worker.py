@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
-from common.errors import ItemFailed, capped, described
+from common.errors import ItemFailed, capped, counted, described
 from common.items import ItemSeeds
 from common.linux import die_with_parent
 from common.messages import (
@@ -452,8 +452,9 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
         beating.set()
         left = threads_left()
         if left:
-            log.warning("%d thread(s) started by the app's code still run (%s): the worker ends without waiting "
-                        "for them past %g s", len(left), ", ".join(thread.name for thread in left[:5]),
+            log.warning("%s started by the app's code still %s (%s): the worker ends without waiting "
+                        "for them past %g s", counted(len(left), "thread"), "runs" if len(left) == 1 else "run",
+                        ", ".join(thread.name for thread in left[:5]),
                         THREAD_GRACE_SECONDS)
         logging.shutdown()
         ignore_stop_signals()  # none kills this process while it shuts down (Python's defaults)

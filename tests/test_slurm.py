@@ -216,11 +216,11 @@ def test_a_data_set_missing_here_is_noted_before_the_queue(tmp_path, monkeypatch
     assert generated("mnist_svm", "4", "--dataset", "digits").stderr == ""  # scikit-learn's: nothing to fetch
 
 
-def test_a_venv_missing_from_the_submit_folder_is_noted_and_a_program_not_found_is_not_restarted(tmp_path):
+def test_a_venv_missing_from_the_submit_folder_is_noted_and_a_python_missing_on_the_node_is_one_line(tmp_path):
     """A sweep of one's own module is submitted from one's own folder, which has no .venv: the job
-    ran whatever python the PATH it was submitted with had, and where there was none, exit 127,
-    started again three times. The generator notes it (naming the venv running it); the script
-    does not start again a program that could not be started."""
+    ran whatever python the PATH it was submitted with had, and where there was none, srun failed
+    every rank. The generator notes it (naming the venv running it); the script says so in one
+    line before starting anything."""
     (tmp_path / "mine.py").write_text("def fit(params):\n    return {}\n")
     (tmp_path / "grid.json").write_text(json.dumps({"x": [1]}))
 
@@ -242,12 +242,15 @@ def test_a_venv_missing_from_the_submit_folder_is_noted_and_a_program_not_found_
     assert refused.returncode == 2 and refused.stdout == "", refused
     assert refused.stderr == f"python -m common.slurm: error: common.sweep: --setup cannot find module 'mnie' from " \
                              f"{quoted(str(tmp_path))}, where the job starts\n", refused.stderr
-    # the job's shell finds no program to run: one attempt, not three more 5 s apart
-    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"; exit 127')
+    # the job finds no python on its node (no venv, none active at sbatch): one line, exit 2, no step (srun would
+    # fail every rank with exit 2 and slurmstepd's "execve(): python: No such file or directory")
+    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"; exit 0')
+    env["PATH"] = f"{tmp_path / 'bin'}:/usr/bin:/bin"
+    assert shutil.which("python", path=env["PATH"]) is None
     ran = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 127 and calls.read_text() == "started\n", ran.stdout + ran.stderr
-    assert "the run could not be started (exit 127: a command not found or not executable): not starting it again" \
-        in ran.stdout + ran.stderr
+    assert ran.returncode == 2 and not calls.exists(), ran.stdout + ran.stderr
+    assert f"python: not on PATH on {socket.gethostname()} (give the generator --venv, or --module): the run was not " \
+           "started" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
 
 
 def test_the_image_a_node_lacks_is_named_in_quotes():

@@ -276,6 +276,7 @@ def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path
     assert sorted(after) == [f"x={x}" for x in range(1, 6)]
     assert all(after[key] == value for key, value in before.items())
     assert read_summary(tmp_path / "r")["items_this_run"] == 2
+    assert "journal_left_out" not in read_summary(tmp_path / "r")["sweep"] and "not in this run" not in again.stderr
     assert sum(marks(tmp_path / "marks").values()) == 5, "each point ran once"
     write_json(grid, {"x": [4, 5]})
     fewer = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid), "--resume")
@@ -286,12 +287,15 @@ def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path
     told = "the run it resumes ranked by 'loss': give --minimise loss to rank and draw it"
     assert told in fewer.stdout and told in (tmp_path / "r" / "summary.md").read_text()
     # the three points the journal holds beyond this space are said to be left out, as the run starts and at its end
-    left = "3 results in the journal are of points not in this space, and left out of results.csv and the ranking " \
-           "(the journal keeps them: a --resume given the space that ran them takes them again)"
+    # (no ranking to be left out of: this resume names no metric)
+    left = "3 results in the journal are of items not in this run (points not in this space, or repeats or samples " \
+           "past its --repeats or --samples), left out of results.csv (the journal keeps them: a --resume with the " \
+           "arguments that ran them takes them again)"
     assert f"sweep: {left}\n" in fewer.stderr and f"note: {left}\n" in fewer.stdout, fewer.stderr + fewer.stdout
     assert f"{left}." in (tmp_path / "r" / "summary.md").read_text()
     assert read_summary(tmp_path / "r")["sweep"]["journal_left_out"] == 3
-    assert "journal_left_out" not in read_summary(tmp_path / "r") and "not in this space" not in again.stderr
+    ranked = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid), "--resume", "--minimise", "loss")
+    assert "left out of results.csv and the ranking (" in ranked.stdout, ranked.stdout
     other = sweep("sweep_functions:raises", tmp_path / "r", "--grid", str(grid), "--resume")
     assert_usage_error(other, "other arguments", "function")
     # without --resume: the hint was "pass --resume to continue it", which the line above refuses
@@ -608,7 +612,7 @@ BAD_INPUTS = [
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "nothing_here"],
      ["has no 'nothing_here'"]),
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "NOT_A_FUNCTION"],
-     ["--setup 'sweep_functions:NOT_A_FUNCTION' is not a function but an integer"]),
+     ["--setup 'sweep_functions:NOT_A_FUNCTION' is not a function but a value of type int"]),
     ("unset:fit", {"g.json": {"x": [1]}, "unset.py": "fit = None\n"}, ["--grid", "g.json"],
      ["MODULE:FUNCTION 'unset:fit' is not a function but None"]),  # was "has no 'fit'"
     ("sweep_functions:noisy", {"g.json": {"x": [1]}}, ["--grid", "g.json", "--setup", "wrong_signature"],
@@ -1290,6 +1294,14 @@ def test_the_figure_draws_a_best_line_only_where_points_share_values(tmp_path):
     mixed = [{"lr": float(rng.uniform(0, 1)), "kind": ["a", "b", "c"][i % 3]} for i in range(12)]
     fig = _figure(entries(mixed), ["lr", "kind"], "error", "min", tmp_path / "mixed", mixed)
     assert lines(fig) == [False, True] and legend_panel(fig) == [False, True]
-    # one parameter: its line is the curve itself, however many values
+    # one parameter: its line is the curve itself, however many values; so is the one that varies beside
+    # a fixed one (a grid's single batch size), which has no line (one value) and no legend
     single = [{"x": float(x)} for x in rng.uniform(0, 1, 40)]
     assert lines(_figure(entries(single), ["x"], "loss", "min", tmp_path / "single")) == [True]
+    fixed = [{"lr": lr, "batch": 32} for lr in np.geomspace(1e-4, 1, 10)]
+    fig = _figure(entries(fixed), ["lr", "batch"], "loss", "min", tmp_path / "fixed")
+    assert lines(fig) == [True, False] and legend_panel(fig) == [True, False]
+    # random integers that repeat now and then (21 values in 25 samples): a zigzag still, no line
+    ints = [{"layers": int(n), "lr": float(rng.uniform(0, 1))} for n in rng.integers(1, 201, 25)]
+    assert len({p["layers"] for p in ints}) < 25
+    assert lines(_figure(entries(ints), ["layers", "lr"], "loss", "min", tmp_path / "ints")) == [False, False]

@@ -33,10 +33,10 @@ def test_a_thread_that_never_ends_does_not_hold_the_run_until_its_worker_is_kill
     ended = time.time()
     assert ran.returncode == 0, ran.stderr
     log = (tmp_path / "r" / "logs" / "rank0-cpu0.log").read_text()
-    said = "1 thread started by the app's code still runs (never-ends)" if batch else \
-        "2 threads started by the app's code still run (never-ends, never-ends)"
-    warned = [line for line in log.splitlines()
-              if f"WARNING {said}: the worker ends without waiting for them past {THREAD_GRACE_SECONDS:g} s" in line]
+    said = "1 thread started by the app's code still runs (never-ends): the worker ends without waiting for it" \
+        if batch else "2 threads started by the app's code still run (never-ends, never-ends): the worker ends " \
+        "without waiting for them"
+    warned = [line for line in log.splitlines() if f"WARNING {said} past {THREAD_GRACE_SECONDS:g} s" in line]
     assert len(warned) == 1, log
     # from the worker's last word to the run's end: its grace, not the rank's WORKER_KILL_AFTER
     since = ended - datetime.datetime.strptime(warned[0][:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()

@@ -828,7 +828,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     if failure is not None and failure.moved_away:  # outputs written now would have no journal behind them
         print(f"{app.name}: stopped: {failure.describe()}; nothing more is written ({len(records)} of {len(items)} "
               f"items had finished, in that journal); if it was renamed, move it back, then finish "
-              f"{run_it(len(layout))} {_resume_command(app, argv)}", file=sys.stderr)
+              f"{again} {_resume_command(app, argv)}", file=sys.stderr)
         return EXIT_STOPPED
     failed = [{"key": key, "error": error} for key, error in scheduler.failed.items()]
     final_items = [scheduler.items[item.key] for item in items]

@@ -116,9 +116,6 @@ while :; do
     wait "$step"
     rc=$?
     case $rc in 0|1|2|{{exit_stopped}}|{{exit_no_progress}}) break ;; esac
-    # 126 and 127: the shell's "not executable" and "not found" (no python on the PATH): not a fault of the moment
-    case $rc in 126|127) log "the run could not be started (exit $rc: a command not found or not executable):" \
-        "not starting it again"; break ;; esac
     # A stop that came as the step went down, or while it is down: what finished is journaled, and
     # the job ends as stopped (requeued for the walltime warning), with no step started again.
     if [ -n "$stop_signal" ]; then
@@ -250,12 +247,17 @@ def _srun_options(spec: JobSpec, relaunch: bool = False) -> str:
 
 def _checks(spec: JobSpec) -> str:
     """Shell lines that end the job with exit 2 before anything starts where what the step needs
-    is missing on the node: apptainer, the image (a local one: not a docker:// or other URI), a
-    --bind source. Each would fail the step on every rank, and the step would be started again in
+    is missing on the node: the program's python, or apptainer, the image (a local one: not a
+    docker:// or other URI), a --bind source. Each would fail the step on every rank, and the step would be started again in
     vain (without apptainer on PATH, srun even tries the checkout's apptainer/ folder: "Permission
     denied")."""
-    if not spec.container:
-        return ""
+    if not spec.container:  # srun fails a program it cannot find on every rank (exit 2): say why, once
+        return ("# python, on this node (no virtual environment, and none active when the job was submitted)\n"
+                'if ! command -v "${PROGRAM[0]}" > /dev/null; then\n'
+                '    log "${PROGRAM[0]}: not on PATH on $(hostname) (give the generator --venv, or --module): the run '
+                'was not started"\n'
+                "    exit 2\n"
+                "fi\n")
     image = shlex.quote(spec.container)
     lines = ["# apptainer and the image, on this node (the step would fail on every rank without them)",
              "if ! command -v apptainer > /dev/null; then",

@@ -147,7 +147,8 @@ def resolve(target: str, what: str = "MODULE:FUNCTION") -> Callable[..., Any]:
             raise UsageError(f"module {module_name!r} ({quoted(getattr(module, '__file__', module_name))}) has no "
                              f"{name!r}")
     if not callable(found):  # a name set to None, 3, a list: said as what it is, not as missing
-        raise UsageError(f"{what} {target!r} is not a function but {'None' if found is None else kind_of(found)}")
+        raise UsageError(f"{what} {target!r} is not a function but "
+                         f"{'None' if found is None else f'a value of type {type(found).__name__}'}")
     return found
 
 
@@ -408,7 +409,7 @@ class SweepApp(App):
         if args.setup and ":" in args.setup:  # a setup without a module is in the function's
             targets.append(("--setup ", args.setup))
         for flag, target in targets:
-            module_name, _ = split_target(target)
+            module_name, _ = split_target(target, flag.strip() or "MODULE:FUNCTION")
             try:  # a package's __init__ runs to find a module in it; whatever it raises is a module not found here
                 found = importlib.util.find_spec(module_name) is not None
             except Exception:
@@ -446,7 +447,7 @@ class SweepApp(App):
                                  f"folder")
         self.left_out = len(self.journaled.keys() - {item.key for item in items})
         if self.left_out:  # said as the run starts, and again at its end
-            log.info("%s: %s", self.name, report.left_out_line(self.left_out))
+            log.info("%s: %s", self.name, report.left_out_line(self.left_out, ranked=plan.metric is not None))
         return items
 
     def check_result(self, key: str, result: Any) -> None:

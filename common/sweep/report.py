@@ -42,11 +42,6 @@ OUTPUT_NAMES = (RESULTS_CSV, RESULTS_JSONL, *figure_names(FIGURE))
 BEST_ROWS = 5
 #: a numeric parameter whose values span this factor or more is drawn on a log axis
 LOG_SPAN = 100.0
-#: a parameter with more distinct values than this gets a "best" line only where its values are shared
-#: by two points each on average (a big grid's); one with fewer, where some value is shared at all.
-#: Joining a best per value of random samples (a value each) would join every point, a zigzag that
-#: says nothing
-BEST_LINE_VALUES = 30
 #: past this many points a panel's marks are drawn as pixels in the SVG and PDF (the axes stay vectors)
 RASTER_POINTS = 5000
 
@@ -457,15 +452,17 @@ def _remove_figure(folder: Path) -> None:
 def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, goal: str, path: Path,
             points: Sequence[Mapping[str, Any]] = ()) -> Any:
     """One panel per parameter: each point's mean (repeats as a bar from their lowest to highest
-    value), and the best value at each of the parameter's values as a line (where points share
-    values: a grid's, a random choice's, not random samples' floats; or where it is the only
-    parameter). Values that are not numbers stand in the order ``points`` (the space's) gives them,
+    value), and the best value at each of the parameter's values as a line (where points share its
+    values: a grid's, a random choice's, not random samples'; or where it is the only parameter that
+    varies). Values that are not numbers stand in the order ``points`` (the space's) gives them,
     not in the ranking's. The legend is on the first panel with a line. Returns the figure."""
     columns = min(3, len(parameters))
     rows = math.ceil(len(parameters) / columns)
     fig, axes = new_figure(4.2 * columns, 3.3 * rows, rows, columns, squeeze=False)
     pick = min if goal == "min" else max
     lined = []  # the panels with a best line
+    varying = [name for name in parameters  # a parameter with one value (a grid's fixed batch size) is no axis to vary
+               if len({value_text(e["params"][name]) for e in ranked if name in e["params"]}) > 1]
     for index, ax in enumerate(axes.flat):
         if index >= len(parameters):
             ax.set_visible(False)
@@ -495,10 +492,11 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
         for x, mean in zip(positions, means):
             best[x] = pick(best.get(x, mean), mean)
         order = sorted(best)
-        # a value shared by points on average (a grid's 50 x 40): a line through the best of each says
-        # something; a value each (random samples): it would join every point
-        shared = len(positions) >= 2 * len(order) or (len(order) <= BEST_LINE_VALUES and len(order) < len(positions))
-        if shared or len(parameters) == 1:
+        # a value shared by two points on average (a grid's, a random choice's): a line through the best
+        # of each says something; a value each (random samples, even integers that repeat once or twice)
+        # would join every point, a zigzag. The only parameter that varies: the line is its curve.
+        shared = len(positions) >= 2 * len(order) or varying == [name]
+        if shared and len(order) >= 2:
             ax.plot(order, [best[x] for x in order], "-", color="tab:red", lw=1.5,
                     label=f"best ({'lowest' if goal == 'min' else 'highest'})")
             lined.append(ax)
@@ -538,7 +536,7 @@ def markdown(sweep: Mapping[str, Any]) -> str:
     if sweep.get("shared_seeds"):
         lines += [shared_seeds_line(sweep["shared_seeds"], markdown_cell) + ".", ""]
     if sweep.get("journal_left_out"):
-        lines += [left_out_line(sweep["journal_left_out"]) + ".", ""]
+        lines += [left_out_line(sweep["journal_left_out"], bool(sweep.get("metric"))) + ".", ""]
     if sweep.get("figure_note"):
         lines += [f"No figure: {sweep['figure_note']}.", ""]
     best = sweep.get("best") or []
@@ -576,12 +574,14 @@ def shared_seeds_line(shared: Mapping[str, Any], shown: Callable[[str], str] = s
             f"function that takes `rng` gets each item's own stream")
 
 
-def left_out_line(count: int) -> str:
-    """Results the journal holds of points this run's space has not (a resume given a smaller or
-    another grid): said, since a best of the rest reads as the best of all that ran."""
-    return (f"{counted(count, 'result')} in the journal {'is' if count == 1 else 'are'} of points not in this space, and "
-            f"left out of results.csv and the ranking (the journal keeps {'it' if count == 1 else 'them'}: a --resume "
-            f"given the space that ran {'it' if count == 1 else 'them'} takes {'it' if count == 1 else 'them'} again)")
+def left_out_line(count: int, ranked: bool) -> str:
+    """Results the journal holds of items this run has not (a resume given a smaller grid or list,
+    fewer --samples or --repeats): said, since a best of the rest reads as the best of all that ran."""
+    it = "it" if count == 1 else "them"
+    return (f"{counted(count, 'result')} in the journal {'is' if count == 1 else 'are'} of items not in this run "
+            f"(points not in this space, or repeats or samples past its --repeats or --samples), left out of "
+            f"results.csv{' and the ranking' if ranked else ''} (the journal keeps {it}: a --resume with the arguments "
+            f"that ran {it} takes {it} again)")
 
 
 def headline(sweep: Mapping[str, Any]) -> List[str]:
@@ -589,7 +589,7 @@ def headline(sweep: Mapping[str, Any]) -> List[str]:
     (or why nothing was ranked: a misspelt name should not pass for a run without one)."""
     notes = [f"note: {shared_seeds_line(sweep['shared_seeds'])}"] if sweep.get("shared_seeds") else []
     if sweep.get("journal_left_out"):
-        notes.append(f"note: {left_out_line(sweep['journal_left_out'])}")
+        notes.append(f"note: {left_out_line(sweep['journal_left_out'], bool(sweep.get('metric')))}")
     best = best_line(sweep)
     if best is None:
         return ([f"nothing to rank: {sweep['note']}"] if sweep.get("note") else []) + notes

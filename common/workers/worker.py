@@ -452,10 +452,10 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
         beating.set()
         left = threads_left()
         if left:
+            one = len(left) == 1
             log.warning("%s started by the app's code still %s (%s): the worker ends without waiting "
-                        "for them past %g s", counted(len(left), "thread"), "runs" if len(left) == 1 else "run",
-                        ", ".join(thread.name for thread in left[:5]),
-                        THREAD_GRACE_SECONDS)
+                        "for %s past %g s", counted(len(left), "thread"), "runs" if one else "run",
+                        ", ".join(thread.name for thread in left[:5]), "it" if one else "them", THREAD_GRACE_SECONDS)
         logging.shutdown()
         ignore_stop_signals()  # none kills this process while it shuts down (Python's defaults)
     return 0

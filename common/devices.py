@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from . import settings
 from .errors import UsageError
@@ -109,15 +109,36 @@ def cuda_variable_note() -> str:
     return f" (CUDA_VISIBLE_DEVICES={value!r} gives CUDA none)"
 
 
+#: NVML's NVML_ERROR_NO_PERMISSION: a GPU the process may not open
+NVML_NO_PERMISSION = 4
+
+
+def nvml_usable_handles(nvml: Any) -> List[Any]:
+    """NVML's handles of the GPUs this process may open, in NVML's order (PCI bus order), which is
+    how CUDA numbers them for the workers (CUDA_DEVICE_ORDER=PCI_BUS_ID): NVML counts every GPU of
+    the node, also those a device cgroup denies this job (Slurm's ConstrainDevices), whose handles
+    raise NO_PERMISSION; CUDA lists only the others, so CUDA's GPU k is the k-th of these. ``nvml``:
+    an initialised pynvml."""
+    handles = []
+    for index in range(nvml.nvmlDeviceGetCount()):
+        try:
+            handles.append(nvml.nvmlDeviceGetHandleByIndex(index))
+        except nvml.NVMLError as error:
+            if getattr(error, "value", None) != NVML_NO_PERMISSION:
+                raise
+    return handles
+
+
 def node_gpus() -> List[str]:
-    """Indexes of the GPUs the driver lists on this node (NVML, else ``nvidia-smi -L``), whatever
-    CUDA_VISIBLE_DEVICES says; none without a driver. Initialises no CUDA."""
+    """Indexes, as CUDA numbers them, of the GPUs on this node that this process may open (NVML,
+    else ``nvidia-smi -L``), whatever CUDA_VISIBLE_DEVICES says; none without a driver.
+    Initialises no CUDA."""
     try:
         import pynvml  # provided by nvidia-ml-py
 
         pynvml.nvmlInit()
         try:
-            return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            return [str(i) for i in range(len(nvml_usable_handles(pynvml)))]
         finally:
             pynvml.nvmlShutdown()
     except Exception:

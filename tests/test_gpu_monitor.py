@@ -40,8 +40,42 @@ def test_an_unknown_uuid_or_index_is_not_matched(monkeypatch):
     nvml = nvml_of_two_gpus(monkeypatch)
     with pytest.raises(LookupError):
         nvml_handle(nvml, "GPU-ffff")
-    with pytest.raises(nvml.NVMLError_InvalidArgument):
+    with pytest.raises(LookupError):  # CUDA's index past the GPUs this process may open
         nvml_handle(nvml, "2")
+
+
+def test_gpus_a_device_cgroup_denies_are_not_counted_and_cuda_indexes_skip_them(monkeypatch):
+    """Under Slurm's ConstrainDevices NVML counts all the node's GPUs but refuses the handles of
+    those not the job's (NO_PERMISSION), while CUDA lists only the job's, from 0: the monitor took
+    CUDA's GPU 0 as NVML's GPU 0 (another job's, or refused: the GPU went unmonitored), and a run
+    without CUDA_VISIBLE_DEVICES pinned workers to GPUs they could not open."""
+    from common import devices
+
+    monkeypatch.setenv("FAKE_NVML_GPUS", "4")
+    monkeypatch.setenv("FAKE_NVML_DENIED", "0,2")
+    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML)
+    nvml = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nvml)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert devices.node_gpus() == ["0", "1"]  # the job's two, as CUDA numbers them
+    nvml.nvmlInit()
+    try:
+        assert [nvml_handle(nvml, ident) for ident in ("0", "1")] == ["handle-1", "handle-3"]
+        assert nvml_handle(nvml, nvml.fake_uuid(3)[:12]) == "handle-3"  # a prefix: the others' are not looked at
+        with pytest.raises(LookupError):
+            nvml_handle(nvml, "2")
+        with pytest.raises(nvml.NVMLError_NoPermission):  # as a real driver: another job's GPU, by UUID
+            nvml.nvmlDeviceGetHandleByUUID(nvml.fake_uuid(2))
+        with pytest.raises(LookupError):
+            nvml_handle(nvml, nvml.fake_uuid(2))
+    finally:
+        nvml.nvmlShutdown()
+    monitor = GpuMonitor([Device("cuda", 0, "0"), Device("cuda", 1, "1")], interval=0.02)
+    monitor.start()
+    time.sleep(0.2)
+    monitor.stop()
+    assert {name: series["physical"] for name, series in monitor.series().items()} == {"gpu0": "0", "gpu1": "1"}
+    assert monitor.series()["gpu0"]["samples"] and monitor.series()["gpu1"]["samples"]
 
 
 def sample(util, memory, temperature=None, power=None, at=0.0):

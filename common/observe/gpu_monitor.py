@@ -8,7 +8,7 @@ import time
 from collections import deque
 from typing import Any, Deque, Dict, List, NamedTuple, Optional
 
-from common.devices import Device
+from common.devices import Device, nvml_usable_handles
 
 #: a series longer than this is halved (neighbours averaged): a week at 1 s stays a few hundred kB
 MAX_POINTS = 4000
@@ -214,17 +214,20 @@ def _temperature(nvml: Any, handle: Any) -> Any:
 
 
 def nvml_handle(nvml: Any, ident: str) -> Any:
-    """The NVML handle of a GPU named as CUDA_VISIBLE_DEVICES names it: an index (NVML's PCI order,
-    which workers see too: worker_pool sets CUDA_DEVICE_ORDER=PCI_BUS_ID), a UUID, or the start of
-    one (CUDA accepts ``GPU-8932f937``; NVML wants the whole UUID)."""
+    """The NVML handle of a GPU named as CUDA_VISIBLE_DEVICES names it: an index (CUDA's, which in
+    PCI order (worker_pool sets CUDA_DEVICE_ORDER=PCI_BUS_ID) counts only the GPUs this job may
+    open: NVML's index is the node's, see :func:`common.devices.nvml_usable_handles`), a UUID, or
+    the start of one (CUDA accepts ``GPU-8932f937``; NVML wants the whole UUID)."""
     if ident.isdigit():
-        return nvml.nvmlDeviceGetHandleByIndex(int(ident))
+        usable = nvml_usable_handles(nvml)
+        if int(ident) >= len(usable):
+            raise LookupError(f"no GPU {ident}: this process may open {len(usable)}")
+        return usable[int(ident)]
     try:
         return nvml.nvmlDeviceGetHandleByUUID(ident)
     except nvml.NVMLError:  # not a whole UUID (NVML_ERROR_NOT_FOUND): try it as a prefix
         pass
-    for index in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    for handle in nvml_usable_handles(nvml):  # a GPU this job may not open is none of its own
         uuid = nvml.nvmlDeviceGetUUID(handle)
         if (uuid.decode() if isinstance(uuid, bytes) else uuid).startswith(ident):
             return handle

@@ -2,7 +2,9 @@
 
 Put this folder first on PYTHONPATH and the engine's GPU monitor samples FAKE_NVML_GPUS (default 8)
 GPUs whose utilisation, memory, temperature and power move with time, as a driver would report
-them. GPU 1 is a MIG-like slice: NVML refuses its utilisation, power and temperature.
+them. GPU 1 is a MIG-like slice: NVML refuses its utilisation, power and temperature. The GPUs
+FAKE_NVML_DENIED lists (NVML indexes, "0,2") are counted but refused with NO_PERMISSION, as a
+device cgroup makes NVML answer for GPUs that are not the job's.
 
 It behaves as nvidia-ml-py 13.615.71 does where the project can tell: the signatures (checked
 against the recorded ones and the installed module by tests/test_api_snapshot.py); ``NVMLError``
@@ -21,11 +23,15 @@ nvmlTemperature_v1 = 0x100000C
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 _COUNT = int(os.environ.get("FAKE_NVML_GPUS", "8"))
+# GPUs of the node a device cgroup denies this process (Slurm's ConstrainDevices): NVML counts them,
+# and refuses their handles with NO_PERMISSION
+_DENIED = {int(index) for index in os.environ.get("FAKE_NVML_DENIED", "").split(",") if index.strip()}
 _state = {"initialised": 0}  # nvmlInit's reference count, as the bindings keep it
 
 
@@ -34,7 +40,8 @@ class NVMLError(Exception):
 
     _valClassMapping = {}
     _errcode_to_string = {NVML_ERROR_UNINITIALIZED: "Uninitialized", NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
-                          NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_NOT_FOUND: "Not Found",
+                          NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+                          NVML_ERROR_NOT_FOUND: "Not Found",
                           NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found"}
 
     def __new__(typ, value):
@@ -63,6 +70,7 @@ def _error_class(name, value):
 NVMLError_Uninitialized = _error_class("NVMLError_Uninitialized", NVML_ERROR_UNINITIALIZED)
 NVMLError_InvalidArgument = _error_class("NVMLError_InvalidArgument", NVML_ERROR_INVALID_ARGUMENT)
 NVMLError_NotSupported = _error_class("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
+NVMLError_NoPermission = _error_class("NVMLError_NoPermission", NVML_ERROR_NO_PERMISSION)
 NVMLError_NotFound = _error_class("NVMLError_NotFound", NVML_ERROR_NOT_FOUND)
 NVMLError_FunctionNotFound = _error_class("NVMLError_FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND)
 NVMLError_ArgumentVersionMismatch = _error_class("NVMLError_ArgumentVersionMismatch",
@@ -112,6 +120,8 @@ def nvmlDeviceGetHandleByIndex(index):
     _check_initialised()
     if not 0 <= index < _COUNT:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if index in _DENIED:
+        raise NVMLError(NVML_ERROR_NO_PERMISSION)
     return f"handle-{index}"
 
 
@@ -120,6 +130,8 @@ def nvmlDeviceGetHandleByUUID(uuid):
     text = uuid.decode() if isinstance(uuid, bytes) else uuid
     for index in range(_COUNT):
         if fake_uuid(index) == text:  # the whole UUID: NVML takes no prefix
+            if index in _DENIED:
+                raise NVMLError(NVML_ERROR_NO_PERMISSION)
             return f"handle-{index}"
     raise NVMLError(NVML_ERROR_NOT_FOUND)
 

@@ -58,6 +58,7 @@ class Sim:
     batch: Optional[int] = None  # --batch
     write_failures: WriteFailures = field(default_factory=WriteFailures)  # rank 0's stop flag reads it
     stop_after_failures: Optional[int] = None  # --stop-after-failures
+    first_result: Optional[Callable] = None  # the app's first_result_warning
 
     def __post_init__(self) -> None:
         self.clock = FakeClock()
@@ -86,7 +87,8 @@ class Sim:
         self.leader = Leader(self.world.comm(0), self.pools[0], self.scheduler, self.journal, progress=progress,
                              liveness=liveness, stop_signal=stop_signal, grace=self.grace,
                              total_capacity=self.ranks * self.workers, clock=self.time,
-                             write_failures=self.write_failures, stop_after_failures=self.stop_after_failures)
+                             write_failures=self.write_failures, stop_after_failures=self.stop_after_failures,
+                             first_result=self.first_result)
         self.followers = [Follower(self.world.comm(rank), self.pools[rank], lambda: None,
                                    PeerWatch(self.world.comm(rank), [0], self.follower_timeouts.get(rank, self.heartbeat_timeout),
                                              clock=self.time), clock=self.time)
@@ -143,6 +145,30 @@ def test_every_item_is_handed_out_once_and_faster_ranks_get_more(tmp_path):
     assert min(per_rank.values()) > 0, per_rank
     assert sim.leader.code == EXIT_OK and not sim.leader.lost
     assert all(sim.sent_by_leader(End, rank) == [End("done", EXIT_OK)] for rank in (1, 2))
+
+
+def test_the_first_result_kept_is_checked_once_and_a_check_that_raises_stops_nothing(tmp_path, capsys):
+    """App.first_result_warning sees the first result rank 0 keeps, from any rank, once; what it
+    says is printed with rank 0's tag; an app whose check raises loses its warning, not the run."""
+    seen = []
+
+    def check(result):
+        seen.append(result)
+        return "the first result looks wrong"
+
+    sim = Sim(tmp_path, items(40), ranks=3, workers=2, first_result=check)
+    assert sim.run() == ["complete", "done", "done"]
+    assert len(seen) == 1 and seen[0] in [entry["result"] for entry in sim.results()]
+    said = [line for line in capsys.readouterr().err.splitlines() if "the first result looks wrong" in line]
+    assert len(said) == 1 and said[0].startswith("[rank 0 "), said
+
+    def broken(result):
+        raise KeyError("a bug in the app's check")
+
+    (tmp_path / "broken").mkdir()
+    failing = Sim(tmp_path / "broken", items(40), ranks=2, workers=2, first_result=broken)
+    assert failing.run() == ["complete", "done"]
+    assert len(failing.results()) == 40 and failing.leader.code == EXIT_OK
 
 
 def test_short_items_travel_in_chunks_and_each_runs_once(tmp_path):

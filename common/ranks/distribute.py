@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import traceback
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
@@ -368,7 +369,11 @@ class Leader:
         first = next((record for record in records if self.records.get(record.key) is record), None)
         if first is not None:
             check, self.first_result = self.first_result, None
-            warning = check(first.result)
+            try:
+                warning = check(first.result)
+            except Exception:  # the app's own code: the run goes on without its warning, the traceback logged
+                log_to_files(f"the first result's check failed:\n{traceback.format_exc().rstrip()}", logging.WARNING)
+                return
             if warning:
                 self.progress.write(f"{self.tag} {warning}")
                 log_to_files(warning, logging.WARNING)  # the rank's log tells the run's story afterwards

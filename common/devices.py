@@ -114,18 +114,20 @@ NVML_NO_PERMISSION = 4
 
 
 def nvml_usable_handles(nvml: Any) -> List[Any]:
-    """NVML's handles of the GPUs this process may open, in NVML's order (PCI bus order), which is
-    how CUDA numbers them for the workers (CUDA_DEVICE_ORDER=PCI_BUS_ID): NVML counts every GPU of
-    the node, also those a device cgroup denies this job (Slurm's ConstrainDevices), whose handles
-    raise NO_PERMISSION; CUDA lists only the others, so CUDA's GPU k is the k-th of these. ``nvml``:
-    an initialised pynvml."""
-    handles = []
+    """NVML's handles of the GPUs this process may open, in NVML's order, numbered as CUDA numbers
+    them for the workers (CUDA_DEVICE_ORDER=PCI_BUS_ID; NVML's order is the PCI bus's on the nodes
+    we know of, though nvml.h promises no order): NVML counts every GPU of the node, also those a
+    device cgroup denies this job (Slurm's ConstrainDevices), whose handles raise NO_PERMISSION;
+    CUDA, as nvidia-smi, lists only the others, so CUDA's GPU k is the k-th of these. A GPU NVML
+    fails on otherwise (lost, unknown error) keeps its place as None: the GPUs after it keep their
+    numbers, and it is left unmonitored. ``nvml``: an initialised pynvml."""
+    handles: List[Any] = []
     for index in range(nvml.nvmlDeviceGetCount()):
         try:
             handles.append(nvml.nvmlDeviceGetHandleByIndex(index))
         except nvml.NVMLError as error:
             if getattr(error, "value", None) != NVML_NO_PERMISSION:
-                raise
+                handles.append(None)
     return handles
 
 

@@ -169,6 +169,9 @@ def test_the_first_result_kept_is_checked_once_and_a_check_that_raises_stops_not
     failing = Sim(tmp_path / "broken", items(40), ranks=2, workers=2, first_result=broken)
     assert failing.run() == ["complete", "done"]
     assert len(failing.results()) == 40 and failing.leader.code == EXIT_OK
+    said = [line for line in capsys.readouterr().err.splitlines() if "check of the first result" in line]
+    assert len(said) == 1 and "failed (KeyError: \"a bug in the app's check\"; the traceback is in the rank's log): " \
+        "the run goes on" in said[0], said
 
 
 def test_short_items_travel_in_chunks_and_each_runs_once(tmp_path):

@@ -78,6 +78,28 @@ def test_gpus_a_device_cgroup_denies_are_not_counted_and_cuda_indexes_skip_them(
     assert monitor.series()["gpu0"]["samples"] and monitor.series()["gpu1"]["samples"]
 
 
+def test_a_gpu_nvml_fails_on_keeps_its_place_and_the_others_are_still_found(monkeypatch):
+    """A GPU lost (NVML_ERROR_GPU_IS_LOST), another job's or not: the GPUs after it keep their numbers,
+    and it alone goes unmonitored (an error there left every GPU of the node unmonitored)."""
+    from common import devices
+
+    monkeypatch.setenv("FAKE_NVML_GPUS", "4")
+    monkeypatch.setenv("FAKE_NVML_LOST", "1")
+    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML)
+    nvml = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nvml)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert devices.node_gpus() == ["0", "1", "2", "3"]
+    nvml.nvmlInit()
+    try:
+        assert [nvml_handle(nvml, ident) for ident in ("0", "2", "3")] == ["handle-0", "handle-2", "handle-3"]
+        with pytest.raises(LookupError):
+            nvml_handle(nvml, "1")
+        assert nvml_handle(nvml, nvml.fake_uuid(3)[:12]) == "handle-3"
+    finally:
+        nvml.nvmlShutdown()
+
+
 def sample(util, memory, temperature=None, power=None, at=0.0):
     return Sample(at, util, memory, 40960.0, temperature, power)
 

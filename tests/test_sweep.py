@@ -1301,6 +1301,9 @@ def test_the_figure_draws_a_best_line_only_where_points_share_values(tmp_path):
     fixed = [{"lr": lr, "batch": 32} for lr in np.geomspace(1e-4, 1, 10)]
     fig = _figure(entries(fixed), ["lr", "batch"], "loss", "min", tmp_path / "fixed")
     assert lines(fig) == [True, False] and legend_panel(fig) == [True, False]
+    # a point that gave no finite value (lr 1.0 diverged) is not ranked: what the space shares is read from it
+    wide = [{"lr": lr, "batch": b} for lr in np.geomspace(1e-4, 1, 50) for b in (32, 64)]
+    assert lines(_figure(entries(wide[:-1]), ["lr", "batch"], "loss", "min", tmp_path / "diverged", wide)) == [True, True]
     # random integers that repeat now and then (21 values in 25 samples): a zigzag still, no line
     ints = [{"layers": int(n), "lr": float(rng.uniform(0, 1))} for n in rng.integers(1, 201, 25)]
     assert len({p["layers"] for p in ints}) < 25

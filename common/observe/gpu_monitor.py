@@ -220,14 +220,14 @@ def nvml_handle(nvml: Any, ident: str) -> Any:
     the start of one (CUDA accepts ``GPU-8932f937``; NVML wants the whole UUID)."""
     if ident.isdigit():
         usable = nvml_usable_handles(nvml)
-        if int(ident) >= len(usable):
-            raise LookupError(f"no GPU {ident}: this process may open {len(usable)}")
+        if int(ident) >= len(usable) or usable[int(ident)] is None:
+            raise LookupError(f"no GPU {ident} that NVML can reach (it lists {len(usable)} for this process)")
         return usable[int(ident)]
     try:
         return nvml.nvmlDeviceGetHandleByUUID(ident)
     except nvml.NVMLError:  # not a whole UUID (NVML_ERROR_NOT_FOUND): try it as a prefix
         pass
-    for handle in nvml_usable_handles(nvml):  # a GPU this job may not open is none of its own
+    for handle in filter(None, nvml_usable_handles(nvml)):  # a GPU this job may not open is none of its own
         uuid = nvml.nvmlDeviceGetUUID(handle)
         if (uuid.decode() if isinstance(uuid, bytes) else uuid).startswith(ident):
             return handle

@@ -19,7 +19,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from common.app import Record
 from common.clock import SYSTEM_CLOCK, Clock
-from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, counted, error_line
+from common.errors import EXIT_FAILED_ITEMS, EXIT_OK, EXIT_STOPPED, counted, described, error_line
 from common.messages import (
     Broken,
     Dropped,
@@ -371,8 +371,11 @@ class Leader:
             check, self.first_result = self.first_result, None
             try:
                 warning = check(first.result)
-            except Exception:  # the app's own code: the run goes on without its warning, the traceback logged
-                log_to_files(f"the first result's check failed:\n{traceback.format_exc().rstrip()}", logging.WARNING)
+            except Exception as error:  # the app's own code: the run goes on without its warning
+                self.progress.write(f"{self.tag} the app's check of the first result failed ({error_line(described(error))}; the "
+                                    f"traceback is in the rank's log): the run goes on")
+                log_to_files(f"the app's check of the first result failed:\n{traceback.format_exc().rstrip()}",
+                             logging.WARNING)
                 return
             if warning:
                 self.progress.write(f"{self.tag} {warning}")

@@ -461,8 +461,11 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
     fig, axes = new_figure(4.2 * columns, 3.3 * rows, rows, columns, squeeze=False)
     pick = min if goal == "min" else max
     lined = []  # the panels with a best line
-    varying = [name for name in parameters  # a parameter with one value (a grid's fixed batch size) is no axis to vary
-               if len({value_text(e["params"][name]) for e in ranked if name in e["params"]}) > 1]
+    # each parameter's values over the space (its points, else those ranked): whether a point that gave
+    # no finite value (a diverged lr) is left out of the ranking does not change what the space shares
+    space = {name: [value_text(p[name]) for p in (points or [e["params"] for e in ranked]) if name in p]
+             for name in parameters}
+    varying = [name for name in parameters if len(set(space[name])) > 1]  # one value (a fixed batch) is no axis
     for index, ax in enumerate(axes.flat):
         if index >= len(parameters):
             ax.set_visible(False)
@@ -495,7 +498,7 @@ def _figure(ranked: List[Dict[str, Any]], parameters: List[str], metric: str, go
         # a value shared by two points on average (a grid's, a random choice's): a line through the best
         # of each says something; a value each (random samples, even integers that repeat once or twice)
         # would join every point, a zigzag. The only parameter that varies: the line is its curve.
-        shared = len(positions) >= 2 * len(order) or varying == [name]
+        shared = len(space[name]) >= 2 * len(set(space[name])) or varying == [name]
         if shared and len(order) >= 2:
             ax.plot(order, [best[x] for x in order], "-", color="tab:red", lw=1.5,
                     label=f"best ({'lowest' if goal == 'min' else 'highest'})")

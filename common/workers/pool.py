@@ -77,8 +77,9 @@ def _child_environment(device: Device, threads: int) -> Iterator[None]:
         os.environ.clear()
         os.environ.update(child)
         os.environ["CUDA_VISIBLE_DEVICES"] = device.physical if device.is_gpu else ""
-        # GPU numbers mean what NVML and Slurm mean by them (PCI order), whatever order the user's
-        # environment asks CUDA for: the monitor and the summary name GPUs by those numbers
+        # GPU numbers in PCI order, as NVML and nvidia-smi count the GPUs this job may open (a device
+        # cgroup's are numbered from 0), whatever order the user's environment asks CUDA for: the
+        # monitor finds them in NVML so (common.devices.nvml_usable_handles), the summary names them so
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         for name in _THREAD_VARIABLES:
             os.environ[name] = str(threads)

@@ -4,7 +4,8 @@ Put this folder first on PYTHONPATH and the engine's GPU monitor samples FAKE_NV
 GPUs whose utilisation, memory, temperature and power move with time, as a driver would report
 them. GPU 1 is a MIG-like slice: NVML refuses its utilisation, power and temperature. The GPUs
 FAKE_NVML_DENIED lists (NVML indexes, "0,2") are counted but refused with NO_PERMISSION, as a
-device cgroup makes NVML answer for GPUs that are not the job's.
+device cgroup makes NVML answer for GPUs that are not the job's; those FAKE_NVML_LOST lists, with
+GPU_IS_LOST.
 
 It behaves as nvidia-ml-py 13.615.71 does where the project can tell: the signatures (checked
 against the recorded ones and the installed module by tests/test_api_snapshot.py); ``NVMLError``
@@ -26,12 +27,15 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 _COUNT = int(os.environ.get("FAKE_NVML_GPUS", "8"))
 # GPUs of the node a device cgroup denies this process (Slurm's ConstrainDevices): NVML counts them,
 # and refuses their handles with NO_PERMISSION
 _DENIED = {int(index) for index in os.environ.get("FAKE_NVML_DENIED", "").split(",") if index.strip()}
+# GPUs that fell off the bus: NVML counts them, and answers GPU_IS_LOST
+_LOST = {int(index) for index in os.environ.get("FAKE_NVML_LOST", "").split(",") if index.strip()}
 _state = {"initialised": 0}  # nvmlInit's reference count, as the bindings keep it
 
 
@@ -41,7 +45,7 @@ class NVMLError(Exception):
     _valClassMapping = {}
     _errcode_to_string = {NVML_ERROR_UNINITIALIZED: "Uninitialized", NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
                           NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
-                          NVML_ERROR_NOT_FOUND: "Not Found",
+                          NVML_ERROR_NOT_FOUND: "Not Found", NVML_ERROR_GPU_IS_LOST: "GPU is lost",
                           NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found"}
 
     def __new__(typ, value):
@@ -73,6 +77,7 @@ NVMLError_NotSupported = _error_class("NVMLError_NotSupported", NVML_ERROR_NOT_S
 NVMLError_NoPermission = _error_class("NVMLError_NoPermission", NVML_ERROR_NO_PERMISSION)
 NVMLError_NotFound = _error_class("NVMLError_NotFound", NVML_ERROR_NOT_FOUND)
 NVMLError_FunctionNotFound = _error_class("NVMLError_FunctionNotFound", NVML_ERROR_FUNCTION_NOT_FOUND)
+NVMLError_GpuIsLost = _error_class("NVMLError_GpuIsLost", NVML_ERROR_GPU_IS_LOST)
 NVMLError_ArgumentVersionMismatch = _error_class("NVMLError_ArgumentVersionMismatch",
                                                  NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
 
@@ -122,6 +127,8 @@ def nvmlDeviceGetHandleByIndex(index):
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     if index in _DENIED:
         raise NVMLError(NVML_ERROR_NO_PERMISSION)
+    if index in _LOST:
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
     return f"handle-{index}"
 
 

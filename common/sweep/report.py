@@ -251,8 +251,8 @@ def _best(finished: List[Any], metric: str, goal: str, repeats: int) -> List[Dic
 
 
 def first_result_warning(plan: "Plan", returned: Any) -> Optional[str]:
-    """Where the first result gives the name --minimise/--maximise names no number (a misspelt name):
-    said as it comes, not only once every item has run. A null is no sign of one: a training that
+    """Where the first result holds no number under the name --minimise/--maximise gives (a
+    misspelt name): said as it comes, not only once every item has run. A null is no sign of one: a training that
     diverged returns NaN, which reaches rank 0 as null (JSON has no NaN)."""
     if not plan.metric or not isinstance(returned, dict) or not _misnamed(plan.metric, [returned]):
         return None
@@ -332,8 +332,8 @@ def _collector_paused() -> Iterator[None]:
 
 def write(run: "RunInfo", plan: "Plan", left_out: int = 0) -> Dict[str, Any]:
     """Write the sweep's files into ``run.results_dir``; returns summary.json's ``sweep`` field.
-    ``left_out``: results in the journal of points not in this run's space (a resume given a
-    smaller grid), which are not in the files."""
+    ``left_out``: results in the journal of items not in this run (a resume given a smaller grid,
+    fewer --samples or --repeats), which are not in the files."""
     folder = Path(run.results_dir)
     with _collector_paused():
         finished = _finished(run)

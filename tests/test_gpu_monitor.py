@@ -20,6 +20,17 @@ from common.observe.gpu_usage import write_gpu_usage
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml" / "pynvml.py"
 
 
+def load_fake_nvml(monkeypatch, **env: str):
+    """The fake pynvml, loaded afresh under ``env`` (FAKE_NVML_GPUS, FAKE_NVML_DENIED, ...), as pynvml."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    return module
+
+
 def nvml_of_two_gpus(monkeypatch):
     """The faithful stand-in for pynvml (its errors, ``str`` UUIDs), with two GPUs, initialised."""
     monkeypatch.setenv("FAKE_NVML_GPUS", "2")
@@ -51,12 +62,7 @@ def test_gpus_a_device_cgroup_denies_are_not_counted_and_cuda_indexes_skip_them(
     without CUDA_VISIBLE_DEVICES pinned workers to GPUs they could not open."""
     from common import devices
 
-    monkeypatch.setenv("FAKE_NVML_GPUS", "4")
-    monkeypatch.setenv("FAKE_NVML_DENIED", "0,2")
-    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML)
-    nvml = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nvml)
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    nvml = load_fake_nvml(monkeypatch, FAKE_NVML_GPUS="4", FAKE_NVML_DENIED="0,2")
     assert devices.node_gpus() == ["0", "1"]  # the job's two, as CUDA numbers them
     nvml.nvmlInit()
     try:
@@ -83,12 +89,7 @@ def test_a_gpu_nvml_fails_on_keeps_its_place_and_the_others_are_still_found(monk
     and it alone goes unmonitored (an error there left every GPU of the node unmonitored)."""
     from common import devices
 
-    monkeypatch.setenv("FAKE_NVML_GPUS", "4")
-    monkeypatch.setenv("FAKE_NVML_LOST", "1")
-    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML)
-    nvml = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(nvml)
-    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    nvml = load_fake_nvml(monkeypatch, FAKE_NVML_GPUS="4", FAKE_NVML_LOST="1")
     assert devices.node_gpus() == ["0", "1", "2", "3"]
     nvml.nvmlInit()
     try:
@@ -127,11 +128,7 @@ def test_a_measure_nvml_cannot_give_is_reported_as_none_and_the_others_still_are
 
 @pytest.fixture
 def fake_nvml(monkeypatch):
-    spec = importlib.util.spec_from_file_location("pynvml", FAKE_NVML)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setitem(sys.modules, "pynvml", module)
-    return module
+    return load_fake_nvml(monkeypatch)
 
 
 def test_samples_over_time_with_a_fake_nvml(fake_nvml):

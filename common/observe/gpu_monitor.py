@@ -91,9 +91,13 @@ class GpuMonitor:
         except Exception:
             return  # no NVML: nothing to sample, the run goes on
         handles = {}
+        try:  # the node's GPUs listed once for all the devices (a handle each: one NVML call per GPU)
+            usable: Optional[List[Any]] = nvml_usable_handles(pynvml)
+        except Exception:
+            usable = None  # each lookup tries again, and a GPU it fails on is left out
         for device in self.devices:
             try:  # a GPU NVML cannot reach is left out, not the others
-                handles[device.gpu_name] = nvml_handle(pynvml, device.physical or str(device.index))
+                handles[device.gpu_name] = nvml_handle(pynvml, device.physical or str(device.index), usable)
                 self._physical[device.gpu_name] = device.physical or str(device.index)
             except Exception:
                 continue
@@ -213,13 +217,14 @@ def _temperature(nvml: Any, handle: Any) -> Any:
             raise error from None
 
 
-def nvml_handle(nvml: Any, ident: str) -> Any:
+def nvml_handle(nvml: Any, ident: str, usable: Optional[List[Any]] = None) -> Any:
     """The NVML handle of a GPU named as CUDA_VISIBLE_DEVICES names it: an index (CUDA's, which in
     PCI order (worker_pool sets CUDA_DEVICE_ORDER=PCI_BUS_ID) counts only the GPUs this job may
     open: NVML's index is the node's, see :func:`common.devices.nvml_usable_handles`), a UUID, or
-    the start of one (CUDA accepts ``GPU-8932f937``; NVML wants the whole UUID)."""
+    the start of one (CUDA accepts ``GPU-8932f937``; NVML wants the whole UUID). ``usable``:
+    ``nvml_usable_handles(nvml)`` where the caller has it (else listed here)."""
     if ident.isdigit():
-        usable = nvml_usable_handles(nvml)
+        usable = nvml_usable_handles(nvml) if usable is None else usable
         if int(ident) >= len(usable) or usable[int(ident)] is None:
             raise LookupError(f"no GPU {ident} that NVML can reach (it lists {len(usable)} for this process)")
         return usable[int(ident)]
@@ -227,7 +232,7 @@ def nvml_handle(nvml: Any, ident: str) -> Any:
         return nvml.nvmlDeviceGetHandleByUUID(ident)
     except nvml.NVMLError:  # not a whole UUID (NVML_ERROR_NOT_FOUND): try it as a prefix
         pass
-    for handle in filter(None, nvml_usable_handles(nvml)):  # a GPU this job may not open is none of its own
+    for handle in filter(None, nvml_usable_handles(nvml) if usable is None else usable):  # not another job's GPU
         uuid = nvml.nvmlDeviceGetUUID(handle)
         if (uuid.decode() if isinstance(uuid, bytes) else uuid).startswith(ident):
             return handle

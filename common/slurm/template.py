@@ -252,12 +252,13 @@ def _checks(spec: JobSpec) -> str:
     vain (without apptainer on PATH, srun even tries the checkout's apptainer/ folder: "Permission
     denied")."""
     if not spec.container:  # srun fails a program it cannot find on every rank (exit 2): say why, once
-        return ("# python, on this node (no virtual environment, and none active when the job was submitted)\n"
-                'if ! command -v "${PROGRAM[0]}" > /dev/null; then\n'
-                '    log "${PROGRAM[0]}: not on PATH on $(hostname) (give the generator --venv, or --module): the run '
-                'was not started"\n'
-                "    exit 2\n"
-                "fi\n")
+        lines = ["# python, on this node (no virtual environment, and none active when the job was submitted)",
+                 'if ! command -v "${PROGRAM[0]}" > /dev/null; then',
+                 '    log "${PROGRAM[0]}: not on PATH on $(hostname) (give the generator --venv, or --module): the run '
+                 'was not started"',
+                 "    exit 2",
+                 "fi"]
+        return "".join(line + "\n" for line in lines)
     image = shlex.quote(spec.container)
     lines = ["# apptainer and the image, on this node (the step would fail on every rank without them)",
              "if ! command -v apptainer > /dev/null; then",

@@ -102,6 +102,13 @@ BAD = {
         ["step 'train'", "its prompt names /shared, which is this pipeline's shared folder only in a container",
          '"container"', "--container IMAGE", "PIPELINE_CONTAINER", '"the shared folder" without a path',
          "$PIPELINE_SHARED"]),
+    "a prompt naming /shared in a Markdown code span with no image": (
+        pipeline({"id": "t", "prompt": "Save it to `/shared/checkpoints/model.pt` please (`/shared`)."}),
+        ["step 't'", "its prompt names /shared"]),
+    "an on_fail step whose condition prev.ok never holds after a failure": (
+        pipeline(step("a", command="false", on_fail="x"), step("x", condition="prev.ok"), step("y")),
+        ["step 'a'", "on_fail names step 'x', whose condition prev.ok never holds after a failure",
+         "drop that condition or give on_fail another step"]),
     "a prompt quoting /shared in JSON with no image": (pipeline({"id": "e", "prompt": 'Write {"out": "/shared/m.json"}'}),
                                                         ["step 'e'", "its prompt names /shared"]),
     "mounts of an image that does not exist": (pipeline(step("a", container="/x", mounts=[{"host_path": "/d", "container_path": "d"}])),
@@ -152,7 +159,7 @@ def test_shared_is_refused_only_where_no_container_binds_it(tmp_path):
         [parsed] = parse_definition(data, "def.json", tmp_path, default_image=default)
         assert parsed.steps[0].container == str(image)
     for text in ["Read /home/me/shared/x, /shared.old, /shared-data and ~/shared", "Write to the shared folder",
-                 'Run mkdir -p "$PIPELINE_STEP_DIR"/shared and $(pwd)/shared', "Copy it to node2:/shared/x",
+                 'Run mkdir -p "$PIPELINE_STEP_DIR"/shared and $(pwd)/shared and `pwd`/shared', "Copy it to node2:/shared/x",
                  "Fetch http://host/shared/x"]:
         parse_definition(pipeline({"id": "a", "prompt": text}), "def.json", tmp_path)
     for text in ["cp out.pt /shared/x", "python train.py --data /shared/datasets/mnist",

@@ -50,8 +50,9 @@ TASK_STEP = "task"
 IMAGE_WAYS = "pass --container IMAGE, or set PIPELINE_CONTAINER"
 #: /shared as a path of its own: the format's file-passing folder, which only a container binds to the
 #: pipeline's own RUN_ID/shared. Not the end of another path (x/shared, ~/shared, $HOME/shared,
-#: "$DIR"/shared, $(pwd)/shared, host:/shared), nor /shared.old or /shared-data
-SHARED_PATH = re.compile(r"(?<![\w.~$}/)`:-])(?<![^\s=:(\[{,][\"'])/shared(?![\w-]|\.\w)")
+#: "$DIR"/shared, $(pwd)/shared, `pwd`/shared, host:/shared), nor /shared.old or /shared-data; quoted
+#: or in a Markdown code span (`/shared/x`), it is
+SHARED_PATH = re.compile(r"(?<![\w.~$}/):-])(?<![^\s=:(\[{,][\"'`])/shared(?![\w-]|\.\w)")
 
 
 @dataclass(frozen=True)
@@ -391,6 +392,12 @@ def _pipeline(data: Any, base: Path, where: _Where, matrix: Dict[str, str],
             if target is not None and target not in seen:
                 hint = did_you_mean(target, sorted(seen))
                 raise _Where(where.source, name, step.id).error(f"{edge} names a missing step {as_written(target)}{hint}")
+    by_id = {step.id: step for step in steps}
+    for step in steps:  # the walk reaches an on_fail just after a failure: prev.ok never holds there
+        if step.on_fail is not None and by_id[step.on_fail].condition == "prev.ok":
+            raise _Where(where.source, name, step.id).error(
+                f"on_fail names step {step.on_fail!r}, whose condition prev.ok never holds after a failure, so "
+                f"nothing would handle this one: drop that condition or give on_fail another step")
     pipeline = Pipeline(name=name, steps=tuple(steps), deadline_seconds=_number(data, "deadline_seconds", where),
                         budget=_number(data, "budget", where), matrix=matrix)
     cycle = unbounded_cycle(pipeline)

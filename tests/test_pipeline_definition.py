@@ -200,6 +200,12 @@ def test_a_loop_bounded_by_max_retries_is_accepted():
     assert pipelines[0].steps[1].max_retries == 2
 
 
+def test_whole_numbers_written_with_a_point_are_kept_as_integers():
+    """JSON Schema counts 2.0 as an integer: the plan and the records say 2, not 2.0."""
+    [p] = parse_definition(pipeline(step("a", max_retries=2.0, resources={"licence": 3.0})))
+    assert repr(p.steps[0].max_retries) == "2" and repr(p.steps[0].resources["licence"]) == "3"
+
+
 def test_a_jump_forward_is_not_a_loop():
     [p] = parse_definition(pipeline(step("a", next="c"), step("b"), step("c", on_fail="d"), step("d")))
     assert unbounded_cycle(p) == []

@@ -231,6 +231,11 @@ def _number(data: Mapping[str, Any], name: str, where: _Where, default: Optional
     return float(value)
 
 
+def _integer(value: Any) -> Optional[int]:
+    """A count the schema accepted as an integer, which JSON Schema says 2.0 is: kept as 2."""
+    return None if value is None else int(value)
+
+
 def _resources(value: Any, where: _Where) -> Dict[str, int]:
     if value is None:
         return {}
@@ -238,7 +243,7 @@ def _resources(value: Any, where: _Where) -> Dict[str, int]:
     for name, count in ({name: 1 for name in value} if isinstance(value, list) else value).items():
         if name.lower() in pools:
             raise where.error(f"resources name pool {name.lower()!r} twice (pool names ignore case)")
-        pools[name.lower()] = count
+        pools[name.lower()] = int(count)  # JSON Schema's integers include 2.0
     if pools.get("gpu", 1) != 1:
         raise where.error("a step holds at most one GPU (resources gpu: 1, or gpu: true)")
     return pools
@@ -359,7 +364,7 @@ def _step(data: Dict[str, Any], base: Path, where: _Where, default_image: Option
     return Step(id=data["id"], command=command, python=python, prompt=prompt, model=data.get("model"),
                 tools=_tools(data.get("tools"), where), gpu=gpu, resources=resources,
                 timeout=_number(data, "timeout", where), on_fail=data.get("on_fail"),
-                condition=data.get("condition"), next=data.get("next"), max_retries=data.get("max_retries"),
+                condition=data.get("condition"), next=data.get("next"), max_retries=_integer(data.get("max_retries")),
                 retry_delay=_number(data, "retry_delay", where, 0.0), env=env, memory=memory,
                 memory_text=None if memory_text is None else str(memory_text),
                 container=container, mounts=_mounts(data.get("mounts"), base, where))

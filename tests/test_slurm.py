@@ -179,6 +179,19 @@ def test_a_script_named_like_the_interpreter_is_a_script():
     assert program_of(["python_runner.py", "other.py"]) == (["python", "python_runner.py"], "python_runner")
 
 
+def test_a_scripts_file_name_sbatch_cannot_read_becomes_a_job_name_it_can(tmp_path):
+    """The job's default name is the script's file name, which may hold a space or a quote: sbatch
+    splits an #SBATCH line at a space and refuses a lone quote ('Unmatched'), so those became a job
+    that could not be submitted."""
+    script = tmp_path / "my sweep's.py"
+    script.write_text("print('hi')\n")
+    made = generate_script("--cpu", "--", str(script))
+    assert made.returncode == 0, made.stderr
+    assert "#SBATCH --job-name=my_sweep_s\n" in made.stdout, made.stdout[:300]
+    named = generate_script("--cpu", "--job-name", "mine", "--", str(script))
+    assert "#SBATCH --job-name=mine\n" in named.stdout
+
+
 def test_every_walltime_form_sbatch_takes_is_taken():
     """``--time 90`` was refused ("expected HH:MM:SS or D-HH:MM:SS"), though sbatch takes minutes,
     MM:SS, HH:MM:SS, D-HH, D-HH:MM and D-HH:MM:SS; the script's #SBATCH line keeps the form given."""
@@ -416,11 +429,11 @@ def test_a_script_run_outside_a_job_or_in_salloc_or_whose_module_fails_says_so(t
     assert job().returncode == 0 and (tmp_path / "argv").exists()
 
 
-def recorded_job(tmp_path: Path, srun: str) -> tuple:
-    """A generated CPU script whose ``srun`` runs ``srun`` (bash), whose ``scontrol`` records its
-    arguments and whose ``squeue`` says the job's time left as $SQUEUE_LEFT (unset: nothing, as
-    where squeue cannot answer): (the script, its environment, the file of calls)."""
-    made = generate_script("--nodes", "2", "--cpu", "--time", "01:00:00", "--", "mnist_nn", "1", "1")
+def recorded_job(tmp_path: Path, srun: str, command: tuple = ("mnist_nn", "1", "1")) -> tuple:
+    """A generated CPU script for ``command`` whose ``srun`` runs ``srun`` (bash), whose ``scontrol``
+    records its arguments and whose ``squeue`` says the job's time left as $SQUEUE_LEFT (unset:
+    nothing, as where squeue cannot answer): (the script, its environment, the file of calls)."""
+    made = generate_script("--nodes", "2", "--cpu", "--time", "01:00:00", "--", *command)
     assert made.returncode == 0, made.stderr
     script = tmp_path / "job.sbatch"
     script.write_text(made.stdout)
@@ -461,6 +474,48 @@ def test_a_walltime_warning_while_the_step_is_down_starts_no_new_step_and_requeu
     assert job.returncode == 75, out
     assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], out
     assert "not starting it again" in out and "starting it again with --resume" not in out, out
+
+
+def test_a_run_that_stops_of_itself_is_not_requeued(tmp_path):
+    """Exit 75 with no signal to the job: the run stopped by itself (a full disk, its results folder
+    gone), which a requeue would meet again after its wait in the queue, 20 times over. It was
+    requeued as if the walltime had stopped it."""
+    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"; echo "toy: error: no space left" >&2; exit 75')
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75, done.stdout + done.stderr
+    assert calls.read_text().splitlines() == ["started"], done.stdout  # no scontrol requeue
+    assert done.stdout.splitlines()[-1].endswith(
+        "the run stopped of itself, with no signal to this job (exit 75: its lines above say why, such as a full "
+        "disk): not requeueing; fix that, then submit again to continue with --resume"), done.stdout
+
+
+def test_a_pipeline_resumed_from_a_step_goes_on_from_where_it_stopped_when_requeued(tmp_path):
+    """sbatch SCRIPT DEF --resume RUN/STEP: the first start runs the pipeline again from STEP; a
+    requeued start, or a step started again after a lost rank, goes on with a plain --resume from
+    where the last one stopped. Both ran STEP again each time: a step longer than one start never
+    finished, and each requeue threw away what the last had done past it."""
+    srun = 'echo "$*" >> "$CALLS"; if [ "$(wc -l < "$CALLS")" -eq 1 ] && [ -n "${FIRST_EXIT:-}" ]; then exit $FIRST_EXIT; fi'
+    script, env, calls = recorded_job(tmp_path, srun, ("common.pipeline", "examples/pipelines/sweep.json"))
+    definition = ["examples/pipelines/sweep.json"]
+
+    def argvs(*args: str, **extra: str) -> list:
+        calls.unlink(missing_ok=True)
+        done = subprocess.run(["bash", str(script), *args], env=dict(env, **extra), capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [line.split(" common.pipeline ", 1)[1].split() for line in calls.read_text().splitlines()], done.stdout
+
+    first, _ = argvs(*definition, "--resume", "sweep/train", "--grace", "5")
+    assert first == [definition + ["--resume", "sweep/train", "--grace", "5", "--gpu", "cpu", "--workers", "2"]]
+    for given in (["--resume", "sweep/train", "--grace", "5"], ["--resume=sweep/train", "--grace", "5"]):
+        requeued, out = argvs(*definition, *given, SLURM_RESTART_COUNT="1")
+        assert requeued == [definition + ["--resume", "--grace", "5", "--gpu", "cpu", "--workers", "2"]], out
+        assert "--resume sweep/train was for the first start: this one goes on with a plain --resume" in out, out
+    assert argvs(*definition, SLURM_RESTART_COUNT="3")[0] == [
+        definition + ["--gpu", "cpu", "--workers", "2", "--grace", "240", "--resume"]]
+    relaunched, out = argvs(*definition, "--resume", "sweep/train", FIRST_EXIT="137")
+    assert relaunched == [definition + ["--resume", "sweep/train", "--gpu", "cpu", "--workers", "2", "--grace", "240"],
+                          definition + ["--resume", "--gpu", "cpu", "--workers", "2", "--grace", "240"]], out
 
 
 def test_a_run_whose_items_never_fit_the_time_is_not_requeued(tmp_path):

@@ -187,7 +187,9 @@ class JobSpec:
 
     @property
     def name(self) -> str:
-        return self.job_name or program_of(self.command)[1]
+        """--job-name, else the program's name; a script's file name may hold what an #SBATCH line
+        cannot (sbatch splits it at a space, fails on a lone quote): those characters become '_'."""
+        return self.job_name or re.sub(r"[^\w.+-]", "_", program_of(self.command)[1], flags=re.ASCII) or "job"
 
     @property
     def python(self) -> List[str]:

@@ -12,6 +12,7 @@ import shlex
 from typing import List
 
 from ..errors import EXIT_NO_PROGRESS, EXIT_STOPPED
+from .program import resume_takes_target
 from .spec import JobSpec
 
 _SLOT = re.compile(r"\{\{(\w+)\}\}")
@@ -75,7 +76,7 @@ if [ "$#" -gt 0 ]; then APP_ARGS=("$@"); fi
 # Engine flags this job needs, added unless the arguments already set them.
 add_default() {
     local arg
-    for arg in "${APP_ARGS[@]}"; do
+    for arg in ${APP_ARGS[@]+"${APP_ARGS[@]}"}; do  # bash < 4.4 (set -u) takes an empty array for unset
         if [[ $arg == "$1" || $arg == "$1="* ]]; then return 0; fi
     done
     APP_ARGS+=("$@")
@@ -85,7 +86,7 @@ add_default --resume  # last; on a results folder without a journal it simply st
 
 restarts=${SLURM_RESTART_COUNT:-0}
 log "start $((restarts + 1)) on ${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST:-}"
-{{checks}}# A stop before anything ran: the time limit (sbatch --time) is shorter than the warning, and a
+{{plain_resume}}{{checks}}# A stop before anything ran: the time limit (sbatch --time) is shorter than the warning, and a
 # requeued job would get the same one; nothing is started or requeued.
 if [ -n "$stop_signal" ]; then
     hint=""
@@ -131,7 +132,7 @@ while :; do
         rc={{exit_stopped}}
         break
     fi
-    log "the run's step ended abnormally (exit $rc): starting it again with --resume ($attempt of {{step_restarts}})"
+{{plain_resume_again}}    log "the run's step ended abnormally (exit $rc): starting it again with --resume ($attempt of {{step_restarts}})"
     LAUNCH=({{relaunch}})
 done
 # A step started again in this job had less than the job's time: that it finished nothing says
@@ -145,6 +146,9 @@ if [ "$rc" -eq {{exit_stopped}} ] || [ "$rc" -eq {{exit_no_progress}} ]; then
     elif [ -n "$cancelled" ]; then
         log "stopped by the walltime warning, then SIGTERM came $cancelled s before the time limit (scancel):" \
             "not requeueing; submit again to continue with --resume"
+    elif [ -z "$stop_signal" ]; then  # a full disk, its results folder gone: a requeue would stop the same way
+        log "the run stopped of itself, with no signal to this job (exit $rc: its lines above say why, such as a" \
+            "full disk): not requeueing; fix that, then submit again to continue with --resume"
     elif [ "$rc" -eq {{exit_no_progress}} ]; then  # the same --time would cut them off again, every time
         log "stopped by the walltime warning before any item of this start finished (those running were cut" \
             "off): a requeue with the same --time would cut them off again; not requeueing: submit again with" \
@@ -152,7 +156,7 @@ if [ "$rc" -eq {{exit_stopped}} ] || [ "$rc" -eq {{exit_no_progress}} ]; then
     elif [ "$restarts" -ge {{max_requeues}} ]; then
         log "stopped, but this job was already requeued $restarts times: submit again to continue"
     else
-        log "stopped before the walltime: requeueing; the next start continues with --resume"
+        log "stopped for the walltime: requeueing; the next start continues with --resume"
         scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue failed: submit again to continue"
     fi
 elif [ "$rc" -eq 0 ]; then
@@ -161,6 +165,31 @@ else
     log "the run exited with code $rc"
 fi
 exit "$rc"
+"""
+
+
+#: a program whose --resume takes a target (the pipelines' RUN_ID/STEP_ID): that is for the first
+#: start only. A requeued start, or a step started again, goes on from where the last one stopped,
+#: with a plain --resume as the run's own finish command says, instead of running that step again
+#: each time (a step longer than one start would never finish).
+PLAIN_RESUME = r"""# --resume RUN_ID/STEP_ID runs that pipeline again from that step: for the job's first start only;
+# a requeued start goes on from where the last one stopped (a plain --resume), not from that step again.
+plain_resume() {
+    local args=() i=0 n=${#APP_ARGS[@]} dropped=""
+    while [ "$i" -lt "$n" ]; do
+        case ${APP_ARGS[i]} in
+            --resume=*) args+=(--resume); dropped=${APP_ARGS[i]#--resume=} ;;
+            --resume)
+                args+=(--resume)
+                if [ $((i + 1)) -lt "$n" ] && [[ ${APP_ARGS[i + 1]} != -* ]]; then i=$((i + 1)); dropped=${APP_ARGS[i]}; fi ;;
+            *) args+=("${APP_ARGS[i]}") ;;
+        esac
+        i=$((i + 1))
+    done
+    APP_ARGS=("${args[@]}")
+    if [ -n "$dropped" ]; then log "--resume $dropped was for the first start: this one goes on with a plain --resume"; fi
+}
+if [ "$restarts" -gt 0 ]; then plain_resume; fi
 """
 
 
@@ -297,6 +326,7 @@ def _launch(spec: JobSpec, relaunch: bool = False) -> str:
 def render(spec: JobSpec) -> str:
     """The complete batch script for ``spec`` (checked first)."""
     spec.check()
+    takes_target = resume_takes_target(spec.command[0])
     intro = [
         "#!/bin/bash",
         *header(spec),
@@ -319,6 +349,8 @@ def render(spec: JobSpec) -> str:
         "launch": _launch(spec),
         "relaunch": _launch(spec, relaunch=True),
         "step_restarts": str(STEP_RESTARTS),
+        "plain_resume": PLAIN_RESUME if takes_target else "",
+        "plain_resume_again": "    plain_resume\n" if takes_target else "",
     }
     # one pass: a value (the user's arguments may hold "{{warning}}") is never searched for slots again
     body = _SLOT.sub(lambda match: slots[match.group(1)], BODY)

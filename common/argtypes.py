@@ -13,23 +13,36 @@ from typing import Any, Callable
 
 
 def at_least(minimum: float, kind: Callable = int, maximum: float = math.inf) -> Callable[[str], Any]:
-    """An argparse type: a number no smaller than ``minimum`` (and no larger than ``maximum``)."""
+    """An argparse type: a finite number no smaller than ``minimum`` (and no larger than ``maximum``).
+    inf and 1e400 (which float() makes inf) are refused: no option means "never" by it."""
 
     def convert(text: str) -> Any:
+        shown = _shortened(text)
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, got {text!r}") from None
-        if math.isnan(value):  # no number, rather than a number too small
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+            if kind is int and text.strip().lstrip("+-").isdigit():  # past Python's 4300-digit limit
+                raise argparse.ArgumentTypeError(f"must be at most {_plain(maximum)}, got {shown}" if maximum < math.inf
+                                                 else f"too large, got {shown}") from None
+            raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, got {shown!r}") from None
+        if isinstance(value, float) and math.isnan(value):  # no number, rather than a number too small
+            raise argparse.ArgumentTypeError(f"expected a number, got {shown!r}")
+        if isinstance(value, float) and math.isinf(value) and value > 0:
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {shown!r}" + (
+                f" (at most {_plain(maximum)})" if maximum < math.inf else ""))
         if not value >= minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {_plain(minimum)}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be at least {_plain(minimum)}, got {shown}")
         if value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {_plain(maximum)}, got {text}")
+            raise argparse.ArgumentTypeError(f"must be at most {_plain(maximum)}, got {shown}")
         return value
 
     convert.__name__ = kind.__name__
     return convert
+
+
+def _shortened(text: str, keep: int = 24) -> str:
+    """A value as a message shows it: a number of thousands of digits by its first ones and its length."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]}... ({len(text):,} characters)"
 
 
 def _plain(number: float) -> str:

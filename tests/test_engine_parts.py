@@ -176,7 +176,27 @@ def test_nan_for_a_number_flag_is_said_to_be_no_number():
         at_least(0, float)("nan")
     with pytest.raises(argparse.ArgumentTypeError, match=r"^must be at least 0, got -1$"):
         at_least(0, float)("-1")
-    assert at_least(0, float)("inf") == float("inf") and at_least(1)("3") == 3
+    assert at_least(1)("3") == 3 and at_least(0, float)("2.5") == 2.5
+
+
+@pytest.mark.parametrize("kind, text, message", [
+    # inf (or 1e400, which float() makes inf): a --grace that waits forever, a --max-macs that is off
+    (float, "inf", "expected a finite number, got 'inf'"),
+    (float, "1e400", "expected a finite number, got '1e400'"),
+    # an integer too large for a float crashed the NaN check (OverflowError, a traceback)
+    (int, "9" * 400, "must be at most 99, got 999999999999999999999999... (400 characters)"),
+    # past Python's 4,300-digit limit it was "expected an integer", echoing every digit
+    (int, "9" * 5000, "must be at most 99, got 999999999999999999999999... (5,000 characters)"),
+])
+def test_numbers_past_every_bound_are_one_short_line(kind, text, message):
+    import argparse
+
+    from common.argtypes import at_least
+
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        at_least(0, kind, maximum=99)(text)
+    assert str(refused.value).startswith(message), str(refused.value)
+
 
 
 def test_an_attempt_cut_off_by_a_stop_is_drawn_from_live_ranks_at_its_latest_start(tmp_path):

@@ -562,3 +562,10 @@ def test_a_logs_folder_the_user_may_not_write_is_named_in_one_line():
                                   capture_output=True, text=True, timeout=120, env=dict(os.environ, MPLCONFIGDIR=place,
                                                                                         HOME=place))
             assert_usage_error(proc, f"--results '{results}': cannot write there (Permission denied)")
+
+
+def test_a_seed_of_hundreds_of_digits_is_one_line_and_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "mnist_svm", "2", "--dataset", "digits", "--seed", "9" * 400,
+                           "--results", str(tmp_path / "r")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "argument --seed: must be at most" in done.stderr and not (tmp_path / "r").exists()

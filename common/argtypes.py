@@ -1,4 +1,5 @@
-"""argparse types for the values users give on command lines: a number in a range, a folder.
+"""argparse types for the values users give on command lines: a number in a range, a folder; and
+the parser whose bad argument is one line.
 
 Owned here, at the bottom of the package, so that the engine's flags (``common.run.cli``), the data
 flags every app shares (``common.data``) and the apps' own flags refuse bad values in the same
@@ -10,6 +11,20 @@ import argparse
 import math
 from pathlib import Path
 from typing import Any, Callable
+
+from .errors import UsageError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose bad argument is a :class:`UsageError` (one line, exit code 2, no usage block),
+    with no prefixes of flags taken for the flag (--fold for --folds)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see --help)")
 
 
 def at_least(minimum: float, kind: Callable = int, maximum: float = math.inf) -> Callable[[str], Any]:

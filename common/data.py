@@ -6,10 +6,13 @@ so an app never cares where the pixels came from. IDX files are read whole (one
 download fails with one clear line instead of a reshape error deep inside a worker.
 
 torchvision (and so torch) is never imported by a rank: where a file is missing, its mirrors are
-read from torchvision's source, and a child process downloads (``python -m common.data
+read from torchvision's source, and a child process downloads (``python -m common.data child
 mirrors|download``) where one answers, so rank 0 stays free of torch's start-up and memory, and a
 torchvision that fails to import (with a CPU build of torch) is one line of the child's. Offline,
 that is said without the child (and so before whether torchvision would import).
+
+``python -m common.data download NAME [FOLDER]`` does the same download for users: on a login node
+with the internet, before a job whose compute nodes have none.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from .argtypes import OneLineParser
 from .argtypes import folder as folder_path
 from .errors import UsageError, quoted
 from .items import seed32
@@ -196,11 +200,11 @@ def _missing_message(name: str, data_dir: Optional[Path], why: str, offline: str
 
 
 def _torchvision_child(*argv: str, timeout: float) -> subprocess.CompletedProcess:
-    """``python -m common.data ARGV`` in a child process (torchvision imports torch: not here)."""
+    """``python -m common.data child ARGV`` in a child process (torchvision imports torch: not here)."""
     package_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     try:
-        return subprocess.run([sys.executable, "-m", "common.data", *argv], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "common.data", CHILD, *argv], capture_output=True, text=True,
                               env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 1, "", f"torchvision took more than {timeout:.0f} s")
@@ -280,6 +284,8 @@ def _download_problem(name: str, timeout: float = 3.0) -> Optional[str]:
 
 #: the child's exit code when torchvision cannot be imported (a failed download: 1)
 _CHILD_NO_TORCHVISION = 3
+#: the first argument of the child's command line (``python -m common.data child ...``)
+CHILD = "child"
 
 
 def _child_main(argv: List[str]) -> int:
@@ -563,5 +569,44 @@ def resize_images(images: np.ndarray, size: int = 28) -> np.ndarray:
     return resized.astype(np.float32, copy=False)
 
 
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m common.data download NAME [FOLDER]``: the IDX files of NAME into FOLDER (data/ by
+    default, where the apps look), through torchvision as a run would. Exit 0 once they are there, 1
+    where they could not be downloaded, 2 for a bad argument."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [CHILD]:
+        return _child_main(argv[1:])
+    prog = "python -m common.data"
+    parser = OneLineParser(prog=prog, description="Download a data set's IDX files to where the apps look for them: "
+                                                  "on a login node, before a job whose compute nodes have no internet.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    download = commands.add_parser("download", help="fetch NAME's four IDX files (through torchvision)")
+    download.add_argument("name", metavar="NAME", help=f"{', '.join(_TORCHVISION)} (digits come with scikit-learn)")
+    download.add_argument("folder", metavar="FOLDER", nargs="?", type=folder_path, default=default_data_dir(),
+                          help="where they go, the apps' --data-dir (default: data/, where the apps look without one)")
+    try:
+        args = parser.parse_args(argv)
+        _check_name(args.name)
+        if args.folder.exists() and not args.folder.is_dir():
+            raise UsageError(f"{quoted(args.folder)} is not a folder")
+    except UsageError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    if args.name == "digits":
+        print("digits: they come with scikit-learn; nothing to download")
+        return 0
+    there = find_idx_files(args.name, args.folder) is not None
+    if not there:
+        try:
+            ensure_available(args.name, args.folder, offline="--dataset digits")
+        except UsageError as error:
+            print(f"{prog}: error: {error}", file=sys.stderr)
+            return 1
+    found = find_idx_files(args.name, args.folder) or {}
+    where = ", ".join(sorted({quoted(path.parent) for path in found.values()}))
+    print(f"{args.name}: {'already in' if there else 'downloaded into'} {where} (--data-dir {quoted(args.folder)})")
+    return 0
+
+
 if __name__ == "__main__":
-    raise SystemExit(_child_main(sys.argv[1:]))
+    raise SystemExit(main())

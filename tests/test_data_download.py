@@ -86,6 +86,37 @@ def test_fashion_mnist_is_downloaded_into_its_own_folder_by_the_child(tmp_path):
     assert read_idx(raw / "t10k-labels-idx1-ubyte.gz").shape == (40,)
 
 
+def data_command(*args: str, cwd, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "common.data", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(FAKE_TORCHVISION), str(REPO)]),
+                                                **env))
+
+
+def test_the_users_download_command_fills_data_once_and_refuses_bad_arguments_in_one_line(tmp_path):
+    """``python -m common.data download mnist data``, which the Slurm generator and docs/slurm.md tell
+    users to run on a login node, was the child's own entry point: with no folder it was an
+    IndexError traceback, an unknown name a bare KeyError ("'nope'", exit 3), no arguments "list
+    index out of range", and it said nothing when it worked."""
+    done = data_command("download", "mnist", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "mnist: downloaded into 'data/MNIST/raw' (--data-dir 'data')\n", done.stdout
+    assert sorted(p.name for p in (tmp_path / "data" / "MNIST" / "raw").glob("*-ubyte")) == [
+        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "train-images-idx3-ubyte", "train-labels-idx1-ubyte"]
+    again = data_command("download", "mnist", "data", cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout.startswith("mnist: already in "), again.stdout + again.stderr
+    (tmp_path / "a-file").write_text("x")
+    for args, line in [((), "the following arguments are required: COMMAND (see --help)"),
+                       (("fetch",), "argument COMMAND: invalid choice: 'fetch' (choose from 'download') (see --help)"),
+                       (("download",), "the following arguments are required: NAME (see --help)"),
+                       (("download", "nope"), "unknown dataset 'nope': choose one of mnist, fashion-mnist, digits"),
+                       (("download", "mnist", "a-file"), "'a-file' is not a folder")]:
+        refused = data_command(*args, cwd=tmp_path)
+        assert (refused.returncode, refused.stdout) == (2, ""), (args, refused.stdout + refused.stderr)
+        assert refused.stderr == f"python -m common.data: error: {line}\n", (args, refused.stderr)
+    digits = data_command("download", "digits", cwd=tmp_path)
+    assert digits.returncode == 0 and "nothing to download" in digits.stdout
+
+
 def test_the_fake_torchvision_takes_what_torchvision_takes(tmp_path):
     """tests/fake_torchvision's dataset classes against the installed torchvision's (the real
     one cannot download here): the same constructor and class attribute ``mirrors``."""

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional
 
-from common.argtypes import at_least, folder
+from common.argtypes import OneLineParser, at_least, folder
 from common.errors import UsageError, quoted
 from common.settings import DEFAULT_GRACE, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_SETUP_TIMEOUT
 
@@ -42,17 +42,17 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is a :class:`UsageError` (one line, exit 2) and only
-    rank 0 prints help."""
+class Parser(OneLineParser):
+    """The apps' parser: a bad argument is one line with the nearest flag named, and only rank 0
+    prints help."""
 
     def __init__(self, *args: Any, quiet: bool = False, **kwargs: Any):
         self.quiet = quiet
         #: the ``--results`` of a command line that gives none, from its other arguments
         self.default_results: Optional[Callable[[argparse.Namespace], Path]] = None
         self._given: List[str] = []  # the arguments being parsed, for the hints of error()
-        # no prefixes: --fold would be --folds, --resum --resume; a misspelt flag is told instead
-        super().__init__(*args, allow_abbrev=False, **kwargs)
+        # no prefixes (OneLineParser): --fold would be --folds, --resum --resume; a misspelt flag is told instead
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
         self._given = [str(arg) for arg in (sys.argv[1:] if args is None else args)]

@@ -7,6 +7,9 @@ reads it:
   blocks, through stop signals too); an anonymous one (``<(generate)``) as long as its writer lives;
 - UTF-8; JSON, or YAML for ``.yaml``/``.yml`` (with PyYAML);
 - a key given twice in one object is refused, in JSON and YAML: the later one would silently win;
+- YAML's aliases (``*name``) may repeat a list or mapping, but not so often that the values they
+  stand for, written out, would fill the memory (a few hundred bytes of aliases of aliases stand
+  for billions), nor inside itself (``&a [*a]``, which no JSON value is);
 - YAML's plain values are YAML 1.2's (its core schema), as JSON reads the same text: ``1e-3`` is a
   number (PyYAML, a YAML 1.1 reader, made it the string "1e-3", and a learning rate written so
   reached the user's code as text); ``yes``, ``no``, ``on`` and ``off`` are words, not booleans;
@@ -24,7 +27,7 @@ import re
 import select
 import stat
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 from .errors import UsageError
 
@@ -32,6 +35,9 @@ from .errors import UsageError
 #: wait for ever. A pipe that was given its writer, or a FIFO once its writer came, waits as long
 #: as that writer lives.
 PIPE_WAIT_SECONDS = 60.0
+#: the most values YAML's aliases may add to a file's own once written out (every reader of the file
+#: writes them out: a sweep's items, a definition's steps, the results)
+MAX_ALIASED_VALUES = 1_000_000
 
 
 def read_text(path: Path, limit: int, shown: str, what: str) -> str:
@@ -76,7 +82,9 @@ def parse(text: str, path: Path, shown: str) -> Any:
         except ImportError:
             raise UsageError(f"{shown}: YAML needs PyYAML (pip install 'multinode-gpu[yaml]'), or write JSON") from None
         try:
-            return yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 -- a SafeLoader
+            value = yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 -- a SafeLoader
+            _check_aliases(value, shown)
+            return value
         except yaml.YAMLError as error:
             raise UsageError(f"{shown}: not valid YAML: {' '.join(str(error).split())}") from None
         except RecursionError:
@@ -89,6 +97,38 @@ def parse(text: str, path: Path, shown: str) -> Any:
         raise UsageError(f"{shown}: not valid JSON: {' '.join(str(error).split())[:300]}") from None
     except RecursionError:
         raise UsageError(f"{shown}: not valid JSON: nested too deeply") from None
+
+
+def _check_aliases(root: Any, shown: str) -> None:
+    """Refuse a document whose aliases stand for more than ``MAX_ALIASED_VALUES`` values beyond its
+    own once written out, or that holds itself. Each list and mapping is counted once (depth first,
+    without recursion: a file may be nested thousands deep), with the written-out size of each
+    (Python's integers do not overflow: a billion-fold alias costs nothing to count)."""
+    written: Dict[int, int] = {}  # id of a list or mapping -> its values written out, itself included
+    distinct = 0  # the values the file itself holds: each list or mapping once
+    on_path: Set[int] = set()  # the lists and mappings being counted, from the root down
+    stack: List[Tuple[Any, bool]] = [(root, False)] if isinstance(root, (dict, list)) else []
+    while stack:
+        node, counted = stack.pop()
+        children = list(node.values()) if isinstance(node, dict) else node
+        if counted:
+            on_path.discard(id(node))
+            written[id(node)] = 1 + sum(written.get(id(child), 1) for child in children)
+            continue
+        if id(node) in written:
+            continue
+        on_path.add(id(node))
+        distinct += 1 + len(children)
+        stack.append((node, True))
+        for child in children:
+            if isinstance(child, (dict, list)) and id(child) not in written:
+                if id(child) in on_path:
+                    raise UsageError(f"{shown}: an alias (*name) inside the list or mapping it names, which "
+                                     f"would hold itself for ever")
+                stack.append((child, False))
+    if written.get(id(root), 0) > distinct + MAX_ALIASED_VALUES:
+        raise UsageError(f"{shown}: its aliases (*name) stand for more than {MAX_ALIASED_VALUES:,} values once "
+                         f"written out: repeat less, or write the repeated part out once")
 
 
 def _key(key: Any) -> str:

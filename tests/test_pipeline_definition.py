@@ -394,24 +394,48 @@ def test_a_key_given_twice_is_refused_in_json_and_yaml(tmp_path):
         load_definition(yaml_twice)
 
 
-YAML_ALIASES = "".join(f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n"
-                       for i in range(8))
+def yaml_aliases(levels: int) -> str:
+    """Lists b, c, ... each naming the one before nine times: the last stands for 9**(levels + 1)
+    strings of the 'a' below once written out, in a few hundred bytes."""
+    return "".join(f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]\n"
+                   for i in range(levels))
 
 
-@pytest.mark.parametrize("place", ["env: {X: *i}", "timeout: *i", "resources: *i", "tools: *i", "mounts: *i"])
-def test_a_value_of_nested_yaml_aliases_makes_a_short_message_at_once(tmp_path, place):
-    """issue 22: 410 bytes of aliases made a one-line error of 6 MB (its full repr, built before cutting)."""
+def aliased_definition(tmp_path: Path, levels: int, place: str) -> Path:
     definition = tmp_path / "aliases.yaml"
     definition.write_text("x-defs:\n  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
-                          + "".join("  " + line + "\n" for line in YAML_ALIASES.splitlines())
+                          + "".join("  " + line + "\n" for line in yaml_aliases(levels).splitlines())
                           + f"name: p\nsteps:\n  - id: s\n    command: 'true'\n    {place}\n")
-    assert len(definition.read_bytes()) < 1000  # 9**9 (387 million) strings once expanded
+    return definition
+
+
+@pytest.mark.parametrize("place", ["env: {X: *e}", "timeout: *e", "resources: *e", "tools: *e", "mounts: *e"])
+def test_a_value_of_nested_yaml_aliases_makes_a_short_message_at_once(tmp_path, place):
+    """issue 22: 410 bytes of aliases made a one-line error of 6 MB (its full repr, built before cutting).
+    Here 59,049 strings (half a megabyte of repr), under the aliases' limit: the step's own check says it."""
+    definition = aliased_definition(tmp_path, 4, place)
     began = time.monotonic()
     with pytest.raises(UsageError) as caught:
         load_definition(definition)
     message = str(caught.value)
     assert time.monotonic() - began < 5
     assert len(message) < 400 and "\n" not in message and "step 's'" in message, message
+
+
+def test_yaml_aliases_standing_for_too_many_values_or_for_themselves_are_refused_at_once(tmp_path):
+    """9**9 (387 million) strings in under 1,000 bytes, wherever they are named (here by nothing the
+    runner reads: every value of the file is written out by some reader), and a list holding itself."""
+    definition = aliased_definition(tmp_path, 8, "env: {X: '1'}")
+    assert len(definition.read_bytes()) < 1000
+    began = time.monotonic()
+    with pytest.raises(UsageError, match=r"aliases.yaml: its aliases \(\*name\) stand for more than 1,000,000 values "
+                                         r"once written out: repeat less, or write the repeated part out once$"):
+        load_definition(definition)
+    assert time.monotonic() - began < 5
+    itself = tmp_path / "itself.yaml"
+    itself.write_text("name: p\nx: &x [1, *x]\nsteps:\n  - id: s\n    command: 'true'\n")
+    with pytest.raises(UsageError, match="an alias .* inside the list or mapping it names"):
+        load_definition(itself)
 
 
 def test_a_command_longer_than_the_system_takes_is_refused_at_validation():

@@ -368,6 +368,10 @@ def test_pool_capacities_from_the_environment_and_flags():
         configured_pools(["licence=1"], stale)
     with pytest.raises(UsageError, match="expected NAME=N"):
         configured_pools(["licence\n=1"], {})
+    # one pool in two flags (the later silently won): which one was meant?
+    with pytest.raises(UsageError, match=r"^--resource 'Foo=2': pool 'foo' is already given by --resource 'foo=1' "
+                                         r"\(pool names ignore case\); give it once$"):
+        configured_pools(["foo=1", "Foo=2"], {})
     # set empty (a job script's VAR= to clear it): as unset, as every setting and SWARM_QUEUE_TIMEOUT=''
     assert configured_pools([], {"SWARM_RESOURCE_gpu": "", "PIPELINE_RESOURCE_LICENCE": " "}) == {}
     assert configured_pools([], {"SWARM_RESOURCE_gpu": "2", "PIPELINE_RESOURCE_GPU": ""}) == {"gpu": 2}

@@ -56,7 +56,7 @@ def _capacity(text: str, where: str) -> int:
 def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> Dict[str, int]:
     """Pool capacities from ``SWARM_RESOURCE_<name>=N``, then ``PIPELINE_RESOURCE_<NAME>=N``, then
     ``--resource NAME=N`` (each later one wins; only the winner's value must be a capacity, so a
-    flag mends a bad variable left in the environment). A variable set empty is as unset, as every
+    flag mends a bad variable left in the environment; one pool in two flags is refused). A variable set empty is as unset, as every
     setting's (common.settings: a job script's ``VAR=`` clears it)."""
     given: Dict[str, Tuple[str, str]] = {}  # pool -> (its value, where it was given)
     for prefix in (SWARM_RESOURCE_PREFIX, RESOURCE_ENV_PREFIX):
@@ -66,10 +66,15 @@ def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> D
                 if not POOL_PATTERN.fullmatch(pool):
                     raise UsageError(f"{name}: pool name is malformed: a letter, then letters, digits, '_'")
                 given[pool] = (value, name)
+    flagged: Dict[str, str] = {}
     for flag in resource_flags:
         pool, _, value = flag.partition("=")
         if not _ or not POOL_PATTERN.fullmatch(pool):
             raise UsageError(f"--resource {short(flag)}: expected NAME=N, such as gpu=2 or licence=1")
+        if pool.lower() in flagged:  # as a key given twice in a file: which one was meant?
+            raise UsageError(f"--resource {short(flag)}: pool {pool.lower()!r} is already given by --resource "
+                             f"{short(flagged[pool.lower()])} (pool names ignore case); give it once")
+        flagged[pool.lower()] = flag
         given[pool.lower()] = (value, f"--resource {flag}")
     return {pool: _capacity(value, where) for pool, (value, where) in given.items()}
 

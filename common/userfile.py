@@ -123,8 +123,8 @@ def _check_aliases(root: Any, shown: str) -> None:
         for child in children:
             if isinstance(child, (dict, list)) and id(child) not in written:
                 if id(child) in on_path:
-                    raise UsageError(f"{shown}: an alias (*name) inside the list or mapping it names, which "
-                                     f"would hold itself for ever")
+                    raise UsageError(f"{shown}: a list or mapping that contains itself (an alias *name used "
+                                     f"inside what it names)")
                 stack.append((child, False))
     if written.get(id(root), 0) > distinct + MAX_ALIASED_VALUES:
         raise UsageError(f"{shown}: its aliases (*name) stand for more than {MAX_ALIASED_VALUES:,} values once "

@@ -203,6 +203,33 @@ def test_every_walltime_form_sbatch_takes_is_taken():
     assert made.returncode == 0 and "#SBATCH --time=90\n" in made.stdout, made.stderr
 
 
+def test_a_results_folder_the_jobs_resume_would_refuse_is_refused_before_the_queue(tmp_path):
+    """The job adds --resume: a --results that is a file, or holds another run's journal (another
+    app, seed or set of pipelines), was refused only as the job started, after its wait in the
+    queue. The generator now says so; the same run's folder, or a new one, gets its script."""
+    definition = tmp_path / "one.json"
+    definition.write_text(json.dumps({"name": "one", "steps": [{"id": "a", "command": "true"}]}))
+    results = tmp_path / "results"
+    ran = run(["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--results", str(results), "--no-progress"])
+    assert ran.returncode == 0, ran.stderr
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"name": "other", "steps": [{"id": "a", "command": "true"}]}))
+    (tmp_path / "a-file").write_text("x")
+    for command, why in [
+            (["common.pipeline", str(other), "--results", str(results)], "pipelines ['one'] (journal) vs ['other'] (now)"),
+            (["mnist_svm", "2", "--dataset", "digits", "--results", str(results)], "app 'pipeline' (journal) vs 'mnist_svm'"),
+            (["common.pipeline", str(definition), "--results", str(results), "--seed", "5"], "seed 0 (journal) vs 5 (now)"),
+            (["mnist_svm", "2", "--results", str(tmp_path / "a-file")], f"--results '{tmp_path / 'a-file'}' is not a folder")]:
+        made = generate_script("--cpu", "--venv", "none", "--", *command)
+        assert made.returncode == 2 and made.stdout == "", made.stdout[:200] + made.stderr
+        assert made.stderr.startswith(f"python -m common.slurm: error: {command[0]}: ") and why in made.stderr, made.stderr
+        assert len(made.stderr.splitlines()) == 1, made.stderr
+    same = generate_script("--cpu", "--venv", "none", "--", "common.pipeline", str(definition), "--results", str(results))
+    assert same.returncode == 0 and same.stdout.startswith("#!/bin/bash"), same.stderr
+    fresh = generate_script("--cpu", "--venv", "none", "--", "common.pipeline", str(other), "--results", str(tmp_path / "new"))
+    assert fresh.returncode == 0, fresh.stderr
+
+
 def test_a_data_set_missing_here_is_noted_before_the_queue(tmp_path, monkeypatch):
     """The GPU scripts read MNIST by default; submitted from a folder without it, the job would try
     to download it on a compute node, after its wait in the queue (many have no internet): the

@@ -94,6 +94,12 @@ def queue_timeout(flag: Optional[float], environ: Mapping[str, str]) -> Optional
     return flag
 
 
+def pipelines_fingerprint(pipelines: List[Pipeline]) -> Dict[str, Any]:
+    """What a resume must share with the run it resumes: the set of pipelines. Definitions are meant
+    to be edited between a failure and a resume (fix a step, resume from it)."""
+    return {"pipelines": sorted(pipeline.name for pipeline in pipelines)}
+
+
 def parse_resume_target(value: Any, pipelines: List[Pipeline]) -> Optional[Tuple[str, str]]:
     """``RUN_ID/STEP_ID`` of ``--resume`` as (pipeline, step); None for a plain ``--resume``."""
     if not isinstance(value, str):
@@ -293,9 +299,7 @@ class PipelineApp(App):
                          f"--resume {pipeline.name}/STEP, or remove the file to run it from its first step")
 
     def fingerprint(self) -> Dict[str, Any]:
-        # Definitions are meant to be edited between a failure and a resume (fix a step, resume
-        # from it), so only the set of pipelines must match.
-        return {"pipelines": sorted(self.by_name)}
+        return pipelines_fingerprint(self.pipelines)
 
     def pools(self) -> Dict[str, Any]:
         # the engine's devices: --gpu as given, and only this rank's share of a node's GPUs

@@ -362,9 +362,30 @@ def _resume_where_it_was(app: App, fingerprint: dict) -> None:
     args.results = earlier
 
 
-def _other_run(journal_path: Path, fingerprint: dict, left_out: Dict[str, Any]) -> Optional[str]:
+def results_folder_refusal(app: App, own: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Why a job resuming ``app``'s run in its --results would be refused as it starts, found here
+    without writing (the Slurm generator's check on the login node, where a job refused after its
+    wait in the queue is the costliest typo): a path that is not a folder, or a journal of another
+    run (another app, seed or arguments). ``own``: the app's fingerprint, None where it cannot be
+    had before the job (a sweep's names its function, which is not imported here): then only the
+    app and the engine's arguments are compared. None where it would start; a hold (a run still
+    going) is not judged, since a job may be submitted to follow one."""
+    folder = Path(app.args.results)
+    if folder.exists() and not folder.is_dir():
+        return f"--results {quoted(folder)} is not a folder"
+    journal_path = ResultsLayout(folder).journal
+    if not journal_path.is_file() or not holds_journal(journal_path):
+        return None
+    fingerprint = {"app": app.name, **engine_fingerprint(app.args), **(own or {})}
+    other = _other_run(journal_path, fingerprint, app.fingerprint_left_out(), partial=own is None)
+    return (f"--results {quoted(folder)} holds the journal of another run ({other}), which the job's --resume "
+            f"would refuse to continue; choose another --results, or give the job that run's arguments") if other else None
+
+
+def _other_run(journal_path: Path, fingerprint: dict, left_out: Dict[str, Any], partial: bool = False) -> Optional[str]:
     """How the run whose journal this is differs from this one, from its header (the first line);
-    None where it is the same run (or its header cannot be read: the resume says why)."""
+    None where it is the same run (or its header cannot be read: the resume says why). ``partial``:
+    ``fingerprint`` lacks the app's own arguments, and only the names it has are compared."""
     header = read_header(journal_path)
     old = header.get("fingerprint") if header is not None else None
     if not isinstance(old, dict):
@@ -373,6 +394,8 @@ def _other_run(journal_path: Path, fingerprint: dict, left_out: Dict[str, Any]) 
     ignored = (DATA_FINGERPRINT, "threads")
     old = {name: value for name, value in old.items() if name not in ignored}
     now = {name: value for name, value in fingerprint.items() if name not in ignored}
+    if partial:
+        old = {name: value for name, value in old.items() if name in now}
     return None if old == now else describe_difference(old, now, left_out)
 
 

@@ -103,14 +103,22 @@ def check_program(command: List[str], cpu_job: bool = False) -> Optional[argpars
         check_workers_per_gpu("cpu" if cpu_job else args.gpu, getattr(args, "workers_per_gpu", 1))
         if not cpu_job:
             check_workers_on_gpus(args.gpu or "all", getattr(args, "workers", 1))
-        app_class(args).check_arguments()
+        app = app_class(args)
+        app.check_arguments()
+        own = app.fingerprint() if target in ("mnist_svm", "mnist_nn") else None  # from their arguments alone
         if target == "common.pipeline":
-            from ..pipeline.app import parse_resume_target
+            from ..pipeline.app import parse_resume_target, pipelines_fingerprint
 
             pipelines = _check_definition(args.definition, getattr(args, "container", None))
             parse_resume_target(args.resume, pipelines)  # --resume RUN_ID/STEP_ID names one of them
+            own = pipelines_fingerprint(pipelines)
         if target == "common.sweep":
-            app_class(args).check_before_the_queue()
+            app.check_before_the_queue()
+        from common.run.engine import results_folder_refusal  # the job starts with --resume: this folder's run
+
+        refusal = results_folder_refusal(app, own)
+        if refusal:
+            raise UsageError(refusal)
     except UsageError as error:
         raise UsageError(f"{target}: {error}") from None
     return args

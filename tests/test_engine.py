@@ -370,6 +370,11 @@ def test_a_folder_of_other_files_or_an_empty_path_is_never_written_into(tmp_path
     assert snapshot(results) == before
     assert_usage_error(run([TOY, "4", "--results", ""], cwd=tmp_path), "empty path")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["r"]
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")  # the toy app claims every name (App's default)
+    assert_usage_error(run([TOY, "4", "--results", str(tmp_path / "mine")]),
+                       "holds files but no journal of a run (notes.txt), and toy writes a new or empty folder; "
+                       "choose another --results")
 
 
 def test_a_damaged_journal_header_is_refused_in_one_line(tmp_path):

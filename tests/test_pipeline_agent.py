@@ -406,12 +406,22 @@ def test_the_formats_own_variable_names_are_read(monkeypatch):
 
 
 def test_a_results_folder_left_by_a_dry_run_is_untouched(tmp_path):
+    """A user's own file beside the run is kept (the pipelines write only their own folders and the
+    engine's outputs: --results . beside the definition works); a folder named like a pipeline,
+    with no journal of a run, is someone else's: refused, the dry run as the run."""
     results = tmp_path / "results"
     results.mkdir()
     (results / "keep.txt").write_text("mine")
     before = snapshot(results)
-    proc = cli(EXAMPLES / "ml.json", results, "--dry-run")  # refused as the run is: the pipelines claim the folder
-    assert_usage_error(proc, "holds files but no journal of a run (keep.txt)")
+    proc = cli(EXAMPLES / "ml.json", results, "--dry-run")
+    assert proc.returncode == 0 and "digits-cnn" in proc.stdout, proc.stdout + proc.stderr
+    assert snapshot(results) == before
+    (results / "digits-cnn").mkdir()
+    (results / "digits-cnn" / "notes.md").write_text("mine too")
+    before = snapshot(results)
+    for extra in (["--dry-run"], []):
+        proc = cli(EXAMPLES / "ml.json", results, *extra)
+        assert_usage_error(proc, "holds files but no journal of a run (digits-cnn), which this run would overwrite")
     assert snapshot(results) == before
 
 

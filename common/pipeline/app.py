@@ -301,6 +301,11 @@ class PipelineApp(App):
     def fingerprint(self) -> Dict[str, Any]:
         return pipelines_fingerprint(self.pipelines)
 
+    def output_names(self) -> Tuple[str, ...]:
+        """A folder per pipeline (RESULTS/RUN_ID/): ``--results .`` works beside the definition and a
+        user's other files."""
+        return tuple(pipeline.name for pipeline in self.pipelines)
+
     def pools(self) -> Dict[str, Any]:
         # the engine's devices: --gpu as given, and only this rank's share of a node's GPUs
         gpu = self.capacities.get(GPU_POOL) or len(self.gpus()) or self.args.workers

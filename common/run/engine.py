@@ -327,9 +327,12 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         clashes = [name for name in own if name not in started
                    and (not (folder / name).is_dir() or any((folder / name).iterdir()))]
         if clashes:  # someone's files named like ours, or results whose journal is gone: never overwrite them
-            raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({', '.join(clashes[:3])}"
-                             f"{', ...' if len(clashes) > 3 else ''}), which this run would overwrite; move them away "
-                             f"or choose another --results")
+            named = f"{', '.join(clashes[:3])}{', ...' if len(clashes) > 3 else ''}"
+            if "*" in app.output_names():  # an app that claims every name (App's default)
+                raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({named}), and "
+                                 f"{app.name} writes a new or empty folder; choose another --results")
+            raise UsageError(f"--results {quoted(folder)}: holds files but no journal of a run ({named}), which this "
+                             f"run would overwrite; move them away or choose another --results")
     if kept_threads is not None:
         args.threads = kept_threads
         if not getattr(args, "dry_run", False):

@@ -402,14 +402,18 @@ def test_a_journal_of_another_format_is_refused_and_one_from_before_the_field_re
     assert resumed.returncode == 0, resumed.stderr
 
 
-@pytest.mark.parametrize("content", ["random bytes", "invalid JSON", "random bytes, one line"])
+@pytest.mark.parametrize("content", ["random bytes", "invalid JSON", "random bytes, one line", "JSON null",
+                                     "an object of no kind"])
 def test_a_journal_of_random_bytes_is_the_same_damaged_one_liner_as_invalid_json(tmp_path, content):
+    """A line that is JSON but no record (null: said to be "not valid JSON"; an object without a
+    kind the engine writes: silently skipped by --resume) is damage like any other."""
     results = tmp_path / "r"
     assert run([TOY, "4", "--results", str(results), "--no-progress"]).returncode == 0
     journal = results / "journal.jsonl"
     lines = journal.read_bytes().split(b"\n")
     garbage = {"random bytes": os.urandom(4096).replace(b"\n", b"\xff") + b"\n",
                "invalid JSON": b'{"type": "result", "key": \n',
+               "JSON null": b"null\n", "an object of no kind": b'{"this": "is not a record"}\n',
                "random bytes, one line": os.urandom(4096).replace(b"\n", b"\xff")}[content]
     if content == "random bytes, one line":
         journal.write_bytes(garbage)  # no newline at all: not a torn last line, a damaged header
@@ -417,7 +421,7 @@ def test_a_journal_of_random_bytes_is_the_same_damaged_one_liner_as_invalid_json
         journal.write_bytes(b"\n".join(lines[:2] + [garbage] + lines[2:]))
     before = snapshot(results)
     proc = run([TOY, "4", "--results", str(results), "--resume"])
-    assert_usage_error(proc, "is not valid JSON; the journal is damaged", repr(str(journal)))
+    assert_usage_error(proc, "is not a journal record; the journal is damaged", repr(str(journal)))
     assert snapshot(results) == before
 
 

@@ -452,7 +452,7 @@ def test_a_journal_resume_would_refuse_is_said_where_the_status_file_says_comple
     journal.write_text("\n".join([good[0], "{not json", good[1]]) + "\n")
     for text in (describe(tmp_path, state, JournalReader(journal).update(), now),
                  describe(tmp_path, None, JournalReader(journal).update(), now)):  # the journal alone
-        assert "journal  journal.jsonl: line 2 is not valid JSON: damaged; --resume refuses it" in text, text
+        assert "journal  journal.jsonl: line 2 is not a journal record: damaged; --resume refuses it" in text, text
     journal.write_text("\n".join(good) + "\n{torn last li")  # a kill's torn last line: resumed, not refused
     assert "journal  " not in describe(tmp_path, state, JournalReader(journal).update(), now)
     # not there yet (a job starting): nothing to say

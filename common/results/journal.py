@@ -99,6 +99,10 @@ class Kind:
     RANK_LOST = "rank_lost"  # a rank stopped answering; its items went to others
 
 
+#: every line's kind
+KINDS = frozenset(value for name, value in vars(Kind).items() if name.isupper())
+
+
 def _is_time(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
@@ -189,17 +193,18 @@ class JournalReader:
         self._unreadable = None
         lines, end, _ = whole_lines(data)  # a line still being written (torn for now) waits for the next read
         if self.strict and not self.offset and data.strip() and not any(line.strip() for line in lines):
-            raise UsageError(f"{quoted(self.path)}: line 1 is not valid JSON; the journal is damaged")
+            raise UsageError(f"{quoted(self.path)}: line 1 is not a journal record; the journal is damaged")
         self.offset += end
         for raw in lines:
             self.lines += 1
             if not raw.strip() or (self._tags and not any(tag in raw for tag in self._tags)):
                 continue
             entry = parse_line(raw)
-            if entry is None:
+            if entry is None:  # not JSON, or JSON but no object (null, a list)
                 if self.strict:
-                    raise UsageError(f"{quoted(self.path)}: line {self.lines} is not valid JSON; the journal is damaged")
-                self._damage = self._damage or f"line {self.lines} is not valid JSON: damaged"
+                    raise UsageError(f"{quoted(self.path)}: line {self.lines} is not a journal record; the journal is "
+                                     f"damaged")
+                self._damage = self._damage or f"line {self.lines} is not a journal record: damaged"
                 continue
             kind = entry.get("type")
             try:
@@ -212,6 +217,8 @@ class JournalReader:
         """One entry, by its kind; TypeError or KeyError where it is not one the engine writes.
         Strict (``--resume``) reads only what a resume uses: the header, the results, the starts."""
         kind = entry.pop("type", None)
+        if self.strict and kind not in KINDS:  # an object, but no line the engine writes
+            raise TypeError(f"type {kind!r}")
         if self.strict and kind not in (Kind.HEADER, Kind.RESULT, Kind.START):
             return
         if "key" in entry and not isinstance(entry["key"], str):  # not a line the engine writes

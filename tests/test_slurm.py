@@ -57,7 +57,9 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
 
 @pytest.mark.parametrize("args, word", [
     (["--nodes", "0", "--gpus-per-node", "1", "--", "mnist_svm", "4"], "--nodes 0"),
-    (["--nodes", "two", "--gpus-per-node", "1", "--", "mnist_svm", "4"], "--nodes"),
+    (["--nodes", "two", "--gpus-per-node", "1", "--", "mnist_svm", "4"], "argument --nodes: invalid int value: 'two' (see --help)"),
+    (["--cpu", "--module", "", "--", "mnist_svm", "4"], "--module '': only letters, digits"),  # said "in --bind and --module"
+    (["--cpu", "--container", "x.sif", "--bind", "a b", "--", "mnist_svm", "4"], "--bind 'a b': only letters, digits"),
     (["--gpus-per-node", "1", "--time", "25:61:00", "--", "mnist_svm", "4"], "--time"),
     (["--gpus-per-node", "1", "--time", "1 day", "--", "mnist_svm", "4"], "--time"),
     (["--gpus-per-node", "1", "--time", "2-25", "--", "mnist_svm", "4"], "hours after a day count below 24"),

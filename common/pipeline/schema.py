@@ -70,7 +70,7 @@ STEP = {
                     "description": "run with /bin/sh -c in the step's folder"},
         "python": {"type": "string", "pattern": PYTHON_TARGET, "title": "'module:function'",
                    "description": "called without arguments; a returned dict is saved as result.json"},
-        "prompt": {"type": "string", "minLength": 1, "title": "a non-empty prompt",
+        "prompt": {"type": "string", "minLength": 1, "title": "non-empty text",
                    "description": "given on standard input to the agent command (--agent or PIPELINE_AGENT); "
                                   "its standard output becomes output.md"},
         "model": {"type": "string", "minLength": 1, "title": "a model name",

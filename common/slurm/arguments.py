@@ -5,20 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import List
 
-from ..argtypes import folder
-from ..errors import UsageError
+from ..argtypes import OneLineParser, folder
 from .spec import MPI_PLUGINS, JobSpec, parse_gpus
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad input as one line and exit code 2 (no usage block)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m common.slurm", allow_abbrev=False,
+    parser = OneLineParser(prog="python -m common.slurm",
                      description="Print a walltime-safe Slurm batch script for a multinode-gpu program "
                                  "(everything after '--' is the program and its arguments).")
     parser.add_argument("--nodes", type=int, default=1, help="nodes, one MPI rank each (default 1)")

@@ -172,9 +172,10 @@ class JobSpec:
                             ("--venv", self.venv)):
             if value is not None and not _SAFE_WORD.match(value):
                 raise UsageError(f"{name} {value!r}: only letters, digits and . , : @ % + = / - _ are allowed")
-        for value in self.binds + self.modules:
-            if not _SAFE_WORD.match(value):
-                raise UsageError(f"{value!r}: only letters, digits and . , : @ % + = / - _ are allowed in --bind and --module")
+        for name, values in (("--bind", self.binds), ("--module", self.modules)):
+            for value in values:
+                if not _SAFE_WORD.match(value):
+                    raise UsageError(f"{name} {value!r}: only letters, digits and . , : @ % + = / - _ are allowed")
         if self.binds and not self.container:
             raise UsageError("--bind without --container: binds only apply inside a container")
         return self

@@ -569,3 +569,15 @@ def test_a_seed_of_hundreds_of_digits_is_one_line_and_exit_2(tmp_path):
                            "--results", str(tmp_path / "r")], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "argument --seed: must be at most" in done.stderr and not (tmp_path / "r").exists()
+
+
+def test_a_results_path_that_is_no_utf8_keeps_its_log(tmp_path):
+    """A folder name holding a byte that is no UTF-8 (Python decodes it to a surrogate): the run's
+    log failed at its first line naming the path ("surrogates not allowed") and went to stderr for
+    the rest of the run, keeping 3 lines."""
+    results = Path(os.fsdecode(bytes(tmp_path) + b"/bad\xffname"))
+    done = toy("3", "--gpu", "cpu", "--workers", "1", "--results", str(results), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "cannot write" not in done.stderr, done.stderr
+    log = (results / "logs" / "rank0.log").read_text(encoding="utf-8")
+    assert "complete: 3 of 3 items" in log and "bad\\udcffname" in log, log

@@ -26,7 +26,9 @@ class FileLog(logging.FileHandler):
                  write_failures: Optional[WriteFailures] = None, name: str = ""):
         """``write_failures``: where a failed write is noted (the run stops on it); only without a
         ``fallback``. ``name``: what each line says it comes from (for :meth:`hold`)."""
-        super().__init__(path, delay=True)
+        # UTF-8 whatever the locale; a path or message holding bytes that are no UTF-8 (a --results of
+        # such a name, decoded with surrogates) is written with them escaped, not a failed write
+        super().__init__(path, delay=True, encoding="utf-8", errors="backslashreplace")
         self.fallback, self.what, self.write_failures, self.name = fallback, what, write_failures, name
         self.failed = False
         self.held: List[Tuple[float, str]] = []  # (when, message) of routine lines not yet written

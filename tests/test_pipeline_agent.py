@@ -91,6 +91,18 @@ def test_a_prompt_step_without_an_agent_is_refused_before_anything_runs(tmp_path
     assert (results / "echo" / "ask" / "output.md").read_text() == "hello agent"
 
 
+def test_an_agent_command_the_shell_cannot_read_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """--agent '"unclosed' passed the checks, and every prompt step then failed (exit 2 of sh)."""
+    monkeypatch.delenv("PIPELINE_AGENT", raising=False)
+    results = tmp_path / "results"
+    for extra in (["--dry-run"], []):
+        proc = cli(EXAMPLES / "agent.json", results, "--agent", '"unclosed', *extra)
+        assert_usage_error(proc, "--agent: the shell cannot read the agent command (")  # its words: dash's, bash's
+    assert not results.exists()
+    monkeypatch.setenv("PIPELINE_AGENT", "cat |")
+    assert_usage_error(cli(EXAMPLES / "agent.json", results), "PIPELINE_AGENT: the shell cannot read the agent command")
+
+
 def test_step_outputs_say_which_steps_failed_and_which_output_is_empty(tmp_path, monkeypatch):
     """summary.md's table of step outputs listed a failed prompt step's output.md as any answer,
     though the agent had written nothing before it failed: each row now gives the step's status,

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -130,12 +131,26 @@ def agent_command(flag: Optional[str], environ: Mapping[str, str], pipelines: Li
         raise UsageError(f"{source}, pipeline {pipeline.name!r}, step {step.id!r}: a prompt step needs an "
                          f"agent command: pass --agent 'CMD' or set {AGENT_ENV} (it reads the prompt on "
                          "its standard input)")
+    if agent is not None and prompts:  # run with /bin/sh -c by every prompt step: a syntax error fails them all
+        _check_shell_syntax(agent, "--agent" if flag is not None else AGENT_ENV)
     relative = _relative_file(agent) if agent is not None and prompts else None
     if relative is not None:  # found here, but the step's folder is where it runs: every prompt step would fail
         raise UsageError(f"{'--agent' if flag is not None else AGENT_ENV}: {relative!r} is a file in this folder, but the "
                          f"agent runs in each prompt step's own folder: write it as \"$PIPELINE_LAUNCH_DIR/{os.path.normpath(relative)}\" "
                          "(this folder) or as an absolute path")
     return agent
+
+
+def _check_shell_syntax(command: str, name: str) -> None:
+    """Refuse a command ``/bin/sh -c`` could not parse (an unclosed quote), in the shell's own
+    words (``sh -n`` reads it without running anything)."""
+    try:
+        checked = subprocess.run(["/bin/sh", "-n", "-c", command], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):  # no shell to ask: the step says it when it runs
+        return
+    if checked.returncode != 0:
+        said = " ".join(checked.stderr.split())[:200] or f"exit code {checked.returncode}"
+        raise UsageError(f"{name}: the shell cannot read the agent command ({said})")
 
 
 #: programs whose first argument that is not an option is the script they run

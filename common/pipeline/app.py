@@ -264,8 +264,12 @@ class PipelineApp(App):
         if uses_slots and any(GPU_POOL in step.pools for pipeline in self.pipelines for step in pipeline.steps):
             try:  # where the node-wide GPU slots live (made now, as the first GPU step would): refused now
                 nodelock.lock_dir()
+            except FileExistsError as error:  # mkdir's "[Errno 17] File exists" where a file is
+                raise UsageError(f"{settings.LOCK_DIR.name}: the node-wide GPU slots cannot live there: "
+                                 f"{quoted(error.filename)} is a file, not a folder") from None
             except OSError as error:
-                raise UsageError(f"{settings.LOCK_DIR.name}: the node-wide GPU slots cannot live there: {error}") from None
+                said = f"{error.strerror}: {quoted(error.filename)}" if error.strerror and error.filename else error
+                raise UsageError(f"{settings.LOCK_DIR.name}: the node-wide GPU slots cannot live there: {said}") from None
 
     def plan_text(self) -> str:
         """What a run would do, for --dry-run (the engine has checked the results folder first):

@@ -71,6 +71,9 @@ def test_shipped_script_is_walltime_safe_bash_running_a_real_program(name):
     (["--gpus-per-node", "1", "--", ".venv/bin/python3", "tests/toy_app.py", "3"], "-- tests/toy_app.py 3 (the job"),
     (["--gpus-per-node", "1", "--time", "99999-00:00:00", "--", "mnist_svm", "4"], "at most 365 days"),
     (["--gpus-per-node", "1", "--time", "00:04:00", "--", "mnist_svm", "4"], "warning"),
+    # Slurm may warn up to 60 s early: every start would stop before any work (it was accepted)
+    (["--gpus-per-node", "1", "--time", "00:06:00", "--", "mnist_svm", "4"],
+     "--time 00:06:00 leaves 60 s before the 300 s walltime warning, which Slurm may send up to 60 s early"),
     (["--gpus-per-node", "1", "--time", "01:00:00"], "no command"),
     (["--gpus-per-node", "1", "--"], "no command"),
     (["--gpus-per-node", "0", "--", "mnist_svm", "4"], "--gpus-per-node 0"),

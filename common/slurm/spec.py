@@ -35,6 +35,8 @@ MAX_REQUEUES = 1000
 #: a Python interpreter's name (python, python3, python3.11), not a script's (python_runner.py)
 _INTERPRETER = re.compile(r"^python[0-9.]*$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+#: how much earlier than asked Slurm may send the walltime warning (sbatch(1), --signal)
+SIGNAL_EARLY_SECONDS = 60
 _SAFE_WORD = re.compile(r"^[\w.,:@%+=/-]+$")
 
 
@@ -163,6 +165,10 @@ class JobSpec:
             raise UsageError(f"--warning {self.warning}: the walltime warning must be 60 to 65535 seconds before the end")
         if self.warning >= seconds:
             raise UsageError(f"--time {self.time} is not longer than the {self.warning} s walltime warning: ask for more time or a smaller --warning")
+        if seconds - self.warning <= SIGNAL_EARLY_SECONDS:  # sbatch(1), --signal: "up to 60 seconds earlier"
+            raise UsageError(f"--time {self.time} leaves {seconds - self.warning} s before the {self.warning} s walltime "
+                             f"warning, which Slurm may send up to {SIGNAL_EARLY_SECONDS} s early: a start, and every "
+                             f"requeued one, could be stopped before any work; ask for more time or a smaller --warning")
         if self.grace is not None and not 0 <= self.grace < self.warning:
             raise UsageError(f"--grace {self.grace}: must be at least 0 and below the {self.warning} s walltime warning")
         if not 0 <= self.max_requeues <= MAX_REQUEUES:

@@ -235,6 +235,18 @@ def test_a_results_folder_the_jobs_resume_would_refuse_is_refused_before_the_que
     assert fresh.returncode == 0, fresh.stderr
 
 
+def test_an_image_given_as_a_uri_is_noted_with_how_to_build_it_once():
+    made = generate_script("--cpu", "--venv", "none", "--container", "docker://python:3.11", "--",
+                           "mnist_svm", "2", "--dataset", "digits")
+    assert made.returncode == 0 and "apptainer exec docker://python:3.11" in made.stdout, made.stderr
+    assert made.stderr == ("python -m common.slurm: note: --container docker://python:3.11: every node's apptainer asks "
+                           "the registry for it at each start of the job, and the first start pulls and converts it on "
+                           "all nodes at once; build it once here instead (apptainer build image.sif "
+                           "docker://python:3.11) and give --container image.sif\n")
+    plain = generate_script("--cpu", "--venv", "none", "--", "mnist_svm", "2", "--dataset", "digits")
+    assert plain.returncode == 0 and plain.stderr == "", plain.stderr
+
+
 def test_a_data_set_missing_here_is_noted_before_the_queue(tmp_path, monkeypatch):
     """The GPU scripts read MNIST by default; submitted from a folder without it, the job would try
     to download it on a compute node, after its wait in the queue (many have no internet): the

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 from ..errors import EXIT_USAGE, UsageError
 from .arguments import build_parser, spec_from_args
-from .program import check_container, check_program, data_note, venv_note
+from .program import check_container, check_program, data_note, uri_note, venv_note
 from .shipped import write_shipped
 from .template import render
 
@@ -60,7 +60,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         program_args = check_program(spec.command, cpu_job=spec.cpu)
         check_container(spec.container)
         script = render(spec)
-        for note in (venv_note(spec.venv, spec.container), data_note(program_args, spec.container)):
+        for note in (venv_note(spec.venv, spec.container), data_note(program_args, spec.container),
+                     uri_note(spec.container)):
             if note:
                 print(f"python -m common.slurm: note: {note}", file=sys.stderr)
         for source in spec.bind_sources if spec.container else []:

@@ -157,6 +157,18 @@ def venv_note(venv: Optional[str], container: Optional[str] = None) -> Optional[
             f"python on the PATH it is submitted with; {fix}")
 
 
+def uri_note(image: Optional[str]) -> Optional[str]:
+    """An image given as a URI (``docker://...``): each node's apptainer asks the registry for it at
+    every start of the job and, where its cache (``$HOME/.apptainer/cache``, Apptainer's docs) does
+    not hold it yet, pulls and converts it, on every node at once at the first start; a registry's
+    pull limits apply. Said, not refused: it works."""
+    if image is None or "://" not in image:
+        return None
+    return (f"--container {image}: every node's apptainer asks the registry for it at each start of the job, and "
+            f"the first start pulls and converts it on all nodes at once; build it once here instead (apptainer "
+            f"build image.sif {shlex.quote(image)}) and give --container image.sif")
+
+
 def _check_definition(path: Path, container: Optional[str]) -> list:
     """The pipeline definition exists and passes the runner's own checks of its format, with the
     default image the job would give steps that name none (the program's --container, else

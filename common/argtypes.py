@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,7 +37,10 @@ def at_least(minimum: float, kind: Callable = int, maximum: float = math.inf) ->
         try:
             value = kind(text)
         except ValueError:
-            if kind is int and text.strip().lstrip("+-").isdigit():  # past Python's 4300-digit limit
+            digits = _WHOLE_NUMBER.match(text)
+            if kind is int and digits:  # past Python's 4300-digit limit
+                if digits.group(1) == "-":
+                    raise argparse.ArgumentTypeError(f"must be at least {_plain(minimum)}, got {shown}") from None
                 raise argparse.ArgumentTypeError(f"must be at most {_plain(maximum)}, got {shown}" if maximum < math.inf
                                                  else f"too large, got {shown}") from None
             raise argparse.ArgumentTypeError(f"expected a{'n integer' if kind is int else ' number'}, got {shown!r}") from None
@@ -53,6 +57,10 @@ def at_least(minimum: float, kind: Callable = int, maximum: float = math.inf) ->
 
     convert.__name__ = kind.__name__
     return convert
+
+
+#: a whole number written in ASCII digits (int() also reads other scripts' digits, but not "²")
+_WHOLE_NUMBER = re.compile(r"^\s*([+-]?)[0-9]+\s*$")
 
 
 def _shortened(text: str, keep: int = 24) -> str:

@@ -392,24 +392,32 @@ def ensure_available(name: str, data_dir: Optional[Path] = None, offline: str = 
     _check_name(name)
     if name == "digits" or find_idx_files(name, data_dir) is not None:
         return
-    root = Path(data_dir) if data_dir is not None else default_data_dir()
-    made = not root.exists()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(_missing_message(name, data_dir, f"cannot make {quoted(root)}: {error.strerror or error}",
-                                          offline)) from None
-    # one child imports torchvision (seconds of CPU) and downloads: validate() has just checked on this
-    # rank that it imports and a mirror answers, so it is not asked for its mirrors once more first
-    child = _torchvision_child("download", name, str(root), timeout=DOWNLOAD_SECONDS)
-    if child.returncode != 0:
-        if made:  # no empty data folder left behind by a run that downloaded nothing
-            with contextlib.suppress(OSError):
-                root.rmdir()
-        why = _no_torchvision(child) if child.returncode == _CHILD_NO_TORCHVISION else _last_line(child.stderr)
+    why = download(name, Path(data_dir) if data_dir is not None else default_data_dir())
+    if why is not None:
         raise UsageError(_missing_message(name, data_dir, why, offline))
     if find_idx_files(name, data_dir) is None:
         raise UsageError(_missing_message(name, data_dir, "the download left no IDX files", offline))
+
+
+def download(name: str, root: Path) -> Optional[str]:
+    """``name``'s IDX files into ``root`` through torchvision, in a child process; None once done,
+    else why not. A download that failed leaves none of the folders it made (``root``, its
+    ``MNIST/raw``) where they hold nothing."""
+    made = [folder for folder in [root, *root.parents] if not folder.exists()]
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"cannot make {quoted(root)}: {error.strerror or error}"
+    # one child imports torchvision (seconds of CPU) and downloads: validate() has just checked on this
+    # rank that it imports and a mirror answers, so it is not asked for its mirrors once more first
+    child = _torchvision_child("download", name, str(root), timeout=DOWNLOAD_SECONDS)
+    if child.returncode == 0:
+        return None
+    inside = root / reference_download_dir(name)  # torchvision's CLASS/raw, made by the child
+    for folder in [inside, *[parent for parent in inside.parents if parent != root and root in parent.parents], *made]:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only where empty
+    return _no_torchvision(child) if child.returncode == _CHILD_NO_TORCHVISION else _last_line(child.stderr)
 
 
 # ----- reading -----
@@ -580,9 +588,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = OneLineParser(prog=prog, description="Download a data set's IDX files to where the apps look for them: "
                                                   "on a login node, before a job whose compute nodes have no internet.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    download = commands.add_parser("download", help="fetch NAME's four IDX files (through torchvision)")
-    download.add_argument("name", metavar="NAME", help=f"{', '.join(_TORCHVISION)} (digits come with scikit-learn)")
-    download.add_argument("folder", metavar="FOLDER", nargs="?", type=folder_path, default=default_data_dir(),
+    fetch = commands.add_parser("download", help="fetch NAME's four IDX files (through torchvision)")
+    fetch.add_argument("name", metavar="NAME", help=f"{', '.join(_TORCHVISION)} (digits come with scikit-learn)")
+    fetch.add_argument("folder", metavar="FOLDER", nargs="?", type=folder_path, default=default_data_dir(),
                           help="where they go, the apps' --data-dir (default: data/, where the apps look without one)")
     try:
         args = parser.parse_args(argv)
@@ -597,10 +605,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     there = find_idx_files(args.name, args.folder) is not None
     if not there:
-        try:
-            ensure_available(args.name, args.folder, offline="--dataset digits")
-        except UsageError as error:
-            print(f"{prog}: error: {error}", file=sys.stderr)
+        why = download(args.name, args.folder)
+        if why is None and find_idx_files(args.name, args.folder) is None:
+            why = "the download left no IDX files"
+        if why is not None:
+            print(f"{prog}: error: {args.name}: cannot be downloaded into {quoted(args.folder)} ({why})", file=sys.stderr)
             return 1
     found = find_idx_files(args.name, args.folder) or {}
     where = ", ".join(sorted({quoted(path.parent) for path in found.values()}))

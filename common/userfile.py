@@ -99,26 +99,46 @@ def parse(text: str, path: Path, shown: str) -> Any:
         raise UsageError(f"{shown}: not valid JSON: nested too deeply") from None
 
 
+#: a text counts as one value per this many characters: an alias of a long one repeats all of it
+TEXT_CHARACTERS_PER_VALUE = 64
+
+
+def _weight(value: Any) -> int:
+    return 1 + len(value) // TEXT_CHARACTERS_PER_VALUE if isinstance(value, str) else 1
+
+
 def _check_aliases(root: Any, shown: str) -> None:
     """Refuse a document whose aliases stand for more than ``MAX_ALIASED_VALUES`` values beyond its
-    own once written out, or that holds itself. Each list and mapping is counted once (depth first,
-    without recursion: a file may be nested thousands deep), with the written-out size of each
-    (Python's integers do not overflow: a billion-fold alias costs nothing to count)."""
+    own once written out (a text counting one per ``TEXT_CHARACTERS_PER_VALUE`` characters: an
+    alias of a megabyte's text repeats a megabyte), or that holds itself. Each list and mapping is
+    counted once (depth first, without recursion: a file may be nested thousands deep), with the
+    written-out size of each (Python's integers do not overflow: a billion-fold alias costs nothing
+    to count)."""
     written: Dict[int, int] = {}  # id of a list or mapping -> its values written out, itself included
-    distinct = 0  # the values the file itself holds: each list or mapping once
+    distinct = 0  # the values the file itself holds: each list, mapping and their own texts once
     on_path: Set[int] = set()  # the lists and mappings being counted, from the root down
+    texts: Set[int] = set()  # the long texts counted in ``distinct``
     stack: List[Tuple[Any, bool]] = [(root, False)] if isinstance(root, (dict, list)) else []
     while stack:
         node, counted = stack.pop()
         children = list(node.values()) if isinstance(node, dict) else node
+        keys = sum(_weight(key) for key in node) if isinstance(node, dict) else 0
         if counted:
             on_path.discard(id(node))
-            written[id(node)] = 1 + sum(written.get(id(child), 1) for child in children)
+            written[id(node)] = 1 + keys + sum(written[id(child)] if isinstance(child, (dict, list)) else _weight(child)
+                                               for child in children)
             continue
         if id(node) in written:
             continue
         on_path.add(id(node))
-        distinct += 1 + len(children)
+        for child in children:  # a long text once, however often an alias names it (short ones: each time,
+            if isinstance(child, str) and len(child) >= TEXT_CHARACTERS_PER_VALUE:  # as Python shares "a")
+                if id(child) not in texts:
+                    texts.add(id(child))
+                    distinct += _weight(child)
+            elif not isinstance(child, (dict, list)):
+                distinct += _weight(child)
+        distinct += 1 + keys
         stack.append((node, True))
         for child in children:
             if isinstance(child, (dict, list)) and id(child) not in written:

@@ -187,6 +187,8 @@ def test_nan_for_a_number_flag_is_said_to_be_no_number():
     (int, "9" * 400, "must be at most 99, got 999999999999999999999999... (400 characters)"),
     # past Python's 4,300-digit limit it was "expected an integer", echoing every digit
     (int, "9" * 5000, "must be at most 99, got 999999999999999999999999... (5,000 characters)"),
+    (int, "-" + "9" * 5000, "must be at least 0, got -99999999999999999999999... (5,001 characters)"),
+    (int, "²", "expected an integer, got '²'"),  # was "too large"
 ])
 def test_numbers_past_every_bound_are_one_short_line(kind, text, message):
     import argparse

@@ -123,3 +123,19 @@ def test_the_one_reader_takes_odd_lines_as_each_of_its_three_readers_did(tmp_pat
     assert lenient.done == {"a"} and lenient.last == 7.0 and len(lenient.starts) == 1 and lenient.lost == {}
     with pytest.raises(UsageError, match="line 3 is not a journal record"):
         read_journal(path)
+
+
+@pytest.mark.parametrize("line", ['{"this": "is not a record"}', '{"type": []}', "null"])
+def test_a_line_no_engine_writes_is_what_resume_refuses_and_status_reports(tmp_path, line):
+    """An object of no kind the engine writes was skipped by --resume; once refused, the status
+    command said nothing of it (its note covered only the kinds a resume reads), and a type that is
+    a list would have raised from the kind lookup."""
+    from common.errors import UsageError
+    from common.results.journal import JournalReader
+
+    journal = tmp_path / "journal.jsonl"
+    journal.write_text(json.dumps({"type": "header", "fingerprint": {"app": "x"}, "format": 1}) + "\n" + line + "\n"
+                       + json.dumps({"type": "stop", "why": "SIGUSR1", "time": 1.0}) + "\n")
+    assert JournalReader(journal).update().problem == "line 2 is not a journal record: damaged"
+    with pytest.raises(UsageError, match=r"line 2 is not a journal record; the journal is damaged$"):
+        JournalReader(journal, strict=True).update()

@@ -118,7 +118,7 @@ sys.meta_path.insert(0, _ChangeTorchvisionDatasets())
 
 def mirrored_program(tmp_path, monkeypatch, mirrors, resources) -> str:
     """``python -c`` code that runs mnist_nn with torchvision's MNIST mirrors (and resources) set.
-    The rank asks a child process (``python -m common.data``) for the mirrors and downloads there,
+    The rank asks a child process (``python -m common.data child``) for the mirrors and downloads there,
     so the change is made in a sitecustomize on PYTHONPATH, which every process of the run reads.
     It sets them as torchvision.datasets is imported, not by importing it: only the children that
     download import torchvision (4 s of CPU each here), not every rank, worker and helper process."""
@@ -232,3 +232,24 @@ def test_mirrors_that_each_fail_a_file_give_all_four_between_them_even_on_torchv
     for name, md5 in resources:
         assert hashlib.md5((raw / name).read_bytes()).hexdigest() == md5, name
         assert (raw / name.removesuffix(".gz")).is_file(), name
+
+
+def test_the_download_command_that_fails_says_why_in_its_own_words_and_leaves_no_empty_folders(tmp_path, monkeypatch):
+    """python -m common.data download, from a mirror that answers but has no files: exit 1, one line
+    naming the command's own folder (it said "put the four files in --data-dir, or use --dataset
+    digits", flags it does not have), and no data/MNIST/raw left empty behind (the child made it)."""
+    empty = tmp_path / "empty-mirror"
+    empty.mkdir()
+    asked: list = []
+    with serving(empty, asked) as url:
+        mirrored_program(tmp_path, monkeypatch, [url], None)
+        done = subprocess.run([sys.executable, "-m", "common.data", "download", "mnist"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ["PYTHONPATH"], str(REPO)])))
+    assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m common.data: error: mnist: cannot be downloaded into "
+                                                   "'data' ("), done.stderr
+    assert "--data-dir" not in lines[0] and "--dataset" not in lines[0], lines[0]
+    assert asked, "the mirror was never asked"
+    assert not (tmp_path / "data").exists()

@@ -531,8 +531,12 @@ def test_a_lock_folder_that_cannot_be_made_is_refused_when_the_run_starts(tmp_pa
                        f"the node-wide GPU slots cannot live there: Not a directory: '{tmp_path / 'a-file' / 'locks'}'")
     monkeypatch.setenv("PIPELINE_LOCK_DIR", str(tmp_path / "a-file"))  # was "[Errno 17] File exists: ..."
     assert_usage_error(cli(EXAMPLES / "ml.json", results, "--resource", "gpu=1"),
-                       f"PIPELINE_LOCK_DIR: the node-wide GPU slots cannot live there: '{tmp_path / 'a-file'}' is a "
-                       f"file, not a folder")
+                       f"PIPELINE_LOCK_DIR: the node-wide GPU slots cannot live there: '{tmp_path / 'a-file'}' exists "
+                       f"and is not a folder")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a link to nothing: also "exists" to mkdir
+    monkeypatch.setenv("PIPELINE_LOCK_DIR", str(tmp_path / "dangling"))
+    assert_usage_error(cli(EXAMPLES / "ml.json", results, "--resource", "gpu=1"),
+                       f"'{tmp_path / 'dangling'}' exists and is not a folder")
     assert not results.exists()
 
 

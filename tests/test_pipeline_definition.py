@@ -105,6 +105,9 @@ BAD = {
     "a prompt naming /shared in a Markdown code span with no image": (
         pipeline({"id": "t", "prompt": "Save it to `/shared/checkpoints/model.pt` please (`/shared`)."}),
         ["step 't'", "its prompt names /shared"]),
+    "a prompt naming /shared in a double-backtick code span with no image": (
+        pipeline({"id": "t", "prompt": "Save it to ``/shared/checkpoints/model.pt`` please."}),
+        ["step 't'", "its prompt names /shared"]),
     "an on_fail step whose condition prev.ok never holds after a failure": (
         pipeline(step("a", command="false", on_fail="x"), step("x", condition="prev.ok"), step("y")),
         ["step 'a'", "on_fail names step 'x', whose condition prev.ok never holds after a failure",
@@ -201,9 +204,11 @@ def test_a_loop_bounded_by_max_retries_is_accepted():
 
 
 def test_whole_numbers_written_with_a_point_are_kept_as_integers():
-    """JSON Schema counts 2.0 as an integer: the plan and the records say 2, not 2.0."""
-    [p] = parse_definition(pipeline(step("a", max_retries=2.0, resources={"licence": 3.0})))
+    """JSON Schema counts 2.0 as an integer: the plan and the records say 2, not 2.0; a memory
+    written so is its bytes (it was refused as no size)."""
+    [p] = parse_definition(pipeline(step("a", max_retries=2.0, resources={"licence": 3.0}, memory=17179869184.0)))
     assert repr(p.steps[0].max_retries) == "2" and repr(p.steps[0].resources["licence"]) == "3"
+    assert p.steps[0].memory == 16 << 30
 
 
 def test_a_jump_forward_is_not_a_loop():
@@ -436,6 +441,11 @@ def test_yaml_aliases_standing_for_too_many_values_or_for_themselves_are_refused
                                          r"once written out: repeat less, or write the repeated part out once$"):
         load_definition(definition)
     assert time.monotonic() - began < 5
+    text = tmp_path / "text.yaml"  # a megabyte's text named 1,000 times: a gigabyte once written out
+    text.write_text(f"name: p\nx-big: &s {'x' * 1_000_000}\nx-many: [{', '.join(['*s'] * 1000)}]\n"
+                    f"steps:\n  - id: s\n    command: 'true'\n")
+    with pytest.raises(UsageError, match="stand for more than 1,000,000 values once written out"):
+        load_definition(text)
     itself = tmp_path / "itself.yaml"
     itself.write_text("name: p\nx: &x [1, *x]\nsteps:\n  - id: s\n    command: 'true'\n")
     with pytest.raises(UsageError, match=r"itself.yaml: a list or mapping that contains itself \(an alias \*name used "

@@ -224,7 +224,8 @@ def test_a_results_folder_the_jobs_resume_would_refuse_is_refused_before_the_que
             (["common.pipeline", str(other), "--results", str(results)], "pipelines ['one'] (journal) vs ['other'] (now)"),
             (["mnist_svm", "2", "--dataset", "digits", "--results", str(results)], "app 'pipeline' (journal) vs 'mnist_svm'"),
             (["common.pipeline", str(definition), "--results", str(results), "--seed", "5"], "seed 0 (journal) vs 5 (now)"),
-            (["mnist_svm", "2", "--results", str(tmp_path / "a-file")], f"--results '{tmp_path / 'a-file'}' is not a folder")]:
+            (["mnist_svm", "2", "--results", str(tmp_path / "a-file")], f"--results '{tmp_path / 'a-file'}' is not a folder"),
+            (["mnist_svm", "2", "--results", str(tmp_path / ("x" * 300))], "cannot write there (File name too long)")]:
         made = generate_script("--cpu", "--venv", "none", "--", *command)
         assert made.returncode == 2 and made.stdout == "", made.stdout[:200] + made.stderr
         assert made.stderr.startswith(f"python -m common.slurm: error: {command[0]}: ") and why in made.stderr, made.stderr
@@ -520,17 +521,18 @@ def test_a_walltime_warning_while_the_step_is_down_starts_no_new_step_and_requeu
     assert "not starting it again" in out and "starting it again with --resume" not in out, out
 
 
-def test_a_run_that_stops_of_itself_is_not_requeued(tmp_path):
-    """Exit 75 with no signal to the job: the run stopped by itself (a full disk, its results folder
-    gone), which a requeue would meet again after its wait in the queue, 20 times over. It was
-    requeued as if the walltime had stopped it."""
-    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"; echo "toy: error: no space left" >&2; exit 75')
+def test_a_stop_this_script_got_no_signal_for_is_requeued_and_said_so(tmp_path):
+    """Exit 75 with no signal to the batch shell: a signal to the steps alone (sbatch --signal=USR1@N
+    on the command line, which drops B:; scancel --signal=USR2 without --batch), which the engine
+    cannot be told from a run that stopped of itself (a full disk). Requeued, as a walltime stop,
+    and the log says so rather than "stopped before the walltime"."""
+    script, env, calls = recorded_job(tmp_path, 'echo started >> "$CALLS"; echo "toy: stopped (SIGUSR1)" >&2; exit 75')
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 75, done.stdout + done.stderr
-    assert calls.read_text().splitlines() == ["started"], done.stdout  # no scontrol requeue
+    assert calls.read_text().splitlines() == ["started", "scontrol requeue 7"], done.stdout
     assert done.stdout.splitlines()[-1].endswith(
-        "the run stopped of itself, with no signal to this job (exit 75: its lines above say why, such as a full "
-        "disk): not requeueing; fix that, then submit again to continue with --resume"), done.stdout
+        "stopped (exit 75) with no signal to this script: requeueing; the next start continues with --resume (where "
+        "the run's lines above say it stopped of itself, such as on a full disk, fix that or scancel 7)"), done.stdout
 
 
 def test_a_pipeline_resumed_from_a_step_goes_on_from_where_it_stopped_when_requeued(tmp_path):

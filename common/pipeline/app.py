@@ -264,9 +264,9 @@ class PipelineApp(App):
         if uses_slots and any(GPU_POOL in step.pools for pipeline in self.pipelines for step in pipeline.steps):
             try:  # where the node-wide GPU slots live (made now, as the first GPU step would): refused now
                 nodelock.lock_dir()
-            except FileExistsError as error:  # mkdir's "[Errno 17] File exists" where a file is
+            except FileExistsError as error:  # mkdir's "[Errno 17] File exists": a file, or a link to nothing
                 raise UsageError(f"{settings.LOCK_DIR.name}: the node-wide GPU slots cannot live there: "
-                                 f"{quoted(error.filename)} is a file, not a folder") from None
+                                 f"{quoted(error.filename)} exists and is not a folder") from None
             except OSError as error:
                 said = f"{error.strerror}: {quoted(error.filename)}" if error.strerror and error.filename else error
                 raise UsageError(f"{settings.LOCK_DIR.name}: the node-wide GPU slots cannot live there: {said}") from None

@@ -51,8 +51,8 @@ IMAGE_WAYS = "pass --container IMAGE, or set PIPELINE_CONTAINER"
 #: /shared as a path of its own: the format's file-passing folder, which only a container binds to the
 #: pipeline's own RUN_ID/shared. Not the end of another path (x/shared, ~/shared, $HOME/shared,
 #: "$DIR"/shared, $(pwd)/shared, `pwd`/shared, host:/shared), nor /shared.old or /shared-data; quoted
-#: or in a Markdown code span (`/shared/x`), it is
-SHARED_PATH = re.compile(r"(?<![\w.~$}/):-])(?<![^\s=:(\[{,][\"'`])/shared(?![\w-]|\.\w)")
+#: or in a Markdown code span (`/shared/x`, ``/shared/x``), it is
+SHARED_PATH = re.compile(r"(?<![\w.~$}/):-])(?<![^\s=:(\[{,`][\"'`])/shared(?![\w-]|\.\w)")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ def parse_memory(value: Union[str, int]) -> int:
     """Bytes in ``value``; units are powers of 1024 (k, m, g, t, with optional 'b' or 'ib')."""
     if isinstance(value, bool):
         raise ValueError(f"memory must be a size such as '16g' or '512m', got {short(value)}")
+    if isinstance(value, float) and value.is_integer():  # 17179869184.0: an integer to JSON Schema
+        value = int(value)
     if isinstance(value, int):
         number, unit, bare = value, "", True
     elif isinstance(value, str) and _SIZE.fullmatch(value):

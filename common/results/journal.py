@@ -100,7 +100,7 @@ class Kind:
 
 
 #: every line's kind
-KINDS = frozenset(value for name, value in vars(Kind).items() if name.isupper())
+KINDS = tuple(value for name, value in vars(Kind).items() if name.isupper())  # a tuple: a type may be unhashable
 
 
 def _is_time(value: Any) -> bool:
@@ -174,7 +174,7 @@ class JournalReader:
     def _damaged(self, number: int, kind: Any = None) -> None:
         if self.strict:
             raise UsageError(f"{quoted(self.path)}: line {number} is not a journal record; the journal is damaged")
-        if kind in (Kind.HEADER, Kind.RESULT, Kind.START):  # the lines a resume reads
+        if kind in (Kind.HEADER, Kind.RESULT, Kind.START) or kind not in KINDS:  # the lines a resume reads or refuses
             self._damage = self._damage or f"line {number} is not a journal record: damaged"
 
     def update(self) -> "JournalReader":
@@ -217,7 +217,7 @@ class JournalReader:
         """One entry, by its kind; TypeError or KeyError where it is not one the engine writes.
         Strict (``--resume``) reads only what a resume uses: the header, the results, the starts."""
         kind = entry.pop("type", None)
-        if self.strict and kind not in KINDS:  # an object, but no line the engine writes
+        if kind not in KINDS:  # an object, but no line the engine writes: --resume refuses it
             raise TypeError(f"type {kind!r}")
         if self.strict and kind not in (Kind.HEADER, Kind.RESULT, Kind.START):
             return

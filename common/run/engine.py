@@ -374,11 +374,14 @@ def results_folder_refusal(app: App, own: Optional[Dict[str, Any]]) -> Optional[
     app and the engine's arguments are compared. None where it would start; a hold (a run still
     going) is not judged, since a job may be submitted to follow one."""
     folder = Path(app.args.results)
-    if folder.exists() and not folder.is_dir():
-        return f"--results {quoted(folder)} is not a folder"
     journal_path = ResultsLayout(folder).journal
-    if not journal_path.is_file() or not holds_journal(journal_path):
-        return None
+    try:
+        if folder.exists() and not folder.is_dir():
+            return f"--results {quoted(folder)} is not a folder"
+        if not journal_path.is_file() or not holds_journal(journal_path):
+            return None
+    except OSError as error:  # a name over the filesystem's limit, no permission: as the run would say it
+        return f"--results {quoted(folder)}: cannot write there ({error.strerror or error})"
     fingerprint = {"app": app.name, **engine_fingerprint(app.args), **(own or {})}
     other = _other_run(journal_path, fingerprint, app.fingerprint_left_out(), partial=own is None)
     return (f"--results {quoted(folder)} holds the journal of another run ({other}), which the job's --resume "

@@ -146,15 +146,19 @@ if [ "$rc" -eq {{exit_stopped}} ] || [ "$rc" -eq {{exit_no_progress}} ]; then
     elif [ -n "$cancelled" ]; then
         log "stopped by the walltime warning, then SIGTERM came $cancelled s before the time limit (scancel):" \
             "not requeueing; submit again to continue with --resume"
-    elif [ -z "$stop_signal" ]; then  # a full disk, its results folder gone: a requeue would stop the same way
-        log "the run stopped of itself, with no signal to this job (exit $rc: its lines above say why, such as a" \
-            "full disk): not requeueing; fix that, then submit again to continue with --resume"
     elif [ "$rc" -eq {{exit_no_progress}} ]; then  # the same --time would cut them off again, every time
         log "stopped by the walltime warning before any item of this start finished (those running were cut" \
             "off): a requeue with the same --time would cut them off again; not requeueing: submit again with" \
             "a longer --time to continue with --resume"
     elif [ "$restarts" -ge {{max_requeues}} ]; then
         log "stopped, but this job was already requeued $restarts times: submit again to continue"
+    elif [ -z "$stop_signal" ]; then
+        # a signal to the job's steps only (sbatch --signal without B:, scancel --signal without --batch)
+        # is not seen here, nor told from a run that stopped of itself (a full disk): requeued alike
+        log "stopped (exit $rc) with no signal to this script: requeueing; the next start continues with --resume" \
+            "(where the run's lines above say it stopped of itself, such as on a full disk, fix that or scancel" \
+            "$SLURM_JOB_ID)"
+        scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue failed: submit again to continue"
     else
         log "stopped for the walltime: requeueing; the next start continues with --resume"
         scontrol requeue "$SLURM_JOB_ID" || log "scontrol requeue failed: submit again to continue"

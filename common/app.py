@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
+import sys
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from pathlib import Path
@@ -77,10 +79,26 @@ class RunInfo:
         return {item.key: self.records[item.key].result for item in self.items if item.key in self.records}
 
 
+def _name_of_module(cls: type) -> str:
+    """An app's default name: the top package of the module that defines it, or the script's (or
+    the package's, for its ``__main__.py``) file name where it is defined in the program's main
+    module (``__mp_main__`` in a spawned worker), as a folder name."""
+    module = cls.__module__
+    if module in ("__main__", "__mp_main__"):
+        path = Path(getattr(sys.modules.get(module), "__file__", None) or cls.__name__)
+        top = path.parent.name if path.stem == "__main__" else path.stem
+    else:
+        top = module.split(".")[0]
+    return re.sub(r"[^\w.-]", "_", top, flags=re.ASCII).strip(".") or "app"
+
+
 class App:
     """Base class of an application. Override what you need."""
 
-    #: program name; the default results folder is ``results/<name>`` (see :meth:`results_name`)
+    #: program name; the default results folder is ``results/<name>`` (see :meth:`results_name`),
+    #: and the journal records it (a --resume of another app's run is refused). Default, for a
+    #: subclass that sets none: the package its module is in (``myapp`` for myapp/app.py), or the
+    #: script's file name; two apps of one's own never share a folder by default
     name: str = "app"
     #: one line for ``--help``
     description: str = ""
@@ -127,6 +145,11 @@ class App:
         return list(dict.fromkeys(d.gpu_name for d in self.devices if d.is_gpu))
 
     # ----- command line (every rank) -----
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not any("name" in vars(klass) for klass in cls.__mro__ if klass is not App):
+            cls.name = _name_of_module(cls)
+
     @classmethod
     def results_name(cls, args: argparse.Namespace) -> str:
         """The default results folder's name under ``results/``: the app's. An app that runs the

@@ -849,3 +849,30 @@ def test_a_resume_that_finds_no_journal_says_it_starts_from_the_beginning(tmp_pa
     assert f"toy: --resume: no journal in {results}, so the run starts from the beginning" in fresh.stderr
     again = run([TOY, "2", "--results", str(results), "--no-progress", "--resume"], timeout=120)
     assert again.returncode == 0 and "no journal in" not in again.stderr, again.stderr
+
+
+def test_apps_of_ones_own_that_set_no_name_get_their_packages_and_never_mix(tmp_path):
+    """README's recipe sets no ``name``: every such app was "app", so two of them wrote to
+    results/app/, and the second's --resume (as the refusal advised) put its items into the first's
+    journal. The default is now the package the class is defined in."""
+    for package in ("myapp", "otherapp"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+        (tmp_path / package / "app.py").write_text(
+            "from common import App, Item\n\n\nclass Mine(App):\n    def items(self):\n"
+            f"        return [Item(f'{package}-{{i}}', {{'i': i}}) for i in range(3)]\n\n"
+            "    def run_item(self, state, item, seed):\n        return {'i': item.params['i']}\n")
+        (tmp_path / package / "__main__.py").write_text(
+            f"from common import main\nfrom {package}.app import Mine\n\nraise SystemExit(main(Mine))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+
+    def app(package: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", package, "--gpu", "cpu", "--no-progress", *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    for package in ("myapp", "otherapp"):
+        done = app(package)
+        assert done.returncode == 0 and f"{package}: complete: 3 of 3 items" in done.stderr, done.stderr
+    assert sorted(path.name for path in (tmp_path / "results").iterdir()) == ["myapp", "otherapp"]
+    refused = app("otherapp", "--results", str(tmp_path / "results" / "myapp"), "--resume")
+    assert_usage_error(refused, "it was made with other arguments (app 'myapp' (journal) vs 'otherapp' (now))")

@@ -43,6 +43,9 @@ EXIT_STOPPED = 75  # stopped by a signal (walltime): rerun with --resume to fini
 #: stopped as for EXIT_STOPPED, in a Slurm job, with no item of the run finished and items cut off at the
 #: end of --grace: a requeue with the same --time would cut them off again (the batch scripts do not requeue)
 EXIT_NO_PROGRESS = 76
+#: the status command's own output could not be written (sysexits' EX_IOERR): its other codes are the
+#: job's states, so not 1, which is "failed"
+EXIT_STATUS_NOT_WRITTEN = 74
 
 
 def quoted(path: object) -> str:

@@ -26,7 +26,16 @@ from common.results.regular_file import NotRegularFile, read_regular
 from common.results.status_file import STATUS_SECONDS
 from common.run.cli import Parser, run_it
 
-from .errors import EXIT_FAILED_ITEMS, EXIT_NO_PROGRESS, EXIT_OK, EXIT_STOPPED, UsageError, error_line, quoted
+from .errors import (
+    EXIT_FAILED_ITEMS,
+    EXIT_NO_PROGRESS,
+    EXIT_OK,
+    EXIT_STATUS_NOT_WRITTEN,
+    EXIT_STOPPED,
+    UsageError,
+    error_line,
+    quoted,
+)
 
 #: the file is stale (rank 0 stopped writing it) after this many of its refresh intervals, plus a
 #: margin for a shared filesystem's attribute caching and the nodes' clocks
@@ -543,6 +552,11 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
             except BrokenPipeError:  # the reader left (| head -1): nothing more to tell it, and no failure
                 _let_go_of(out)
                 return 0
+            except OSError as error:  # a full disk (> /dev/full): not one of the job's states (1 is failed)
+                _let_go_of(out)
+                print(f"python -m common.status: error: the status could not be written to stdout "
+                      f"({error.strerror or error})", file=sys.stderr)
+                return EXIT_STATUS_NOT_WRITTEN
             # ends with the job: done, stopped, failed, or gone without a word (killed); by its status
             # file alone (a summary.json may be an earlier run's while this one runs)
             if args.watch is None or (status or {}).get("state") in FINAL_STATES or why_gone is not None:

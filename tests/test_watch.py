@@ -834,3 +834,16 @@ def test_watch_into_a_reader_that_leaves_ends_quietly(tmp_path):
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
+
+
+def test_a_status_that_cannot_be_written_is_one_line_and_no_jobs_state(tmp_path):
+    """``python -m common.status r > /dev/full`` was a traceback and exit 1, which the command's
+    contract reads as a failed job; the job here is complete."""
+    results = tmp_path / "r"
+    assert run([TOY, "2", "--results", str(results), "--no-progress"]).returncode == 0
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "common.status", str(results)], cwd=REPO, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    assert done.returncode == 74, done.stderr
+    assert done.stderr == ("python -m common.status: error: the status could not be written to stdout (No space left "
+                           "on device)\n"), done.stderr

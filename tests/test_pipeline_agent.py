@@ -101,6 +101,19 @@ def test_an_agent_command_the_shell_cannot_read_is_refused_before_anything_runs(
     assert not results.exists()
     monkeypatch.setenv("PIPELINE_AGENT", "cat |")
     assert_usage_error(cli(EXAMPLES / "agent.json", results), "PIPELINE_AGENT: the shell cannot read the agent command")
+    # every prompt step in a container: the container's sh runs it, which may read more than this
+    # node's (bash's <(...), where /bin/sh here is dash): not judged by this node's sh
+    from common.errors import UsageError
+    from common.pipeline.app import agent_command
+    from common.pipeline.definition import parse_definition
+
+    image = tmp_path / "image.sif"
+    image.write_bytes(b"sif")
+    contained = parse_definition({"name": "c", "container": str(image), "steps": [{"id": "a", "prompt": "hi"}]})
+    assert agent_command("cat | tee >(wc -c)", {}, contained, "def.json") == "cat | tee >(wc -c)"
+    here = parse_definition({"name": "h", "steps": [{"id": "a", "prompt": "hi"}]})
+    with pytest.raises(UsageError, match="the shell cannot read the agent command"):
+        agent_command('"unclosed', {}, here, "def.json")
 
 
 def test_step_outputs_say_which_steps_failed_and_which_output_is_empty(tmp_path, monkeypatch):

@@ -131,7 +131,9 @@ def agent_command(flag: Optional[str], environ: Mapping[str, str], pipelines: Li
         raise UsageError(f"{source}, pipeline {pipeline.name!r}, step {step.id!r}: a prompt step needs an "
                          f"agent command: pass --agent 'CMD' or set {AGENT_ENV} (it reads the prompt on "
                          "its standard input)")
-    if agent is not None and prompts:  # run with /bin/sh -c by every prompt step: a syntax error fails them all
+    # run with /bin/sh -c by every prompt step: a syntax error fails them all. This node's sh reads it
+    # only for the steps it runs here: a container's sh may be bash, which reads more (<(...))
+    if agent is not None and any(step.container is None for _, step in prompts):
         _check_shell_syntax(agent, "--agent" if flag is not None else AGENT_ENV)
     relative = _relative_file(agent) if agent is not None and prompts else None
     if relative is not None:  # found here, but the step's folder is where it runs: every prompt step would fail

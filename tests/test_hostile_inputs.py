@@ -569,6 +569,10 @@ def test_a_seed_of_hundreds_of_digits_is_one_line_and_exit_2(tmp_path):
                            "--results", str(tmp_path / "r")], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "argument --seed: must be at most" in done.stderr and not (tmp_path / "r").exists()
+    # --retries had no bound: an item that always fails would be tried for ever
+    done = subprocess.run([sys.executable, "-m", "mnist_svm", "2", "--dataset", "digits", "--retries", "9" * 400,
+                           "--results", str(tmp_path / "r")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "argument --retries: must be at most 1000, got 99999" in done.stderr, done.stderr
 
 
 def test_a_results_path_that_is_no_utf8_keeps_its_log(tmp_path):

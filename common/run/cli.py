@@ -23,6 +23,9 @@ REFERENCE_SEED = 169514335042358758700408908237337905507
 MAX_HEARTBEAT_TIMEOUT = 24 * 3600.0
 #: the longest --worker-timeout and --item-timeout (30 days; 0 means no limit)
 MAX_TIMEOUT = 30 * 24 * 3600.0
+#: the most --retries: an item that always fails would otherwise be tried for ever (as a pipeline
+#: step's max_retries)
+MAX_RETRIES = 1000
 #: torch/BLAS threads per worker: past this, thread stacks and per-thread buffers exhaust memory
 MAX_THREADS = 1024
 #: worker processes on one GPU: each holds a CUDA context (about 300-500 MiB) and a copy of its data
@@ -128,8 +131,8 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                             help=resume_help + "; with RUN_ID/STEP_ID, run that pipeline again from that step")
     else:  # a flag: `--resume tiny:fit` leaves tiny:fit to the positional arguments
         engine.add_argument("--resume", action="store_true", help=resume_help)
-    engine.add_argument("--retries", type=at_least(0), default=app_class.default_retries,
-                        help="extra attempts for an item that fails")
+    engine.add_argument("--retries", type=at_least(0, maximum=MAX_RETRIES), default=app_class.default_retries,
+                        help=f"extra attempts for an item that fails (at most {MAX_RETRIES})")
     engine.add_argument("--stop-after-failures", type=at_least(1), default=None, metavar="N",
                         help="stop the run once N items have failed for good (after their --retries) instead of "
                              "trying every item: a bug that fails them all does not spend the allocation; after a "

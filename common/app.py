@@ -79,17 +79,24 @@ class RunInfo:
         return {item.key: self.records[item.key].result for item in self.items if item.key in self.records}
 
 
+#: the name every App subclass that set none had before names came from modules: a journal of such a
+#: run resumes under the new name (:func:`common.run.engine._journaled_app`)
+UNNAMED_APP = "app"
+
+
 def _name_of_module(cls: type) -> str:
-    """An app's default name: the top package of the module that defines it, or the script's (or
-    the package's, for its ``__main__.py``) file name where it is defined in the program's main
-    module (``__mp_main__`` in a spawned worker), as a folder name."""
+    """An app's default name: the module that defines it, less a last part ``app`` or ``__main__``
+    (``myapp`` for myapp/app.py, ``proj.svm`` for proj/svm.py), or the script's (or the package's,
+    for its ``__main__.py``) file name where it is defined in the program's main module
+    (``__mp_main__`` in a spawned worker), as a folder name."""
     module = cls.__module__
     if module in ("__main__", "__mp_main__"):
         path = Path(getattr(sys.modules.get(module), "__file__", None) or cls.__name__)
-        top = path.parent.name if path.stem == "__main__" else path.stem
+        named = path.parent.name if path.stem == "__main__" else path.stem
     else:
-        top = module.split(".")[0]
-    return re.sub(r"[^\w.-]", "_", top, flags=re.ASCII).strip(".") or "app"
+        parts = module.split(".")
+        named = ".".join(parts[:-1] if len(parts) > 1 and parts[-1] in ("app", "__main__") else parts)
+    return re.sub(r"[^\w.-]", "_", named, flags=re.ASCII).strip(".") or UNNAMED_APP
 
 
 class App:
@@ -97,9 +104,11 @@ class App:
 
     #: program name; the default results folder is ``results/<name>`` (see :meth:`results_name`),
     #: and the journal records it (a --resume of another app's run is refused). Default, for a
-    #: subclass that sets none: the package its module is in (``myapp`` for myapp/app.py), or the
-    #: script's file name; two apps of one's own never share a folder by default
+    #: subclass that sets none: its module's (``myapp`` for myapp/app.py, see ``_name_of_module``),
+    #: or the script's file name, so that apps in modules of their own never share a folder by default
     name: str = "app"
+    #: whether ``name`` was made from the module (the class, and none of its bases, sets one)
+    name_from_module: bool = False
     #: one line for ``--help``
     description: str = ""
     #: what follows ``python -m`` to start the app (default: ``name``)
@@ -147,8 +156,12 @@ class App:
     # ----- command line (every rank) -----
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not any("name" in vars(klass) for klass in cls.__mro__ if klass is not App):
-            cls.name = _name_of_module(cls)
+        # named by a class of the user's (a base of theirs that is named by its module is not)
+        if any("name" in vars(klass) and not vars(klass).get("name_from_module") for klass in cls.__mro__
+               if klass is not App):
+            cls.name_from_module = False
+        else:
+            cls.name, cls.name_from_module = _name_of_module(cls), True
 
     @classmethod
     def results_name(cls, args: argparse.Namespace) -> str:

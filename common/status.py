@@ -554,8 +554,11 @@ def main(argv: Optional[List[str]] = None, out: TextIO = sys.stdout) -> int:
                 return 0
             except OSError as error:  # a full disk (> /dev/full): not one of the job's states (1 is failed)
                 _let_go_of(out)
-                print(f"python -m common.status: error: the status could not be written to stdout "
-                      f"({error.strerror or error})", file=sys.stderr)
+                try:
+                    print(f"python -m common.status: error: the status could not be written to stdout "
+                          f"({error.strerror or error})", file=sys.stderr)
+                except OSError:  # stderr full too (2>&1): the exit code alone says it
+                    _let_go_of(sys.stderr)
                 return EXIT_STATUS_NOT_WRITTEN
             # ends with the job: done, stopped, failed, or gone without a word (killed); by its status
             # file alone (a summary.json may be an earlier run's while this one runs)

@@ -876,3 +876,17 @@ def test_apps_of_ones_own_that_set_no_name_get_their_packages_and_never_mix(tmp_
     assert sorted(path.name for path in (tmp_path / "results").iterdir()) == ["myapp", "otherapp"]
     refused = app("otherapp", "--results", str(tmp_path / "results" / "myapp"), "--resume")
     assert_usage_error(refused, "it was made with other arguments (app 'myapp' (journal) vs 'otherapp' (now))")
+    # a run an earlier version made as "app", in results/app: a plain --resume (each Slurm start's)
+    # goes on there, where it would have started again from nothing in results/myapp
+    journal = tmp_path / "results" / "myapp" / "journal.jsonl"
+    lines = journal.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["fingerprint"]["app"] = "app"
+    journal.write_text("\n".join([json.dumps(header)] + lines[1:3]) + "\n")  # two of its three items
+    (tmp_path / "results" / "myapp").rename(tmp_path / "results" / "app")
+    resumed = app("myapp", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "myapp: --resume: this run's journal is in 'results/app', the default folder of earlier versions" in \
+        resumed.stderr, resumed.stderr
+    assert not (tmp_path / "results" / "myapp").exists()
+    assert json.loads((tmp_path / "results" / "app" / "summary.json").read_text())["items_done"] == 3

@@ -267,3 +267,21 @@ def test_each_script_module_and_definition_gets_a_default_results_folder_of_its_
     monkeypatch.setattr(sys.modules["__main__"], "__spec__", SimpleNamespace(name="pkg.runner"), raising=False)
     assert results(type("SweepApp", (SweepApp,), {"preset": Preset(function=len), "module": ""})) == Path("results/runner")
     assert "(default: results/mnist_svm)" in build_parser(MnistSvm, quiet=True).format_help()
+
+
+def test_an_apps_default_name_is_its_modules_and_a_named_subclass_keeps_its_own():
+    """A subclass of an unnamed base of the user's took the base's name, set on the base; two apps in
+    modules of one package (proj/svm.py, proj/nn.py) both got "proj"."""
+    from common.app import App
+
+    def app(module: str, *bases: type, **body) -> type:
+        return type("Made", bases or (App,), {"__module__": module, **body})
+
+    assert app("myapp.app").name == "myapp" and app("myapp.__main__").name == "myapp"
+    assert (app("proj.svm").name, app("proj.nn").name) == ("proj.svm", "proj.nn")
+    base = app("labkit.base")
+    assert (base.name, app("user.app", base).name, app("user.app", base).name_from_module) == ("labkit.base", "user", True)
+    named = app("labkit.named", name="mine")
+    assert (app("user.app", named).name, app("user.app", named).name_from_module) == ("mine", False)
+    assert app("lab kit.app").name == "lab_kit"
+

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from common import settings, startup
-from common.app import App, RunInfo
+from common.app import UNNAMED_APP, App, RunInfo
 from common.devices import resolve_devices, visible_gpus
 from common.errors import (
     EXIT_FAILED_ITEMS,
@@ -263,7 +263,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
     journaled = holds_journal(journal_path)  # an empty one: a run killed before its header, which finished nothing
     if journaled:
         if not args.resume:
-            other = _other_run(journal_path, fingerprint, app.fingerprint_left_out())
+            other = _other_run(journal_path, fingerprint, app.fingerprint_left_out(), unnamed=app.name_from_module)
             if other:  # --resume would only be refused next (two functions of one module, by default)
                 raise UsageError(f"{quoted(folder)} already holds the journal of another run ({other}); choose "
                                  f"another --results (or continue that run with its own arguments and --resume)")
@@ -272,6 +272,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
         starts: List[dict] = []
         header, app.journaled = read_journal(journal_path, starts)
         old = header.get("fingerprint") if isinstance(header, dict) else None
+        old = _journaled_app(old, app)
         if not isinstance(old, dict):
             raise UsageError(f"cannot resume {quoted(folder)}: its journal's first line is not a run's header "
                              f"(damaged?); use another --results")
@@ -351,12 +352,15 @@ def _resume_where_it_was(app: App, fingerprint: dict) -> None:
     results/pipeline), and the new default holds none. Resumed there, said, rather than started
     again from nothing in the new folder (a Slurm job's every start passes --resume)."""
     args = app.args
-    earlier = Path("results") / app.name
-    if not args.resume or getattr(args, "results_given", True) or Path(args.results) == earlier:
+    if not args.resume or getattr(args, "results_given", True) or holds_journal(ResultsLayout(args.results).journal):
         return
-    journal = ResultsLayout(earlier).journal
-    if (holds_journal(ResultsLayout(args.results).journal) or not holds_journal(journal)
-            or _other_run(journal, fingerprint, app.fingerprint_left_out()) is not None):
+    # an app of the user's that sets no name was "app" before its name came from its module
+    for earlier in [Path("results") / app.name] + ([Path("results") / UNNAMED_APP] if app.name_from_module else []):
+        journal = ResultsLayout(earlier).journal
+        if (Path(args.results) != earlier and holds_journal(journal)
+                and _other_run(journal, fingerprint, app.fingerprint_left_out(), unnamed=app.name_from_module) is None):
+            break
+    else:
         return
     said = (f"{app.name}: --resume: this run's journal is in {quoted(str(earlier))}, the default folder of earlier "
             f"versions (now {quoted(str(args.results))}): resuming it there")
@@ -383,19 +387,32 @@ def results_folder_refusal(app: App, own: Optional[Dict[str, Any]]) -> Optional[
     except OSError as error:  # a name over the filesystem's limit, no permission: as the run would say it
         return f"--results {quoted(folder)}: cannot write there ({error.strerror or error})"
     fingerprint = {"app": app.name, **engine_fingerprint(app.args), **(own or {})}
-    other = _other_run(journal_path, fingerprint, app.fingerprint_left_out(), partial=own is None)
+    other = _other_run(journal_path, fingerprint, app.fingerprint_left_out(), partial=own is None,
+                       unnamed=app.name_from_module)
     return (f"--results {quoted(folder)} holds the journal of another run ({other}), which the job's --resume "
             f"would refuse to continue; choose another --results, or give the job that run's arguments") if other else None
 
 
-def _other_run(journal_path: Path, fingerprint: dict, left_out: Dict[str, Any], partial: bool = False) -> Optional[str]:
+def _journaled_app(old: Any, app: App) -> Any:
+    """The journal's fingerprint, where an earlier version ran this app as "app" (an App subclass
+    that set no name, before its name came from its module), as this app's."""
+    if isinstance(old, dict) and app.name_from_module and old.get("app") == UNNAMED_APP:
+        return {**old, "app": app.name}
+    return old
+
+
+def _other_run(journal_path: Path, fingerprint: dict, left_out: Dict[str, Any], partial: bool = False,
+               unnamed: bool = False) -> Optional[str]:
     """How the run whose journal this is differs from this one, from its header (the first line);
     None where it is the same run (or its header cannot be read: the resume says why). ``partial``:
-    ``fingerprint`` lacks the app's own arguments, and only the names it has are compared."""
+    ``fingerprint`` lacks the app's own arguments, and only the names it has are compared;
+    ``unnamed``: this app's name comes from its module (a journal's "app" is an earlier version's)."""
     header = read_header(journal_path)
     old = header.get("fingerprint") if header is not None else None
     if not isinstance(old, dict):
         return None
+    if unnamed and old.get("app") == UNNAMED_APP:
+        old = {**old, "app": fingerprint["app"]}
     # what a resume may take from the run, or judges later: not a difference of arguments
     ignored = (DATA_FINGERPRINT, "threads")
     old = {name: value for name, value in old.items() if name not in ignored}

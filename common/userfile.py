@@ -6,7 +6,8 @@ reads it:
 - a named pipe with no writer is waited on for a bounded time, not for ever (an ``open`` of one
   blocks, through stop signals too); an anonymous one (``<(generate)``) as long as its writer lives;
 - UTF-8; JSON, or YAML for ``.yaml``/``.yml`` (with PyYAML);
-- a key given twice in one object is refused, in JSON and YAML: the later one would silently win;
+- a key given twice in one object is refused, in JSON and YAML: the later one would silently win (the
+  keys of a YAML merge, ``<<: *base``, are defaults the object's own override, as YAML says);
 - YAML's aliases (``*name``) may repeat a list or mapping, but not so often that the values they
   stand for, written out, would fill the memory (a few hundred bytes of aliases of aliases stand
   for billions), nor inside itself (``&a [*a]``, which no JSON value is);
@@ -177,6 +178,8 @@ _CORE_INT = re.compile(r"^(?:[-+]?[0-9]+(?:_[0-9]+)*|0o[0-7]+|0x[0-9a-fA-F]+)$")
 _CORE_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
                          r"|\.(?:nan|NaN|NAN))$")
 _BOOL_TAG, _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+#: YAML's merge key, ``<<``, which SafeLoader resolves (flatten_mapping) before it makes the keys
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 #: YAML 1.1's other implicit types, which YAML 1.2 and JSON read as text: dates (2024-01-01 became a
 #: datetime.date, which no JSON value is) and "=" (a value key, which PyYAML cannot even construct)
 _TEXT_IN_1_2 = ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value")
@@ -202,6 +205,8 @@ def _yaml_loader(yaml: Any) -> type:
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == _MERGE_TAG:  # "<<: *base": its keys are the defaults the others override
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 try:
                     duplicate = key in seen

@@ -533,3 +533,19 @@ def test_a_definition_that_is_a_pipe_a_device_or_holds_lone_surrogates_is_one_li
     yaml_path.write_text('name: x\nsteps:\n  - id: a\n    command: "echo \\ud800"\n')
     with pytest.raises(UsageError, match="holds a lone surrogate"):
         load_definition(yaml_path)
+
+
+def test_yaml_merge_keys_give_steps_shared_defaults_that_each_may_override(tmp_path):
+    """``<<: *defaults`` (YAML's merge key) was refused as "could not determine a constructor for
+    the tag merge": the duplicate-key check built every key before PyYAML resolved the merge. A key
+    the step sets itself overrides the merged one; a key given twice by the step is still refused."""
+    definition = tmp_path / "merged.yaml"
+    definition.write_text("name: p\nsteps:\n"
+                          "  - &gpu {id: train, command: 'true', gpu: true, timeout: 600, max_retries: 1}\n"
+                          "  - {<<: *gpu, id: evaluate, timeout: 60}\n")
+    [p] = load_definition(definition)
+    assert [(s.id, s.gpu, s.timeout, s.max_retries) for s in p.steps] == [("train", True, 600.0, 1),
+                                                                         ("evaluate", True, 60.0, 1)]
+    definition.write_text("name: p\nsteps:\n  - &d {id: a, command: 'true'}\n  - {<<: *d, id: b, gpu: true, id: c}\n")
+    with pytest.raises(UsageError, match="duplicate key 'id'"):
+        load_definition(definition)

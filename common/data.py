@@ -414,7 +414,7 @@ def download(name: str, root: Path) -> Optional[str]:
     if child.returncode == 0:
         return None
     inside = root / reference_download_dir(name)  # torchvision's CLASS/raw, made by the child
-    for folder in [inside, *[parent for parent in inside.parents if parent != root and root in parent.parents], *made]:
+    for folder in [inside, inside.parent, *made]:
         with contextlib.suppress(OSError):
             folder.rmdir()  # only where empty
     return _no_torchvision(child) if child.returncode == _CHILD_NO_TORCHVISION else _last_line(child.stderr)

@@ -57,8 +57,8 @@ def _capacity(text: str, where: str) -> int:
 def configured_pools(resource_flags: List[str], environ: Mapping[str, str]) -> Dict[str, int]:
     """Pool capacities from ``SWARM_RESOURCE_<name>=N``, then ``PIPELINE_RESOURCE_<NAME>=N``, then
     ``--resource NAME=N`` (each later one wins; only the winner's value must be a capacity, so a
-    flag mends a bad variable left in the environment; one pool in two flags is refused). A variable set empty is as unset, as every
-    setting's (common.settings: a job script's ``VAR=`` clears it)."""
+    flag mends a bad variable left in the environment; one pool in two flags is refused). A variable
+    set empty is as unset, as every setting's (common.settings: a job script's ``VAR=`` clears it)."""
     given: Dict[str, Tuple[str, str]] = {}  # pool -> (its value, where it was given)
     for prefix in (SWARM_RESOURCE_PREFIX, RESOURCE_ENV_PREFIX):
         for name, value in sorted(environ.items()):

@@ -200,11 +200,8 @@ class JournalReader:
             if not raw.strip() or (self._tags and not any(tag in raw for tag in self._tags)):
                 continue
             entry = parse_line(raw)
-            if entry is None:  # not JSON, or JSON but no object (null, a list)
-                if self.strict:
-                    raise UsageError(f"{quoted(self.path)}: line {self.lines} is not a journal record; the journal is "
-                                     f"damaged")
-                self._damage = self._damage or f"line {self.lines} is not a journal record: damaged"
+            if entry is None:  # not JSON, or JSON but no object (null, a list): of no kind
+                self._damaged(self.lines)
                 continue
             kind = entry.get("type")
             try:

@@ -263,7 +263,7 @@ def _judge_results_folder(app: App) -> Dict[str, Any]:
     journaled = holds_journal(journal_path)  # an empty one: a run killed before its header, which finished nothing
     if journaled:
         if not args.resume:
-            other = _other_run(journal_path, fingerprint, app.fingerprint_left_out(), unnamed=app.name_from_module)
+            other = _other_run(journal_path, fingerprint, app)
             if other:  # --resume would only be refused next (two functions of one module, by default)
                 raise UsageError(f"{quoted(folder)} already holds the journal of another run ({other}); choose "
                                  f"another --results (or continue that run with its own arguments and --resume)")
@@ -358,7 +358,7 @@ def _resume_where_it_was(app: App, fingerprint: dict) -> None:
     for earlier in [Path("results") / app.name] + ([Path("results") / UNNAMED_APP] if app.name_from_module else []):
         journal = ResultsLayout(earlier).journal
         if (Path(args.results) != earlier and holds_journal(journal)
-                and _other_run(journal, fingerprint, app.fingerprint_left_out(), unnamed=app.name_from_module) is None):
+                and _other_run(journal, fingerprint, app) is None):
             break
     else:
         return
@@ -387,8 +387,7 @@ def results_folder_refusal(app: App, own: Optional[Dict[str, Any]]) -> Optional[
     except OSError as error:  # a name over the filesystem's limit, no permission: as the run would say it
         return f"--results {quoted(folder)}: cannot write there ({error.strerror or error})"
     fingerprint = {"app": app.name, **engine_fingerprint(app.args), **(own or {})}
-    other = _other_run(journal_path, fingerprint, app.fingerprint_left_out(), partial=own is None,
-                       unnamed=app.name_from_module)
+    other = _other_run(journal_path, fingerprint, app, partial=own is None)
     return (f"--results {quoted(folder)} holds the journal of another run ({other}), which the job's --resume "
             f"would refuse to continue; choose another --results, or give the job that run's arguments") if other else None
 
@@ -401,25 +400,22 @@ def _journaled_app(old: Any, app: App) -> Any:
     return old
 
 
-def _other_run(journal_path: Path, fingerprint: dict, left_out: Dict[str, Any], partial: bool = False,
-               unnamed: bool = False) -> Optional[str]:
-    """How the run whose journal this is differs from this one, from its header (the first line);
-    None where it is the same run (or its header cannot be read: the resume says why). ``partial``:
-    ``fingerprint`` lacks the app's own arguments, and only the names it has are compared;
-    ``unnamed``: this app's name comes from its module (a journal's "app" is an earlier version's)."""
+def _other_run(journal_path: Path, fingerprint: dict, app: App, partial: bool = False) -> Optional[str]:
+    """How the run whose journal this is differs from ``app``'s with ``fingerprint``, from its header
+    (the first line); None where it is the same run (or its header cannot be read: the resume says
+    why). ``partial``: ``fingerprint`` lacks the app's own arguments, and only the names it has are
+    compared."""
     header = read_header(journal_path)
-    old = header.get("fingerprint") if header is not None else None
+    old = _journaled_app(header.get("fingerprint") if header is not None else None, app)
     if not isinstance(old, dict):
         return None
-    if unnamed and old.get("app") == UNNAMED_APP:
-        old = {**old, "app": fingerprint["app"]}
     # what a resume may take from the run, or judges later: not a difference of arguments
     ignored = (DATA_FINGERPRINT, "threads")
     old = {name: value for name, value in old.items() if name not in ignored}
     now = {name: value for name, value in fingerprint.items() if name not in ignored}
     if partial:
         old = {name: value for name, value in old.items() if name in now}
-    return None if old == now else describe_difference(old, now, left_out)
+    return None if old == now else describe_difference(old, now, app.fingerprint_left_out())
 
 
 def _threads_resumed(starts: List[dict]) -> Optional[int]:

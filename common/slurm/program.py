@@ -32,10 +32,7 @@ KNOWN_APPS: Dict[str, str] = {
 def resume_takes_target(target: str) -> bool:
     """Whether the program's --resume takes a value (an App with ``resume_target``: the pipelines'
     RUN_ID/STEP_ID) rather than being a flag; False for a script or a user's own module."""
-    if target not in KNOWN_APPS:
-        return False
-    module, _, name = KNOWN_APPS[target].partition(":")
-    return bool(getattr(importlib.import_module(module), name).resume_target)
+    return target in KNOWN_APPS and bool(_app_class(target).resume_target)
 
 
 def _is_file(path: object, what: str) -> bool:

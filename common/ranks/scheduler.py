@@ -46,8 +46,7 @@ class Scheduler:
         self._ready: List[Tuple[float, int, str]] = []
         self._ready_keys: Set[str] = set()
         self._ready_groups: Dict[str, Set[str]] = {}
-        self._waiting: Dict[str, Set[str]] = {}
-        self._dependents: Dict[str, List[str]] = {}
+        waiting: Dict[str, Set[str]] = {}  # item -> the unresolved items it waits for
         for item in items:
             if item.key in self.results and item.after:
                 if self._still_holds(item, complete, finished_params or {}):
@@ -61,9 +60,7 @@ class Scheduler:
             if unknown:
                 raise ValueError(f"item {item.key} waits for unknown items {sorted(unknown)}")
             if missing:
-                self._waiting[item.key] = missing
-                for dep in missing:
-                    self._dependents.setdefault(dep, []).append(item.key)
+                waiting[item.key] = missing
             elif item.after:
                 self._make_ready(item.key)
             else:
@@ -72,7 +69,13 @@ class Scheduler:
                     self._ready_groups.setdefault(item.group, set()).add(item.key)
                 self._first.append((-float(item.cost), self.order[item.key], item.key))
         self._first.sort(reverse=True)
-        self._refuse_cycles()
+        # the items that wait and those they wait for: graphlib releases each waiting item once all of
+        # its dependencies are resolved (done, or failed for good: its complete() decides what then)
+        self._dependencies: Optional[graphlib.TopologicalSorter] = None
+        self._in_dependencies: Set[str] = set()
+        if waiting:
+            self._dependencies = _dependency_sorter(waiting)
+            self._in_dependencies = set(waiting).union(*waiting.values())
 
     def _still_holds(self, item: Item, complete: Callable, finished_params: Mapping[str, Any]) -> bool:
         """A journaled later-wave result holds if everything it waits for is finished and
@@ -87,14 +90,6 @@ class Scheduler:
             return False
         self.items[item.key] = rebuilt
         return True
-
-    def _refuse_cycles(self) -> None:
-        """Items that wait for each other would never run: an app bug, reported at once."""
-        try:
-            graphlib.TopologicalSorter(self._waiting).prepare()
-        except graphlib.CycleError as error:
-            stuck = sorted(set(error.args[1]))
-            raise ValueError(f"items wait for each other in a cycle: {', '.join(stuck[:5])}") from None
 
     # ----- state -----
     @property
@@ -223,7 +218,7 @@ class Scheduler:
         if group:
             self._ready_groups.get(group, set()).discard(key)
         results[key] = result
-        if self._dependents:
+        if key in self._in_dependencies:
             self._release_dependents(key)
         return True
 
@@ -246,8 +241,7 @@ class Scheduler:
         for key in keys:  # all at once, later waves too: none is built from its dependencies first
             self.failed[key] = error
             self._new_failures.append(key)
-            self._waiting.pop(key, None)
-            self._dependents.pop(key, None)
+        self._dependencies, self._in_dependencies = None, set()
         self._ready.clear()
         self._first.clear()
         self._ready_keys.clear()
@@ -268,15 +262,27 @@ class Scheduler:
     def _fail(self, key: str, error: str) -> None:
         self.failed[key] = error
         self._new_failures.append(key)
-        self._waiting.pop(key, None)
-        self._release_dependents(key)
+        if key in self._in_dependencies:
+            self._release_dependents(key)
 
     def _release_dependents(self, key: str) -> None:
-        for dependent in self._dependents.pop(key, ()):
-            missing = self._waiting.get(dependent)
-            if missing is None:
-                continue
-            missing.discard(key)
-            if not missing:
-                del self._waiting[dependent]
-                self._make_ready(dependent)
+        """``key`` is resolved: the items whose last unresolved dependency it was are built and ready."""
+        assert self._dependencies is not None
+        self._dependencies.done(key)
+        for dependent in self._dependencies.get_ready():
+            self._make_ready(dependent)
+
+
+def _dependency_sorter(waiting: Dict[str, Set[str]]) -> graphlib.TopologicalSorter:
+    """A sorter of the items that wait (``waiting``: item -> the items it waits for), its first ready
+    set taken: those are the dependencies that wait for nothing, already ready or running.
+
+    Items that wait for each other would never run: an app bug, reported at once."""
+    sorter: graphlib.TopologicalSorter = graphlib.TopologicalSorter(waiting)
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as error:
+        stuck = sorted(set(error.args[1]))
+        raise ValueError(f"items wait for each other in a cycle: {', '.join(stuck[:5])}") from None
+    sorter.get_ready()
+    return sorter

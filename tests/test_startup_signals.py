@@ -58,6 +58,55 @@ def test_a_stop_while_the_program_imports_is_one_line_and_writes_nothing(tmp_pat
     assert not results.exists()
 
 
+#: a user's sweep script whose slow imports (the sleep) follow its import of sweep.main
+SLOW_SWEEP_SCRIPT = """{header}
+import time
+
+print("importing", flush=True)
+time.sleep(2)  # a slow import (torch, scikit-learn) after sweep.main's
+
+
+def fit(params):
+    return {{"y": params["x"] * 2}}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(fit, grid={{"x": [1, 2]}}))
+"""
+
+
+@pytest.mark.parametrize("header", ["from common.sweep import main", "from common import sweep\n\nmain = sweep.main"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_a_sweep_script_imports_is_one_line_and_writes_nothing(tmp_path, header, sig):
+    """A script's sweep.main defers stop signals as it is asked for (before the engine and whatever
+    the script imports after it): no traceback, no silent death, one line, exit 75, no results folder."""
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_SWEEP_SCRIPT.format(header=header))
+    results = tmp_path / "results"
+    process = start([str(script), "--gpu", "cpu", "--workers", "1", "--results", str(results)])
+    assert process.stdout.readline() == "importing\n"
+    assert stop_signals_deferred(process.pid)  # before the slow import, which the signal now comes in
+    os.killpg(process.pid, sig)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == STOP_CODE, err
+    assert error_lines(err) == [f"sweep: stopped (received {signal.Signals(sig).name}) before the run started; "
+                                f"nothing was written"], err
+    assert not results.exists()
+
+
+def test_sweep_main_asked_for_by_a_library_leaves_the_signals_alone():
+    """Only a program's own code (its __main__) defers: a library or a test that takes sweep.main
+    keeps Ctrl-C as it was."""
+    from common import sweep
+
+    before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    assert callable(sweep.main)
+    from common.sweep import main
+
+    assert main is sweep.main
+    assert {number: signal.getsignal(number) for number in before} == before
+
+
 @pytest.mark.parametrize("after", [0.0, 0.5, 1.5])
 def test_ctrl_c_while_workers_start_restarts_none_and_prints_no_traceback(tmp_path, after):
     """Workers that still import (TOY_IMPORT_SLEEP stands for torch) when Ctrl-C reaches the whole

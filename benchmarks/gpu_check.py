@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from common.app import App
 from common.items import Item
-from common.results.layout import CV_RESULTS_CSV, RESULTS_CSV, ResultsLayout
+from common.results.layout import CV_RESULTS_CSV, RESULTS_CSV, VALIDATION_ERROR_NPY, ResultsLayout
 
 REPO = Path(__file__).resolve().parents[1]
 #: the whole check stays under 8 minutes: each step gets at most this, and none starts past the deadline
@@ -411,7 +411,7 @@ class Check:
 
         if runs["cuml"]["summary"].get("backend") != "cuml":
             raise AssertionError(f"the GPU run fitted with {runs['cuml']['summary'].get('backend')}, not cuML")
-        errors = {b: np.load(run["results"] / "validation_error.npy") for b, run in runs.items()}
+        errors = {b: np.load(run["results"] / VALIDATION_ERROR_NPY) for b, run in runs.items()}
         flips = float(np.max(np.abs(errors["cuml"] - errors["sklearn"]))) * (600 // 5)
         if not flips <= SVM_FLIPS + 1e-9:
             raise AssertionError(f"a fit's validation error differs by {flips:.0f} images between cuML and scikit-learn "

@@ -13,7 +13,8 @@ from common.results.layout import CERTAINTY_FOLDER, MISCLASSIFIED_NAME, TEST_IMA
 from common.results.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
 #: names written in that folder (what an earlier run left there that this one did not write is removed)
-CERTAINTY_FILE = re.compile(r"(test_image|first_misclassified)_[0-9]+\.(png|pdf|svg)")
+CERTAINTY_FILE = re.compile("(" + "|".join(re.escape(name).replace(re.escape("{}"), "[0-9]+")
+                                            for name in (TEST_IMAGE_NAME, MISCLASSIFIED_NAME)) + r")\.(png|pdf|svg)")
 
 
 def plot_ensemble_errors(model_errors: Sequence[float], bootstraps: Sequence[int], ensemble: Mapping[str, float],

@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, List, Sequence
 
@@ -90,6 +91,11 @@ def journal_entries(results: Path) -> List[dict]:
         except json.JSONDecodeError:
             pass
     return entries
+
+
+def markers(folder: Path) -> Counter:
+    """How many times each item ran (each run appends a line to its marker file in ``folder``)."""
+    return Counter({p.name: len(p.read_text().splitlines()) for p in Path(folder).iterdir()})
 
 
 def values(results: Path) -> dict:

@@ -19,6 +19,7 @@ from helpers import (
     assert_usage_error,
     error_lines,
     journal_entries,
+    markers,
     rank_pids,
     read_summary,
     run,
@@ -30,11 +31,6 @@ from helpers import (
     wait_for_results,
     wait_until,
 )
-
-
-def markers(folder: Path) -> Counter:
-    """How many times each item ran (each run appends a line to its marker file)."""
-    return Counter({p.name: len(p.read_text().splitlines()) for p in Path(folder).iterdir()})
 
 
 def test_one_by_one_and_two_ranks_by_two_workers_give_identical_results(tmp_path):
@@ -889,4 +885,4 @@ def test_apps_of_ones_own_that_set_no_name_get_their_packages_and_never_mix(tmp_
     assert "myapp: --resume: this run's journal is in 'results/app', the default folder of earlier versions" in \
         resumed.stderr, resumed.stderr
     assert not (tmp_path / "results" / "myapp").exists()
-    assert json.loads((tmp_path / "results" / "app" / "summary.json").read_text())["items_done"] == 3
+    assert read_summary(tmp_path / "results" / "app")["items_done"] == 3

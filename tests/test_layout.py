@@ -10,7 +10,7 @@ from common.results import layout
 from common.results.layout import ResultsLayout
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ("common", "mnist_svm", "mnist_nn")
+CHECKED = ("common", "mnist_svm", "mnist_nn", "benchmarks")
 #: methods whose first argument is a JSON field, not a file name ("models": a count in summary.json)
 FIELD_METHODS = {"get", "pop", "setdefault"}
 

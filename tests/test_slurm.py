@@ -22,7 +22,7 @@ import pytest
 
 from common.errors import quoted
 from common.slurm.shipped import SHIPPED, shipped_scripts
-from helpers import REPO, TOY, generate_script, journal_entries, read_summary, run, wait_for_results, wait_until
+from helpers import REPO, TOY, generate_script, journal_entries, read_summary, run, values, wait_for_results, wait_until
 from slurm_cluster import slurm  # noqa: F401  (the session's Slurm, a fixture)
 
 GENERATOR = [sys.executable, "-m", "common.slurm"]
@@ -769,7 +769,7 @@ def test_walltime_signal_requeues_the_job_which_resumes_without_recomputing(slur
 
     plain = run([TOY, str(n_items), "--gpu", "cpu", "--no-progress", "--results", str(reference)])
     assert plain.returncode == 0, plain.stderr
-    assert json.loads((results / "values.json").read_text()) == json.loads((reference / "values.json").read_text())
+    assert values(results) == values(reference)
 
 
 def test_sigterm_to_the_batch_shell_stops_the_run_gracefully_without_requeueing(slurm, tmp_path):  # noqa: F811

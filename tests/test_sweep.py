@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from helpers import (
     assert_usage_error,
     command,
     journal_entries,
+    markers,
     read_summary,
     run,
     snapshot,
@@ -50,10 +50,6 @@ def rows(results: Path) -> list:
 def returns(results: Path) -> dict:
     """key -> the function's whole return, from results.jsonl."""
     return {entry["key"]: entry["result"] for entry in map(json.loads, (Path(results) / "results.jsonl").open())}
-
-
-def marks(folder: Path) -> Counter:
-    return Counter({p.name: len(p.read_text().splitlines()) for p in Path(folder).iterdir()})
 
 
 def test_a_grid_on_two_ranks_by_two_workers_equals_one_by_one(tmp_path, monkeypatch):
@@ -221,7 +217,7 @@ def test_sigterm_then_resume_runs_only_the_rest(tmp_path, monkeypatch):
     assert resumed.returncode == 0, resumed.stderr
     assert len(returns(tmp_path / "r")) == 16
     assert read_summary(tmp_path / "r")["items_resumed"] == len(done)
-    counts = marks(tmp_path / "marks")
+    counts = markers(tmp_path / "marks")
     assert len(counts) == 16 and all(n == 1 for n in counts.values()), counts
 
 
@@ -277,7 +273,7 @@ def test_added_grid_values_run_alone_and_removed_ones_leave_the_outputs(tmp_path
     assert all(after[key] == value for key, value in before.items())
     assert read_summary(tmp_path / "r")["items_this_run"] == 2
     assert "journal_left_out" not in read_summary(tmp_path / "r")["sweep"] and "not in this run" not in again.stderr
-    assert sum(marks(tmp_path / "marks").values()) == 5, "each point ran once"
+    assert sum(markers(tmp_path / "marks").values()) == 5, "each point ran once"
     write_json(grid, {"x": [4, 5]})
     fewer = sweep("sweep_functions:noisy", tmp_path / "r", "--grid", str(grid), "--resume")
     assert fewer.returncode == 0, fewer.stderr

@@ -30,7 +30,8 @@ log = logging.getLogger("multinode_gpu")
 MAX_HEARTBEAT_INTERVAL = 5.0
 #: how long a worker's stack dump (DUMP_SIGNAL) may take before the kill
 DUMP_SECONDS = 0.2
-#: how the reasons for killing a worker begin (the timeline colours those attempts)
+#: how the reasons for killing a worker begin, as users read them (the timeline colours those attempts by
+#: their kind, ``Failed.kind``, not by these words)
 SILENT, TIMED_OUT = "worker silent for", "timed out after"
 
 

@@ -1,7 +1,8 @@
 """Every environment variable of ours, in one place: its type, default and meaning.
 
-Each is read when it is needed, never at import, and every run checks them all as it starts
-(:func:`check_environment`): a value that is not what the variable takes is refused in one line
+A run reads them all once as it starts, never at import (:func:`read_all`; the engine and the
+pipeline app hand its :class:`RunSettings` to what uses each, through their constructors and
+arguments): a value that is not what the variable takes is refused in one line
 naming it (exit 2) instead of being silently replaced by the default or raising later in a
 thread. Booleans take ``1``/``true`` (on) and ``0``/``false``/empty (off); seconds are finite,
 positive and below a stated bound; an empty seconds or text setting means its default. The README's table
@@ -125,10 +126,31 @@ def seconds(setting: Setting) -> float:
     return result
 
 
-def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
+@dataclass(frozen=True)
+class RunSettings:
+    """Every setting of :data:`ALL`, read once as a run starts (:func:`read_all`) and handed to what
+    uses it: a run sees one value of each from start to end."""
+
+    no_mpi: bool
+    hold_seconds: float
+    progress_seconds: float
+    status_seconds: float
+    kill_grace: float
+    lock_dir: Optional[str]
+    apptainer: Optional[str]
+    container: Optional[str]
+
+
+#: RunSettings' field of each setting
+FIELDS = {NO_MPI: "no_mpi", HOLD_SECONDS: "hold_seconds", PROGRESS_SECONDS: "progress_seconds",
+          STATUS_SECONDS: "status_seconds", KILL_GRACE: "kill_grace", LOCK_DIR: "lock_dir", APPTAINER: "apptainer",
+          CONTAINER: "container"}
+
+
+def read_all(environ: Optional[Mapping[str, str]] = None) -> RunSettings:
     """Every setting read once: the first bad one raises :class:`UsageError` (one line naming it)."""
-    for setting in ALL:
-        value(setting, environ)
+    return RunSettings(**{FIELDS[setting]: value(setting, environ) for setting in ALL})
+
 
 
 def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:

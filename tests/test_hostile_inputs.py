@@ -497,6 +497,24 @@ def test_a_deleted_working_folder_is_one_line_and_writes_nothing(tmp_path, progr
     assert not (tmp_path / "results").exists()
 
 
+def test_a_runs_settings_are_every_variable_read_once_into_one_record():
+    """read_all: each setting of ALL in its RunSettings field, from the environment given, defaults
+    where unset; what the run hands on is that record, not the variables read again later."""
+    from common import settings
+    from common.pipeline.flow import PipelineRunner, RunLayout
+
+    assert sorted(settings.FIELDS, key=settings.ALL.index) == list(settings.ALL)
+    given = {"MULTINODE_GPU_NO_MPI": "1", "MULTINODE_GPU_HOLD_SECONDS": "7", "MULTINODE_GPU_PROGRESS_SECONDS": "9",
+             "MULTINODE_GPU_STATUS_SECONDS": "2", "PIPELINE_KILL_GRACE": "3", "PIPELINE_LOCK_DIR": "/tmp/l",
+             "PIPELINE_APPTAINER": "ap", "PIPELINE_CONTAINER": "img.sif"}
+    assert settings.read_all(given) == settings.RunSettings(True, 7.0, 9.0, 2.0, 3.0, "/tmp/l", "ap", "img.sif")
+    assert settings.read_all({}) == settings.RunSettings(False, 20.0, 30.0, 5.0, 5.0, None, None, None)
+    ran = settings.read_all({"PIPELINE_KILL_GRACE": "1"})
+    runner = PipelineRunner(None, RunLayout(Path("/nonexistent"), "p"), base_env={"PIPELINE_KILL_GRACE": "abc"},
+                            run_settings=ran)
+    assert runner.settings is ran  # the run's, not the garbage of an environment read again
+
+
 def test_the_queue_timeout_and_slurm_variables_are_read_by_the_settings_module():
     """Every variable of ours is a setting; the pipeline's queue timeout, under both its names (ours
     winning), is checked by the pipeline app only, where --queue-timeout replaces it and nothing else
@@ -508,7 +526,7 @@ def test_the_queue_timeout_and_slurm_variables_are_read_by_the_settings_module()
     from common.pipeline.app import queue_timeout
 
     assert settings.QUEUE_TIMEOUT not in settings.ALL and settings.SWARM_QUEUE_TIMEOUT not in settings.ALL
-    settings.check_environment({"SWARM_QUEUE_TIMEOUT": "2h"})  # not ours to refuse for an mnist run
+    settings.read_all({"SWARM_QUEUE_TIMEOUT": "2h"})  # not ours to refuse for an mnist run
     assert queue_timeout(None, {"SWARM_QUEUE_TIMEOUT": "12", "PIPELINE_QUEUE_TIMEOUT": ""}) == 12.0
     assert queue_timeout(60.0, {"SWARM_QUEUE_TIMEOUT": "2h"}) == 60.0  # the flag wins, unread
     assert settings.value(settings.HOLD_SECONDS, {"MULTINODE_GPU_HOLD_SECONDS": " "}) == 20.0

@@ -380,11 +380,10 @@ def test_the_schema_is_printed_and_the_shipped_examples_follow_it(tmp_path):
 
 def hold_gpu_slot(lock_dir: Path, seconds: float, record: Path) -> subprocess.Popen:
     code = ("import sys, time; from common.pipeline import nodelock\n"
-            "with nodelock.hold_slot(['gpu0-0']):\n"
+            "with nodelock.hold_slot(['gpu0-0'], chosen_dir=sys.argv[3]):\n"
             "    began = time.time(); time.sleep(float(sys.argv[1]))\n"
             "    open(sys.argv[2], 'a').write(f'{began} {time.time()}\\n')\n")
-    return subprocess.Popen([sys.executable, "-c", code, str(seconds), str(record)], cwd=REPO,
-                            env=dict(os.environ, PIPELINE_LOCK_DIR=str(lock_dir)))
+    return subprocess.Popen([sys.executable, "-c", code, str(seconds), str(record), str(lock_dir)], cwd=REPO)
 
 
 def test_node_wide_slots_are_taken_by_one_process_at_a_time_and_freed_when_it_dies(tmp_path):
@@ -399,7 +398,8 @@ def test_node_wide_slots_are_taken_by_one_process_at_a_time_and_freed_when_it_di
                       (tmp_path / "locks" / "gpu0-0.lock").read_text().strip() == str(killed.pid), 30)
     killed.kill()
     killed.wait()
-    with nodelock.hold_slot(["gpu0-0"], timeout=5) as slot:  # the kernel let go of the dead holder's lock
+    with nodelock.hold_slot(["gpu0-0"], timeout=5, chosen_dir=str(tmp_path / "locks")) as slot:  # the kernel let go
+        # of the dead holder's lock
         assert slot == "gpu0-0"
     assert nodelock.slot_names("0", 2, 4) == ["gpu0-0", "gpu0-1"] and nodelock.slot_names(None, 0, 2) == ["cpu-0", "cpu-1"]
 

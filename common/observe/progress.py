@@ -16,10 +16,6 @@ from common import settings
 PROGRESS_SECONDS = float(settings.PROGRESS_SECONDS.default)  # type: ignore[arg-type]
 
 
-def progress_seconds() -> float:
-    return settings.seconds(settings.PROGRESS_SECONDS)
-
-
 def format_seconds(seconds: Optional[float]) -> str:
     """1h02m, 3m05s, 42s; "?" when unknown."""
     if seconds is None or seconds != seconds or seconds == float("inf"):
@@ -36,7 +32,8 @@ def format_seconds(seconds: Optional[float]) -> str:
 
 class Progress:
     def __init__(self, total: int, done: int, label: str, enabled: bool = True,
-                 stream: Optional[TextIO] = None, every: Optional[float] = None):
+                 stream: Optional[TextIO] = None, every: float = PROGRESS_SECONDS):
+        """``every``: seconds between plain lines (the run's MULTINODE_GPU_PROGRESS_SECONDS)."""
         self.total, self.done, self.label = total, done, label
         self.resumed = done
         self.failed = 0
@@ -53,7 +50,7 @@ class Progress:
             self.bar = tqdm(total=total, initial=done, desc=label, unit="item", dynamic_ncols=True,
                             mininterval=0.2, file=self.stream, smoothing=0.05)
         else:
-            self.every = every or progress_seconds()
+            self.every = every
             self._lines = threading.Thread(target=self._print_lines, name="progress", daemon=True)
             self._lines.start()
 

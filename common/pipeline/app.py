@@ -245,6 +245,8 @@ class PipelineApp(App):
         return Path(self.args.results).absolute()
 
     def validate(self) -> None:
+        # the run's settings, read as it starts on this rank (its workers get them with the app)
+        self.run_settings = settings.read_all()
         image = default_image(self.args.container, os.environ)
         self.pipelines = load_definition(self.args.definition, default_image=image)
         self.by_name = {p.name: p for p in self.pipelines}
@@ -253,8 +255,9 @@ class PipelineApp(App):
         known: Dict[str, Optional[int]] = dict(self.capacities)
         known.setdefault(GPU_POOL, None)  # per node, known on each node
         check_pools(self.pipelines, known, shown_path(self.args.definition))
-        if any(s.container for p in self.pipelines for s in p.steps) and find_apptainer() is None:
-            raise UsageError(f"{shown_path(self.args.definition)}: a step runs in a container, but {missing_apptainer()}")
+        if any(s.container for p in self.pipelines for s in p.steps) and find_apptainer(self.run_settings.apptainer) is None:
+            raise UsageError(f"{shown_path(self.args.definition)}: a step runs in a container, but "
+                             f"{missing_apptainer(self.run_settings.apptainer)}")
         self.resume_from = parse_resume_target(self.args.resume, self.pipelines)
         self.agent = agent_command(self.args.agent, os.environ, self.pipelines, shown_path(self.args.definition))
         if any(s.container for p in self.pipelines for s in p.steps) and breaks_bind(str(self.results)):
@@ -265,7 +268,7 @@ class PipelineApp(App):
         uses_slots = self.explicit_gpu_pool or any(device.is_gpu for device in self.devices)  # as setup_worker
         if uses_slots and any(GPU_POOL in step.pools for pipeline in self.pipelines for step in pipeline.steps):
             try:  # where the node-wide GPU slots live (made now, as the first GPU step would): refused now
-                nodelock.lock_dir()
+                nodelock.lock_dir(self.run_settings.lock_dir)
             except FileExistsError as error:  # mkdir's "[Errno 17] File exists": a file, or a link to nothing
                 raise UsageError(f"{settings.LOCK_DIR.name}: the node-wide GPU slots cannot live there: "
                                  f"{quoted(error.filename)} exists and is not a folder") from None
@@ -498,7 +501,7 @@ class PipelineApp(App):
                                 queue_timeout=self.queue_timeout, gpu=state.gpu,
                                 seed=torch_seed(item_seed(self.args.seed, run_id)),
                                 agent=self.agent, node_slots=state.node_slots, stop_asked=state.stop_asked,
-                                definition_dir=self.definition_dir)
+                                definition_dir=self.definition_dir, run_settings=self.run_settings)
         try:
             result = runner.run(start, keep_shared=item.params.get("keep_shared", False))
         except RunStopping as stopped:

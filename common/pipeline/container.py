@@ -17,17 +17,15 @@ from .definition import SHARED_IN_CONTAINER, Step, breaks_bind, resolve_image
 CONTAINER_ENV = settings.CONTAINER.name
 
 
-def find_apptainer() -> Optional[str]:
-    """``$PIPELINE_APPTAINER``, else ``apptainer`` or ``singularity`` on PATH, else None."""
-    chosen = settings.value(settings.APPTAINER)
+def find_apptainer(chosen: Optional[str]) -> Optional[str]:
+    """``chosen`` (the run's ``PIPELINE_APPTAINER``), else ``apptainer`` or ``singularity`` on PATH, else None."""
     if chosen:
         return shutil.which(chosen)
     return shutil.which("apptainer") or shutil.which("singularity")
 
 
-def missing_apptainer() -> str:
+def missing_apptainer(chosen: Optional[str]) -> str:
     """Why :func:`find_apptainer` found none: the refusal's words on rank 0, a step's on its node."""
-    chosen = settings.value(settings.APPTAINER)
     if chosen:
         return f"PIPELINE_APPTAINER={quoted(chosen)} names no program it can run (a path, or a name on PATH)"
     return "neither apptainer nor singularity is on PATH (or set PIPELINE_APPTAINER)"

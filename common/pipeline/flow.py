@@ -48,6 +48,7 @@ from common.results.outputs import atomic_write_json, atomic_write_text, atomic_
 from common.results.regular_file import NotRegularFile, in_place, read_regular
 from common.workers.worker import PoolTimeout
 
+from .. import settings
 from ..signals import STEP_HELD_SIGNALS, held_signals
 from . import nodelock
 from .container import find_apptainer, missing_apptainer
@@ -313,10 +314,13 @@ class PipelineRunner:
                  queue_timeout: Optional[float] = None, gpu: Optional[str] = None, seed: int = 0,
                  base_env: Optional[Dict[str, str]] = None, agent: Optional[str] = None,
                  node_slots: Sequence[str] = (), stop_asked: Callable[[], bool] = lambda: False,
-                 launch_dir: Optional[Path] = None, definition_dir: Optional[Path] = None):
+                 launch_dir: Optional[Path] = None, definition_dir: Optional[Path] = None,
+                 run_settings: Optional[settings.RunSettings] = None):
+        """``run_settings``: the run's, read as it started (read from ``base_env`` where not given)."""
         self.pipeline, self.layout, self.acquire = pipeline, layout, acquire
         self.queue_timeout, self.gpu, self.seed = queue_timeout, gpu, seed
         self.base_env = dict(os.environ if base_env is None else base_env)
+        self.settings = run_settings or settings.read_all(self.base_env)
         self.agent, self.node_slots, self.stop_asked = agent, list(node_slots), stop_asked
         self.launch_dir = Path(launch_dir or os.getcwd()).resolve()
         self.definition_dir = Path(definition_dir).resolve() if definition_dir is not None else self.launch_dir
@@ -360,7 +364,8 @@ class PipelineRunner:
             if wait is not None and wait <= 0:
                 raise QueueTimeout(f"{why} while waiting for a node-wide GPU slot")
             try:
-                stack.enter_context(nodelock.hold_slot(self.node_slots, wait, stop=self.stop_asked))
+                stack.enter_context(nodelock.hold_slot(self.node_slots, wait, stop=self.stop_asked,
+                                                       chosen_dir=self.settings.lock_dir))
             except nodelock.SlotWaitStopped:
                 raise RunStopping(step.id) from None
             except nodelock.SlotTimeout as error:
@@ -383,11 +388,11 @@ class PipelineRunner:
             gpu = self.gpu if step.gpu else None
             variables = self._pipeline_vars(step, attempt)
             env = step_environment(self.base_env, variables, step, gpu)
-            apptainer = find_apptainer() if step.container else None
+            apptainer = find_apptainer(self.settings.apptainer) if step.container else None
             step_dir = self.layout.step_dir(step.id)
             try:
                 if step.container and apptainer is None:  # here, on this node: rank 0's node had one
-                    raise ValueError(missing_apptainer())
+                    raise ValueError(missing_apptainer(self.settings.apptainer))
                 argv = step_argv(step, str(self.layout.run_dir.resolve()), apptainer, self.agent,
                                  code=python_paths(variables))
             except ValueError as error:
@@ -399,7 +404,8 @@ class PipelineRunner:
                 atomic_write_text(prompt, step.prompt)
             self._launched = True  # from here on, a stop interrupts the step; before, it never started
             result = run_attempt(argv, env=env, step_dir=step_dir, attempt=attempt, timeout=step.timeout,
-                                 memory=step.memory, stop_at=self.deadline, stdin=prompt)
+                                 memory=step.memory, stop_at=self.deadline, stdin=prompt,
+                                 kill_grace=self.settings.kill_grace)
             output = step_dir / STEP_OUTPUT if step.prompt is not None else None
             result.cost = read_cost_and_output(step_dir / STEP_STDOUT, result.stdout_offset, output)
             return result, queued

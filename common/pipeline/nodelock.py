@@ -33,9 +33,9 @@ class SlotWaitStopped(Exception):
     """Gave up waiting for a node-wide slot: the run is stopping."""
 
 
-def lock_dir() -> Path:
-    """The folder of this node's slot files (made private to this user)."""
-    chosen = settings.value(settings.LOCK_DIR)
+def lock_dir(chosen: Optional[str]) -> Path:
+    """The folder of this node's slot files (made private to this user): ``chosen`` (the run's
+    ``PIPELINE_LOCK_DIR``), else one of this user's in /dev/shm (or the temporary folder)."""
     if chosen:
         folder = Path(chosen)
     else:
@@ -59,10 +59,11 @@ def slot_names(gpu: Optional[str], gpus_here: int, capacity: int) -> list:
 
 @contextlib.contextmanager
 def hold_slot(names: Sequence[str], timeout: Optional[float] = None,
-              stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
+              stop: Callable[[], bool] = lambda: False, chosen_dir: Optional[str] = None) -> Iterator[str]:
     """Hold the first free one of ``names`` (exclusive, node-wide) for the ``with`` block; waits
-    for one, up to ``timeout`` seconds (None: as long as it takes), or until ``stop()`` says so."""
-    folder = lock_dir()
+    for one, up to ``timeout`` seconds (None: as long as it takes), or until ``stop()`` says so.
+    ``chosen_dir``: the run's ``PIPELINE_LOCK_DIR`` (:func:`lock_dir`)."""
+    folder = lock_dir(chosen_dir)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         for name in names:

@@ -40,11 +40,8 @@ from .container import container_command
 from .definition import Step
 from .sizes import format_bytes
 
-
-def kill_grace() -> float:
-    """Seconds between SIGTERM and SIGKILL when a step is ended (time to flush a checkpoint):
-    ``PIPELINE_KILL_GRACE``, checked when the run started."""
-    return settings.seconds(settings.KILL_GRACE)
+#: seconds between SIGTERM and SIGKILL where no run gave its PIPELINE_KILL_GRACE
+KILL_GRACE = float(settings.KILL_GRACE.default)  # type: ignore[arg-type]
 
 
 POLL_SECONDS = 0.05
@@ -203,9 +200,11 @@ def last_line(path: Path, offset: int) -> str:
 
 def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, attempt: int = 1,
                 timeout: Optional[float] = None, memory: Optional[int] = None,
-                stop_at: Optional[float] = None, stdin: Optional[Path] = None) -> Attempt:
+                stop_at: Optional[float] = None, stdin: Optional[Path] = None,
+                kill_grace: float = KILL_GRACE) -> Attempt:
     """Run ``argv`` once in ``step_dir``, with stdout/stderr appended to the step's logs (and
-    ``stdin`` as its standard input); end it on a limit.
+    ``stdin`` as its standard input); end it on a limit, ``kill_grace`` seconds between SIGTERM and
+    SIGKILL (time to flush a checkpoint: the run's ``PIPELINE_KILL_GRACE``).
 
     ``stop_at`` is a ``time.monotonic()`` instant (the pipeline's deadline).
     """
@@ -244,7 +243,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
                         reason = f"memory limit {format_bytes(memory)} exceeded ({format_bytes(resident)} resident)"
                 if status is not None:
                     ending_since = time.monotonic()
-                    proctree.end_tree(process.pid, kill_grace(), since)
+                    proctree.end_tree(process.pid, kill_grace, since)
                     break
                 time.sleep(POLL_SECONDS)
             code = process.wait()
@@ -256,7 +255,7 @@ def run_attempt(argv: Sequence[str], *, env: Mapping[str, str], step_dir: Path, 
             # signals held back, so the caller can still write its status before the worker goes.
             with held_signals(STEP_HELD_SIGNALS):
                 spent = 0.0 if ending_since is None else time.monotonic() - ending_since
-                proctree.end_tree(process.pid, max(0.5, kill_grace() - spent), since)
+                proctree.end_tree(process.pid, max(0.5, kill_grace - spent), since)
                 if process.poll() is None:
                     process.kill()
                 process.wait()

@@ -128,9 +128,12 @@ def _last_line(error: Exception) -> str:
     return lines[-1] if lines else repr(error)
 
 
-def world() -> Any:
-    """This process's MPI world; a single rank when there is no MPI to join."""
-    if settings.value(settings.NO_MPI) or not launched_by_mpi(os.environ):
+def world(no_mpi: Optional[bool] = None) -> Any:
+    """This process's MPI world; a single rank when there is no MPI to join, or ``no_mpi`` (the run's
+    MULTINODE_GPU_NO_MPI; read here where not given)."""
+    if no_mpi is None:
+        no_mpi = bool(settings.value(settings.NO_MPI))
+    if no_mpi or not launched_by_mpi(os.environ):
         return SingleRank()
     try:
         import mpi4py

@@ -34,17 +34,13 @@ from common.errors import UsageError, quoted
 from common.results.layout import HOLD_NAME, ResultsLayout
 from common.results.outputs import atomic_write_json
 from common.results.regular_file import NotRegularFile, read_regular
-from common.settings import HOLD_SECONDS, seconds
+from common.settings import HOLD_SECONDS
 
 log = logging.getLogger("multinode_gpu")
 
 REFRESH_SECONDS = float(HOLD_SECONDS.default)  # type: ignore[arg-type]
 #: a hold not refreshed for this many of its holder's refresh periods is stale
 STALE_PERIODS = 3
-
-
-def refresh_seconds() -> float:
-    return seconds(HOLD_SECONDS)
 
 
 def _boot_id() -> str:
@@ -216,10 +212,11 @@ def check_free(folder: Path) -> Optional[str]:
 class Hold:
     """This run's hold on its results folder; :meth:`acquire`, then :meth:`release` at the end."""
 
-    def __init__(self, folder: Path, refresh: Optional[float] = None):
+    def __init__(self, folder: Path, refresh: float = REFRESH_SECONDS):
+        """``refresh``: seconds between rewrites (the run's MULTINODE_GPU_HOLD_SECONDS)."""
         self.folder = Path(folder)
         self.path = ResultsLayout(self.folder).hold
-        self.refresh = refresh or refresh_seconds()
+        self.refresh = refresh
         self.me = _me(self.refresh)
         self.lost: Optional[str] = None  # set when another run took the folder over from this one
         self._done = threading.Event()

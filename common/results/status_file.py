@@ -32,10 +32,6 @@ MAX_FAILURES_LISTED = 20
 FIRST_REFRESH_SECONDS = 0.5
 
 
-def status_seconds() -> float:
-    return settings.seconds(settings.STATUS_SECONDS)
-
-
 def rank_snapshot(pool: Any, monitor: Any, clock: Clock = SYSTEM_CLOCK) -> Dict[str, Any]:
     """This rank's workers (the item each runs and since when) and its GPUs' recent use."""
     workers = []
@@ -76,9 +72,9 @@ class Cadence:
 class RankReporter:
     """A follower's side: its loop asks ``due()`` and, when it is, sends ``snapshot()`` to rank 0."""
 
-    def __init__(self, pool: Any, monitor: Any, every: Optional[float] = None, clock: Clock = SYSTEM_CLOCK):
+    def __init__(self, pool: Any, monitor: Any, every: float = STATUS_SECONDS, clock: Clock = SYSTEM_CLOCK):
         self.pool, self.monitor, self.clock = pool, monitor, clock
-        self.every = every or status_seconds()
+        self.every = every
         self._cadence = Cadence(self.every, clock)
         self._ready: Tuple[str, ...] = ()  # the workers ready at the last look
 
@@ -105,7 +101,7 @@ class StatusWriter:
     """Rank 0's side: gathers the snapshots and keeps ``status.json`` current."""
 
     def __init__(self, results: Path, *, app: str, command: str, layout: List[dict], items_total: int,
-                 items_resumed: int, started_at: float, pool: Any, monitor: Any, every: Optional[float] = None,
+                 items_resumed: int, started_at: float, pool: Any, monitor: Any, every: float = STATUS_SECONDS,
                  write_failures: Optional[WriteFailures] = None, resume_command: str = "", clock: Clock = SYSTEM_CLOCK):
         """``write_failures``: the run's (no status file once the results folder was moved away);
         ``resume_command``: what finishes the run, for a stopped or gone one whose summary was not
@@ -113,7 +109,7 @@ class StatusWriter:
         self.clock = clock
         self.path = ResultsLayout(Path(results)).status
         self.write_failures = write_failures or WriteFailures()
-        self.every = every or status_seconds()
+        self.every = every
         self.header = {"format": FORMAT_VERSION, "app": app, "command": command, "host": layout[0]["host"],
                        "pid": os.getpid(), "started": started_at, "every": self.every,
                        "items_total": items_total, "items_resumed": items_resumed, "resume_command": resume_command,

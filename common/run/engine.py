@@ -191,7 +191,7 @@ def engine_fingerprint(args: Any) -> Dict[str, Any]:
     return {"seed": args.seed, **({} if threads is None else {"threads": threads})}
 
 
-def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold, List[Item]]:
+def _check_results_folder(app: App, hold_seconds: float) -> Tuple[Dict[str, Any], Hold, List[Item]]:
     """Rank 0: refuse a folder another run holds, refuse to overwrite a journal or to resume
     another run; then make the folder and take its hold. Sets ``app.journaled`` from the journal
     being resumed."""
@@ -208,7 +208,7 @@ def _check_results_folder(app: App) -> Tuple[Dict[str, Any], Hold, List[Item]]:
             probe.write_bytes(b"")
             probe.unlink()
         place = folder
-        hold = Hold(folder)
+        hold = Hold(folder, refresh=hold_seconds)
         hold.acquire()
     except OSError as error:
         raise _cannot_write(folder, place, error.strerror or str(error)) from None
@@ -508,15 +508,15 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     # that came while the program was still importing
     stop.take_over()
     try:  # every environment variable of ours, read now: garbage is one line, not a later traceback
-        settings.check_environment()
+        run_settings = settings.read_all()
         startup.check_working_folder()
     except UsageError as error:  # before MPI is joined: the launcher's rank 0 says it
         if settings.launcher_rank() == 0:
             print(f"{app_class.name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    comm = world()
+    comm = world(run_settings.no_mpi)
     launched = settings.launcher_sizes()
-    if launched and comm.size not in launched and not settings.value(settings.NO_MPI):
+    if launched and comm.size not in launched and not run_settings.no_mpi:
         # each rank alone in a world of its own: N runs of rank 0 racing for one results folder
         if settings.launcher_rank() == 0:
             print(f"{app_class.name}: error: {_world_mismatch(launched[0], comm.size)}", file=sys.stderr)
@@ -539,7 +539,7 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     app.devices = devices
     if getattr(app.args, "dry_run", False):
         return _dry_run(comm, app)
-    checked, failed = _on_rank_0(comm, app, lambda: _check_results_folder(app))
+    checked, failed = _on_rank_0(comm, app, lambda: _check_results_folder(app, run_settings.hold_seconds))
     if failed:
         return EXIT_USAGE
     app.args.threads = comm.bcast(app.args.threads)  # a resume keeps its earlier run's (rank 0 read it)
@@ -547,7 +547,7 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     fingerprint, hold, items = checked or (None, None, None)
     ending = Ending()
     try:
-        code = _run(comm, app, notice, fingerprint, argv, stop, failures, items, ending)
+        code = _run(comm, app, notice, fingerprint, argv, stop, failures, items, ending, run_settings)
     except Exception as error:
         _end_children()
         if hold is not None:
@@ -633,7 +633,8 @@ def _on_rank_0(comm: Any, app: App, work: Callable[[], Any]) -> Tuple[Any, bool]
 
 
 def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
-         stop: StopFlag, failures: WriteFailures, items: Optional[List[Item]], ending: Ending) -> int:
+         stop: StopFlag, failures: WriteFailures, items: Optional[List[Item]], ending: Ending,
+         run_settings: settings.RunSettings) -> int:
     """The run on this rank. Rank 0 starts its timeline's drawing process first: it starts its
     interpreter while rank 0 makes the plan and the journal, and imports matplotlib while the
     workers start and the items run, in a thread at niceness 10 (it takes what they leave), so
@@ -644,7 +645,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
         # multiprocessing's resource tracker, which starting a worker needs: its interpreter (a third
         # one beside the 2 workers' on 2 cores) starts now, not at the same time as the workers'
         start_resource_tracker()
-        return _run_rank(comm, app, notice, fingerprint, argv, stop, failures, drawer, items, ending)
+        return _run_rank(comm, app, notice, fingerprint, argv, stop, failures, drawer, items, ending, run_settings)
     finally:
         if drawer is not None:
             drawer.close()
@@ -652,7 +653,7 @@ def _run(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict]
 
 def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[dict], argv: List[str],
               stop: StopFlag, failures: WriteFailures, drawer: Optional[TimelineDrawer],
-              items: Optional[List[Item]], ending: Ending) -> int:
+              items: Optional[List[Item]], ending: Ending, run_settings: settings.RunSettings) -> int:
     """``items``: rank 0's, checked before the results folder was made (None on the other ranks);
     ``ending``: where rank 0's last lines wait for the hold's release."""
     args, devices = app.args, app.devices
@@ -697,7 +698,8 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
         reserve_space(results)  # room for the summary should the disk fill up
         log.info("%s: %s (%d already in the journal) on %s, %s: %s", app.name, counted(len(items), "item"),
                  len(resumed), counted(comm.size, "rank"), counted(total_capacity, "worker"), _placement(layout))
-        progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress)
+        progress = Progress(len(items), len(resumed), app.name, enabled=not args.no_progress,
+                            every=run_settings.progress_seconds)
 
     settings = PoolSettings(rank=comm.rank, host=host, logs_dir=files.logs, seed=args.seed, threads=threads,
                             batch=args.batch, node_pools=node_pools, global_pools=tuple(global_pools))
@@ -716,9 +718,9 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
         status = StatusWriter(results, app=app.name, command=module_command(argv),
                               resume_command=_resume_command(app, argv), layout=layout, items_total=len(items),
                               items_resumed=len(resumed), started_at=started_at, pool=pool, monitor=monitor,
-                              write_failures=failures)
+                              write_failures=failures, every=run_settings.status_seconds)
     else:
-        status = RankReporter(pool, monitor)
+        status = RankReporter(pool, monitor, every=run_settings.status_seconds)
     try:  # pool.join() at the very end: rank 0 writes its outputs while its idle workers exit
         try:
             if comm.rank == 0:

@@ -12,8 +12,10 @@ The pipeline app's variables whose validity depends on the definition or its fla
 ``PIPELINE_RESOURCE_<NAME>``/``SWARM_RESOURCE_<name>``, ``PIPELINE_AGENT``, needed only by prompt
 steps, and the queue timeouts below, which ``--queue-timeout`` replaces) are checked where the
 pipeline app reads its definition (``common.pipeline.app``).
-The launcher's, Slurm's and CUDA's own variables are read by the functions below and by
-``common.devices`` (CUDA_VISIBLE_DEVICES, which it also sets for each worker).
+The launcher's, Slurm's and CUDA's own variables are read by the functions below, by
+``common.devices`` (CUDA_VISIBLE_DEVICES, which it also sets for each worker) and by
+``common.ranks.mpi`` (whether a launcher started this process, and the MPICH netmod that srun's
+pmi2 needs, which it sets before MPI starts).
 """
 from __future__ import annotations
 

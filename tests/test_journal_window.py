@@ -81,3 +81,40 @@ def test_a_whole_job_sigkilled_loses_only_results_of_its_last_moments(tmp_path):
     assert len(lost) <= WINDOW_LINES
     header = json.loads((results / "journal.jsonl").read_text().splitlines()[0])
     assert header["type"] == "header"
+
+
+def test_a_batch_goes_to_disk_when_the_journals_own_clock_says_it_is_old_enough(tmp_path):
+    """The journal measures a batch's age on the clock it is given: real seconds passing on a
+    simulated clock that stands still write nothing; the clock moving past sync_every does."""
+    from common.app import Record
+    from common.results.journal import Journal
+    from common.testing.inprocess import FakeClock, fake_time
+
+    clock = FakeClock()
+    journal = Journal(tmp_path / "journal.jsonl", {"fingerprint": {}}, sync_every=0.15, clock=fake_time(clock))
+    journal.append_result(Record(key="a", result={"n": 1}))
+    time.sleep(0.5)  # past sync_every on the system's clock
+    journal.maybe_sync()
+    time.sleep(0.3)  # the writer thread's time, were it handed anything
+    assert [entry["type"] for entry in journal_entries(tmp_path)] == ["header"]
+    clock.advance(0.2)
+    journal.maybe_sync()
+    deadline = time.monotonic() + 30
+    while len(journal_entries(tmp_path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [entry.get("key") for entry in journal_entries(tmp_path)] == [None, "a"]
+    journal.close()
+
+
+def test_the_hold_and_the_progress_line_read_the_clock_they_are_given(tmp_path):
+    """Rank 0's hold is stamped, and its progress line's rate and ETA measured, on its clock."""
+    from common.observe.progress import Progress
+    from common.results.hold import Hold
+    from common.testing.inprocess import FakeClock, fake_time
+
+    clock = FakeClock()
+    assert Hold(tmp_path, clock=fake_time(clock)).me["since"] == clock.time()
+    progress = Progress(40, 0, "toy", enabled=False, clock=fake_time(clock))
+    clock.advance(5)
+    progress.advance(10)
+    assert progress.line() == "toy: 10/40 items done (25%), 2 items/s, ETA 15s, elapsed 5s"

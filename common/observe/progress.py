@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from typing import Any, Optional, TextIO
 
 from common import settings
+from common.clock import SYSTEM_CLOCK, Clock
 
 PROGRESS_SECONDS = float(settings.PROGRESS_SECONDS.default)  # type: ignore[arg-type]
 
@@ -32,13 +32,15 @@ def format_seconds(seconds: Optional[float]) -> str:
 
 class Progress:
     def __init__(self, total: int, done: int, label: str, enabled: bool = True,
-                 stream: Optional[TextIO] = None, every: float = PROGRESS_SECONDS):
-        """``every``: seconds between plain lines (the run's MULTINODE_GPU_PROGRESS_SECONDS)."""
+                 stream: Optional[TextIO] = None, every: float = PROGRESS_SECONDS, clock: Clock = SYSTEM_CLOCK):
+        """``every``: seconds between plain lines (the run's MULTINODE_GPU_PROGRESS_SECONDS);
+        ``clock``: what the elapsed time and the rate are measured on."""
+        self.clock = clock
         self.total, self.done, self.label = total, done, label
         self.resumed = done
         self.failed = 0
         self.stream = stream or sys.stderr
-        self.started = time.monotonic()
+        self.started = clock.monotonic()
         self.bar: Optional[Any] = None
         self._lines: Optional[threading.Thread] = None
         self._closed = threading.Event()
@@ -58,7 +60,7 @@ class Progress:
         """``toy: 11/40 items done (28%), 1 failed, 2.4 items/s, ETA 12s, elapsed 5s`` (a failed item
         counts towards the rate and the ETA, not towards done); ``final``: the run's last, with no
         ETA (a stopped run would otherwise end on one)."""
-        elapsed = time.monotonic() - self.started
+        elapsed = self.clock.monotonic() - self.started
         this_run = self.done - self.resumed
         rate = this_run / elapsed if elapsed > 0 else 0.0
         left = self.total - self.done

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from common import settings
+from common.clock import SYSTEM_CLOCK, Clock
 from common.errors import UsageError, quoted
 from common.results.layout import HOLD_NAME, ResultsLayout
 from common.results.outputs import atomic_write_json
@@ -86,8 +87,9 @@ def _process_started(pid: int) -> Optional[float]:
         return -1.0
 
 
-def _me(refresh: float) -> Dict[str, Any]:
-    now = time.time()
+def _me(refresh: float, now: Optional[float] = None) -> Dict[str, Any]:
+    """This process's hold record, stamped ``now`` (the clock's time; the system's where not given)."""
+    now = time.time() if now is None else now
     job, restarts = settings.slurm_job()
     return {"host": socket.gethostname(), "pid": os.getpid(), "process_started": _process_started(os.getpid()),
             "boot_id": _boot_id(), "pid_namespace": _pid_namespace(),
@@ -212,12 +214,14 @@ def check_free(folder: Path) -> Optional[str]:
 class Hold:
     """This run's hold on its results folder; :meth:`acquire`, then :meth:`release` at the end."""
 
-    def __init__(self, folder: Path, refresh: float = REFRESH_SECONDS):
-        """``refresh``: seconds between rewrites (the run's MULTINODE_GPU_HOLD_SECONDS)."""
+    def __init__(self, folder: Path, refresh: float = REFRESH_SECONDS, clock: Clock = SYSTEM_CLOCK):
+        """``refresh``: seconds between rewrites (the run's MULTINODE_GPU_HOLD_SECONDS); ``clock``:
+        what the hold's times are stamped with."""
+        self.clock = clock
         self.folder = Path(folder)
         self.path = ResultsLayout(self.folder).hold
         self.refresh = refresh
-        self.me = _me(self.refresh)
+        self.me = _me(self.refresh, clock.time())
         self.lost: Optional[str] = None  # set when another run took the folder over from this one
         self._done = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -301,7 +305,7 @@ class Hold:
                 log.error("the hold on %s was taken over by another run (%s): this run no longer holds its "
                           "results folder", self.folder, self.lost)
             return
-        self.me["refreshed"] = time.time()
+        self.me["refreshed"] = self.clock.time()
         try:
             atomic_write_json(self.path, self.me, parents=False)
         except OSError:

@@ -27,13 +27,13 @@ import json
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass, fields
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from common.app import Record
+from common.clock import SYSTEM_CLOCK, Clock
 from common.errors import UsageError, quoted
 from common.results.failures import MOVED_AWAY, WriteFailure, WriteFailures
 from common.results.outputs import to_jsonable
@@ -465,8 +465,10 @@ class Journal:
     """Append-only writer used by rank 0."""
 
     def __init__(self, path: Path, header: dict, *, sync_every: float = SYNC_SECONDS, max_lines: int = MAX_LINES,
-                 write_failures: Optional[WriteFailures] = None):
-        """``write_failures``: the run's, where a failed write is noted (the run stops on it)."""
+                 write_failures: Optional[WriteFailures] = None, clock: Clock = SYSTEM_CLOCK):
+        """``write_failures``: the run's, where a failed write is noted (the run stops on it);
+        ``clock``: what a batch's age and the place check's period are measured on."""
+        self.clock = clock
         self.write_failures = write_failures or WriteFailures()
         self.path = Path(path)
         self.sync_every, self.max_lines = sync_every, max_lines
@@ -488,7 +490,7 @@ class Journal:
         except OSError as error:
             self._failed(error)
             return
-        self._last_place_check = time.monotonic()
+        self._last_place_check = self.clock.monotonic()
         self._writer = _DiskWriter(self._fd, opened.st_size)  # st_size: where the last whole line ends
         if not existed:
             self._write({"type": Kind.HEADER, **header, "format": FORMAT_VERSION})
@@ -535,7 +537,7 @@ class Journal:
     def check_place(self) -> bool:
         """Whether the journal is still the results folder's; where it is not, note it (which
         stops the run, see :mod:`common.results.failures`) and write no more."""
-        self._last_place_check = time.monotonic()
+        self._last_place_check = self.clock.monotonic()
         why = self.moved_away()
         if why is None:
             return True
@@ -547,7 +549,7 @@ class Journal:
         if self._fd is None:
             return
         if not self._pending:
-            self._since = time.monotonic()  # the batch's age counts from its first line
+            self._since = self.clock.monotonic()  # the batch's age counts from its first line
         try:
             line = _ENCODER.encode(entry if plain else to_jsonable(entry))
         except (TypeError, ValueError):  # not so plain after all
@@ -611,7 +613,7 @@ class Journal:
             return
         pending = self._pending
         if not pending:
-            self._since = time.monotonic()
+            self._since = self.clock.monotonic()
         pending.append(line)
         if len(pending) >= self.max_lines:
             self._hand_over()
@@ -625,9 +627,9 @@ class Journal:
         """Hand the batch to the writer once it is ``sync_every`` seconds old; from the
         distribution loop, look every ``PLACE_CHECK_SECONDS`` whether the results folder is still
         there (an item may run for hours)."""
-        if self._fd is not None and time.monotonic() - self._last_place_check >= PLACE_CHECK_SECONDS:
+        if self._fd is not None and self.clock.monotonic() - self._last_place_check >= PLACE_CHECK_SECONDS:
             self.check_place()
-        if self._pending and time.monotonic() - self._since >= self.sync_every:
+        if self._pending and self.clock.monotonic() - self._since >= self.sync_every:
             self._hand_over()
         else:
             self._check()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, Iterator, Set, Tuple
+from typing import Dict, Iterable, Iterator, Set, Tuple
 
 import common
 
@@ -83,3 +83,43 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     found = imports("common.results.journal", path)
     assert found == {"common.run.runner", "common.observe"}
     assert all(LAYERS.index(layer_of(target)) > LAYERS.index("results") for target in found)
+
+
+#: what each package on top may import of the others on top (their docstrings' rule): slurm/ checks a
+#: pipeline definition as the runner would; nothing else on top builds on another
+TOP_MAY_IMPORT = {"slurm": {"pipeline"}, "pipeline": set(), "sweep": set(), "testing": set(), "status": set()}
+
+
+def top_package(module: str) -> str:
+    """``common.pipeline.flow`` -> "pipeline"; "" for a module below the top (or common itself)."""
+    parts = module.split(".")[1:]
+    return parts[0] if parts and parts[0] in TOP and parts[0] != "__init__" else ""
+
+
+def crossings_between_top_packages(sources: Iterable[Tuple[str, Path]]) -> Dict[str, Set[str]]:
+    """module -> what it imports of the other top packages that its package may not."""
+    crossing: Dict[str, Set[str]] = {}
+    for module, path in sources:
+        own = top_package(module)
+        if not own:
+            continue
+        for target in imports(module, path):
+            other = top_package(target)
+            if other and other != own and other not in TOP_MAY_IMPORT[own]:
+                crossing.setdefault(module, set()).add(target)
+    return crossing
+
+
+def test_the_packages_on_top_import_only_what_their_docstrings_allow() -> None:
+    assert set(TOP_MAY_IMPORT) == TOP - {"__init__"}
+    crossing = crossings_between_top_packages(modules())
+    assert not crossing, "imports between packages on top that their docstrings do not allow: " + "; ".join(
+        f"{module} -> {', '.join(sorted(targets))}" for module, targets in sorted(crossing.items()))
+
+
+def test_the_top_check_sees_a_sweep_importing_the_pipeline_runner(tmp_path: Path) -> None:
+    """Not vacuous: sweep/ importing pipeline/ is caught, slurm/ importing it is allowed."""
+    path = tmp_path / "planted.py"
+    path.write_text("from common.pipeline.flow import PipelineRunner\nfrom ..results import journal\n")
+    found = crossings_between_top_packages([("common.sweep.planted", path), ("common.slurm.planted", path)])
+    assert found == {"common.sweep.planted": {"common.pipeline.flow"}}

@@ -47,6 +47,11 @@ EXIT_NO_PROGRESS = 76
 #: job's states, so not 1, which is "failed"
 EXIT_STATUS_NOT_WRITTEN = 74
 
+#: Failed.kind: the attempt raised or its worker died (FAILED); its worker was killed by the rank's
+#: watch, for the item's --item-timeout or a setup past --setup-timeout (TIMED_OUT), or for its
+#: silence past --worker-timeout (SILENT). The timeline colours each.
+FAILED, TIMED_OUT, SILENT = "failed", "timeout", "silent"
+
 
 def quoted(path: object) -> str:
     """A path (or any user-given text) for a one-line message: quoted, newlines and other

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .app import Record
+from .errors import FAILED
 from .items import Item, item_row
 
 
@@ -85,14 +86,14 @@ class Results:
 @dataclass
 class Failed:
     """One attempt failed; ``record`` says where and when it ran (its result is None). ``kind``:
-    "silent" or "timeout" when the rank's watch killed its worker, else "failed"; ``errno`` and
+    ``FAILED``, ``TIMED_OUT`` or ``SILENT`` (:mod:`common.errors`); ``errno`` and
     ``path``: the OSError the item raised, if it did (a full disk stops the run instead); ``retry``:
     False where no further attempt is to be made (:class:`ItemError`)."""
 
     record: Record
     error: str
     traceback: str = ""
-    kind: str = "failed"
+    kind: str = FAILED
     errno: Optional[int] = None
     path: str = ""
     retry: bool = True

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
-from common.errors import counted
+from common.errors import FAILED, SILENT, TIMED_OUT, counted
 from common.results.layout import worker_rank_and_device
 from common.signals import DRAWER_IGNORED_SIGNALS, signals_blocked
 
 #: bar colour by outcome: ``ok``, else the bar's ``why`` (common.messages.Failed.kind)
-COLOURS = {"ok": "tab:blue", "failed": "tab:red", "timeout": "tab:orange", "silent": "tab:purple", "stopped": "tab:gray"}
-LABELS = {"failed": "failed (red)", "timeout": "timed out (orange)", "silent": "worker silent, killed (purple)",
+COLOURS = {"ok": "tab:blue", FAILED: "tab:red", TIMED_OUT: "tab:orange", SILENT: "tab:purple", "stopped": "tab:gray"}
+LABELS = {FAILED: "failed (red)", TIMED_OUT: "timed out (orange)", SILENT: "worker silent, killed (purple)",
           "stopped": "ended by the run's stop (grey)"}
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 from common.app import Record
 from common.clock import SYSTEM_CLOCK, Clock
 from common.devices import Device
+from common.errors import FAILED, TIMED_OUT
 from common.items import Item
 from common.messages import (
     Answers,
@@ -142,7 +143,7 @@ class WorkerHandle:
     running_since: float = 0.0  # monotonic, when ``running`` started (the previous answer came)
     running_wall: float = 0.0  # the same as epoch seconds, for the timeline
     killed_because: str = ""  # why the watch killed it (its item's error)
-    killed_kind: str = ""  # "silent" or "timeout" (Failed.kind: the timeline colours those attempts)
+    killed_kind: str = ""  # SILENT or TIMED_OUT (Failed.kind: the timeline colours those attempts)
     killed_keys: Tuple[str, ...] = ()  # the items it was running then (Watchdog.running_keys)
     # items the process has finished, answered or not (shared memory it writes): answers of a chunk
     # travel together, so on its death this tells which item it was running
@@ -389,7 +390,7 @@ class WorkerPool(WorkerCounts):
                 return
             if entry is None:  # cannot happen unless the pipe reorders; fail loudly
                 raise RuntimeError(f"{worker.name} answered {key}, which it was not running")
-            if worker.killed_kind == "timeout" and key in worker.killed_keys:
+            if worker.killed_kind == TIMED_OUT and key in worker.killed_keys:
                 # it answered during the stack dump, past its --item-timeout: the item timed out all
                 # the same (as the run said when it killed the worker), and fails or is retried
                 log.info("%s: %s answered after its --item-timeout, while being killed: not kept", worker.name, key)
@@ -515,7 +516,7 @@ class WorkerPool(WorkerCounts):
             for entry in failed:
                 record = self._record(worker, entry.item.key, None, entry.attempt, max(entry.handed, worker.running_wall),
                                       ended, len(failed))
-                events.append(Event("failed", record, error=why, failure=worker.killed_kind or "failed"))
+                events.append(Event("failed", record, error=why, failure=worker.killed_kind or FAILED))
             unstarted = ([] if running.together and failed else running.entries) + [e for b in worker.assigned for e in b.entries]
             if unstarted:
                 events.append(Event("returned", keys=tuple(e.item.key for e in unstarted)))

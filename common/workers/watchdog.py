@@ -20,6 +20,7 @@ from typing import Any, Iterable, Optional, Tuple
 import psutil
 
 from common.clock import SYSTEM_CLOCK, Clock
+from common.errors import SILENT, TIMED_OUT
 from common.observe.logs import worker_file_log
 from common.results.layout import worker_log
 from common.signals import DUMP_SIGNAL
@@ -32,7 +33,7 @@ MAX_HEARTBEAT_INTERVAL = 5.0
 DUMP_SECONDS = 0.2
 #: how the reasons for killing a worker begin, as users read them (the timeline colours those attempts by
 #: their kind, ``Failed.kind``, not by these words)
-SILENT, TIMED_OUT = "worker silent for", "timed out after"
+SILENT_WORDS, TIMED_OUT_WORDS = "worker silent for", "timed out after"
 
 
 def unanswered(worker: Any) -> int:
@@ -89,16 +90,16 @@ class Watchdog:
             if not (silent or late or slow_start) or worker.conn.poll():  # unread messages: read them first
                 continue
             keys = ", ".join(self.running_keys(worker))
-            kind = "timeout"
+            kind = TIMED_OUT
             if slow_start and not silent:  # its heartbeat goes on: stuck in its setup (a dead filesystem, a lock)
                 why = f"its setup ran past {self.setup_timeout:g} s (--setup-timeout)"
                 said = f"worker still starting after {starting:.0f} s (--setup-timeout {self.setup_timeout:g})"
             elif late:
-                why = f"{TIMED_OUT} {self.item_timeout:g} s (--item-timeout)"
+                why = f"{TIMED_OUT_WORDS} {self.item_timeout:g} s (--item-timeout)"
                 said = f"{keys} timed out after {self.item_timeout:g} s (--item-timeout)"
             else:
-                kind = "silent"
-                why = f"{SILENT} {silence:.0f} s (stopped or hung)"
+                kind = SILENT
+                why = f"{SILENT_WORDS} {silence:.0f} s (stopped or hung)"
                 said = (f"worker silent for {silence:.0f} s (stopped, or hung in code that holds the GIL; "
                         f"--worker-timeout {self.worker_timeout:g}) while "
                         + (f"running {keys}" if keys else "starting" if not worker.ready else "idle"))

@@ -181,10 +181,7 @@ class StopFlag:
         self.first: Optional[int] = None  # the first stop signal's number (the walltime's: WALLTIME_SIGNAL)
         self.count = 0
         self._last = -math.inf
-        #: while rank 0 writes the outputs, a third Ctrl-C interrupts them (KeyboardInterrupt, which
-        #: the runner turns into a stop: --resume writes them); anywhere else the second signal has
-        #: already ended every wait
-        self.outputs_interruptible = False
+        self._outputs_interruptible = False  # see writing_outputs
         self._count_at_failure: Optional[int] = None
 
     def install(self) -> None:
@@ -199,14 +196,25 @@ class StopFlag:
         self.count += 1
         self.why = self.why or f"received {signal.Signals(number).name}"
         self.first = self.first or number
-        if self.count >= 3 and number == signal.SIGINT and self.outputs_interruptible:
-            self.outputs_interruptible = False
+        if self.count >= 3 and number == signal.SIGINT and self._outputs_interruptible:
+            self._outputs_interruptible = False
             raise KeyboardInterrupt  # Ctrl-C three times: the user insists
-        if self.outputs_interruptible:  # else the signal seems ignored while a long figure is drawn
+        if self._outputs_interruptible:  # else the signal seems ignored while a long figure is drawn
             left = 3 - self.count
             more = (f"; Ctrl-C {'once more' if left == 1 else f'{left} more times, 2 s or more apart,'} stops now "
                     f"(what finished is journaled: --resume goes on from it)" if number == signal.SIGINT else "")
             _say(f"received {signal.Signals(number).name} while writing the outputs: finishing them{more}\n")
+
+    @contextlib.contextmanager
+    def writing_outputs(self) -> Iterator[None]:
+        """While rank 0 writes the outputs: each stop signal says they are being finished, and a third
+        Ctrl-C interrupts them (KeyboardInterrupt, which the runner turns into a stop: --resume writes
+        them); anywhere else the second signal has already ended every wait."""
+        self._outputs_interruptible = True
+        try:
+            yield
+        finally:
+            self._outputs_interruptible = False
 
     def take_over(self) -> None:
         """Install the handlers and count each stop noted while the program still imported."""

@@ -755,10 +755,11 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
             progress.close()
             if preloading.is_alive():  # matplotlib in one thread at a time: the figures below wait for the warm-up
                 preloading.join(60)
-            stop.outputs_interruptible = True
             try:
-                code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
-                               started_at, failures, drawer, walltime=stop.first == WALLTIME_SIGNAL, ending=ending)
+                with stop.writing_outputs():
+                    code = _finish(app, argv, fingerprint, outcome, leader, journal, resumed, items, layout, reports,
+                                   started_at, failures, drawer, walltime=stop.first == WALLTIME_SIGNAL,
+                                   ending=ending)
             except KeyboardInterrupt:  # Ctrl-C three times while writing them: what finished is journaled
                 ending.lines.clear()  # what it queued before (a headline) no longer holds
                 ending.say(f"{app.name}: stopped (Ctrl-C three times) while writing the outputs; every finished "
@@ -767,8 +768,6 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
             except Exception:  # a bug: the status file must not say "finishing" for ever (the traceback follows)
                 status.finished(leader, EXIT_FAILED_ITEMS)
                 raise
-            finally:
-                stop.outputs_interruptible = False
             status.finished(leader, code)
         journal.close()
         free_reserve(results)

@@ -48,6 +48,26 @@ def test_resumed_dependents_are_rebuilt_from_their_dependencies():
     assert scheduler.all_resolved()
 
 
+def test_a_resumed_later_wave_item_that_cannot_be_built_fails_and_releases_what_waits_for_it():
+    """A resume whose journal holds every dependency of an item but not the item (its complete()
+    failed in the run before): the item fails for good again, and an item waiting for it is
+    released and built without it, as when the build fails while the run goes on."""
+    built = []
+
+    def complete(item, results):
+        if item.key == "b":
+            raise RuntimeError("boom")
+        built.append((item.key, dict(results)))
+        return item
+
+    items = [Item("a"), Item("b", after=("a",)), Item("c", after=("b",))]
+    scheduler = Scheduler(items, {"a": 1}, retries=0, complete=complete)
+    assert scheduler.failed == {"b": "could not build the item from its dependencies: RuntimeError: boom"}
+    assert built == [("c", {})] and [handout.item.key for handout in scheduler.take()] == ["c"]
+    scheduler.handed("c")
+    assert scheduler.done("c", 3) and scheduler.all_resolved()
+
+
 def test_a_cancelled_request_no_longer_blocks_the_queue_behind_it():
     broker = ResourceBroker({"gpu": 4})
     assert broker.request("gpu", "A", 3) == ["A"]

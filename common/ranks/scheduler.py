@@ -47,6 +47,7 @@ class Scheduler:
         self._ready_keys: Set[str] = set()
         self._ready_groups: Dict[str, Set[str]] = {}
         waiting: Dict[str, Set[str]] = {}  # item -> the unresolved items it waits for
+        built_now: List[str] = []  # later-wave items whose dependencies are all journaled
         for item in items:
             if item.key in self.results and item.after:
                 if self._still_holds(item, complete, finished_params or {}):
@@ -62,7 +63,7 @@ class Scheduler:
             if missing:
                 waiting[item.key] = missing
             elif item.after:
-                self._make_ready(item.key)
+                built_now.append(item.key)
             else:
                 self._ready_keys.add(item.key)
                 if item.group:
@@ -76,6 +77,10 @@ class Scheduler:
         if waiting:
             self._dependencies = _dependency_sorter(waiting)
             self._in_dependencies = set(waiting).union(*waiting.values())
+        # built once the sorter knows who waits for them: one that cannot be built fails for good,
+        # and releases what waits for it, as one that failed while the run went on does
+        for key in built_now:
+            self._make_ready(key)
 
     def _still_holds(self, item: Item, complete: Callable, finished_params: Mapping[str, Any]) -> bool:
         """A journaled later-wave result holds if everything it waits for is finished and

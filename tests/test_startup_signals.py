@@ -58,34 +58,42 @@ def test_a_stop_while_the_program_imports_is_one_line_and_writes_nothing(tmp_pat
     assert not results.exists()
 
 
-#: a user's sweep script whose slow imports (the sleep) follow its import of sweep.main
-SLOW_SWEEP_SCRIPT = """{header}
-import time
+#: a user's sweep script, on a node where the engine takes 2 s to import (a loaded node, a slow
+#: shared filesystem): the import hook says when it begins, then waits
+SLOW_ENGINE_SCRIPT = """import sys, time
+from common import sweep
 
-print("importing", flush=True)
-time.sleep(2)  # a slow import (torch, scikit-learn) after sweep.main's
+
+class SlowEngine:
+    def find_spec(self, name, path=None, target=None):
+        if name == "common.sweep.app":
+            print("importing", flush=True)
+            time.sleep(2)
+        return None
+
+
+sys.meta_path.insert(0, SlowEngine())
 
 
 def fit(params):
-    return {{"y": params["x"] * 2}}
+    return {"y": params["x"] * 2}
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(fit, grid={{"x": [1, 2]}}))
+    raise SystemExit(sweep.main(fit, grid={"x": [1, 2]}))
 """
 
 
-@pytest.mark.parametrize("header", ["from common.sweep import main", "from common import sweep\n\nmain = sweep.main"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_while_a_sweep_script_imports_is_one_line_and_writes_nothing(tmp_path, header, sig):
-    """A script's sweep.main defers stop signals as it is asked for (before the engine and whatever
-    the script imports after it): no traceback, no silent death, one line, exit 75, no results folder."""
+def test_a_stop_while_sweep_main_loads_the_engine_is_one_line_and_writes_nothing(tmp_path, sig):
+    """A script's sweep.main defers stop signals as it is called, before the engine loads: no
+    traceback, no silent death, one line, exit 75, no results folder."""
     script = tmp_path / "slow.py"
-    script.write_text(SLOW_SWEEP_SCRIPT.format(header=header))
+    script.write_text(SLOW_ENGINE_SCRIPT)
     results = tmp_path / "results"
     process = start([str(script), "--gpu", "cpu", "--workers", "1", "--results", str(results)])
     assert process.stdout.readline() == "importing\n"
-    assert stop_signals_deferred(process.pid)  # before the slow import, which the signal now comes in
+    assert stop_signals_deferred(process.pid)  # before the engine's import, which the signal now comes in
     os.killpg(process.pid, sig)
     _, err = process.communicate(timeout=120)
     assert process.returncode == STOP_CODE, err
@@ -94,9 +102,9 @@ def test_a_stop_while_a_sweep_script_imports_is_one_line_and_writes_nothing(tmp_
     assert not results.exists()
 
 
-def test_sweep_main_asked_for_by_a_library_leaves_the_signals_alone():
-    """Only a program's own code (its __main__) defers: a library or a test that takes sweep.main
-    keeps Ctrl-C as it was."""
+def test_sweep_main_imported_or_asked_for_but_not_called_leaves_the_signals_alone(tmp_path):
+    """Only a call defers: a program that imports main (a notebook, a script's own subprocesses,
+    which import it again) or a library that takes it keeps Ctrl-C and SIGTERM as they were."""
     from common import sweep
 
     before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
@@ -105,6 +113,11 @@ def test_sweep_main_asked_for_by_a_library_leaves_the_signals_alone():
 
     assert main is sweep.main
     assert {number: signal.getsignal(number) for number in before} == before
+    program = ("import os, signal, time\nfrom common.sweep import main\nfrom common import sweep\nsweep.main\n"
+               "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
+    proc = subprocess.run([sys.executable, "-c", program], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGINT and proc.stderr.rstrip().endswith("KeyboardInterrupt"), proc.stderr
 
 
 @pytest.mark.parametrize("after", [0.0, 0.5, 1.5])

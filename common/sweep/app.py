@@ -716,6 +716,10 @@ def main(function: Callable[..., Any], *, grid: Any = None, space: Any = None, p
     minimise = minimize if minimise is None else minimise
     maximise = maximize if maximise is None else maximise
     frame = inspect.currentframe()
+    from common.sweep import main as door
+
+    if frame is not None and frame.f_back is not None and frame.f_back.f_code is door.__code__:
+        frame = frame.f_back  # called through common.sweep.main: its caller is the script's
     if _in_a_worker(frame):  # found before the run by _unguarded_call where the script can be read
         raise SystemExit("sweep.main ran inside a worker: call it under `if __name__ == \"__main__\":` so that the "
                          "workers, which import your script, do not start a sweep of their own")

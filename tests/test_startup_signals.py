@@ -42,6 +42,17 @@ def worker_starts(results: Path) -> int:
     return sum(path.read_text().count("started: pid") for path in (results / "logs").glob("rank0-*.log"))
 
 
+def assert_stopped_before_the_run(process: subprocess.Popen, sig: int, app: str, results: Path) -> None:
+    """``sig`` to the program's whole process group (a terminal's Ctrl-C) ends it in one line, exit
+    75, before its run started: no traceback, no results folder."""
+    os.killpg(process.pid, sig)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == STOP_CODE, err
+    assert error_lines(err) == [f"{app}: stopped (received {signal.Signals(sig).name}) before the run started; "
+                                f"nothing was written"], err
+    assert not results.exists()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_while_the_program_imports_is_one_line_and_writes_nothing(tmp_path, sig):
     """From the moment python -m mnist_svm defers stop signals (its first line, before numpy):
@@ -50,12 +61,7 @@ def test_a_stop_while_the_program_imports_is_one_line_and_writes_nothing(tmp_pat
     process = start(["-m", "mnist_svm", "2", "--dataset", "digits", "--results", str(results)])
     # the stop handlers are in place as the program starts importing numpy and scikit-learn
     assert wait_until(lambda: stop_signals_deferred(process.pid), timeout=30, every=0.001)
-    os.killpg(process.pid, sig)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == STOP_CODE, err
-    assert error_lines(err) == [f"mnist_svm: stopped (received {signal.Signals(sig).name}) before the run started; "
-                                f"nothing was written"], err
-    assert not results.exists()
+    assert_stopped_before_the_run(process, sig, "mnist_svm", results)
 
 
 #: a user's sweep script, on a node where the engine takes 2 s to import (a loaded node, a slow
@@ -94,12 +100,7 @@ def test_a_stop_while_sweep_main_loads_the_engine_is_one_line_and_writes_nothing
     process = start([str(script), "--gpu", "cpu", "--workers", "1", "--results", str(results)])
     assert process.stdout.readline() == "importing\n"
     assert stop_signals_deferred(process.pid)  # before the engine's import, which the signal now comes in
-    os.killpg(process.pid, sig)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == STOP_CODE, err
-    assert error_lines(err) == [f"sweep: stopped (received {signal.Signals(sig).name}) before the run started; "
-                                f"nothing was written"], err
-    assert not results.exists()
+    assert_stopped_before_the_run(process, sig, "sweep", results)
 
 
 def test_sweep_main_imported_or_asked_for_but_not_called_leaves_the_signals_alone(tmp_path):

@@ -154,7 +154,6 @@ def read_all(environ: Optional[Mapping[str, str]] = None) -> RunSettings:
     return RunSettings(**{FIELDS[setting]: value(setting, environ) for setting in ALL})
 
 
-
 def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:
     """This process's rank as its MPI launcher set it (hydra, Open MPI, Slurm), 0 without one: who
     prints an error found before MPI is joined."""

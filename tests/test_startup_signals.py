@@ -114,7 +114,10 @@ def test_sweep_main_imported_or_asked_for_but_not_called_leaves_the_signals_alon
 
     assert main is sweep.main
     assert {number: signal.getsignal(number) for number in before} == before
-    program = ("import os, signal, time\nfrom common.sweep import main\nfrom common import sweep\nsweep.main\n"
+    # Python's own Ctrl-C first, as an interactive one has it (a test runner's worker may ignore SIGINT,
+    # which its children inherit)
+    program = ("import os, signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+               "from common.sweep import main\nfrom common import sweep\nsweep.main\n"
                "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(5)\n")
     proc = subprocess.run([sys.executable, "-c", program], cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=60)

@@ -121,13 +121,6 @@ def value(setting: Setting, environ: Optional[Mapping[str, str]] = None) -> Unio
     return text or None  # empty: the default, as unset
 
 
-def seconds(setting: Setting) -> float:
-    """A "seconds" setting's value (checked when the run started)."""
-    result = value(setting)
-    assert isinstance(result, float)
-    return result
-
-
 @dataclass(frozen=True)
 class RunSettings:
     """Every setting of :data:`ALL`, read once as a run starts (:func:`read_all`) and handed to what
@@ -152,6 +145,10 @@ FIELDS = {NO_MPI: "no_mpi", HOLD_SECONDS: "hold_seconds", PROGRESS_SECONDS: "pro
 def read_all(environ: Optional[Mapping[str, str]] = None) -> RunSettings:
     """Every setting read once: the first bad one raises :class:`UsageError` (one line naming it)."""
     return RunSettings(**{FIELDS[setting]: value(setting, environ) for setting in ALL})
+
+
+#: every setting's default: what a part built outside a run (a test, a benchmark) is given
+DEFAULTS = read_all({})
 
 
 def launcher_rank(environ: Optional[Mapping[str, str]] = None) -> int:

@@ -13,7 +13,7 @@ from typing import Any, Optional, TextIO
 from common import settings
 from common.clock import SYSTEM_CLOCK, Clock
 
-PROGRESS_SECONDS = float(settings.PROGRESS_SECONDS.default)  # type: ignore[arg-type]
+PROGRESS_SECONDS = settings.DEFAULTS.progress_seconds
 
 
 def format_seconds(seconds: Optional[float]) -> str:

@@ -41,7 +41,7 @@ from .definition import Step
 from .sizes import format_bytes
 
 #: seconds between SIGTERM and SIGKILL where no run gave its PIPELINE_KILL_GRACE
-KILL_GRACE = float(settings.KILL_GRACE.default)  # type: ignore[arg-type]
+KILL_GRACE = settings.DEFAULTS.kill_grace
 
 
 POLL_SECONDS = 0.05

@@ -35,11 +35,10 @@ from common.errors import UsageError, quoted
 from common.results.layout import HOLD_NAME, ResultsLayout
 from common.results.outputs import atomic_write_json
 from common.results.regular_file import NotRegularFile, read_regular
-from common.settings import HOLD_SECONDS
 
 log = logging.getLogger("multinode_gpu")
 
-REFRESH_SECONDS = float(HOLD_SECONDS.default)  # type: ignore[arg-type]
+REFRESH_SECONDS = settings.DEFAULTS.hold_seconds
 #: a hold not refreshed for this many of its holder's refresh periods is stale
 STALE_PERIODS = 3
 

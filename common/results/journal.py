@@ -627,9 +627,10 @@ class Journal:
         """Hand the batch to the writer once it is ``sync_every`` seconds old; from the
         distribution loop, look every ``PLACE_CHECK_SECONDS`` whether the results folder is still
         there (an item may run for hours)."""
-        if self._fd is not None and self.clock.monotonic() - self._last_place_check >= PLACE_CHECK_SECONDS:
+        now = self.clock.monotonic()
+        if self._fd is not None and now - self._last_place_check >= PLACE_CHECK_SECONDS:
             self.check_place()
-        if self._pending and self.clock.monotonic() - self._since >= self.sync_every:
+        if self._pending and now - self._since >= self.sync_every:
             self._hand_over()
         else:
             self._check()

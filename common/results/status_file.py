@@ -21,7 +21,7 @@ from common.results.outputs import atomic_write_json
 
 FORMAT_VERSION = 1
 #: how often the file is rewritten (and followers report); MULTINODE_GPU_STATUS_SECONDS overrides it
-STATUS_SECONDS = float(settings.STATUS_SECONDS.default)  # type: ignore[arg-type]
+STATUS_SECONDS = settings.DEFAULTS.status_seconds
 #: the rate (and so the ETA) is measured over this much recent time
 RATE_WINDOW_SECONDS = 300.0
 #: failures listed in the file (the count is always complete)

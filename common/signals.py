@@ -1,7 +1,7 @@
 """The stop signals and their handling, in one place: which signal means what to a rank, a worker
 and a pipeline step, and every helper that defers, holds back, blocks or ignores them.
 
-A rank acts on a stop (Ctrl-C, Slurm's walltime warning, SIGTERM): :class:`StopFlag` notes it and
+A rank acts on a stop (Ctrl-C, Slurm's walltime warning, SIGTERM, a closed terminal): :class:`StopFlag` notes it and
 the distribution loop looks at it between events. A worker leaves those to its rank and ends on
 :data:`WORKER_TERMINATE_SIGNAL`, which its rank sends. Signals arriving while a program still
 imports (numpy, torch, matplotlib take a second or more) are noted, not raised
@@ -33,13 +33,18 @@ WORKER_TERMINATE_SIGNAL = signal.SIGUSR2
 #: knows that the items it held were cut off, not failed, whoever sent the signal (``kill`` of the whole
 #: process group reaches a worker before its rank, whose stop may not yet be known when the worker's exit is)
 WORKER_TERMINATED_EXIT = 128 + WORKER_TERMINATE_SIGNAL
-#: Ctrl-C, Slurm's walltime warning, SIGTERM, and SIGUSR2 (Open MPI's mpirun forwards it; a rank
-#: takes it as it takes USR1): what asks a run to stop. Workers leave all but USR2 to their rank
+#: a closed terminal or a dropped ssh connection: the kernel sends it to the terminal's foreground
+#: process group. A rank stops as on SIGTERM (its outputs written, its results folder left as a
+#: resume expects) instead of dying where it stands; a program started with it ignored (``nohup``)
+#: keeps it ignored (:func:`handled_stop_signals`).
+HANGUP_SIGNAL = signal.SIGHUP
+#: Ctrl-C, Slurm's walltime warning, SIGTERM, SIGUSR2 (Open MPI's mpirun forwards it; a rank takes it
+#: as it takes USR1) and a hang-up: what asks a run to stop. Workers leave all but USR2 to their rank
 #: (:data:`WORKER_IGNORED_SIGNALS`); USR2 is how a rank ends a worker.
-RUN_STOP_SIGNALS = (signal.SIGINT, WALLTIME_SIGNAL, signal.SIGTERM, WORKER_TERMINATE_SIGNAL)
+RUN_STOP_SIGNALS = (signal.SIGINT, WALLTIME_SIGNAL, signal.SIGTERM, WORKER_TERMINATE_SIGNAL, HANGUP_SIGNAL)
 #: the signals that ask a run to stop which a worker ignores: the rank acts on them. The pool
 #: starts a worker with them blocked (:func:`signals_blocked`), until its handlers are in place.
-WORKER_IGNORED_SIGNALS = (signal.SIGINT, WALLTIME_SIGNAL, signal.SIGTERM)
+WORKER_IGNORED_SIGNALS = (signal.SIGINT, WALLTIME_SIGNAL, signal.SIGTERM, HANGUP_SIGNAL)
 #: Signals that stop a worker (the engine's); held back (:func:`held_signals`) while a pipeline step
 #: is being ended and recorded.
 STEP_HELD_SIGNALS = (WORKER_TERMINATE_SIGNAL,)
@@ -67,10 +72,17 @@ class EarlyStops:
             self.numbers.append(number)
 
 
+def handled_stop_signals() -> List[int]:
+    """The stop signals this process acts on: :data:`RUN_STOP_SIGNALS` but a hang-up that it was
+    started with ignored (``nohup``: the user asked for the run to outlive the terminal)."""
+    return [number for number in RUN_STOP_SIGNALS
+            if not (number == HANGUP_SIGNAL and signal.getsignal(number) == signal.SIG_IGN)]
+
+
 def defer_stop_signals() -> None:
     """Until the runner installs its own handlers, a stop signal is only noted."""
     note = early_stops()
-    for number in RUN_STOP_SIGNALS:
+    for number in handled_stop_signals():
         signal.signal(number, note)
 
 
@@ -119,8 +131,9 @@ def signals_blocked(signals: Iterable[int]) -> Iterator[None]:
 
 
 #: the stop signals that would kill multiprocessing's resource tracker, which ignores only SIGINT
-#: and SIGTERM: srun passes the walltime's USR1 to every process of the job step
-TRACKER_BLOCKED_SIGNALS = (WALLTIME_SIGNAL, WORKER_TERMINATE_SIGNAL)
+#: and SIGTERM: srun passes the walltime's USR1 to every process of the job step, and a closed
+#: terminal its hang-up to every process of its foreground group
+TRACKER_BLOCKED_SIGNALS = (WALLTIME_SIGNAL, WORKER_TERMINATE_SIGNAL, HANGUP_SIGNAL)
 
 
 def start_resource_tracker() -> None:
@@ -185,7 +198,7 @@ class StopFlag:
         self._count_at_failure: Optional[int] = None
 
     def install(self) -> None:
-        for number in RUN_STOP_SIGNALS:
+        for number in handled_stop_signals():
             signal.signal(number, self._handle)
 
     def _handle(self, number: int, frame: Any) -> None:

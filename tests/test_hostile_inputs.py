@@ -121,6 +121,45 @@ def test_sigusr2_stops_a_run_like_sigusr1(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
 
 
+def _hangup(disposition):
+    """A child's SIGHUP as given (this suite may itself run under nohup, which every child inherits)."""
+    return lambda: signal.signal(signal.SIGHUP, disposition)
+
+
+def test_a_closed_terminal_stops_a_run_as_sigterm_does(tmp_path):
+    """A closed terminal (or a dropped ssh connection) sends SIGHUP to every process of its
+    foreground group: the rank stops as on SIGTERM, giving the running items their grace, and its
+    workers and multiprocessing's resource tracker live through it. It used to end the rank where
+    it stood: exit 129, no summary, its hold left for a resume to wait out."""
+    results = tmp_path / "results"
+    process = start([TOY, "12", "--sleep", "0.5", "--workers", "2", "--grace", "30", "--results", str(results),
+                     "--no-progress"], preexec_fn=_hangup(signal.SIG_DFL))
+    wait_for_results(results, 2)
+    os.killpg(process.pid, signal.SIGHUP)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == STOP_CODE, err
+    assert "received SIGHUP" in err and "Traceback" not in err and "relaunching" not in err, err
+    summary = read_summary(results)
+    assert summary["status"] == "stopped" and summary["failed_items"] == [], summary
+    assert not [e for e in journal_entries(results) if e.get("type") in ("attempt_failed", "failed")]
+    assert not (results / "hold.json").exists()
+    resumed = toy("12", "--sleep", "0.5", "--workers", "2", "--results", str(results), "--no-progress", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_run_started_under_nohup_lives_through_a_hang_up(tmp_path):
+    """``nohup`` starts a program with SIGHUP ignored so that it outlives its terminal: the run keeps
+    it ignored, and ends complete."""
+    results = tmp_path / "results"
+    process = start([TOY, "6", "--sleep", "0.5", "--workers", "2", "--results", str(results), "--no-progress"],
+                    preexec_fn=_hangup(signal.SIG_IGN))
+    wait_for_results(results, 2)
+    os.killpg(process.pid, signal.SIGHUP)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert read_summary(results)["items_done"] == 6
+
+
 
 def test_an_item_a_sigusr2_cut_off_is_run_again_not_failed(tmp_path):
     """USR2 to the process group reaches a worker before its rank (whose stop then comes late): the

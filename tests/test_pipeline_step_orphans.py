@@ -1,6 +1,7 @@
 """A pipeline step's program dies with its worker, also when a shell forked it (``/bin/sh -c 'sleep
 600'``): after SIGKILL of the worker (also when the program put itself in a process group of its
-own), and after SIGHUP to the run's process group (a closed terminal). Real processes: the pipeline app, its worker, the shell and sleep."""
+own), and after SIGHUP to the run's process group (a closed terminal, which stops the run as SIGTERM
+does). Real processes: the pipeline app, its worker, the shell and sleep."""
 from __future__ import annotations
 
 import json
@@ -69,7 +70,8 @@ def test_a_forked_step_program_dies_with_its_worker(tmp_path, how, command):
     definition.write_text(json.dumps({"name": "hold", "steps": [{"id": "wait", "command": command}]}))
     # SIGHUP as a closed terminal sends it, at its default (under nohup, which CI runs may be started
     # with, every process inherits it ignored, and the run rightly lives on)
-    process = start(["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "1",
+    # a hang-up stops the run as SIGTERM does: the running step has --grace, then its worker ends it
+    process = start(["-m", "common.pipeline", str(definition), "--gpu", "cpu", "--workers", "1", "--grace", "1",
                      "--results", str(tmp_path / "res")], preexec_fn=_hangup_at_its_default)
     sleep = None
     try:
@@ -82,9 +84,12 @@ def test_a_forked_step_program_dies_with_its_worker(tmp_path, how, command):
             worker.send_signal(signal.SIGKILL)
         else:
             os.killpg(process.pid, signal.SIGHUP)
-        assert wait_until(lambda: _gone(sleep), timeout=5), (
+        assert wait_until(lambda: _gone(sleep), timeout=5 if how.startswith("SIGKILL") else 30), (
             f"sleep {sleep.pid} outlived its worker ({how}); still alive: {_alive(chain)}; "
             f"worker logs: {_log_tails(ResultsLayout(tmp_path / 'res').logs)}")
+        if how.startswith("SIGHUP"):  # stopped, as on SIGTERM: --resume runs the step again
+            _, err = process.communicate(timeout=60)
+            assert process.returncode == 75, err
     finally:
         if sleep is not None and not _gone(sleep):
             sleep.kill()

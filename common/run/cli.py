@@ -138,7 +138,7 @@ def build_parser(app_class: Any, quiet: bool = False) -> Parser:
                              "trying every item: a bug that fails them all does not spend the allocation; after a "
                              "fix, --resume runs the rest (default: never; exit code 1, not requeued)")
     engine.add_argument("--grace", type=at_least(0, float, maximum=MAX_TIMEOUT), default=DEFAULT_GRACE,
-                        help="seconds to let running items finish after Ctrl-C (SIGINT), SIGTERM or SIGUSR1; "
+                        help="seconds to let running items finish after Ctrl-C (SIGINT), SIGTERM, SIGUSR1 or SIGHUP; "
                              "a second one ends the wait")
     engine.add_argument("--heartbeat-timeout", type=at_least(1, float, maximum=MAX_HEARTBEAT_TIMEOUT),
                         default=DEFAULT_HEARTBEAT_TIMEOUT,

@@ -17,7 +17,18 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from common.errors import error_line
 from common.results.journal import JournalReader, Kind
-from common.results.layout import GPU_USAGE_CSV, GPU_USAGE_STEM, TIMELINE_STEM, ResultsLayout, png_name
+from common.results.layout import (
+    GPU_USAGE_CSV,
+    GPU_USAGE_STEM,
+    JOURNAL_NAME,
+    LOGS_DIR,
+    REPORT_NAME,
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    TIMELINE_STEM,
+    ResultsLayout,
+    png_name,
+)
 from common.results.outputs import atomic_write_text
 from common.results.regular_file import NotRegularFile
 
@@ -123,7 +134,7 @@ def write_report(results: Path) -> Optional[Path]:
     try:
         return _write_report(Path(results))
     except Exception as error:  # noqa: BLE001 - a report must never cost the run its exit code
-        log.warning("report.html not written: %s: %s", type(error).__name__, error)
+        log.warning("%s not written: %s: %s", REPORT_NAME, type(error).__name__, error)
         return None
 
 
@@ -157,7 +168,7 @@ def _write_report(results: Path) -> Optional[Path]:
             f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n"
             f'<body class="{html.escape(str(summary.get("status", "")))}"><main>\n'
             f"<h1>{html.escape(title)}</h1>\n{_cards(summary)}\n{body}\n" + "\n".join(extra)
-            + f"\n<footer>{html.escape(str(results))}: summary.md, summary.json, journal.jsonl and logs/ hold the "
+            + f"\n<footer>{html.escape(str(results))}: {SUMMARY_MD}, {SUMMARY_JSON}, {JOURNAL_NAME} and {LOGS_DIR}/ hold the "
               f"same and more. Started {html.escape(str(summary.get('started', '?')))}.</footer>\n"
               f"</main></body></html>\n")
     atomic_write_text(ResultsLayout(results).report, page)

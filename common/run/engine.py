@@ -1015,7 +1015,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
         return EXIT_STOPPED
     if outcome == "stopped" and leader.gave_up:
         ending.say(f"{app.name}: failed: {leader.stopping}: stopped with {len(records)} of {len(items)} items done; "
-                 f"their errors are in {results}/summary.md; after a fix (or with a larger --stop-after-failures, "
+                 f"their errors are in {results}/{SUMMARY_MD}; after a fix (or with a larger --stop-after-failures, "
                  f"where such failures are expected), finish {again} {summary['resume_command']}")
         return EXIT_FAILED_ITEMS
     if outcome == "stopped":
@@ -1048,7 +1048,7 @@ def _finish(app: App, argv: List[str], fingerprint: dict, outcome: str, leader: 
     counts = f"{len(records)} of {len(items)} items" + (f" done{earlier}, {len(failed)} failed" if failed else earlier)
     outputs = f", the outputs {summary['outputs_seconds']:.1f} s more" if summary.get("outputs_seconds") else ""
     ending.say(f"{app.name}: {summary['status']}: {counts}{',' if failed else ''} in "
-             f"{summary['wall_seconds']:.1f} s{outputs}; results in {results}/ (summary.md)")
+             f"{summary['wall_seconds']:.1f} s{outputs}; results in {results}/ ({SUMMARY_MD})")
     if failed:
         for note in summary["retry_notes"]:
             ending.say(f"{app.name}: {note}")

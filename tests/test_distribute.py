@@ -27,6 +27,7 @@ from common.results.journal import _ENCODER, _RECORD_FIELDS, Journal
 from common.results.outputs import to_jsonable
 from common.testing.inprocess import FakeClock, InProcessWorld, SimulatedPool, Turns, fake_time, instant
 from common.workers.pool import Assigned, Bundle, PoolSettings, WorkerHandle, WorkerPool
+from common.workers.watchdog import Kill
 
 
 def sleeper(seconds: float) -> Callable:
@@ -511,9 +512,9 @@ def _killed_chunk_worker(tmp_path: Path, kind: str, finished: int):
     entries = [Assigned(Item(key, {}), 1) for key in "ABC"]
     worker = WorkerHandle("rank0-cpu0", Device("cpu", 0), _DeadProcess(), _ClosedPipe(), ready=True)
     worker.assigned.append(Bundle(entries, together=False, size=3))
-    worker.running, worker.finished = entries[0], types.SimpleNamespace(value=finished)
-    worker.killed_because = "timed out after 0.3 s (--item-timeout)" if kind == "timeout" else "worker silent for 9 s"
-    worker.killed_kind, worker.killed_keys = kind, ("B",)
+    worker.watch.running, worker.finished = entries[0], types.SimpleNamespace(value=finished)
+    why = "timed out after 0.3 s (--item-timeout)" if kind == "timeout" else "worker silent for 9 s"
+    worker.watch.killed = Kill(why, kind, ("B",))
     pool.workers[worker.name] = worker
     return pool, worker
 
@@ -539,9 +540,8 @@ def test_what_a_worker_ran_after_the_group_it_was_killed_for_goes_back(tmp_path)
     first, second = ([Assigned(Item(key, {}), 1) for key in keys] for keys in ("AB", "CD"))
     worker = WorkerHandle("rank0-cpu0", Device("cpu", 0), _DeadProcess(), _ClosedPipe(), ready=True)
     worker.assigned.extend([Bundle(first, together=True, size=2), Bundle(second, together=True, size=2)])
-    worker.running, worker.finished = first[0], types.SimpleNamespace(value=3)
-    worker.killed_because, worker.killed_kind, worker.killed_keys = "timed out after 0.15 s (--item-timeout)", \
-        "timeout", ("A", "B")
+    worker.watch.running, worker.finished = first[0], types.SimpleNamespace(value=3)
+    worker.watch.killed = Kill("timed out after 0.15 s (--item-timeout)", "timeout", ("A", "B"))
     pool.workers[worker.name] = worker
     events: list = []
     pool._handle(worker, Answers([ItemDone("A", {}, 1.0, 1.2), ItemDone("B", {}, 1.0, 1.2)]), events)

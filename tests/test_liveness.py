@@ -84,13 +84,13 @@ def test_the_watchdog_kills_an_item_past_its_time_on_the_clock_it_is_given(tmp_p
         worker = WorkerHandle("rank0-cpu0", Device("cpu", 0), process, _NoMessages(), ready=True)
         worker.assigned.append(Bundle([Assigned(Item("a"), 1, clock.time()), Assigned(Item("b"), 1, clock.time())], False, 2))
         watchdog.note_start(worker)
-        assert worker.running is worker.assigned[0].entries[0] and worker.running_since == clock.now
+        assert worker.watch.running is worker.assigned[0].entries[0] and worker.watch.since == clock.now
         clock.advance(1.9)
         watchdog.check([worker])
-        assert not worker.killed_because and process.poll() is None
+        assert worker.watch.killed is None and process.poll() is None
         clock.advance(0.2)
         watchdog.check([worker])
-        assert worker.killed_because == "timed out after 2 s (--item-timeout)"
+        assert worker.watch.killed.why == "timed out after 2 s (--item-timeout)"
         assert process.wait(10) == -signal.SIGKILL
         assert "a timed out after 2 s (--item-timeout): killed by its rank" in (tmp_path / "rank0-cpu0.log").read_text()
     finally:

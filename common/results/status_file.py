@@ -42,7 +42,7 @@ def rank_snapshot(pool: Any, monitor: Any, clock: Clock = SYSTEM_CLOCK) -> Dict[
         view = {"worker": name, "device": str(worker.device), "pid": worker.process.pid, "state": state}
         if entry is not None:
             # the pool dates what a worker runs from the previous answer (a queued item starts then)
-            view.update(key=entry.item.key, attempt=entry.attempt, since=max(entry.handed, worker.running_wall),
+            view.update(key=entry.item.key, attempt=entry.attempt, since=max(entry.handed, worker.watch.since_wall),
                         together=len(running.entries) if running.together else 1)
         workers.append(view)
     return {"rank": pool.rank, "host": pool.host, "time": clock.time(), "workers": workers,

@@ -57,7 +57,7 @@ from common.signals import (
 )
 from common.workers.placement import pick_worker, room
 from common.workers.resources import ResourceBroker
-from common.workers.watchdog import Watchdog, unanswered
+from common.workers.watchdog import Watchdog, WorkerWatch, unanswered
 from common.workers.worker import worker_main
 
 log = logging.getLogger("multinode_gpu")
@@ -139,12 +139,7 @@ class WorkerHandle:
     unreachable: bool = False  # a send to it failed: what it was handed never reached it
     heard: Optional[float] = None  # monotonic time of its last message (None: it has said nothing yet)
     spawned: float = 0.0  # monotonic, when it was started (its setup's time limit counts from then)
-    running: Any = None  # what it runs now: its first bundle (a group) or that bundle's first entry
-    running_since: float = 0.0  # monotonic, when ``running`` started (the previous answer came)
-    running_wall: float = 0.0  # the same as epoch seconds, for the timeline
-    killed_because: str = ""  # why the watch killed it (its item's error)
-    killed_kind: str = ""  # SILENT or TIMED_OUT (Failed.kind: the timeline colours those attempts)
-    killed_keys: Tuple[str, ...] = ()  # the items it was running then (Watchdog.running_keys)
+    watch: WorkerWatch = field(default_factory=WorkerWatch)  # what runs since when, why it was killed
     # items the process has finished, answered or not (shared memory it writes): answers of a chunk
     # travel together, so on its death this tells which item it was running
     finished: Any = None
@@ -288,7 +283,7 @@ class WorkerPool(WorkerCounts):
     def pick_worker(self, avoid: Tuple[str, ...] = (), depth: int = 1) -> Optional[WorkerHandle]:
         """The worker to hand the next item to (:func:`common.workers.placement.pick_worker`); none the
         watch has killed, whose exit is yet to be read (an item sent to it would be lost with it)."""
-        return pick_worker((worker for worker in self.workers.values() if not worker.killed_because), avoid, depth,
+        return pick_worker((worker for worker in self.workers.values() if worker.watch.killed is None), avoid, depth,
                            self.batch)
 
     def room(self, worker: WorkerHandle) -> Optional[int]:
@@ -380,7 +375,7 @@ class WorkerPool(WorkerCounts):
             key = message.key
             running = worker.assigned[0]
             entry = next((e for e in running.entries if e.item.key == key), None)
-            if entry is None and worker.killed_because and any(
+            if entry is None and worker.watch.killed is not None and any(
                     e.item.key == key for bundle in worker.assigned for e in bundle.entries):
                 # killed by the watch, it went on to what was queued after the item (or group) it was
                 # killed for, whose answers are still unkept: its exit fails that one and gives this back
@@ -390,7 +385,8 @@ class WorkerPool(WorkerCounts):
                 return
             if entry is None:  # cannot happen unless the pipe reorders; fail loudly
                 raise RuntimeError(f"{worker.name} answered {key}, which it was not running")
-            if worker.killed_kind == TIMED_OUT and key in worker.killed_keys:
+            killed = worker.watch.killed
+            if killed is not None and killed.kind == TIMED_OUT and key in killed.keys:
                 # it answered during the stack dump, past its --item-timeout: the item timed out all
                 # the same (as the run said when it killed the worker), and fails or is retried
                 log.info("%s: %s answered after its --item-timeout, while being killed: not kept", worker.name, key)
@@ -475,12 +471,14 @@ class WorkerPool(WorkerCounts):
             self.deliver(who, reply)
         if self.global_pools:
             events.append(Event("pool", message=PoolCall("gone", owner, "", 0)))
-        why = worker.killed_because or _describe_exit(worker.process.exitcode)
+        killed = worker.watch.killed
+        why = killed.why if killed is not None else _describe_exit(worker.process.exitcode)
+        killed_keys = killed.keys if killed is not None else ()
         # ended by WORKER_TERMINATE_SIGNAL that this pool did not send (a kill of the whole process group,
         # which may reach the worker before its rank): what it held was cut off, not failed, and goes back
         # (-SIGUSR2: before the app's __main__ let the worker's handlers take it)
         cut_off = (worker.process.exitcode in (WORKER_TERMINATED_EXIT, -WORKER_TERMINATE_SIGNAL)
-                   and not worker.killed_because)
+                   and killed is None)
         held = [e.item.key for b in worker.assigned for e in b.entries]
         if held and cut_off:
             self.cut_offs.update(held)
@@ -493,13 +491,13 @@ class WorkerPool(WorkerCounts):
             # An item that answered just before its worker was killed for it: what came next had
             # barely started, and goes back uncounted
             running = worker.assigned.popleft()
-            overtaken = bool(worker.killed_keys) and not any(e.item.key in worker.killed_keys for e in running.entries)
+            overtaken = bool(killed_keys) and not any(e.item.key in killed_keys for e in running.entries)
             # Items it finished whose answers died with it (a chunk's answers travel together): they
             # go back uncounted, and the next one is the item it was running. Killed by the watch,
             # the item the run said it killed is that one, also if it finished during the stack dump
             # and its answer died with it (counted then among the finished).
             ahead = min(unanswered(worker), len(running.entries))
-            killed_at = [i for i, e in enumerate(running.entries) if e.item.key in worker.killed_keys]
+            killed_at = [i for i, e in enumerate(running.entries) if e.item.key in killed_keys]
             if killed_at:
                 ahead = killed_at[0]
             # A group failed as one; in a chunk only the item after those finished was running; a
@@ -510,13 +508,13 @@ class WorkerPool(WorkerCounts):
                       else running.entries if running.together else running.entries[ahead:ahead + 1])
             if failed and not running.together:
                 running.entries = running.entries[:ahead] + running.entries[ahead + 1:]
-            if failed and not worker.killed_because:  # the watch said why when it killed it
+            if failed and killed is None:  # the watch said why when it killed it
                 log.warning("%s: %s while running %s", worker.name, why, ", ".join(e.item.key for e in failed))
             ended = self.clock.time()  # one end for a group's entries: the summary counts its one attempt once
             for entry in failed:
-                record = self._record(worker, entry.item.key, None, entry.attempt, max(entry.handed, worker.running_wall),
+                record = self._record(worker, entry.item.key, None, entry.attempt, max(entry.handed, worker.watch.since_wall),
                                       ended, len(failed))
-                events.append(Event("failed", record, error=why, failure=worker.killed_kind or FAILED))
+                events.append(Event("failed", record, error=why, failure=killed.kind if killed is not None else FAILED))
             unstarted = ([] if running.together and failed else running.entries) + [e for b in worker.assigned for e in b.entries]
             if unstarted:
                 events.append(Event("returned", keys=tuple(e.item.key for e in unstarted)))

@@ -8,12 +8,15 @@ where it was (faulthandler) and why it was killed; its pool then handles it as a
 its item failing with that reason (a starting one's failed start counts towards giving up its device).
 
 The watch reads what the pool keeps on each worker (``common.workers.pool.WorkerHandle``): when it
-was last heard from, what it runs and since when (:meth:`Watchdog.note_start`).
+was last heard from and what it was handed. What the watch itself notes on a worker, what it runs
+since when (:meth:`Watchdog.note_start`) and why it killed it, is the worker's :class:`WorkerWatch`,
+which only this module writes.
 """
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Tuple
 
@@ -34,6 +37,25 @@ DUMP_SECONDS = 0.2
 #: how the reasons for killing a worker begin, as users read them (the timeline colours those attempts by
 #: their kind, ``Failed.kind``, not by these words)
 SILENT_WORDS, TIMED_OUT_WORDS = "worker silent for", "timed out after"
+
+
+@dataclass(frozen=True)
+class Kill:
+    """Why the watch killed a worker."""
+
+    why: str  # its item's error
+    kind: str  # SILENT or TIMED_OUT (Failed.kind: the timeline colours those attempts)
+    keys: Tuple[str, ...]  # the items it was running then (:meth:`Watchdog.running_keys`)
+
+
+@dataclass
+class WorkerWatch:
+    """What the watch notes on one worker (the pool reads it, only the watch writes it)."""
+
+    running: Any = None  # what it runs now: its first bundle (a group) or that bundle's first entry
+    since: float = 0.0  # monotonic, when ``running`` started (the previous answer came)
+    since_wall: float = 0.0  # the same as epoch seconds, for the timeline
+    killed: Optional[Kill] = None  # set once the watch killed it
 
 
 def unanswered(worker: Any) -> int:
@@ -71,18 +93,18 @@ class Watchdog:
         head = worker.assigned[0] if worker.assigned else None
         if head is not None and not head.together:
             head = head.entries[0]
-        if head is not worker.running:
-            worker.running = head
-            worker.running_since, worker.running_wall = self.clock.monotonic(), self.clock.time()
+        watch = worker.watch
+        if head is not watch.running:
+            watch.running, watch.since, watch.since_wall = head, self.clock.monotonic(), self.clock.time()
 
     def check(self, workers: Iterable[Any]) -> None:
         """Kill workers silent for worker_timeout, and those whose item ran past item_timeout."""
         now = self.clock.monotonic()
         for worker in list(workers):
-            if worker.killed_because:
+            if worker.watch.killed is not None:
                 continue
             silence = now - worker.heard if worker.heard is not None else 0.0
-            running = now - worker.running_since if worker.running is not None else 0.0
+            running = now - worker.watch.since if worker.watch.running is not None else 0.0
             starting = now - worker.spawned if not worker.ready and not worker.setup_reported else 0.0
             silent = self.worker_timeout is not None and silence > self.worker_timeout
             late = self.item_timeout is not None and running > self.item_timeout
@@ -103,14 +125,13 @@ class Watchdog:
                 said = (f"worker silent for {silence:.0f} s (stopped, or hung in code that holds the GIL; "
                         f"--worker-timeout {self.worker_timeout:g}) while "
                         + (f"running {keys}" if keys else "starting" if not worker.ready else "idle"))
-            worker.killed_kind = kind
-            self.kill(worker, why, said)
+            self.kill(worker, why, said, kind)
 
     @staticmethod
     def running_keys(worker: Any) -> Tuple[str, ...]:
         """The keys of what the worker runs now: its group, or its chunk's item after those finished
         (their answers may still be held back in the worker, which sends a chunk's together)."""
-        if worker.running is None:
+        if worker.watch.running is None:
             return ()
         head = worker.assigned[0]
         if head.together:
@@ -119,11 +140,11 @@ class Watchdog:
             entries = head.entries[min(unanswered(worker), len(head.entries) - 1):][:1]
         return tuple(entry.item.key for entry in entries)
 
-    def kill(self, worker: Any, why: str, said: str) -> None:
+    def kill(self, worker: Any, why: str, said: str, kind: str) -> None:
         """SIGKILL, with every process it started (a pipeline step's own children hold GPUs too:
         their memory goes with them), after a stack dump into its log; the sentinel then reports
         it like any dead worker, its item failing with ``why``."""
-        worker.killed_because, worker.killed_keys = why, self.running_keys(worker)
+        worker.watch.killed = Kill(why, kind, self.running_keys(worker))
         log.error("%s: %s; killing it (pid %d)", worker.name, said, worker.process.pid)
         handler = worker_file_log(str(worker_log(self.logs_dir, worker.name)), worker.name)
         handler.handle(logging.makeLogRecord({

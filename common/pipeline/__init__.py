@@ -7,7 +7,8 @@ Modules: definition (parse and check), loops (which loops are bounded), flow (wa
 pipeline), steps (one attempt of a step), proctree (a step's processes via /proc), container
 (apptainer command line), call (python steps), report (the summary table and the --dry-run plan),
 schema (the format as JSON Schema), nodelock (node-wide GPU slots), sizes (memory sizes as written),
-guard (the small program that ends a step with its worker), app (the engine app). The shipped examples are in examples/pipelines/.
+guard (the small program that ends a step with its worker), variables (the PIPELINE_* variables a step
+is given), app (the engine app). The shipped examples are in examples/pipelines/.
 
 On top of the engine: may import every layer below it (the package root, results/, observe/,
 workers/, ranks/, run/); nothing below imports it, and of the other packages on top only slurm/

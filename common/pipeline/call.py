@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from common.pipeline.variables import STEP_DIR
 from common.results.layout import STEP_RESULT
 
 
@@ -30,7 +31,7 @@ def main(argv: list = None) -> int:
         print("usage: python -m common.pipeline.call module:function", file=sys.stderr)
         return 2
     result = resolve(argv[0])()
-    step_dir = os.environ.get("PIPELINE_STEP_DIR")
+    step_dir = os.environ.get(STEP_DIR)
     if isinstance(result, dict) and step_dir:
         Path(step_dir, STEP_RESULT).write_text(json.dumps(result, indent=2, default=str) + "\n")
     return 0

@@ -54,6 +54,7 @@ from . import nodelock
 from .container import find_apptainer, missing_apptainer
 from .definition import Pipeline, Step
 from .steps import Attempt, python_paths, run_attempt, step_argv, step_environment
+from .variables import step_variables
 
 #: A line of a step's standard output reporting what it cost: {"pipeline_cost": 0.0123}
 COST_KEY = "pipeline_cost"
@@ -330,12 +331,10 @@ class PipelineRunner:
 
     # ----- one step -----
     def _pipeline_vars(self, step: Step, attempt: int) -> Dict[str, str]:
-        return {"PIPELINE_NAME": self.pipeline.name, "PIPELINE_RUN_ID": self.layout.run_id,
-                "PIPELINE_RUN_DIR": str(self.layout.run_dir.resolve()),
-                "PIPELINE_SHARED": str(self.layout.shared.resolve()), "PIPELINE_STEP_ID": step.id,
-                "PIPELINE_STEP_DIR": str(self.layout.step_dir(step.id).resolve()),
-                "PIPELINE_ATTEMPT": str(attempt), "PIPELINE_SEED": str(self.seed),
-                "PIPELINE_LAUNCH_DIR": str(self.launch_dir), "PIPELINE_DEFINITION_DIR": str(self.definition_dir)}
+        return step_variables(name=self.pipeline.name, run_id=self.layout.run_id, run_dir=self.layout.run_dir,
+                              shared=self.layout.shared, step_id=step.id, step_dir=self.layout.step_dir(step.id),
+                              attempt=attempt, seed=self.seed, launch_dir=self.launch_dir,
+                              definition_dir=self.definition_dir)
 
     def _wait_limit(self, began: float) -> tuple:
         """(seconds left to wait for a pool, why the wait ends): the queue timeout or the deadline."""

@@ -35,7 +35,7 @@ from common.results.regular_file import refuse_unless_regular
 from .. import settings
 from ..settings import without_launcher
 from ..signals import STEP_HELD_SIGNALS, WALLTIME_SIGNAL, held_signals
-from . import proctree
+from . import proctree, variables
 from .container import container_command
 from .definition import Step
 from .sizes import format_bytes
@@ -96,7 +96,7 @@ def step_argv(step: Step, run_dir: str, apptainer: Optional[str], agent: Optiona
 def python_paths(pipeline_vars: Mapping[str, str]) -> List[str]:
     """Where a python step's modules are found: the engine's code (its ``common.pipeline.call``
     runs the function), the definition file's folder and the folder the pipeline was started from."""
-    paths = [PROJECT_ROOT, pipeline_vars.get("PIPELINE_DEFINITION_DIR"), pipeline_vars.get("PIPELINE_LAUNCH_DIR")]
+    paths = [PROJECT_ROOT, pipeline_vars.get(variables.DEFINITION_DIR), pipeline_vars.get(variables.LAUNCH_DIR)]
     return list(dict.fromkeys(path for path in paths if path))
 
 
@@ -109,8 +109,8 @@ def step_environment(base: Mapping[str, str], pipeline_vars: Mapping[str, str], 
     env.update(pipeline_vars)
     env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
     if step.prompt is not None:
-        env["PIPELINE_MODEL"] = step.model or ""
-        env["PIPELINE_TOOLS"] = ",".join(step.tools)
+        env[variables.MODEL] = step.model or ""
+        env[variables.TOOLS] = ",".join(step.tools)
     if step.python is not None:  # in a container too, where step_argv binds these folders
         env["PYTHONPATH"] = os.pathsep.join(python_paths(pipeline_vars) + [p for p in [env.get("PYTHONPATH")] if p])
     for name, value in step.env.items():

@@ -30,15 +30,18 @@ _WHERE = {
     # the contract (app.py, items.py, errors.py) and the entry point
     "App": "app", "Record": "app", "RunInfo": "app", "check_fields": "app", "NUMBER": "app",
     "NUMBER_OR_NONE": "app", "Item": "items", "item_seed": "items", "torch_seed": "items", "seed32": "items",
-    "UsageError": "errors", "ItemFailed": "errors", "main": "run.runner", "Device": "devices",
+    "check_range": "app", "percent": "app", "resumed_note": "app",
+    "UsageError": "errors", "ItemFailed": "errors", "counted": "errors", "main": "run.runner", "Device": "devices",
     "defer_stop_signals": "signals",
     "at_least": "argtypes", "REFERENCE_SEED": "run.cli",
     # writing outputs (outputs.py): atomic, so a crash never leaves half a file
     "atomic_write_bytes": "results.outputs", "atomic_write_json": "results.outputs", "atomic_write_text": "results.outputs",
-    "new_figure": "results.outputs", "save_figure": "results.outputs",
+    "atomic_write_with": "results.outputs",
+    "new_figure": "results.outputs", "save_figure": "results.outputs", "FIGURE_FORMATS": "results.outputs",
+    "FIGURE_SET_FORMATS": "results.outputs",
     # the shared data sets (data.py)
     "Dataset": "data", "load_dataset": "data", "resize_images": "data", "add_data_arguments": "data",
-    "check_available": "data", "check_data_flags": "data", "ensure_available": "data",
+    "check_available": "data", "check_data_flags": "data", "ensure_available": "data", "OFFLINE": "data",
 }
 __all__ = list(_WHERE)
 

@@ -19,12 +19,28 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from common.app import NUMBER, NUMBER_OR_NONE, App, RunInfo, check_fields, check_range, percent, resumed_note
-from common.argtypes import at_least
-from common.data import OFFLINE, add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
-from common.devices import Device
-from common.errors import UsageError
-from common.items import Item, torch_seed
+from common import (
+    NUMBER,
+    NUMBER_OR_NONE,
+    OFFLINE,
+    REFERENCE_SEED,
+    App,
+    Device,
+    Item,
+    RunInfo,
+    UsageError,
+    add_data_arguments,
+    at_least,
+    check_available,
+    check_data_flags,
+    check_fields,
+    check_range,
+    ensure_available,
+    load_dataset,
+    percent,
+    resumed_note,
+    torch_seed,
+)
 from common.results.layout import (
     CERTAINTY_FOLDER,
     CV_RESULTS_CSV,
@@ -36,7 +52,6 @@ from common.results.layout import (
     TRAINING_CURVES_STEM,
     TRAINING_LOG_CSV,
 )
-from common.run.cli import REFERENCE_SEED
 
 from .records import check_probabilities, cv_scores, encode_array, fit_key, model_stem, refit_key
 from .search import TRAIN_BYTES_PER_WEIGHT, Candidate, draw_candidate, reference_candidates
@@ -349,7 +364,7 @@ class MnistNN(App):
 
         import torch
 
-        from common.results.outputs import atomic_write_with
+        from common import atomic_write_with
 
         host = {k: v.detach().cpu() for k, v in net.state_dict().items()}
         if sum(t.numel() * t.element_size() for t in host.values()) <= EMBED_LIMIT_BYTES:

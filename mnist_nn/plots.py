@@ -8,9 +8,8 @@ from typing import Any, Dict, List, Mapping, Sequence
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from common.errors import counted
+from common import FIGURE_SET_FORMATS, counted, new_figure, save_figure
 from common.results.layout import CERTAINTY_FOLDER, MISCLASSIFIED_NAME, TEST_IMAGE_NAME
-from common.results.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
 #: names written in that folder (what an earlier run left there that this one did not write is removed)
 CERTAINTY_FILE = re.compile("(" + "|".join(re.escape(name).replace(re.escape("{}"), "[0-9]+")

@@ -15,9 +15,15 @@ from typing import Any, Dict, List, Mapping
 
 import numpy as np
 
-from common.app import RunInfo, percent  # results.csv and stdout keep the reference's fractions
-from common.data import load_dataset
-from common.errors import counted
+from common import (
+    RunInfo,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    counted,
+    load_dataset,
+    percent,  # results.csv and stdout keep the reference's fractions
+)
 from common.results.layout import (
     CV_RESULTS_CSV,
     ENSEMBLE_ERROR_STEM,
@@ -27,7 +33,6 @@ from common.results.layout import (
     TRAINING_CURVES_STEM,
     TRAINING_LOG_CSV,
 )
-from common.results.outputs import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 from .records import cv_scores, decode_array, model_stem, refit_key
 from .search import IMAGE_SIZE

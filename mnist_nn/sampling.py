@@ -10,7 +10,7 @@ from typing import List
 import numpy as np
 from sklearn.model_selection import KFold
 
-from common.items import item_seed
+from common import item_seed
 
 
 def bootstrap_folds(n_train: int, folds: int, seed: int, bootstrap: int) -> List[np.ndarray]:

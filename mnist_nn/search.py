@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import numpy as np
 
-from common.items import item_seed
+from common import item_seed
 
 from .shapes import IMAGE_SIZE, N_CLASSES
 

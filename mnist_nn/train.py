@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from common.data import Dataset, resize_images
+from common import Dataset, resize_images
 
 from .model import Net
 from .search import IMAGE_SIZE, TRAIN_BYTES_PER_WEIGHT, Candidate

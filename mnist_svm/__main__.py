@@ -1,9 +1,9 @@
 """``python -m mnist_svm``: the grid search under the engine (one MPI rank per node)."""
-from common.signals import defer_stop_signals
+from common import defer_stop_signals
 
 defer_stop_signals()  # before the slow imports: Ctrl-C meanwhile ends the run quietly, not in a traceback
 
-from common.run.runner import main  # noqa: E402
+from common import main  # noqa: E402
 from mnist_svm.app import MnistSvm  # noqa: E402
 
 if __name__ == "__main__":

@@ -16,11 +16,27 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from common.app import NUMBER, App, RunInfo, check_fields, check_range, percent, resumed_note
-from common.data import Dataset, add_data_arguments, check_available, check_data_flags, ensure_available, load_dataset
-from common.devices import Device
-from common.errors import UsageError
-from common.items import Item, seed32
+from common import (
+    NUMBER,
+    App,
+    Dataset,
+    Device,
+    Item,
+    RunInfo,
+    UsageError,
+    add_data_arguments,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_available,
+    check_data_flags,
+    check_fields,
+    check_range,
+    ensure_available,
+    load_dataset,
+    percent,
+    resumed_note,
+    seed32,
+)
 from common.results.layout import (
     FITS_CSV,
     PER_GAMMA_FOLDER,
@@ -28,7 +44,6 @@ from common.results.layout import (
     VALIDATION_ERROR_NPY,
     VALIDATION_HEATMAP_STEM,
 )
-from common.results.outputs import atomic_write_bytes, atomic_write_text
 
 from .backends import have_cuml, make_backend
 from .grid import REFIT_KEY, Grid, best_point, error_table, grid_items

@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from common.data import Dataset
+from common import Dataset
 
 #: the reference's standardisation of 0-255 pixels
 PIXEL_CENTRE = 127.5

@@ -11,7 +11,7 @@ from typing import Dict, Iterable, List, Mapping, Tuple
 
 import numpy as np
 
-from common.items import Item
+from common import Item
 
 LOG10_C_RANGE = (-3.0, 6.0)
 LOG10_GAMMA_RANGE = (-6.0, -2.0)

@@ -11,9 +11,8 @@ from matplotlib.colors import LogNorm
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
-from common.errors import counted
+from common import FIGURE_SET_FORMATS, counted, new_figure, save_figure
 from common.results.layout import PER_GAMMA_FOLDER
-from common.results.outputs import FIGURE_SET_FORMATS, new_figure, save_figure
 
 from .grid import Grid, fold_mean
 

@@ -123,3 +123,40 @@ def test_the_top_check_sees_a_sweep_importing_the_pipeline_runner(tmp_path: Path
     path.write_text("from common.pipeline.flow import PipelineRunner\nfrom ..results import journal\n")
     found = crossings_between_top_packages([("common.sweep.planted", path), ("common.slurm.planted", path)])
     assert found == {"common.sweep.planted": {"common.pipeline.flow"}}
+
+
+#: what the case studies may import of the engine: ``common``'s own names, and the results folder's
+#: file names (their own files' too: one owner for every name in that folder)
+CASE_STUDY_MAY_IMPORT = {"common", "common.results.layout"}
+
+
+def engine_imports_of_case_studies() -> Dict[str, Set[str]]:
+    """{module of mnist_nn/ or mnist_svm/: the common modules it imports from}, names of ``common``
+    itself left as ``common``."""
+    found: Dict[str, Set[str]] = {}
+    for package in ("mnist_nn", "mnist_svm"):
+        for path in sorted((COMMON.parent / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("common"):
+                    found.setdefault(str(path.relative_to(COMMON.parent)), set()).add(node.module)
+                elif isinstance(node, ast.Import):
+                    found.setdefault(str(path.relative_to(COMMON.parent)), set()).update(
+                        alias.name for alias in node.names if alias.name.startswith("common"))
+    return found
+
+
+def test_the_case_studies_use_the_engine_through_its_public_api() -> None:
+    """mnist_nn and mnist_svm are what researchers copy: they import the engine's names from
+    ``common`` (its public API, ``common.__all__``), so the internals below may move; every name
+    they take from it is one it has."""
+    found = engine_imports_of_case_studies()
+    assert found, "no case study imports the engine: the check reads nothing"
+    beyond = {module: sorted(targets - CASE_STUDY_MAY_IMPORT) for module, targets in found.items()
+              if targets - CASE_STUDY_MAY_IMPORT}
+    assert not beyond, beyond
+    names = {alias.name for package in ("mnist_nn", "mnist_svm")
+             for path in (COMMON.parent / package).rglob("*.py")
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and node.module == "common" and not node.level
+             for alias in node.names}
+    assert names and not names - set(common.__all__), sorted(names - set(common.__all__))

@@ -16,6 +16,7 @@ before it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import signal
@@ -72,11 +73,19 @@ class EarlyStops:
             self.numbers.append(number)
 
 
+@functools.lru_cache(maxsize=None)
+def started_under_nohup() -> bool:
+    """Whether this process was started with SIGHUP ignored (``nohup``: the user asked for the run
+    to outlive its terminal). A fact of the process's start, read once, before any handler of ours
+    changes it: :func:`ignore_stop_signals` ignores SIGHUP at the end of a run, which a second run
+    in the same process (``sweep.main`` called twice) must not take for nohup."""
+    return signal.getsignal(HANGUP_SIGNAL) == signal.SIG_IGN
+
+
 def handled_stop_signals() -> List[int]:
-    """The stop signals this process acts on: :data:`RUN_STOP_SIGNALS` but a hang-up that it was
-    started with ignored (``nohup``: the user asked for the run to outlive the terminal)."""
-    return [number for number in RUN_STOP_SIGNALS
-            if not (number == HANGUP_SIGNAL and signal.getsignal(number) == signal.SIG_IGN)]
+    """The stop signals this process acts on: :data:`RUN_STOP_SIGNALS` but a hang-up where it was
+    started under nohup."""
+    return [number for number in RUN_STOP_SIGNALS if not (number == HANGUP_SIGNAL and started_under_nohup())]
 
 
 def defer_stop_signals() -> None:
@@ -112,8 +121,11 @@ def _leave_to_rank(signum: int, frame: Any) -> None:
 
 def leave_stop_signals_to_rank() -> None:
     """In a worker: the stops its rank acts on do nothing here. A handler that does nothing, not
-    SIG_IGN: programs an item starts get the defaults back."""
+    SIG_IGN: programs an item starts get the defaults back; but a hang-up ignored under nohup stays
+    ignored, for them too."""
     for number in WORKER_IGNORED_SIGNALS:
+        if number == HANGUP_SIGNAL and started_under_nohup():
+            continue
         signal.signal(number, _leave_to_rank)
 
 

@@ -149,15 +149,51 @@ def test_a_closed_terminal_stops_a_run_as_sigterm_does(tmp_path):
 
 def test_a_run_started_under_nohup_lives_through_a_hang_up(tmp_path):
     """``nohup`` starts a program with SIGHUP ignored so that it outlives its terminal: the run keeps
-    it ignored, and ends complete."""
+    it ignored, and so do the programs its items start (each item's ``sleep`` here), which the
+    workers' own handling of the stop signals would otherwise give SIGHUP's default back. The run
+    ends complete, no attempt failed."""
     results = tmp_path / "results"
-    process = start([TOY, "6", "--sleep", "0.5", "--workers", "2", "--results", str(results), "--no-progress"],
-                    preexec_fn=_hangup(signal.SIG_IGN))
+    process = start([TOY, "6", "--child-seconds", "1", "--workers", "2", "--retries", "0", "--results", str(results),
+                     "--no-progress"], preexec_fn=_hangup(signal.SIG_IGN))
     wait_for_results(results, 2)
+    time.sleep(0.3)  # the next items' sleep programs have started
     os.killpg(process.pid, signal.SIGHUP)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
     assert read_summary(results)["items_done"] == 6
+    assert not [e for e in journal_entries(results) if e.get("type") in ("attempt_failed", "failed")], err
+
+
+TWO_SWEEPS = """import sys
+from common import sweep
+
+
+def fit(params):
+    import time
+    time.sleep(0.5)
+    return {"y": params["x"]}
+
+
+if __name__ == "__main__":
+    for name in ("a", "b"):
+        code = sweep.main(fit, grid={"x": list(range(8))}, argv=["--gpu", "cpu", "--workers", "2", "--no-progress",
+                                                                 "--results", sys.argv[1] + "/" + name])
+    raise SystemExit(code)
+"""
+
+
+def test_a_second_sweep_in_the_same_program_still_stops_on_a_hang_up(tmp_path):
+    """The end of a run ignores the stop signals (Python gives them their defaults back as it exits);
+    a script's second ``sweep.main`` then must not take its ignored SIGHUP for nohup's."""
+    script = tmp_path / "two.py"
+    script.write_text(TWO_SWEEPS)
+    process = start([str(script), str(tmp_path)], preexec_fn=_hangup(signal.SIG_DFL))
+    wait_for_results(tmp_path / "b", 2)
+    os.killpg(process.pid, signal.SIGHUP)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == STOP_CODE, err
+    assert read_summary(tmp_path / "a")["status"] == "complete"
+    assert read_summary(tmp_path / "b")["status"] == "stopped"
 
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -61,6 +62,9 @@ class ToyApp(App):
         parser.add_argument("--finish-seconds", type=float, default=0.0,
                             help="rank 0's finish() takes this long (a slow figure) before it writes values.json")
         parser.add_argument("--group", type=int, default=0, help="items i // GROUP form a group run together")
+        parser.add_argument("--child-seconds", type=float, default=0.0,
+                            help="each item runs the program sleep for this long and fails if it does not end well "
+                                 "(an item's own tool)")
 
     def __getstate__(self):
         # pickled by the rank for each worker it spawns (the spawn start method): counted where asked
@@ -143,6 +147,8 @@ class ToyApp(App):
             raise RuntimeError(f"item {item.key} always fails")
         if item.params.get("sleep"):
             time.sleep(item.params["sleep"])
+        if self.args.child_seconds:
+            subprocess.run(["sleep", str(self.args.child_seconds)], check=True)
         value = float(np.random.default_rng(seed).random()) + item.params.get("sum", 0.0)
         if self.args.done_dir is not None:
             # whole or absent, even under a SIGKILL (its temporary file's name starts with a dot)

@@ -167,6 +167,25 @@ def test_a_worker_whose_setup_swallows_the_rank_s_signal_still_ends(tmp_path):
     assert "stopping" in (results / "logs" / "rank0-cpu0.log").read_text()
 
 
+def test_a_signal_swallowed_before_the_set_up_ends_the_worker_before_it(tmp_path):
+    """The rank's signal can also be swallowed by what the worker runs before the app's set-up: numpy.random's
+    import runs Cython code that calls Python inside a bare ``except`` (a handler that raises there raises
+    into it; seen in CI about once in a few hundred runs), here a ``seed_form`` property that does the
+    same (for up to 3 s). A set-up that then waits (here 30 s) was waited for until the rank's SIGKILL, 10 s later: the
+    worker now checks the note before the set-up."""
+    results = tmp_path / "results"
+    process = start([TOY, "2", "--workers", "1", "--swallowing-seed-form", "3", "--swallowing-setup", "30",
+                     "--results", str(results), "--no-progress"])
+    assert wait_until(lambda: worker_starts(results) == 1, timeout=60, every=0.02)
+    asked = time.monotonic()
+    os.kill(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    took = time.monotonic() - asked
+    assert process.returncode == STOP_CODE, err
+    assert took < 6, took  # was 10 s and more: the rank's SIGKILL
+    assert "stopping: ended by SIGUSR2" in (results / "logs" / "rank0-cpu0.log").read_text()
+
+
 def test_a_worker_whose_item_swallows_the_rank_s_signal_ends_after_the_item(tmp_path):
     """The same for an item's code: past --grace the rank ends the busy worker with the signal; the
     item's bare except swallowed it, and the worker sent its answer and waited for the next item

@@ -6,6 +6,7 @@ Each item returns numbers drawn from its own seed, so results show whether seedi
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -53,6 +54,9 @@ class ToyApp(App):
         parser.add_argument("--swallowing-setup", type=float, default=0.0,
                             help="every worker's set-up sleeps this long inside a bare except, as a library's "
                                  "import may: a signal's exception raised there is swallowed")
+        parser.add_argument("--swallowing-seed-form", type=float, default=0.0,
+                            help="a worker's first read of the app's seed_form sleeps this long inside a bare except "
+                                 "(code of the worker's own start-up that swallows a signal's exception)")
         parser.add_argument("--swallow-key", default=None,
                             help="this item sleeps --slow-seconds inside a bare except, as an item's library may: "
                                  "its rank's signal to end the worker is swallowed")
@@ -65,6 +69,15 @@ class ToyApp(App):
         parser.add_argument("--child-seconds", type=float, default=0.0,
                             help="each item runs the program sleep for this long and fails if it does not end well "
                                  "(an item's own tool)")
+
+    @property
+    def seed_form(self):
+        if self.args.swallowing_seed_form and multiprocessing.parent_process() is not None:
+            try:
+                time.sleep(self.args.swallowing_seed_form)
+            except:  # noqa: E722 - what the option stands for
+                pass
+        return "sequence"
 
     def __getstate__(self):
         # pickled by the rank for each worker it spawns (the spawn start method): counted where asked

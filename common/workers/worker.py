@@ -427,6 +427,9 @@ def _serve(conn: Connection, app: Any, device: Any, name: str, log_path: str, se
             import numpy.random  # noqa: F401
 
             seed_of = ItemSeeds(seed).maker(getattr(app, "seed_form", "sequence"))
+            # ended by its rank while it got this far: the exception may have been swallowed on the way (numpy.random's
+            # import runs Cython code that calls Python inside a bare except), and the set-up would wait out its rank's kill
+            termination.check()
             state = app.setup_worker(device)
             _set_threads(threads)
             termination.check()  # ended by its rank while the set-up ran: not ready, gone

@@ -124,6 +124,18 @@ def test_sweep_main_imported_or_asked_for_but_not_called_leaves_the_signals_alon
     assert proc.returncode == -signal.SIGINT and proc.stderr.rstrip().endswith("KeyboardInterrupt"), proc.stderr
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_that_kills_a_program_the_checks_run_is_a_stop_not_a_refusal(tmp_path, sig):
+    """A Ctrl-C or SIGTERM to the whole group while the app's checks run a program (a data set's
+    download): the program dies of it and the check fails, but what the user is told is the stop (exit
+    75, which a batch script requeues), not that check's refusal (exit 2), which the stop caused."""
+    results = tmp_path / "results"
+    process = start([TOY, "2", "--checking-seconds", "30", "--workers", "1", "--results", str(results)])
+    assert process.stdout.readline() == "checking\n"
+    time.sleep(0.2)  # its sleep has started
+    assert_stopped_before_the_run(process, sig, "toy", results)
+
+
 @pytest.mark.parametrize("after", [0.0, 0.5, 1.5])
 def test_ctrl_c_while_workers_start_restarts_none_and_prints_no_traceback(tmp_path, after):
     """Workers that still import (TOY_IMPORT_SLEEP stands for torch) when Ctrl-C reaches the whole

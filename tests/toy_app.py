@@ -54,6 +54,8 @@ class ToyApp(App):
         parser.add_argument("--swallowing-setup", type=float, default=0.0,
                             help="every worker's set-up sleeps this long inside a bare except, as a library's "
                                  "import may: a signal's exception raised there is swallowed")
+        parser.add_argument("--checking-seconds", type=float, default=0.0,
+                            help="validate() runs the program sleep for this long, and refuses the run if it fails")
         parser.add_argument("--swallowing-seed-form", type=float, default=0.0,
                             help="a worker's first read of the app's seed_form sleeps this long inside a bare except "
                                  "(code of the worker's own start-up that swallows a signal's exception)")
@@ -91,6 +93,10 @@ class ToyApp(App):
 
         if self.args.n_items < 1:
             raise UsageError(f"n_items must be at least 1, got {self.args.n_items}")
+        if self.args.checking_seconds:  # a check that runs a program (as a data set's download does)
+            print("checking", flush=True)
+            if subprocess.run(["sleep", str(self.args.checking_seconds)]).returncode != 0:
+                raise UsageError("the check's program failed")
 
     def fingerprint(self):
         return {"n_items": self.args.n_items, "wave": self.args.wave,

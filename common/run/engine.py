@@ -524,17 +524,19 @@ def _main(app_class: type, argv: Optional[List[str]]) -> int:
     setup_logging(comm.rank)
     valid, refusal = _validate_everywhere(comm, app_class, argv)
     refusal = _agree(comm, refusal)
-    if refusal is not None:
-        if refusal.exit_code is not None:
-            return refusal.exit_code
-        if comm.rank == 0:
-            print(f"{app_class.name}: error: {refusal.message}", file=sys.stderr)
-        return EXIT_USAGE
-    if any(comm.allgather(stop.why is not None)):  # asked to stop while starting: nothing is written
+    if refusal is not None and refusal.exit_code is not None:
+        return refusal.exit_code
+    # asked to stop while starting: nothing is written. Said before a refusal, which the stop may have caused:
+    # a program the checks started (a data set's download) dies of a Ctrl-C or SIGTERM to the whole group
+    if any(comm.allgather(stop.why is not None)):
         if comm.rank == 0:
             print(f"{app_class.name}: stopped ({stop.why or 'another rank was signalled'}) before the run "
                   f"started; nothing was written", file=sys.stderr)
         return EXIT_STOPPED
+    if refusal is not None:
+        if comm.rank == 0:
+            print(f"{app_class.name}: error: {refusal.message}", file=sys.stderr)
+        return EXIT_USAGE
     app, devices, notice = valid
     app.devices = devices
     if getattr(app.args, "dry_run", False):

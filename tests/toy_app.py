@@ -21,9 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # a slow import (the tests' stand-in for a worker importing torch), in the rank and in each worker
 time.sleep(float(os.environ.get("TOY_IMPORT_SLEEP", "0")))
 
-from common.app import App, RunInfo  # noqa: E402
-from common.items import Item  # noqa: E402
-from common.results.outputs import atomic_write_json, atomic_write_text  # noqa: E402
+from common import App, Item, RunInfo, atomic_write_json, atomic_write_text  # noqa: E402
 
 
 class ToyApp(App):
@@ -89,7 +87,7 @@ class ToyApp(App):
         return self.__dict__
 
     def validate(self):
-        from common.errors import UsageError
+        from common import UsageError
 
         if self.args.n_items < 1:
             raise UsageError(f"n_items must be at least 1, got {self.args.n_items}")
@@ -204,6 +202,6 @@ def _runs(path):
 
 
 if __name__ == "__main__":
-    from common.run.runner import main
+    from common import main
 
     raise SystemExit(main(ToyApp))

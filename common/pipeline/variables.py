@@ -1,6 +1,7 @@
 """The ``PIPELINE_*`` variables the engine gives each attempt of a step (the pipeline format's
-names): spelled here only, for the runner that sets them, the step launcher that reads some back
-and ``common.pipeline.call`` inside the step. The engine's own settings are ``common.settings``'s."""
+names): the code's one spelling of them, for the runner that sets them, the step launcher that
+reads some back and ``common.pipeline.call`` inside the step (help texts and the schema's
+descriptions name them in words). The engine's own settings are ``common.settings``'s."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1276,7 +1276,7 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
                   f"them. Every result is in `{JOURNAL_NAME}`; finishing with `--resume` writes them all again.", ""]
     if summary.get("outputs_error"):
         lines += [f"**The app's outputs could not be written**: {summary['outputs_error']['error']}. Every result "
-                  f"is in `{JOURNAL_NAME}`; the traceback is in `{LOGS_DIR}/` and summary.json. After a fix, "
+                  f"is in `{JOURNAL_NAME}`; the traceback is in `{LOGS_DIR}/` and {SUMMARY_JSON}. After a fix, "
                   f"run the command above with `--resume` to write them.", ""]
     if summary["gpu_usage"]:
         lines += ["| GPU | utilisation mean % | peak % | memory mean MiB | peak MiB |", "|---|---|---|---|---|"]
@@ -1297,8 +1297,8 @@ def _summary_markdown(app: App, summary: Dict[str, Any], with_app_part: bool = T
     try:
         app_part = (app.summary_markdown(summary) or "").rstrip() if with_app_part else ""
     except Exception as error:  # the app's own code: the run's part of summary.md is written all the same
-        log_to_files(f"{app.name}: making its part of summary.md failed:\n{traceback.format_exc().rstrip()}")
-        print(f"{app.name}: its part of summary.md could not be made: {error_line(described(error))} (the traceback "
+        log_to_files(f"{app.name}: making its part of {SUMMARY_MD} failed:\n{traceback.format_exc().rstrip()}")
+        print(f"{app.name}: its part of {SUMMARY_MD} could not be made: {error_line(described(error))} (the traceback "
               f"is in {RANK0_LOG})", file=sys.stderr)
         app_part = (f"**{app.name}'s own part of this summary could not be made**: "
                     f"{markdown_cell(error_line(described(error)))} (the traceback is in `{RANK0_LOG}`).")

@@ -166,28 +166,15 @@ def test_a_worker_whose_setup_swallows_the_rank_s_signal_still_ends(tmp_path):
     mnist_nn, something in its set-up's imports, in about one start in three) left the worker to say
     it was ready and wait for items until the rank killed it 10 s later. The handler's note is checked once
     the set-up returns: the worker ends then, saying so in its log."""
-    results = tmp_path / "results"
-    process = start([TOY, "2", "--workers", "1", "--swallowing-setup", "30", "--results", str(results),
-                     "--no-progress"])
-    assert wait_until(lambda: worker_starts(results) == 1, timeout=60, every=0.02)
-    asked = time.monotonic()
-    os.kill(process.pid, signal.SIGINT)
-    _, err = process.communicate(timeout=60)
-    took = time.monotonic() - asked
-    assert process.returncode == STOP_CODE, err
-    assert took < 6, took  # was 10 s and more: the rank's SIGKILL
-    assert "stopping" in (results / "logs" / "rank0-cpu0.log").read_text()
+    assert_a_starting_worker_ends_soon(tmp_path, "--swallowing-setup", "30")
 
 
-def test_a_signal_swallowed_before_the_set_up_ends_the_worker_before_it(tmp_path):
-    """The rank's signal can also be swallowed by what the worker runs before the app's set-up: numpy.random's
-    import runs Cython code that calls Python inside a bare ``except`` (a handler that raises there raises
-    into it; seen in CI about once in a few hundred runs), here a ``seed_form`` property that does the
-    same (for up to 3 s). A set-up that then waits (here 30 s) was waited for until the rank's SIGKILL, 10 s later: the
-    worker now checks the note before the set-up."""
+def assert_a_starting_worker_ends_soon(tmp_path: Path, *flags: str) -> None:
+    """Ctrl-C to the rank of a toy run with ``flags`` once its one worker has started: the run ends
+    (exit 75) well before the rank's SIGKILL of the worker 10 s later, which says in its log that
+    its rank's signal ended it."""
     results = tmp_path / "results"
-    process = start([TOY, "2", "--workers", "1", "--swallowing-seed-form", "3", "--swallowing-setup", "30",
-                     "--results", str(results), "--no-progress"])
+    process = start([TOY, "2", "--workers", "1", *flags, "--results", str(results), "--no-progress"])
     assert wait_until(lambda: worker_starts(results) == 1, timeout=60, every=0.02)
     asked = time.monotonic()
     os.kill(process.pid, signal.SIGINT)
@@ -196,6 +183,15 @@ def test_a_signal_swallowed_before_the_set_up_ends_the_worker_before_it(tmp_path
     assert process.returncode == STOP_CODE, err
     assert took < 6, took  # was 10 s and more: the rank's SIGKILL
     assert "stopping: ended by SIGUSR2" in (results / "logs" / "rank0-cpu0.log").read_text()
+
+
+def test_a_signal_swallowed_before_the_set_up_ends_the_worker_before_it(tmp_path):
+    """The rank's signal can also be swallowed by what the worker runs before the app's set-up: numpy.random's
+    import runs Cython code that calls Python inside a bare ``except`` (a handler that raises there raises
+    into it; seen in CI about once in a few hundred runs), here a ``seed_form`` property that does the
+    same (for up to 3 s). A set-up that then waits (here 30 s) was waited for until the rank's SIGKILL, 10 s later: the
+    worker now checks the note before the set-up."""
+    assert_a_starting_worker_ends_soon(tmp_path, "--swallowing-seed-form", "3", "--swallowing-setup", "30")
 
 
 def test_a_worker_whose_item_swallows_the_rank_s_signal_ends_after_the_item(tmp_path):

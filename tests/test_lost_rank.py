@@ -80,3 +80,17 @@ def test_followers_that_lose_rank_0_stop_by_themselves_and_resume_completes(tmp_
     assert resumed.returncode == 0, resumed.stderr
     assert run(args + ["--results", str(tmp_path / "clean")]).returncode == 0
     assert values(results) == values(tmp_path / "clean")
+
+
+def test_rank_0_waiting_for_a_starting_worker_at_the_end_is_not_taken_for_lost(tmp_path):
+    """At the end of a run rank 0 waits up to 10 s for a worker still starting (here one whose set-up
+    takes 6 s whatever signal comes, as a long import in C code would), while its follower, done,
+    waits for its release. Rank 0's heartbeats go on meanwhile: a follower with a --heartbeat-timeout
+    of 2 s took its silence for a loss and the run ended without it."""
+    results = tmp_path / "r"
+    proc = run([TOY, "4", "--workers", "1", "--stubborn-setup-rank0", "6", "--heartbeat-timeout", "2",
+                "--results", str(results), "--no-progress"], ranks=2, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "lost" not in proc.stderr, proc.stderr
+    summary = read_summary(results)
+    assert summary["status"] == "complete" and summary["items_done"] == 4, summary

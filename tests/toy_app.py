@@ -52,6 +52,9 @@ class ToyApp(App):
         parser.add_argument("--swallowing-setup", type=float, default=0.0,
                             help="every worker's set-up sleeps this long inside a bare except, as a library's "
                                  "import may: a signal's exception raised there is swallowed")
+        parser.add_argument("--stubborn-setup-rank0", type=float, default=0.0,
+                            help="rank 0's workers' set-up takes this long whatever signal comes (as a long import in "
+                                 "C code would)")
         parser.add_argument("--checking-seconds", type=float, default=0.0,
                             help="validate() runs the program sleep for this long, and refuses the run if it fails")
         parser.add_argument("--swallowing-seed-form", type=float, default=0.0,
@@ -91,6 +94,7 @@ class ToyApp(App):
 
         if self.args.n_items < 1:
             raise UsageError(f"n_items must be at least 1, got {self.args.n_items}")
+        self.on_rank0 = os.environ.get("PMI_RANK", "0") == "0"  # MPICH's mpiexec; its workers get this app
         if self.args.checking_seconds:  # a check that runs a program (as a data set's download does)
             print("checking", flush=True)
             if subprocess.run(["sleep", str(self.args.checking_seconds)]).returncode != 0:
@@ -128,6 +132,13 @@ class ToyApp(App):
             raise OSError("cannot load the toy data")
         if self.args.crashing_setup:
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.args.stubborn_setup_rank0 and self.on_rank0:
+            end = time.monotonic() + self.args.stubborn_setup_rank0
+            while time.monotonic() < end:
+                try:
+                    time.sleep(end - time.monotonic())
+                except:  # noqa: E722 - what the option stands for
+                    pass
         if self.args.swallowing_setup:
             try:
                 time.sleep(self.args.swallowing_setup)

@@ -6,6 +6,7 @@ rank 0 leads the distribution while the others follow, then rank 0 writes the ou
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fnmatch
@@ -723,11 +724,12 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
                               write_failures=failures, every=run_settings.status_seconds)
     else:
         status = RankReporter(pool, monitor, every=run_settings.status_seconds)
+    # rank 0's watch over its followers (which watch its heartbeats in turn)
+    liveness = (FollowerWatch(comm, args.heartbeat_timeout, {entry["rank"]: entry["host"] for entry in layout})
+                if comm.rank == 0 else None)
     try:  # pool.join() at the very end: rank 0 writes its outputs while its idle workers exit
         try:
             if comm.rank == 0:
-                hosts = {entry["rank"]: entry["host"] for entry in layout}
-                liveness = FollowerWatch(comm, args.heartbeat_timeout, hosts)
                 leader = Leader(comm, pool, scheduler, journal, progress=progress, liveness=liveness, stop_signal=stop,
                                 grace=args.grace, total_capacity=total_capacity, global_pools=global_pools,
                                 status=status, on_idle=preloading.start, write_failures=failures,
@@ -745,8 +747,11 @@ def _run_rank(comm: Any, app: App, notice: Optional[str], fingerprint: Optional[
         finally:  # kill_after: time for an item to end what it started (pipeline steps)
             # idle workers exit on their own while rank 0 writes the outputs and a follower says its
             # bye (it waited for them before: about 0.1 s more at the end of every multi-rank run);
-            # pool.join() below reaps them
-            pool.shutdown(kill_after=WORKER_KILL_AFTER, wait=False)
+            # pool.join() below reaps them. A worker still starting (importing torch) is waited for here,
+            # up to WORKER_KILL_AFTER: rank 0's heartbeats go on meanwhile, or its followers, which wait
+            # for its release, would take it for lost under a --heartbeat-timeout shorter than that
+            with liveness.keeping_alive() if liveness is not None else contextlib.nullcontext():
+                pool.shutdown(kill_after=WORKER_KILL_AFTER, wait=False)
         report = {"rank": comm.rank, "host": host, "gpu": monitor.stop(), "gpu_series": monitor.series()}
         if comm.rank != 0:
             return _follower_end(comm, follower, outcome, report, layout[0]["host"])

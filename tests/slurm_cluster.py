@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import psutil
+
 #: what a throw-away Slurm needs installed (Debian: slurmctld slurmd slurm-client munge)
 SLURM_PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "scancel")
 #: seconds a requeued job waits before it may start again (Slurm's default is 120)
@@ -206,11 +208,19 @@ class SlurmCluster:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        """Stop the daemons by the pids in their pid files (slurmd first, munged last)."""
+        """Stop the daemons by the pids in their pid files (slurmd first, munged last). A pid whose
+        process is not that daemon (it died, and other tests, which run meanwhile, started thousands
+        of processes since) is left alone."""
         for pid_file in reversed(self._pid_files):
             try:
                 pid = int(pid_file.read_text().split()[0])
             except (OSError, ValueError, IndexError):
+                continue
+            daemon = pid_file.stem.split("-")[0]  # slurmd-NODE.pid -> slurmd
+            try:
+                if psutil.Process(pid).name() != daemon:
+                    continue
+            except psutil.Error:
                 continue
             try:
                 os.kill(pid, signal.SIGTERM)

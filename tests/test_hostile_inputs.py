@@ -32,6 +32,8 @@ from helpers import (
 )
 
 STOP_CODE = 75
+#: seconds between the Ctrl-Cs of a test that sends three, each to count (see the first such test)
+CTRL_C_APART = ECHO_SECONDS + 2.5
 SVM = ["--dataset", "digits", "--subsample", "200", "--folds", "2", "--gpu", "cpu", "--no-progress"]
 
 
@@ -240,10 +242,11 @@ def test_a_third_ctrl_c_while_writing_outputs_is_one_line_and_resume_writes_them
     process = start([TOY, "4", "--results", str(results), "--no-progress", "--gpu", "cpu", "--finish-seconds", "30"])
     assert wait_until(lambda: (results / "status.json").exists() and state_of(results) == "finishing", timeout=120)
     # ECHO_SECONDS and more apart as the rank's handler sees them: each one counts (a sooner one is the
-    # same signal passed on); a second over it, as a busy machine may run a handler late
+    # same signal passed on); 2.5 s over it, as a busy machine may run a handler late (1 s over was not
+    # always enough with the cluster tiers running beside)
     for _ in range(3):
         os.kill(process.pid, signal.SIGINT)
-        time.sleep(ECHO_SECONDS + 1.0)
+        time.sleep(CTRL_C_APART)
     _, err = process.communicate(timeout=60)
     assert process.returncode == STOP_CODE, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
@@ -283,7 +286,7 @@ def test_a_third_ctrl_c_while_a_resume_rewrites_the_outputs_leaves_no_summary_sa
     assert wait_until(lambda: state_of(results) == "finishing", timeout=120)
     for _ in range(3):
         os.kill(process.pid, signal.SIGINT)
-        time.sleep(ECHO_SECONDS + 1.0)
+        time.sleep(CTRL_C_APART)
     _, err = process.communicate(timeout=60)
     assert process.returncode == STOP_CODE, err
     summary = read_summary(results)
